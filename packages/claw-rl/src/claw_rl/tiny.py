@@ -1,0 +1,144 @@
+"""A tiny random-weight Qwen3 causal LM with a locally trained byte-level BPE tokenizer.
+
+Tests and the CPU demo need a model that loads with ``AutoModelForCausalLM`` /
+``AutoTokenizer`` offline, speaks a Qwen-style chat template with tools, and is small enough
+to train on two CPU cores. Nothing here touches a model hub: the tokenizer is trained
+in-process on a deterministic corpus, the weights come from a seeded initialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from importlib.resources import files
+from pathlib import Path
+
+import attrs
+
+from claw_rl.errors import ClawError
+
+# Added tokens: ChatML turn markers are special (the engine stops at <|im_end|>); the tool
+# and reasoning markers are ordinary added tokens so that decoding keeps them, as in Qwen3.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+_WORDS = (
+    "the a an and or of to in on for with from by as is are was be this that it file files "
+    "read write create list move rename copy delete line lines text json csv yaml config report "
+    "data value values key keys name names id date total count sum mean sort by order column row "
+    "rows output input workspace task done ok error fix test tests pass fail run command shell "
+    "bash python script function return true false null none user assistant system tool tools "
+    "call result answer question please can you the file contains should must will each all "
+    "first last next new old hello world yes no number string object array type properties "
+    "required description path content arguments exec cat ls echo grep sed mkdir cd import def "
+    "class print if else for while in not with open self"
+).split()
+
+_SNIPPETS = [
+    '{"type": "function", "function": {"name": "bash", "description": "Run a shell command", '
+    '"parameters": {"type": "object", "properties": {"command": {"type": "string"}}, '
+    '"required": ["command"]}}}',
+    '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "hello"}}\n</tool_call>',
+    "<tool_response>\nok\n</tool_response>",
+    "def main():\n    with open('data.csv') as f:\n        rows = [line.split(',') for line in f]\n    print(len(rows))\n",
+    "name,date,total\nalice,2026-01-02,12\nbob,2026-01-03,7\n",
+    "You are a helpful assistant. Use the tools to complete the task in the workspace.",
+]
+
+
+@attrs.frozen(kw_only=True)
+class TinySpec:
+    """Shape of the tiny model. head_dim >= 32 keeps vLLM's CPU attention backend happy."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 65536
+    seed: int = 0
+
+
+def chat_template() -> str:
+    """The Jinja chat template shipped with the tiny model (Qwen3-style, tools included)."""
+    return files("claw_rl").joinpath("_chat_template.jinja").read_text()
+
+
+def _corpus(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    printable = [chr(c) for c in range(32, 127)]
+    lines = ["".join(printable), *_SNIPPETS, chat_template()]
+    for _ in range(6000):
+        words = rng.choices(_WORDS, k=rng.randint(3, 14))
+        line = " ".join(words)
+        if rng.random() < 0.3:
+            line = json.dumps({rng.choice(_WORDS): line, "n": rng.randint(0, 999)})
+        lines.append(line.capitalize() + rng.choice([".", "?", "\n", ":", ""]))
+    return lines
+
+
+def build_tokenizer(spec: TinySpec):
+    """Train a byte-level BPE tokenizer in-process and wrap it as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+        model_max_length=spec.max_position_embeddings,
+    )
+    fast.add_tokens(MARKUP_TOKENS)
+    fast.chat_template = chat_template()
+    return fast
+
+
+def init_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
+    """Write a random-weight Qwen3 model and its tokenizer to ``out_dir``; return the path."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ClawError(f"{out}: directory exists and is not empty; choose a new directory")
+    tokenizer = build_tokenizer(spec)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
