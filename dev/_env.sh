@@ -15,3 +15,10 @@ make_venv() {
   fi
   "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
+
+# The environment holding all five packages (examples, workspace tests, the demo).
+make_workspace_venv() {
+  make_venv workspace "$TORCH_SPEC" --group test \
+    -e packages/claw-tree -e packages/claw-sandbox -e "packages/claw-proxy[transformers]" \
+    -e packages/claw-rl -e "packages/claw-bench[plot]"
+}
