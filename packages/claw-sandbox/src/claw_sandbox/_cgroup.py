@@ -1,0 +1,184 @@
+"""Per-job control groups (v2, or v1 where that is what the machine has) for limits and kill-all.
+
+A job's processes enter its group through a tiny `sh` wrapper that writes its own pid into the
+group's `cgroup.procs` and then execs the real command, so every descendant (also daemonized
+ones) stays inside and can be killed together. Without a writable cgroup tree the backends fall
+back to rlimits and process-group / namespace killing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import attrs
+
+from claw_sandbox.records import Limits
+
+ROOT = Path("/sys/fs/cgroup")
+ENTER_FAILED = "claw-sandbox: cannot enter the job's cgroup"
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+@attrs.frozen
+class CgroupSupport:
+    version: int | None  # 2, 1 or None
+    base: tuple[Path, ...] = ()  # v2: (base,), v1: one base per controller in V1_CONTROLLERS
+    reason: str = ""
+
+
+def _writable_dir(path: Path) -> bool:
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return False
+    probe = path / f"probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+def detect(name: str = "claw-sandbox") -> CgroupSupport:
+    """Find a cgroup tree this process may create job groups in (override: CLAW_SANDBOX_CGROUP)."""
+    override = os.environ.get("CLAW_SANDBOX_CGROUP")
+    if (ROOT / "cgroup.controllers").exists():  # pure v2
+        base = Path(override) if override else ROOT / name
+        if not _writable_dir(base):
+            return CgroupSupport(None, reason=f"cgroup v2 at {ROOT} but {base} is not writable (not root?)")
+        want = {"memory", "pids", "cpu"}
+        for parent in [base.parent, base] if not override else [base]:
+            ctl = parent / "cgroup.subtree_control"
+            with contextlib.suppress(OSError):
+                have = set((parent / "cgroup.controllers").read_text().split())
+                ctl.write_text(" ".join(f"+{c}" for c in sorted(want & have)))
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+        if not {"memory", "pids"} <= enabled:
+            return CgroupSupport(None, reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)})")
+        return CgroupSupport(2, (base,), "cgroup v2")
+    bases = []
+    for ctl in V1_CONTROLLERS:
+        mount = ROOT / ctl
+        if not mount.is_dir():
+            alt = [p for p in ROOT.glob(f"*{ctl}*") if p.is_dir()]
+            if not alt:
+                return CgroupSupport(None, reason=f"no cgroup v1 {ctl} hierarchy under {ROOT}")
+            mount = alt[0]
+        base = mount / name
+        if not _writable_dir(base):
+            return CgroupSupport(None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)")
+        bases.append(base)
+    return CgroupSupport(1, tuple(bases), "cgroup v1")
+
+
+@attrs.define
+class JobCgroup:
+    """One job's group(s); `wrap(argv)` makes a command enter them before exec."""
+
+    support: CgroupSupport
+    dirs: list[Path]
+
+    @classmethod
+    def create(cls, support: CgroupSupport, limits: Limits, tag: str) -> JobCgroup:
+        name = f"{tag[:40]}-{uuid.uuid4().hex[:10]}"
+        dirs = [b / name for b in support.base]
+        for d in dirs:
+            d.mkdir()
+        group = cls(support, dirs)
+        try:
+            group._limit(limits)
+        except OSError:
+            group.destroy()
+            raise
+        return group
+
+    def _limit(self, limits: Limits) -> None:
+        if self.support.version == 2:
+            d = self.dirs[0]
+            if limits.memory_mb:
+                (d / "memory.max").write_text(str(limits.memory_mb << 20))
+                with contextlib.suppress(OSError):
+                    (d / "memory.swap.max").write_text("0")
+            if limits.pids:
+                (d / "pids.max").write_text(str(limits.pids))
+            if limits.cpus and (d / "cpu.max").exists():
+                (d / "cpu.max").write_text(f"{int(limits.cpus * 100000)} 100000")
+            return
+        mem, pids, cpu = self.dirs
+        if limits.memory_mb:
+            (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
+            with contextlib.suppress(OSError):
+                (mem / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_mb << 20))
+        if limits.pids:
+            (pids / "pids.max").write_text(str(limits.pids))
+        if limits.cpus:
+            (cpu / "cpu.cfs_period_us").write_text("100000")
+            (cpu / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * 100000)))
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        writes = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
+        script = f'{{ {writes}; }} 2>/dev/null || {{ echo "{ENTER_FAILED}" >&2; exit 125; }}; exec "$@"'
+        return ["/bin/sh", "-c", script, "claw-enter", *argv]
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        return sorted(out)
+
+    def kill_all(self, deadline_s: float = 5.0) -> None:
+        """SIGKILL every process in the group until it is empty (a fork bomb cannot outrun it)."""
+        if self.support.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                (self.dirs[0] / "cgroup.kill").write_text("1")
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.002)
+
+    def memory_exceeded(self) -> bool:
+        """Whether the memory limit was hit (the kernel OOM-killed inside or refused memory)."""
+        try:
+            if self.support.version == 2:
+                events = dict(
+                    line.split() for line in (self.dirs[0] / "memory.events").read_text().splitlines()
+                )
+                return int(events.get("oom_kill", 0)) > 0 or int(events.get("max", 0)) > 0
+            mem = self.dirs[0]
+            oom = dict(line.split() for line in (mem / "memory.oom_control").read_text().splitlines())
+            return int(oom.get("oom_kill", 0)) > 0 or int((mem / "memory.failcnt").read_text()) > 0
+        except (OSError, ValueError):
+            return False
+
+    def pids_exceeded(self) -> bool:
+        d = self.dirs[0] if self.support.version == 2 else self.dirs[1]
+        try:
+            events = dict(line.split() for line in (d / "pids.events").read_text().splitlines())
+            return int(events.get("max", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    def destroy(self) -> None:
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)

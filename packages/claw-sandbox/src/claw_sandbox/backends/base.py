@@ -1,0 +1,162 @@
+"""What every backend provides: open a sandbox for a job, run steps in it, throw it away."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import ClassVar
+
+from claw_sandbox._proc import StepResult
+from claw_sandbox.errors import JobError
+from claw_sandbox.records import Command, Job, Limits
+from claw_sandbox.workspace import build_workspace, chown_tree, copy_into, safe_write
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def argv_of(command: Command) -> list[str]:
+    """A string runs under `bash -c`; a list is an argv."""
+    if isinstance(command, str):
+        return [shutil.which("bash") or "/bin/bash", "-c", command]
+    return list(command)
+
+
+def rlimit_wrap(limits: Limits, argv: list[str]) -> list[str]:
+    """Fallback limits without cgroups: address space for memory, RLIMIT_NPROC for pids.
+
+    RLIMIT_NPROC counts every process of the (real) user, so it is only meaningful when the job
+    runs as a user of its own; root ignores it. There is no rlimit equivalent of `cpus`.
+    """
+    parts = []
+    if limits.memory_mb:
+        parts.append(f"ulimit -v {limits.memory_mb * 1024}")
+    if limits.pids:
+        parts.append(f"ulimit -u {limits.pids}")
+    if not parts:
+        return argv
+    bash = shutil.which("bash") or "/bin/bash"
+    return [bash, "-c", " && ".join(parts) + ' || exit 125; exec "$@"', "claw-limit", *argv]
+
+
+class Sandbox(abc.ABC):
+    """One job's throw-away sandbox: a job directory holding the workspace and the job's /tmp."""
+
+    def __init__(self, backend: Backend, job: Job, jobdir: Path) -> None:
+        self.backend = backend
+        self.job = job
+        self.jobdir = jobdir
+        self.workspace = jobdir / "ws"
+        self.tmp = jobdir / "tmp"
+        self.notes: list[str] = []  # what the run's `error` should mention (limits hit, ...)
+        self.owner: tuple[int, int] | None = None  # uid/gid the sandboxed code runs as
+
+    # paths as the sandboxed code sees them
+    inside_workspace: str = ""
+    inside_tmp: str = ""
+
+    def prepare(self) -> None:
+        """Create the job directory and fill the workspace (JobError on bad copy_from)."""
+        self.jobdir.mkdir(parents=True)
+        self.tmp.mkdir()
+        (self.tmp / "home").mkdir()
+        build_workspace(self.workspace, self.job.files, self.job.copy_from, f"job {self.job.job_id!r}")
+        if self.owner:
+            chown_tree(self.workspace, *self.owner)
+            chown_tree(self.tmp, *self.owner)
+
+    def place_verify_files(self) -> None:
+        """Put the hidden verifier files into the workspace; only ever after the command ended."""
+        verify = self.job.verify
+        if verify is None:
+            return
+        where = f"job {self.job.job_id!r}: verify"
+        if verify.copy_from:
+            copy_into(verify.copy_from, self.workspace, where)
+        for rel, text in verify.files.items():
+            safe_write(self.workspace, rel, text, where)
+        if self.owner:
+            chown_tree(self.workspace, *self.owner)
+
+    def env(self) -> dict[str, str]:
+        """The step environment: a small clean base (nothing of the runner's leaks) + job env."""
+        env = {
+            "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+            "LANG": "C.UTF-8",
+            "HOME": f"{self.inside_tmp}/home",
+            "TMPDIR": self.inside_tmp,
+            "CLAW_WORKSPACE": self.inside_workspace,
+            "CLAW_JOB_ID": self.job.job_id,
+        }
+        if self.job.network.policy == "proxy":
+            env["CLAW_PROXY_URL"] = self.proxy_url_inside()
+        env.update(self.job.env)
+        return env
+
+    def proxy_url_inside(self) -> str:
+        return f"http://127.0.0.1:{self.job.network.port}"
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Set up what the steps share (cgroup, proxy forwarder); InfraError when it cannot."""
+
+    @abc.abstractmethod
+    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+        """Run one step in the sandbox."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Kill whatever is left and release shared resources (not the job directory)."""
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.jobdir)
+
+
+class Backend(abc.ABC):
+    """A way to run jobs. `unavailable()` says why it cannot run here (None: it can)."""
+
+    name: ClassVar[str]
+    isolates: ClassVar[bool]
+    warning: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def unavailable(self) -> str | None: ...
+
+    @abc.abstractmethod
+    def sandbox(self, job: Job, jobdir: Path) -> Sandbox: ...
+
+    def check_job(self, job: Job) -> None:
+        """Reject what this backend cannot do for a job (JobError, reported per job)."""
+        if job.network.policy == "proxy" and job.network.port is None:
+            raise JobError(f"job {job.job_id!r}: network/port: policy proxy needs a port")
+
+
+def venv_paths(command: Command) -> list[str]:
+    """Directories a command's interpreter needs: its venv and the venv's base installation."""
+    if isinstance(command, str):
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            return []
+        first = words[0] if words else ""
+    else:
+        first = command[0]
+    paths = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    if first.startswith("/"):
+        for parent in Path(first).parents:
+            cfg = parent / "pyvenv.cfg"
+            if cfg.is_file():
+                paths.append(str(parent))
+                for line in cfg.read_text(errors="replace").splitlines():
+                    key, _, value = line.partition("=")
+                    if key.strip() == "home" and value.strip():
+                        paths.append(str(Path(value.strip()).parent))
+                break
+        real = os.path.realpath(first)
+        paths.append(os.path.dirname(real))
+    return paths

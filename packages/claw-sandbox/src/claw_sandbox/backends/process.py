@@ -1,0 +1,104 @@
+"""The `process` backend: a plain subprocess in a temporary directory. It does NOT isolate.
+
+For trusted code and machines with nothing else. Limits come from a per-job cgroup when the
+cgroup tree is writable (else rlimits); the whole process tree is still killed at the timeout
+(cgroup, process group, and every process carrying the job's marker in its environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+from claw_sandbox import _cgroup
+from claw_sandbox._proc import StepResult, find_marked, killpg, run_step
+from claw_sandbox.backends.base import Backend, Sandbox, argv_of, rlimit_wrap
+from claw_sandbox.errors import InfraError
+from claw_sandbox.records import Command, Job
+
+MARKER = "CLAW_SANDBOX_TOKEN"
+
+
+class ProcessSandbox(Sandbox):
+    def __init__(self, backend: ProcessBackend, job: Job, jobdir: Path) -> None:
+        super().__init__(backend, job, jobdir)
+        self.inside_workspace = str(self.workspace)
+        self.inside_tmp = str(self.tmp)
+        self.token = uuid.uuid4().hex
+        self.cgroup: _cgroup.JobCgroup | None = None
+
+    async def start(self) -> None:
+        support = self.backend.cgroups
+        if support.version is not None:
+            try:
+                self.cgroup = _cgroup.JobCgroup.create(support, self.job.limits, "process")
+            except OSError as exc:
+                raise InfraError(f"cannot create the job's cgroup: {exc}") from exc
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.job.network.policy == "proxy":
+            env["CLAW_PROXY_URL"] = self.job.network.proxy_url or env["CLAW_PROXY_URL"]
+        env[MARKER] = self.token
+        return env
+
+    def _kill_tree(self, pid: int) -> None:
+        killpg(pid)
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+        marker = f"{MARKER}={self.token}".encode()
+        for _ in range(50):
+            pids = find_marked(marker)
+            if not pids:
+                break
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p, signal.SIGKILL)
+            time.sleep(0.005)
+
+    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+        argv = argv_of(command)
+        if self.cgroup is not None:
+            argv = self.cgroup.wrap(argv)
+        else:
+            argv = rlimit_wrap(self.job.limits, argv)
+        result = await run_step(
+            argv, env=self.env(), cwd=str(self.workspace), timeout_s=timeout_s,
+            output_bytes=self.job.limits.output_bytes, kill_tree=self._kill_tree,
+            merge_stderr=merge_stderr,
+        )  # fmt: skip
+        if result.exit_code == 125 and _cgroup.ENTER_FAILED in result.stderr:
+            raise InfraError(_cgroup.ENTER_FAILED)
+        if self.cgroup is not None:
+            if self.job.limits.memory_mb and self.cgroup.memory_exceeded():
+                self.notes.append(f"memory limit exceeded ({self.job.limits.memory_mb} MB)")
+            if self.job.limits.pids and self.cgroup.pids_exceeded():
+                self.notes.append(f"pids limit reached ({self.job.limits.pids})")
+        return result
+
+    async def stop(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+            self.cgroup = None
+
+
+class ProcessBackend(Backend):
+    name = "process"
+    isolates = False
+    warning = (
+        "backend 'process' does NOT isolate: jobs run as this user, can read and write whatever "
+        "it can and reach any network address (network policies are not enforced)"
+    )
+
+    def __init__(self) -> None:
+        self.cgroups = _cgroup.detect()
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def sandbox(self, job: Job, jobdir: Path) -> Sandbox:
+        return ProcessSandbox(self, job, jobdir)

@@ -1,0 +1,108 @@
+"""One job, start to end: workspace, setup, command, hidden verify files, verify, collect, discard."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from pathlib import Path
+
+from claw_sandbox.backends.base import Backend, Sandbox
+from claw_sandbox.errors import InfraError, JobError
+from claw_sandbox.records import Job, Run, VerifyResult
+from claw_sandbox.workspace import collect, parse_reward, read_inside
+
+
+def jobdir_for(root: Path, job_id: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job_id)[:60] or "job"
+    return root / f"{safe}-{uuid.uuid4().hex[:8]}"
+
+
+async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str | None]:
+    """Run one job once. Returns the run and the kept job directory (or None).
+
+    Raises InfraError when the sandbox could not be set up or started (the caller retries);
+    an invalid job (bad copy_from, ...) comes back as a `status: error` run.
+    """
+    started = time.time()
+    sandbox = backend.sandbox(job, jobdir_for(root, job.job_id))
+    fields: dict = {"status": "error", "exit_code": None, "verify": None, "error": None}
+    out = err = ""
+    collected: dict[str, str] = {}
+    started_sandbox = False
+    try:
+        backend.check_job(job)
+        try:
+            await asyncio.to_thread(sandbox.prepare)
+        except OSError as exc:
+            raise InfraError(f"cannot create the job directory: {exc}") from exc
+        await sandbox.start()
+        started_sandbox = True
+        fields, out, err = await _steps(job, sandbox)
+        collected = await asyncio.to_thread(collect, sandbox.workspace, job.collect)
+    except JobError as exc:
+        fields["error"] = str(exc)
+    except BaseException:
+        await _teardown(sandbox, started_sandbox, keep=False)
+        raise
+    if sandbox.notes:
+        note = "; ".join(dict.fromkeys(sandbox.notes))
+        fields["error"] = f"{fields['error']}; {note}" if fields["error"] else note
+    failed = fields["status"] != "ok" or not (fields["verify"] is None or fields["verify"].passed)
+    keep = job.keep == "always" or (job.keep == "failed" and failed)
+    await _teardown(sandbox, started_sandbox, keep)
+    run = Run(
+        job_id=job.job_id, started_at=started, ended_at=time.time(), stdout_tail=out, stderr_tail=err,
+        collected=collected, backend=backend.name, meta=dict(job.meta), **fields,
+    )  # fmt: skip
+    return run, str(sandbox.jobdir) if keep else None
+
+
+async def _teardown(sandbox: Sandbox, started: bool, keep: bool) -> None:
+    if started:
+        await sandbox.stop()
+    if not keep:
+        await asyncio.to_thread(sandbox.remove)
+
+
+async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
+    deadline = time.monotonic() + job.timeout_s
+    for i, step in enumerate(job.setup, start=1):
+        r = await sandbox.run(step, timeout_s=max(0.001, deadline - time.monotonic()))
+        if r.timed_out:
+            msg = f"setup step {i} timed out (the job's timeout_s={job.timeout_s:g} covers setup)"
+            return {"status": "timeout", "exit_code": None, "verify": None, "error": msg}, r.stdout, r.stderr
+        if r.exit_code != 0:
+            tail = r.stderr.strip().splitlines()[-1:] or r.stdout.strip().splitlines()[-1:]
+            msg = f"setup step {i} exited with {r.exit_code}" + (f": {tail[0]}" if tail else "")
+            return {"status": "error", "exit_code": None, "verify": None, "error": msg}, r.stdout, r.stderr
+    r = await sandbox.run(job.command, timeout_s=max(0.001, deadline - time.monotonic()))
+    fields = {
+        "status": "timeout" if r.timed_out else "ok",
+        "exit_code": r.exit_code,
+        "verify": None,
+        "error": f"command timed out after {job.timeout_s:g}s" if r.timed_out else None,
+    }
+    if job.verify is not None:
+        fields["verify"] = await _verify(job, sandbox)
+    return fields, r.stdout, r.stderr
+
+
+async def _verify(job: Job, sandbox: Sandbox) -> VerifyResult:
+    assert job.verify is not None
+    await asyncio.to_thread(sandbox.place_verify_files)
+    r = await sandbox.run(job.verify.command, timeout_s=job.verify.timeout_s, merge_stderr=True)
+    passed = r.exit_code == 0 and not r.timed_out
+    reward, details = (1.0 if passed else 0.0), {}
+    if job.verify.reward_file:
+        data = read_inside(sandbox.workspace, job.verify.reward_file)
+        if data is not None:
+            try:
+                reward, details = parse_reward(data.decode("utf-8", errors="replace"))
+            except ValueError as exc:
+                reward, details = 0.0, {"reward_file_error": f"{job.verify.reward_file}: {exc}"}
+    return VerifyResult(
+        exit_code=r.exit_code, passed=passed, reward=reward, details=details, output=r.stdout,
+        timed_out=r.timed_out,
+    )  # fmt: skip

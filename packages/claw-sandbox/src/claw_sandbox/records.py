@@ -1,0 +1,427 @@
+"""The records this package reads (`claw.job/v1`) and writes (`claw.run/v1`), and their JSONL I/O.
+
+Readers reject unknown schema versions and malformed lines with the file name, line number and
+field; a bad job line never stops the other jobs (see :func:`read_jobs`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+import attrs
+
+from claw_sandbox.errors import JobError, JobsFileError
+
+JOB_SCHEMA = "claw.job/v1"
+RUN_SCHEMA = "claw.run/v1"
+STATUSES = ("ok", "timeout", "error", "infra_error")
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_VERIFY_TIMEOUT_S = 300.0
+DEFAULT_OUTPUT_BYTES = 65536
+
+Command = str | tuple[str, ...]
+
+
+def _fail(where: str, field: str, msg: str) -> JobError:
+    return JobError(f"{where}: {field}: {msg}")
+
+
+def _get(d: dict, key: str, types: type | tuple, where: str, field: str, default: Any = None):
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise _fail(where, field, f"expected {_typename(types)}, got a boolean")
+    if not isinstance(value, types):
+        raise _fail(where, field, f"expected {_typename(types)}, got {type(value).__name__}")
+    return value
+
+
+def _typename(types: type | tuple) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(t.__name__ for t in types)
+
+
+def check_relpath(path: str, where: str, field: str) -> str:
+    """A workspace-relative path: not absolute, no `..` component, not empty."""
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or ".." in p.parts or "\x00" in path:
+        raise _fail(where, field, f"path {path!r} escapes the workspace (absolute or `..`)")
+    return path
+
+
+def _command(value: Any, where: str, field: str) -> Command:
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    raise _fail(where, field, "expected a non-empty string (run by bash -c) or a list of strings")
+
+
+def _files(value: Any, where: str, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(where, field, "expected an object {relative path: text}")
+    for k, v in value.items():
+        check_relpath(k, where, f"{field}/{k}")
+        if not isinstance(v, str):
+            raise _fail(where, f"{field}/{k}", "file content must be a string")
+    return dict(value)
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """Resource limits; None means unlimited."""
+
+    memory_mb: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    output_bytes: int = DEFAULT_OUTPUT_BYTES
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "job") -> Limits:
+        unknown = set(d) - {"memory_mb", "pids", "cpus", "output_bytes"}
+        if unknown:
+            raise _fail(where, "limits", f"unknown field(s) {sorted(unknown)}")
+        out = {}
+        for key, typ in (("memory_mb", int), ("pids", int), ("cpus", (int, float)), ("output_bytes", int)):
+            v = _get(d, key, typ, where, f"limits/{key}")
+            if v is not None:
+                if v < (0 if key == "output_bytes" else 1e-9):
+                    raise _fail(where, f"limits/{key}", f"must be positive, got {v}")
+                out[key] = float(v) if key == "cpus" else v
+        return cls(**out)
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.memory_mb, self.pids, self.cpus))
+
+
+@attrs.frozen(kw_only=True)
+class Network:
+    """Network policy: `none`, `proxy` (only proxy_url, seen inside at 127.0.0.1:port) or `host`."""
+
+    policy: str = "none"
+    proxy_url: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "job") -> Network:
+        policy = d.get("policy")
+        if policy not in ("none", "proxy", "host"):
+            raise _fail(where, "network/policy", f"expected none, proxy or host, got {policy!r}")
+        proxy_url = _get(d, "proxy_url", str, where, "network/proxy_url")
+        port = _get(d, "port", int, where, "network/port")
+        if port is not None and not 1 <= port <= 65535:
+            raise _fail(where, "network/port", f"not a port number: {port}")
+        if policy == "proxy":
+            if not proxy_url:
+                raise _fail(where, "network/proxy_url", "policy proxy needs proxy_url")
+            host, pport = parse_http_url(proxy_url, where)
+            port = port or pport
+        return cls(policy=policy, proxy_url=proxy_url, port=port)
+
+
+def parse_http_url(url: str, where: str = "job") -> tuple[str, int]:
+    """(host, port) of an http:// URL."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _fail(where, "network/proxy_url", f"expected http://HOST:PORT, got {url!r}")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+@attrs.frozen(kw_only=True)
+class Verify:
+    """The verify step: run after the command, with hidden files placed first."""
+
+    command: Command
+    timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
+    files: dict[str, str] = attrs.field(factory=dict)
+    copy_from: str | None = None
+    reward_file: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "job") -> Verify:
+        unknown = set(d) - {"command", "timeout_s", "files", "copy_from", "reward_file"}
+        if unknown:
+            raise _fail(where, "verify", f"unknown field(s) {sorted(unknown)}")
+        if "command" not in d:
+            raise _fail(where, "verify/command", "missing required field")
+        timeout = _get(d, "timeout_s", (int, float), where, "verify/timeout_s", DEFAULT_VERIFY_TIMEOUT_S)
+        if timeout <= 0:
+            raise _fail(where, "verify/timeout_s", "must be > 0")
+        reward_file = _get(d, "reward_file", str, where, "verify/reward_file")
+        if reward_file is not None:
+            check_relpath(reward_file, where, "verify/reward_file")
+        return cls(
+            command=_command(d["command"], where, "verify/command"),
+            timeout_s=float(timeout),
+            files=_files(d.get("files"), where, "verify/files"),
+            copy_from=_get(d, "copy_from", str, where, "verify/copy_from"),
+            reward_file=reward_file,
+        )
+
+
+_JOB_FIELDS = {
+    "schema", "job_id", "workspace", "image", "setup", "command", "env", "timeout_s",
+    "limits", "network", "verify", "collect", "keep", "meta",
+}  # fmt: skip
+
+
+@attrs.frozen(kw_only=True)
+class Job:
+    """One `claw.job/v1` record."""
+
+    job_id: str
+    command: Command
+    files: dict[str, str] = attrs.field(factory=dict)
+    copy_from: str | None = None
+    image: str | None = None
+    setup: tuple[Command, ...] = ()
+    env: dict[str, str] = attrs.field(factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    limits: Limits = attrs.field(factory=Limits)
+    network: Network = attrs.field(factory=Network)
+    verify: Verify | None = None
+    collect: tuple[str, ...] = ()
+    keep: str = "never"
+    meta: dict = attrs.field(factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "job", base_dir: Path | None = None) -> Job:
+        """Validate one job object; raise JobError naming `where` (file:line) and the field.
+
+        Relative `copy_from` paths are resolved against `base_dir` (default: the current dir).
+        """
+        if not isinstance(d, dict):
+            raise JobError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        if d.get("schema") != JOB_SCHEMA:
+            raise _fail(where, "schema", f"expected {JOB_SCHEMA!r}, got {d.get('schema')!r}")
+        job_id = d.get("job_id")
+        if not isinstance(job_id, str) or not job_id:
+            raise _fail(where, "job_id", "missing required field (a non-empty string)")
+        where = f"{where}: job {job_id!r}"
+        unknown = set(d) - _JOB_FIELDS
+        if unknown:
+            raise _fail(where, "<record>", f"unknown field(s) {sorted(unknown)}")
+        if "command" not in d:
+            raise _fail(where, "command", "missing required field")
+        ws = _get(d, "workspace", dict, where, "workspace", {})
+        if set(ws) - {"files", "copy_from"}:
+            raise _fail(where, "workspace", f"unknown field(s) {sorted(set(ws) - {'files', 'copy_from'})}")
+        env = _get(d, "env", dict, where, "env", {})
+        for k, v in env.items():
+            if not isinstance(v, str):
+                raise _fail(where, f"env/{k}", "environment values must be strings")
+        timeout = _get(d, "timeout_s", (int, float), where, "timeout_s", DEFAULT_TIMEOUT_S)
+        if timeout <= 0:
+            raise _fail(where, "timeout_s", "must be > 0")
+        setup = _get(d, "setup", list, where, "setup", [])
+        collect = _get(d, "collect", list, where, "collect", [])
+        for i, g in enumerate(collect):
+            if not isinstance(g, str):
+                raise _fail(where, f"collect/{i}", "expected a glob string")
+            check_relpath(g, where, f"collect/{i}")
+        keep = d.get("keep") or "never"
+        if keep not in ("never", "failed", "always"):
+            raise _fail(where, "keep", f"expected never, failed or always, got {keep!r}")
+        verify = d.get("verify")
+        base = base_dir or Path.cwd()
+        copy_from = _get(ws, "copy_from", str, where, "workspace/copy_from")
+        verify_rec = Verify.from_dict(verify, where) if verify is not None else None
+        if verify is not None and not isinstance(verify, dict):
+            raise _fail(where, "verify", "expected an object or null")
+        if verify_rec is not None and verify_rec.copy_from:
+            verify_rec = attrs.evolve(verify_rec, copy_from=str(base / verify_rec.copy_from))
+        return cls(
+            job_id=job_id,
+            command=_command(d["command"], where, "command"),
+            files=_files(ws.get("files"), where, "workspace/files"),
+            copy_from=str(base / copy_from) if copy_from else None,
+            image=_get(d, "image", str, where, "image"),
+            setup=tuple(_command(c, where, f"setup/{i}") for i, c in enumerate(setup)),
+            env=dict(env),
+            timeout_s=float(timeout),
+            limits=Limits.from_dict(_get(d, "limits", dict, where, "limits", {}), where),
+            network=Network.from_dict(_get(d, "network", dict, where, "network", {"policy": "none"}), where),
+            verify=verify_rec,
+            collect=tuple(collect),
+            keep=keep,
+            meta=dict(_get(d, "meta", dict, where, "meta", {})),
+        )
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"schema": JOB_SCHEMA, "job_id": self.job_id}
+        ws: dict[str, Any] = {}
+        if self.files:
+            ws["files"] = dict(self.files)
+        if self.copy_from:
+            ws["copy_from"] = self.copy_from
+        if ws:
+            d["workspace"] = ws
+        if self.image:
+            d["image"] = self.image
+        d["setup"] = [list(c) if isinstance(c, tuple) else c for c in self.setup]
+        d["command"] = list(self.command) if isinstance(self.command, tuple) else self.command
+        d["env"] = dict(self.env)
+        d["timeout_s"] = self.timeout_s
+        d["limits"] = {k: v for k, v in attrs.asdict(self.limits).items() if v is not None}
+        d["network"] = {k: v for k, v in attrs.asdict(self.network).items() if v is not None}
+        if self.verify is not None:
+            v = {k: val for k, val in attrs.asdict(self.verify).items() if val not in (None, {})}
+            if isinstance(self.verify.command, tuple):
+                v["command"] = list(self.verify.command)
+            d["verify"] = v
+        d["collect"] = list(self.collect)
+        d["keep"] = self.keep
+        d["meta"] = dict(self.meta)
+        return d
+
+
+@attrs.frozen(kw_only=True)
+class VerifyResult:
+    exit_code: int | None
+    passed: bool
+    reward: float | None
+    details: dict = attrs.field(factory=dict)
+    output: str = ""
+    timed_out: bool = False
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> VerifyResult:
+        return cls(
+            exit_code=d.get("exit_code"), passed=bool(d.get("passed")), reward=d.get("reward"),
+            details=dict(d.get("details") or {}), output=d.get("output", ""),
+            timed_out=bool(d.get("timed_out", False)),
+        )  # fmt: skip
+
+
+@attrs.frozen(kw_only=True)
+class Run:
+    """One `claw.run/v1` record: a finished job."""
+
+    job_id: str
+    status: str
+    started_at: float
+    ended_at: float
+    exit_code: int | None = None
+    verify: VerifyResult | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    collected: dict[str, str] = attrs.field(factory=dict)
+    backend: str = ""
+    attempts: int = 1
+    error: str | None = None
+    meta: dict = attrs.field(factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": RUN_SCHEMA,
+            "job_id": self.job_id,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "verify": self.verify.to_dict() if self.verify else None,
+            "stdout_tail": self.stdout_tail,
+            "stderr_tail": self.stderr_tail,
+            "collected": dict(self.collected),
+            "backend": self.backend,
+            "attempts": self.attempts,
+            "error": self.error,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "duration_s": round(max(0.0, self.ended_at - self.started_at), 6),
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "run") -> Run:
+        if d.get("schema") != RUN_SCHEMA:
+            raise JobsFileError(f"{where}: schema: expected {RUN_SCHEMA!r}, got {d.get('schema')!r}")
+        if d.get("status") not in STATUSES:
+            raise JobsFileError(f"{where}: status: {d.get('status')!r} is not one of {STATUSES}")
+        return cls(
+            job_id=d["job_id"], status=d["status"], started_at=d["started_at"], ended_at=d["ended_at"],
+            exit_code=d.get("exit_code"),
+            verify=VerifyResult.from_dict(d["verify"]) if d.get("verify") else None,
+            stdout_tail=d.get("stdout_tail", ""), stderr_tail=d.get("stderr_tail", ""),
+            collected=dict(d.get("collected") or {}), backend=d.get("backend", ""),
+            attempts=d.get("attempts", 1), error=d.get("error"), meta=dict(d.get("meta") or {}),
+        )  # fmt: skip
+
+
+@attrs.frozen(kw_only=True)
+class BadLine:
+    """A jobs-file line that is not a valid job; it becomes a `status: error` run."""
+
+    job_id: str
+    error: str
+    meta: dict = attrs.field(factory=dict)
+
+
+def read_jobs(stream: IO[str], name: str = "<stdin>", base_dir: Path | None = None) -> Iterator[Job | BadLine]:
+    """Parse a JSONL jobs stream. Each line yields a Job or a BadLine naming file:line and field.
+
+    A line without a usable job_id gets the id ``NAME:LINE`` so that it is still reported (and
+    recorded for resume). Duplicate job ids raise JobsFileError: they would break resume.
+    """
+    seen: dict[str, int] = {}
+    short = os.path.basename(name)
+    for lineno, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        where = f"{short}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield BadLine(job_id=where, error=f"{where}: not JSON: {exc.msg} (column {exc.colno})")
+            continue
+        job_id = row.get("job_id") if isinstance(row, dict) else None
+        if isinstance(job_id, str) and job_id:
+            if job_id in seen:
+                raise JobsFileError(f"{where}: job_id {job_id!r} already used on line {seen[job_id]}")
+            seen[job_id] = lineno
+        try:
+            yield Job.from_dict(row, where, base_dir)
+        except JobError as exc:
+            meta = row.get("meta") if isinstance(row, dict) and isinstance(row.get("meta"), dict) else {}
+            ok_id = isinstance(job_id, str) and bool(job_id)
+            yield BadLine(job_id=job_id if ok_id else where, error=str(exc), meta=meta)
+
+
+def read_runs(path: Path) -> tuple[list[dict], int]:
+    """Read an existing runs file for resume: (records, byte length of the valid prefix).
+
+    A last line cut short by a killed writer (no newline, or not JSON) is not counted: the
+    caller truncates the file to the valid prefix. A bad line in the middle is an error.
+    """
+    data = path.read_bytes()
+    rows, good = [], 0
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines):
+        last = i == len(lines) - 1
+        if not raw.strip():
+            if not last:
+                good += len(raw) + 1
+            continue
+        try:
+            row = json.loads(raw)
+            if not isinstance(row, dict) or "job_id" not in row:
+                raise ValueError("not a run record")
+        except ValueError as exc:
+            if last:
+                break  # torn final line from a killed writer
+            raise JobsFileError(f"{path.name}:{i + 1}: not a run record: {exc}") from None
+        if last:
+            break  # complete JSON but no trailing newline: rewrite it
+        rows.append(row)
+        good += len(raw) + 1
+    return rows, good

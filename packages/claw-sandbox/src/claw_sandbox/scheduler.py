@@ -1,0 +1,223 @@
+"""Run many jobs at once: asyncio workers, bounded infra retries, resumable JSONL output.
+
+Results stream in completion order. With an output file, every finished run is appended as one
+`write()` of one line; a rerun reads the file back, cuts a torn last line (the runner was
+killed mid-write), skips every job already recorded and appends the rest, so no job is run
+twice into the file and none is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from pathlib import Path
+
+import attrs
+
+from claw_sandbox.backends import get_backend
+from claw_sandbox.backends.base import Backend
+from claw_sandbox.errors import InfraError, JobError, JobsFileError
+from claw_sandbox.executor import execute_job
+from claw_sandbox.records import BadLine, Job, Run, read_runs
+
+JobLike = Job | BadLine | dict
+
+
+def _as_job(item: JobLike, index: int) -> Job | BadLine:
+    if isinstance(item, Job | BadLine):
+        return item
+    try:
+        return Job.from_dict(item, f"job #{index}")
+    except JobError as exc:
+        job_id = item.get("job_id") if isinstance(item, dict) else None
+        meta = item.get("meta") if isinstance(item, dict) and isinstance(item.get("meta"), dict) else {}
+        return BadLine(job_id=job_id if isinstance(job_id, str) and job_id else f"job #{index}",
+                       error=str(exc), meta=meta)  # fmt: skip
+
+
+def _error_run(job_id: str, error: str, backend: str, meta: dict, status: str = "error", attempts: int = 1) -> Run:
+    now = time.time()
+    return Run(job_id=job_id, status=status, started_at=now, ended_at=now, backend=backend,
+               error=error, meta=meta, attempts=attempts)  # fmt: skip
+
+
+@attrs.define
+class Scheduler:
+    """Runs jobs on one backend, `parallel` at a time. Counts are kept for the summary line."""
+
+    backend: Backend
+    parallel: int = 4
+    retries: int = 2
+    root: Path | None = None
+    log: Callable[[str], None] = lambda msg: None
+    total: int = 0
+    skipped: int = 0
+    counts: Counter = attrs.field(factory=Counter)
+    kept: list[str] = attrs.field(factory=list)
+
+    async def run_one(self, job: Job | BadLine, root: Path) -> Run:
+        if isinstance(job, BadLine):
+            return _error_run(job.job_id, job.error, self.backend.name, job.meta)
+        last = ""
+        for attempt in range(1, self.retries + 2):
+            try:
+                run, kept = await execute_job(job, self.backend, root)
+            except InfraError as exc:
+                last = str(exc)
+                self.log(f"job {job.job_id!r}: attempt {attempt}: infrastructure error: {last}")
+                await asyncio.sleep(0.05 * attempt)
+                continue
+            except (OSError, RuntimeError, ValueError) as exc:  # a failure of the runner itself
+                last = f"{type(exc).__name__}: {exc}"
+                self.log(f"job {job.job_id!r}: attempt {attempt}: runner error: {last}")
+                await asyncio.sleep(0.05 * attempt)
+                continue
+            if kept:
+                self.kept.append(kept)
+                self.log(f"job {job.job_id!r}: sandbox kept at {kept}")
+            return attrs.evolve(run, attempts=attempt)
+        return _error_run(job.job_id, last, self.backend.name, dict(job.meta), "infra_error", self.retries + 1)
+
+    async def stream(self, jobs: Iterable[JobLike], out: str | Path | None = None) -> AsyncIterator[dict]:
+        """Yield `claw.run/v1` dicts in completion order; append them to `out` when given."""
+        items = [_as_job(j, i) for i, j in enumerate(jobs, start=1)]
+        done: set[str] = set()
+        fd = None
+        if out is not None:
+            fd, done = _open_resumable(Path(out), self.log)
+        try:
+            todo = [j for j in items if j.job_id not in done]
+            self.total, self.skipped = len(items), len(items) - len(todo)
+            if self.skipped:
+                self.log(f"resuming: {self.skipped} of {len(items)} jobs already recorded in {out}")
+            root = self.root or Path(tempfile.mkdtemp(prefix="claw-sandbox-"))
+            root.mkdir(parents=True, exist_ok=True)
+            os.chmod(root, 0o711)
+            if hasattr(self.backend, "hide"):
+                self.backend.hide(str(root))
+            if self.backend.warning:
+                self.log(f"WARNING: {self.backend.warning}")
+            async for run in self._pool(todo, root):
+                row = run.to_dict()
+                if fd is not None:
+                    os.write(fd, (json.dumps(row, ensure_ascii=False) + "\n").encode())
+                self.counts[run.status] += 1
+                yield row
+            if self.root is None:
+                with contextlib.suppress(OSError):
+                    root.rmdir()  # stays when it still holds kept sandboxes
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    async def _pool(self, jobs: list[Job | BadLine], root: Path) -> AsyncIterator[Run]:
+        queue: asyncio.Queue = asyncio.Queue()
+        for j in jobs:
+            queue.put_nowait(j)
+        results: asyncio.Queue = asyncio.Queue()
+
+        async def worker() -> None:
+            while True:
+                try:
+                    job = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                try:
+                    result: Run | Exception = await self.run_one(job, root)
+                except Exception as exc:  # a bug: surface it instead of hanging
+                    result = exc
+                await results.put(result)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(max(1, min(self.parallel, len(jobs))))]
+        try:
+            for _ in range(len(jobs)):
+                result = await results.get()
+                if isinstance(result, Exception):
+                    raise result
+                yield result
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    def summary(self, elapsed: float) -> str:
+        ran = sum(self.counts.values())
+        parts = [f"{self.counts.get(s, 0)} {s}" for s in ("ok", "timeout", "error", "infra_error")]
+        rate = ran / elapsed if elapsed > 0 else 0.0
+        text = f"{self.total} jobs: {', '.join(parts)}"
+        if self.skipped:
+            text += f", {self.skipped} skipped (already recorded)"
+        return f"{text}; backend {self.backend.name}; {elapsed:.2f}s ({rate:.1f} jobs/s)"
+
+
+def _open_resumable(path: Path, log: Callable[[str], None]) -> tuple[int, set[str]]:
+    """Open the runs file for appending under an exclusive lock; return the ids it records."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JobsFileError(f"{path}: another claw-sandbox run is writing to this file") from None
+    try:
+        rows, good = read_runs(path)
+    except JobsFileError:
+        os.close(fd)
+        raise
+    size = os.fstat(fd).st_size
+    if good < size:
+        log(f"{path}: dropping a torn last line ({size - good} bytes) left by an interrupted run")
+        os.ftruncate(fd, good)
+    return fd, {r["job_id"] for r in rows}
+
+
+async def arun_jobs(
+    jobs: Iterable[JobLike],
+    *,
+    backend: str | Backend = "auto",
+    parallel: int = 4,
+    out: str | Path | None = None,
+    retries: int = 2,
+    workdir: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> AsyncIterator[dict]:
+    """Async variant of :func:`run_jobs`: yields each `claw.run/v1` dict as its job finishes."""
+    sched = Scheduler(get_backend(backend), parallel, retries, Path(workdir) if workdir else None,
+                      log or (lambda m: None))  # fmt: skip
+    async for row in sched.stream(jobs, out):
+        yield row
+
+
+def iter_runs(jobs: Iterable[JobLike], **options) -> Iterator[dict]:
+    """Synchronous generator over :func:`arun_jobs` (runs its own event loop)."""
+    loop = asyncio.new_event_loop()
+    agen = arun_jobs(jobs, **options)
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def run_jobs(jobs: Iterable[JobLike], *, backend: str | Backend = "auto", parallel: int = 4,
+             out: str | Path | None = None, retries: int = 2, workdir: str | Path | None = None,
+             log: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """Run `claw.job/v1` dicts (or Jobs) and return their `claw.run/v1` dicts in completion order.
+
+    `out` appends every run to a JSONL file and resumes from it (jobs already recorded are
+    skipped). Infrastructure failures are retried `retries` times, then reported as
+    `status: infra_error`.
+    """
+    return list(iter_runs(jobs, backend=backend, parallel=parallel, out=out, retries=retries,
+                          workdir=workdir, log=log))  # fmt: skip
