@@ -1,8 +1,49 @@
-"""claw-tree: see the package README."""
+"""claw-tree: prefix trees over recorded calls, tree-aware advantages, tree-packed samples."""
 
 from importlib.metadata import version as _version
 
-from claw_tree.errors import ClawError
+from claw_tree.advantages import (
+    gae_on_tree,
+    group_relative_advantages,
+    mean_child_recurrence,
+    reinforce_advantages,
+    rloo_advantages,
+)
+from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
+from claw_tree.records import Call, Outcome, ReadResult, read_calls, read_outcomes, write_jsonl
+from claw_tree.samples import SampleBatch, build_samples, gae_for_samples, make_samples
+from claw_tree.stats import forest_stats, session_stats
+from claw_tree.tree import Forest, SessionTree, Trajectory, build_forest, trajectory_record, trajectory_spans
 
 __version__ = _version("claw-tree")
-__all__ = ["ClawError", "__version__"]
+__all__ = [
+    "BudgetError",
+    "Call",
+    "ClawError",
+    "ConflictError",
+    "Forest",
+    "Outcome",
+    "ReadResult",
+    "RecordError",
+    "SampleBatch",
+    "SessionTree",
+    "Trajectory",
+    "ValuesError",
+    "__version__",
+    "build_forest",
+    "build_samples",
+    "forest_stats",
+    "gae_for_samples",
+    "gae_on_tree",
+    "group_relative_advantages",
+    "make_samples",
+    "mean_child_recurrence",
+    "read_calls",
+    "read_outcomes",
+    "reinforce_advantages",
+    "rloo_advantages",
+    "session_stats",
+    "trajectory_record",
+    "trajectory_spans",
+    "write_jsonl",
+]

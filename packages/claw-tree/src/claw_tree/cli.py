@@ -1,11 +1,190 @@
-"""The `claw-tree` command line: a thin click group over the library."""
+"""The `claw-tree` command line: a thin click group over the library.
+
+stdout carries only data (JSONL, or the text of `stats` / `show`); notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
 
 import click
 
 from claw_tree import __version__
+from claw_tree.errors import ClawError
+from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
+from claw_tree.samples import ALGOS, GROUP_BY, PATH_WEIGHTING, build_samples
+from claw_tree.show import load_decoder, render_session
+from claw_tree.stats import forest_stats, session_stats
+from claw_tree.tree import Forest, build_forest, trajectory_record
+
+_SKIP = click.option("--skip-invalid", is_flag=True,
+                     help="Skip malformed lines (their count and reasons go to stderr) instead of failing.")
+_CALLS = click.argument("calls", default="-", type=click.Path(allow_dash=True, dir_okay=False))
+
+
+def _note(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _report_skipped(what: str, skipped: list[str]) -> None:
+    if skipped:
+        _note(f"claw-tree: skipped {len(skipped)} invalid {what} line(s):")
+        for reason in skipped[:10]:
+            _note(f"  {reason}")
+        if len(skipped) > 10:
+            _note(f"  ... and {len(skipped) - 10} more")
+
+
+def _forest(calls: str, skip_invalid: bool) -> Forest:
+    try:
+        result = read_calls(calls, skip_invalid=skip_invalid)
+        _report_skipped("call", result.skipped)
+        return build_forest(result.records)
+    except ClawError as exc:
+        raise click.ClickException(f"{exc}\nhint: --skip-invalid skips malformed lines and reports them") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="claw-tree")
 def main() -> None:
-    """claw-tree: see `claw-tree COMMAND --help`."""
+    """claw-tree: prefix trees over recorded calls, tree-aware advantages, tree-packed samples.
+
+    Reads claw.call/v1 (and claw.outcome/v1) JSONL; see `claw-tree COMMAND --help`.
+    """
+
+
+@main.command()
+@_CALLS
+@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False),
+              help="Where the trajectories go (JSONL, default stdout).")
+@click.option("--with-ids", is_flag=True, help="Include each path's input_ids, trainable mask and logprobs.")
+@_SKIP
+def build(calls: str, output: str, with_ids: bool, skip_invalid: bool) -> None:
+    """Build the prefix forest and print one JSON line per trajectory (root-to-leaf path).
+
+    Each line: session, trajectory, tokens, trainable_tokens, calls (that made the path) and
+    spans (start/stop along the path, kind output|context, generating call).
+
+    Example:
+
+        claw-tree build calls.jsonl | jq -c '{session, tokens, calls}'
+    """
+    forest = _forest(calls, skip_invalid)
+    write_jsonl((trajectory_record(forest, t, with_ids=with_ids) for t in forest.trajectories), output)
+    _note(f"claw-tree: {len(forest.sessions)} sessions, {len(forest.trajectories)} trajectories, "
+          f"{forest.n_nodes} tree tokens")
+
+
+@main.command()
+@_CALLS
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--per-session", is_flag=True, help="Add one entry per session.")
+@_SKIP
+def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> None:
+    """Summarise the forest: sessions, calls, flat vs tree tokens, branches and why, depth.
+
+    Example:
+
+        claw-tree stats --json calls.jsonl | jq .tree_token_ratio
+    """
+    forest = _forest(calls, skip_invalid)
+    summary = forest_stats(forest)
+    if per_session:
+        summary["per_session"] = [session_stats(forest, t.name) for t in forest.sessions]
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    for key, value in summary.items():
+        if key == "per_session":
+            continue
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+        click.echo(f"{key:22} {value}")
+    for row in summary.get("per_session", []):
+        click.echo(f"  {row['session']}: {row['calls']} calls, {row['flat_tokens']} flat -> "
+                   f"{row['tree_tokens']} tree tokens, {row['trajectories']} trajectories, "
+                   f"{row['branches']} branches")
+
+
+@main.command()
+@_CALLS
+@click.option("--outcomes", required=True, type=click.Path(allow_dash=True, dir_okay=False),
+              help="claw.outcome/v1 JSONL (rewards, status, group keys).")
+@click.option("--algo", type=click.Choice(ALGOS), default="grpo", show_default=True)
+@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False),
+              help="Where the claw.sample/v1 lines go (default stdout).")
+@click.option("--group-by", type=click.Choice(GROUP_BY), default="group", show_default=True,
+              help="Group key for GRPO/RLOO: the outcome's group, its task, or task+harness.")
+@click.option("--no-std", is_flag=True, help="GRPO: centre only, do not divide by the group std.")
+@click.option("--path-weighting", type=click.Choice(PATH_WEIGHTING), default="rollout", show_default=True,
+              help="rollout: each rollout counts once, its paths share the vote; path: plain mean over paths.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Pack sessions into samples of at most this many tokens (default: one sample per session).")
+@click.option("--values", "values_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help='PPO: JSONL of {"sample_id": ..., "values": [...]} aligned with the samples of this same command.')
+@click.option("--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token.")
+@click.option("--lam", type=float, default=0.95, show_default=True, help="PPO GAE lambda.")
+@click.option("--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline.")
+@_SKIP
+def samples(calls: str, outcomes: str, algo: str, output: str, group_by: str, no_std: bool,
+            path_weighting: str, max_tokens: int | None, values_path: str | None, gamma: float,
+            lam: float, baseline: float, skip_invalid: bool) -> None:
+    """Tree-pack rollouts into claw.sample/v1 lines with advantages and exact loss weights.
+
+    Outcomes join by session; rollouts that are not `ok` are excluded and reported on stderr.
+    PPO: run once without --values, let the critic write values for those samples, then run
+    again with the same inputs and options plus --values to get GAE advantages and returns.
+
+    Example:
+
+        claw-tree samples calls.jsonl --outcomes outcomes.jsonl --algo grpo > samples.jsonl
+    """
+    if calls == "-" and outcomes == "-":
+        raise click.UsageError("calls and --outcomes cannot both be stdin")
+    forest = _forest(calls, skip_invalid)
+    try:
+        result = read_outcomes(outcomes, skip_invalid=skip_invalid)
+        _report_skipped("outcome", result.skipped)
+        values = None if values_path is None else read_values(values_path)
+        if algo == "ppo" and values is None:
+            _note("claw-tree: no --values: GAE runs with V = 0 (advantages are discounted Monte Carlo returns)")
+        batch = build_samples(
+            forest, result.records, algo=algo, group_by=group_by, scale_by_std=not no_std,
+            path_weighting=path_weighting, max_tokens=max_tokens, values=values, gamma=gamma,
+            lam=lam, baseline=baseline,
+        )
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+    write_jsonl(batch.samples, output)
+    _note(f"claw-tree: {batch.summary()}")
+    for session, why in sorted(batch.excluded.items())[:20]:
+        _note(f"  excluded {session}: {why}")
+
+
+@main.command()
+@click.argument("session")
+@_CALLS
+@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
+              help="HF tokenizer/model directory: show decoded text of each segment.")
+@click.option("--max-chars", type=int, default=100, show_default=True, help="Clip decoded text to this many characters.")
+@_SKIP
+def show(session: str, calls: str, tokenizer: str | None, max_chars: int, skip_invalid: bool) -> None:
+    """Print one session's tree: segments, branch points, token counts, calls, leaves.
+
+    Example:
+
+        claw-tree show s-3f2a calls.jsonl --tokenizer runs/tiny
+    """
+    forest = _forest(calls, skip_invalid)
+    try:
+        decode = load_decoder(tokenizer) if tokenizer else None
+        click.echo(render_session(forest, session, decode=decode, max_chars=max_chars))
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

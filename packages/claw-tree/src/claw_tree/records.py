@@ -1,0 +1,304 @@
+"""The records claw-tree reads (`claw.call/v1`, `claw.outcome/v1`) and JSONL input/output.
+
+Readers reject malformed lines and unknown schema versions with the file name and line number.
+With ``skip_invalid=True`` they skip such lines instead and count them, with the reason, in the
+returned :class:`ReadResult` (never silently).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import attrs
+import numpy as np
+
+from claw_tree.errors import RecordError
+
+CALL_SCHEMA = "claw.call/v1"
+OUTCOME_SCHEMA = "claw.outcome/v1"
+SAMPLE_SCHEMA = "claw.sample/v1"
+OUTCOME_STATUSES = ("ok", "infra_error", "not_scorable")
+_MAX_TOKEN_ID = 2**31 - 1
+
+T = TypeVar("T")
+
+
+def _require(row: dict, field: str, types: type | tuple[type, ...], where: str) -> Any:
+    if field not in row:
+        raise RecordError(f"{where}: {field}: missing required field")
+    value = row[field]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise RecordError(f"{where}: {field}: expected {_type_names(types)}, got {value!r:.60}")
+    return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    names = {int: "integer", float: "number", str: "string", list: "array", dict: "object",
+             bool: "boolean", type(None): "null"}
+    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
+
+
+def _check_schema(row: dict, expected: str, where: str) -> None:
+    schema = row.get("schema")
+    if schema != expected:
+        if isinstance(schema, str) and schema.split("/")[0] == expected.split("/")[0]:
+            raise RecordError(f"{where}: schema: unsupported version {schema!r} (this reader knows {expected!r})")
+        raise RecordError(f"{where}: schema: expected {expected!r}, got {schema!r}")
+
+
+def token_array(values: Any, field: str, where: str) -> np.ndarray:
+    """A JSON list of token ids as an int64 array; anything but non-negative ints is an error."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+            raise RecordError(f"{where}: {field}: expected a 1-d integer array")
+        arr = values.astype(np.int64, copy=False)
+    else:
+        if not isinstance(values, list):
+            raise RecordError(f"{where}: {field}: expected array of integers, got {values!r:.60}")
+        if values and set(map(type, values)) != {int}:
+            bad = next(v for v in values if type(v) is not int)
+            raise RecordError(f"{where}: {field}: token ids must be integers, found {bad!r:.40}")
+        try:
+            arr = np.fromiter(values, dtype=np.int64, count=len(values))
+        except OverflowError:
+            raise RecordError(f"{where}: {field}: token id out of range") from None
+    if arr.size and (arr.min() < 0 or arr.max() > _MAX_TOKEN_ID):
+        raise RecordError(f"{where}: {field}: token ids must lie in [0, 2**31)")
+    return arr
+
+
+def _float_array(values: Any, field: str, where: str) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        arr = values.astype(np.float64, copy=False)
+    else:
+        if not isinstance(values, list):
+            raise RecordError(f"{where}: {field}: expected array of numbers, got {values!r:.60}")
+        if values and not set(map(type, values)) <= {int, float}:
+            bad = next(v for v in values if type(v) not in (int, float))
+            raise RecordError(f"{where}: {field}: expected numbers, found {bad!r:.40}")
+        arr = np.fromiter(values, dtype=np.float64, count=len(values))
+    if arr.ndim != 1 or np.isnan(arr).any():
+        raise RecordError(f"{where}: {field}: expected a flat array of numbers without NaN")
+    return arr
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Call:
+    """One recorded model call (`claw.call/v1`), reduced to what the tree needs."""
+
+    call_id: str
+    session: str
+    seq: int
+    model: str
+    policy_name: str
+    policy_version: int
+    trainable: bool
+    prompt_ids: np.ndarray  # (P,) int64
+    completion_ids: np.ndarray  # (C,) int64
+    completion_logprobs: np.ndarray  # (C,) float64
+    finish_reason: str
+    tags: dict
+    reused_tokens: int | None = None
+    fresh_render_matches: bool | None = None
+
+    @classmethod
+    def from_dict(cls, row: Any, where: str = "<call>") -> Call:
+        """Validate one `claw.call/v1` dict; errors name `where` (file:line) and the field."""
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        _check_schema(row, CALL_SCHEMA, where)
+        call_id = _require(row, "call_id", str, where)
+        session = _require(row, "session", str, where)
+        if not call_id or not session:
+            raise RecordError(f"{where}: call_id and session must be non-empty")
+        seq = _require(row, "seq", int, where)
+        for field in ("api", "finish_reason"):
+            _require(row, field, str, where)
+        model = _require(row, "model", str, where)
+        policy = _require(row, "policy", dict, where)
+        version = _require(policy, "version", int, f"{where}: policy")
+        name = _require(policy, "name", str, f"{where}: policy")
+        for field in ("started_at", "ended_at"):
+            _require(row, field, (int, float), where)
+        tags = _require(row, "tags", dict, where)
+        trainable = row.get("trainable", True)
+        if not isinstance(trainable, bool):
+            raise RecordError(f"{where}: trainable: expected boolean, got {trainable!r}")
+        prompt = token_array(_require(row, "prompt_ids", (list, np.ndarray), where), "prompt_ids", where)
+        completion = token_array(
+            _require(row, "completion_ids", (list, np.ndarray), where), "completion_ids", where
+        )
+        logprobs = _float_array(
+            _require(row, "completion_logprobs", (list, np.ndarray), where), "completion_logprobs", where
+        )
+        if len(logprobs) != len(completion):
+            raise RecordError(
+                f"{where}: completion_logprobs: has {len(logprobs)} entries but completion_ids has "
+                f"{len(completion)} (call {call_id})"
+            )
+        prefix = row.get("prefix") or {}
+        if not isinstance(prefix, dict):
+            raise RecordError(f"{where}: prefix: expected object")
+        return cls(
+            call_id=call_id, session=session, seq=seq, model=model, policy_name=name,
+            policy_version=version, trainable=trainable, prompt_ids=prompt,
+            completion_ids=completion, completion_logprobs=logprobs,
+            finish_reason=row["finish_reason"], tags=tags,
+            reused_tokens=prefix.get("reused_tokens"),
+            fresh_render_matches=prefix.get("fresh_render_matches"),
+        )
+
+    def same_content(self, other: Call) -> bool:
+        """True when two records of one call_id carry the same tokens (a duplicate, not a conflict)."""
+        return (
+            self.session == other.session and self.seq == other.seq
+            and np.array_equal(self.prompt_ids, other.prompt_ids)
+            and np.array_equal(self.completion_ids, other.completion_ids)
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    """The scored result of one rollout (`claw.outcome/v1`)."""
+
+    session: str
+    task: str
+    harness: str
+    group: str
+    reward: float | None
+    passed: bool | None
+    status: str
+
+    @classmethod
+    def from_dict(cls, row: Any, where: str = "<outcome>") -> Outcome:
+        """Validate one `claw.outcome/v1` dict; errors name `where` and the field."""
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        _check_schema(row, OUTCOME_SCHEMA, where)
+        session = _require(row, "session", str, where)
+        task = _require(row, "task", str, where)
+        harness = _require(row, "harness", str, where)
+        group = _require(row, "group", str, where)
+        status = _require(row, "status", str, where)
+        if status not in OUTCOME_STATUSES:
+            raise RecordError(f"{where}: status: {status!r} is not one of {list(OUTCOME_STATUSES)}")
+        reward = _require(row, "reward", (int, float, type(None)), where)
+        passed = _require(row, "passed", (bool, type(None)), where)
+        if status == "ok" and reward is None:
+            raise RecordError(f"{where}: reward: null although status is 'ok'")
+        if reward is not None and not np.isfinite(reward):
+            raise RecordError(f"{where}: reward: must be finite, got {reward!r}")
+        return cls(session=session, task=task, harness=harness, group=group,
+                   reward=None if reward is None else float(reward), passed=passed, status=status)
+
+    def to_dict(self) -> dict:
+        """The record as a `claw.outcome/v1` dict (the fields claw-tree knows)."""
+        return {"schema": OUTCOME_SCHEMA, **attrs.asdict(self)}
+
+
+@attrs.frozen(kw_only=True)
+class ReadResult:
+    """Records read from one source plus what was skipped (``where: reason``) and duplicates."""
+
+    records: list
+    skipped: list[str] = attrs.field(factory=list)
+
+
+def iter_jsonl(source: str | Path | IO[str] | Iterable[Any]) -> Iterator[tuple[str, Any]]:
+    """Yield ``(where, row)`` per line of a JSONL path, ``-`` (stdin), text stream or row iterable.
+
+    Lines that are not JSON yield a :class:`RecordError` instance as the row so that the caller
+    decides whether to raise or skip. Blank lines are ignored.
+    """
+    if isinstance(source, (str, Path)):
+        if str(source) == "-":
+            yield from _iter_lines(sys.stdin, "<stdin>")
+            return
+        path = Path(source)
+        if not path.exists():
+            raise RecordError(f"{path}: no such file")
+        with path.open(encoding="utf-8") as fh:
+            yield from _iter_lines(fh, str(path))
+    elif hasattr(source, "read"):
+        yield from _iter_lines(source, getattr(source, "name", "<stream>"))  # type: ignore[arg-type]
+    else:
+        for i, row in enumerate(source):
+            yield f"<record {i}>", row
+
+
+def _iter_lines(fh: IO[str], name: str) -> Iterator[tuple[str, Any]]:
+    for lineno, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield where, RecordError(f"{where}: not JSON: {exc.msg} (column {exc.colno})")
+
+
+def read_records(
+    source: str | Path | IO[str] | Iterable[Any],
+    parse: Callable[[Any, str], T],
+    *,
+    skip_invalid: bool = False,
+) -> ReadResult:
+    """Parse every row of ``source`` with ``parse(row, where)``; raise or count invalid rows."""
+    records: list[T] = []
+    skipped: list[str] = []
+    for where, row in iter_jsonl(source):
+        try:
+            if isinstance(row, RecordError):
+                raise row
+            records.append(row if isinstance(row, (Call, Outcome)) else parse(row, where))
+        except RecordError as exc:
+            if not skip_invalid:
+                raise
+            skipped.append(str(exc))
+    return ReadResult(records=records, skipped=skipped)
+
+
+def read_calls(source: Any, *, skip_invalid: bool = False) -> ReadResult:
+    """Read `claw.call/v1` records (see :func:`read_records`)."""
+    return read_records(source, Call.from_dict, skip_invalid=skip_invalid)
+
+
+def read_outcomes(source: Any, *, skip_invalid: bool = False) -> ReadResult:
+    """Read `claw.outcome/v1` records (see :func:`read_records`)."""
+    return read_records(source, Outcome.from_dict, skip_invalid=skip_invalid)
+
+
+def read_values(source: str | Path | IO[str]) -> dict[str, np.ndarray]:
+    """Read critic values: JSONL lines ``{"sample_id": str, "values": [float, ...]}``."""
+    out: dict[str, np.ndarray] = {}
+    for where, row in iter_jsonl(source):
+        if isinstance(row, RecordError):
+            raise row
+        if not isinstance(row, dict) or not isinstance(row.get("sample_id"), str):
+            raise RecordError(f"{where}: sample_id: missing or not a string")
+        if row["sample_id"] in out:
+            raise RecordError(f"{where}: sample_id: {row['sample_id']!r} appears twice")
+        out[row["sample_id"]] = _float_array(row.get("values"), "values", where)
+    return out
+
+
+def write_jsonl(rows: Iterable[dict], out: str | Path | IO[str]) -> int:
+    """Write one compact JSON object per line to a path, ``-`` (stdout) or a stream; return count."""
+    if isinstance(out, (str, Path)) and str(out) != "-":
+        with Path(out).open("w", encoding="utf-8") as fh:
+            return write_jsonl(rows, fh)
+    fh = sys.stdout if isinstance(out, (str, Path)) else out
+    n = 0
+    for row in rows:
+        fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        n += 1
+    fh.flush()
+    return n

@@ -1,0 +1,364 @@
+"""Tree-packed training samples (`claw.sample/v1`) with advantages and exact loss weights.
+
+Loss weights. With trajectories p (root-to-leaf paths of the included sessions that hold at
+least one trainable token), n_p trainable tokens on p and path weights W_p summing to 1 over the
+whole batch, the packed weight of a trainable token v is
+
+    w_v = sum_{p containing v} W_p / n_p,
+
+so that for any per-token loss l, sum_v w_v l_v = sum_p W_p * mean_{t in p, trainable} l_t:
+the tree-packed loss equals the weighted mean over trajectories of each trajectory's mean token
+loss, exactly, while every shared token is computed once. ``path_weighting`` chooses W_p:
+
+* ``"rollout"`` (default): W_p = 1 / (R * n_paths(r)). Each included rollout (session) counts
+  once, and its paths share that vote equally — one vote per rollout, however many paths
+  (sub-agents, compactions, side calls) it has. With one path per rollout it is the plain mean.
+* ``"path"``: W_p = 1 / P, the plain mean over all trajectories.
+
+Rollouts whose outcome is not ``ok`` (``infra_error``, ``not_scorable``), sessions without an
+outcome and sessions without trainable tokens are left out and reported in
+:attr:`SampleBatch.excluded`, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from claw_tree.advantages import (
+    gae_on_tree,
+    group_relative_advantages,
+    reinforce_advantages,
+    rloo_advantages,
+)
+from claw_tree.errors import BudgetError, ClawError, ConflictError, ValuesError
+from claw_tree.records import SAMPLE_SCHEMA, Outcome
+from claw_tree.tree import Forest, Trajectory
+
+log = logging.getLogger("claw_tree")
+
+ALGOS = ("grpo", "ppo", "rloo", "reinforce")
+GROUP_BY = ("group", "task", "task+harness")
+PATH_WEIGHTING = ("rollout", "path")
+
+
+@attrs.frozen(kw_only=True)
+class SampleBatch:
+    """The samples of one batch and what was left out of it (session -> reason)."""
+
+    samples: list[dict]
+    excluded: dict[str, str]
+    rollouts: int  # rollouts that voted in the group statistics
+    trajectories: int  # trajectories that carry loss weight
+    zero_spread_groups: list[str]  # groups whose rewards were all equal (advantage 0)
+
+    def summary(self) -> str:
+        """One human line (for stderr)."""
+        tokens = sum(len(s["input_ids"]) for s in self.samples)
+        text = (f"{len(self.samples)} samples, {tokens} tokens, {self.trajectories} trajectories "
+                f"from {self.rollouts} rollouts")
+        if self.zero_spread_groups:
+            text += f"; {len(self.zero_spread_groups)} groups with zero reward spread"
+        if self.excluded:
+            reasons: dict[str, int] = {}
+            for why in self.excluded.values():
+                reasons[why] = reasons.get(why, 0) + 1
+            text += "; excluded sessions: " + ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+        return text
+
+
+def _outcomes_by_session(outcomes: Iterable[Outcome | dict]) -> dict[str, Outcome]:
+    out: dict[str, Outcome] = {}
+    for i, item in enumerate(outcomes):
+        oc = item if isinstance(item, Outcome) else Outcome.from_dict(item, f"<outcome {i}>")
+        seen = out.get(oc.session)
+        if seen is not None and seen != oc:
+            raise ConflictError(f"session {oc.session!r} has two different outcomes")
+        out[oc.session] = oc
+    return out
+
+
+def _group_key(oc: Outcome, group_by: str) -> str:
+    if group_by == "group":
+        return oc.group
+    if group_by == "task":
+        return oc.task
+    return f"{oc.task}+{oc.harness}"
+
+
+def _rollout_advantages(algo: str, rewards: np.ndarray, groups: list[str], *,
+                        scale_by_std: bool, baseline: float) -> np.ndarray:
+    if algo == "grpo":
+        return group_relative_advantages(rewards, np.array(groups), scale_by_std=scale_by_std)
+    if algo == "rloo":
+        return rloo_advantages(rewards, np.array(groups))
+    if algo == "reinforce":
+        return reinforce_advantages(rewards, baseline)
+    return np.zeros(len(rewards))
+
+
+def _values_map(values: Mapping[str, Any] | Iterable[dict]) -> dict[str, np.ndarray]:
+    if isinstance(values, Mapping):
+        return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
+    out = {}
+    for i, row in enumerate(values):
+        if not isinstance(row, dict) or "sample_id" not in row or "values" not in row:
+            raise ValuesError(f"values row {i}: expected {{'sample_id': ..., 'values': [...]}}")
+        out[str(row["sample_id"])] = np.asarray(row["values"], dtype=np.float64)
+    return out
+
+
+def _split_session(forest: Forest, start: int, stop: int, paths: list[Trajectory],
+                   max_tokens: int) -> list[tuple[np.ndarray, list[Trajectory]]]:
+    """Cut one session's paths into pieces of at most max_tokens unique nodes, whole paths only."""
+    mask = np.zeros(stop - start, dtype=bool)
+    pieces: list[tuple[np.ndarray, list[Trajectory]]] = []
+    current: list[Trajectory] = []
+    count = 0
+    for path in paths:
+        local = path.nodes() - start
+        if len(local) > max_tokens:
+            raise BudgetError(
+                f"session {path.session!r}: trajectory {path.index} has {len(local)} tokens, more "
+                f"than the budget of {max_tokens}; raise --max-tokens (paths are never cut)"
+            )
+        new = int((~mask[local]).sum())
+        if current and count + new > max_tokens:
+            pieces.append((start + np.flatnonzero(mask), current))
+            mask[:] = False
+            current, count, new = [], 0, len(local)
+        mask[local] = True
+        current.append(path)
+        count += new
+    if current:
+        pieces.append((start + np.flatnonzero(mask), current))
+    return pieces
+
+
+def build_samples(
+    forest: Forest,
+    outcomes: Iterable[Outcome | dict],
+    *,
+    algo: str = "grpo",
+    group_by: str = "group",
+    scale_by_std: bool = True,
+    path_weighting: str = "rollout",
+    max_tokens: int | None = None,
+    values: Mapping[str, Any] | Iterable[dict] | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    baseline: float = 0.0,
+) -> SampleBatch:
+    """Tree-pack the forest's rolled-out sessions into `claw.sample/v1` dicts.
+
+    One sample per session by default; with ``max_tokens`` several sessions share a sample up to
+    that many tokens, and a session larger than the budget is split into pieces of whole
+    root-to-leaf paths (shared ancestors repeat in each piece; loss weights stay exact).
+    ``values`` (PPO only) maps each sample_id of this very batch to per-token critic values
+    aligned with its tokens; without it GAE runs with V = 0 (Monte Carlo returns).
+    """
+    if algo not in ALGOS:
+        raise ClawError(f"algo must be one of {ALGOS}, got {algo!r}")
+    if group_by not in GROUP_BY:
+        raise ClawError(f"group_by must be one of {GROUP_BY}, got {group_by!r}")
+    if path_weighting not in PATH_WEIGHTING:
+        raise ClawError(f"path_weighting must be one of {PATH_WEIGHTING}, got {path_weighting!r}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ClawError("max_tokens must be positive")
+    if values is not None and algo != "ppo":
+        raise ClawError("values are only used with algo='ppo'")
+    by_session = _outcomes_by_session(outcomes)
+    in_forest = {t.name for t in forest.sessions}
+    excluded: dict[str, str] = {}
+    for name in sorted(in_forest - set(by_session)):
+        excluded[name] = "no outcome"
+    voters = sorted(s for s, oc in by_session.items() if oc.status == "ok")
+    for s, oc in sorted(by_session.items()):
+        if oc.status != "ok":
+            excluded[s] = f"status {oc.status}"
+    for s in voters:
+        if s not in in_forest:
+            excluded[s] = "no calls"
+    rewards = np.array([by_session[s].reward for s in voters], dtype=np.float64)
+    groups = [_group_key(by_session[s], group_by) for s in voters]
+    adv = _rollout_advantages(algo, rewards, groups, scale_by_std=scale_by_std, baseline=baseline)
+    rollout_adv = dict(zip(voters, adv, strict=True))
+    spread: dict[str, set[float]] = {}
+    for g, r in zip(groups, rewards, strict=True):
+        spread.setdefault(g, set()).add(float(r))
+    zero_spread = sorted(g for g, rs in spread.items() if len(rs) == 1)
+
+    cs = np.concatenate(([0], np.cumsum(forest.trainable)))
+    included: list[tuple[Any, list[Trajectory], list[int]]] = []
+    for tree in forest.sessions:
+        if tree.name in excluded:
+            continue
+        paths, counts = [], []
+        for ti in tree.trajectories:
+            path = forest.trajectories[ti]
+            n_p = int(sum(cs[b] - cs[a] for a, b in path.segments))
+            if n_p > 0:
+                paths.append(path)
+                counts.append(n_p)
+        if not paths:
+            excluded[tree.name] = "no trainable tokens"
+            continue
+        included.append((tree, paths, counts))
+    n_total_paths = sum(len(p) for _, p, _ in included)
+    coef: dict[int, float] = {}  # trajectory index -> W_p / n_p
+    for _, paths, counts in included:
+        for path, n_p in zip(paths, counts, strict=True):
+            w = 1.0 / n_total_paths if path_weighting == "path" else 1.0 / (len(included) * len(paths))
+            coef[path.index] = w / n_p
+
+    # Plan: pieces (node ids + paths) -> samples (lists of pieces).
+    plans: list[list[tuple[Any, np.ndarray, list[Trajectory]]]] = []
+    current: list[tuple[Any, np.ndarray, list[Trajectory]]] = []
+    size = 0
+    for tree, paths, _ in included:
+        if max_tokens is None or tree.n_nodes <= max_tokens:
+            piece = (tree, np.arange(tree.start, tree.stop), paths)
+            if max_tokens is None:
+                plans.append([piece])
+                continue
+            if current and size + tree.n_nodes > max_tokens:
+                plans.append(current)
+                current, size = [], 0
+            current.append(piece)
+            size += tree.n_nodes
+        else:
+            for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens):
+                plans.append([(tree, nodes, sub)])
+    if current:
+        plans.append(current)
+    sample_ids = [f"{algo}-{k}" for k in range(len(plans))]
+    node_lists = [np.concatenate([nodes for _, nodes, _ in plan]) for plan in plans]
+
+    leaf_reward = np.zeros(forest.n_nodes)
+    for tree, paths, _ in included:
+        for ti in tree.trajectories:
+            leaf_reward[forest.trajectories[ti].leaf] = by_session[tree.name].reward
+    if algo == "ppo":
+        V = np.zeros(forest.n_nodes)
+        if values is not None:
+            V = _scatter_values(forest.n_nodes, sample_ids, node_lists, _values_map(values))
+        tok_adv, tok_ret = gae_on_tree(forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam)
+
+    samples = []
+    for sid, plan, nodes in zip(sample_ids, plans, node_lists, strict=True):
+        n = len(nodes)
+        gp = forest.parent[nodes]
+        parent = np.where(gp >= 0, np.searchsorted(nodes, gp), -1)
+        trainable = forest.trainable[nodes]
+        diff = np.zeros(n + 1)
+        starts, lens, cs_ = [], [], []
+        for _, _, paths in plan:
+            for path in paths:
+                for a, b in path.segments:
+                    starts.append(a)
+                    lens.append(b - a)
+                    cs_.append(coef[path.index])
+        loc = np.searchsorted(nodes, np.array(starts))
+        np.add.at(diff, loc, cs_)
+        np.add.at(diff, loc + np.array(lens), np.negative(cs_))
+        weights = np.where(trainable, np.cumsum(diff)[:n], 0.0)
+        session_index = np.concatenate([np.full(len(nd), k) for k, (_, nd, _) in enumerate(plan)])
+        if algo == "ppo":
+            advantages, returns = tok_adv[nodes], tok_ret[nodes]
+        else:
+            per_session = np.array([rollout_adv[tree.name] for tree, _, _ in plan])
+            advantages, returns = np.where(trainable, per_session[session_index], 0.0), None
+        row: dict[str, Any] = {
+            "schema": SAMPLE_SCHEMA,
+            "sample_id": sid,
+            "algo": algo,
+            "input_ids": forest.tokens[nodes].tolist(),
+            "position_ids": forest.depth[nodes].tolist(),
+            "parent": parent.tolist(),
+            "trainable": trainable.astype(np.int64).tolist(),
+            "logprobs": forest.logprobs[nodes].tolist(),
+            "advantages": advantages.tolist(),
+        }
+        if returns is not None:
+            row["returns"] = returns.tolist()
+        plan_sessions = [by_session[tree.name] for tree, _, _ in plan]
+        row.update({
+            "loss_weights": weights.tolist(),
+            "rewards": leaf_reward[nodes].tolist(),
+            "policy_versions": forest.policy_version[nodes].tolist(),
+            "session_index": session_index.tolist(),
+            "sessions": [oc.session for oc in plan_sessions],
+            "groups": [_group_key(oc, group_by) for oc in plan_sessions],
+            "n_paths": sum(len(paths) for _, _, paths in plan),
+            "tags": {
+                "tasks": [oc.task for oc in plan_sessions],
+                "harnesses": [oc.harness for oc in plan_sessions],
+                "session_rewards": [oc.reward for oc in plan_sessions],
+                "path_weighting": path_weighting,
+            },
+        })
+        samples.append(row)
+    return SampleBatch(samples=samples, excluded=excluded, rollouts=len(voters),
+                       trajectories=n_total_paths, zero_spread_groups=zero_spread)
+
+
+def _scatter_values(n_nodes: int, sample_ids: list[str], node_lists: list[np.ndarray],
+                    values: dict[str, np.ndarray]) -> np.ndarray:
+    missing = [s for s in sample_ids if s not in values]
+    extra = sorted(set(values) - set(sample_ids))
+    if missing or extra:
+        raise ValuesError(
+            f"values do not match the samples: missing {missing[:5]}, unknown {extra[:5]} "
+            "(build the samples with the same calls, outcomes and options as the values)"
+        )
+    total = np.zeros(n_nodes)
+    count = np.zeros(n_nodes)
+    for sid, nodes in zip(sample_ids, node_lists, strict=True):
+        v = values[sid]
+        if v.shape != nodes.shape:
+            raise ValuesError(f"values for {sid!r}: {v.size} entries, the sample has {len(nodes)} tokens")
+        if not np.isfinite(v).all():
+            raise ValuesError(f"values for {sid!r}: not all finite")
+        np.add.at(total, nodes, v)
+        np.add.at(count, nodes, 1.0)
+    return np.divide(total, count, out=np.zeros(n_nodes), where=count > 0)
+
+
+def make_samples(forest: Forest, outcomes: Iterable[Outcome | dict], **options: Any) -> list[dict]:
+    """`claw.sample/v1` dicts for the forest (see :func:`build_samples` for the options).
+
+    Left-out sessions are logged (logger ``claw_tree``); use build_samples to get them back.
+    """
+    batch = build_samples(forest, outcomes, **options)
+    if batch.excluded:
+        log.info("claw-tree samples: %s", batch.summary())
+    return batch.samples
+
+
+def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterable[dict], *,
+                    gamma: float = 1.0, lam: float = 0.95) -> list[dict]:
+    """Fill ``advantages`` and ``returns`` of PPO samples from per-token critic values.
+
+    Works on each sample's own tree (``parent``, ``trainable``, ``rewards``); a session split
+    over several samples bootstraps only from the children present in each piece (use
+    build_samples(values=...) to run GAE on the whole tree instead).
+    """
+    vmap = _values_map(values)
+    out = []
+    for sample in samples:
+        sid = sample.get("sample_id")
+        if sid not in vmap:
+            raise ValuesError(f"no values for sample {sid!r}")
+        if "rewards" not in sample:
+            raise ValuesError(f"sample {sid!r} has no per-token rewards (made by an older claw-tree?)")
+        V = vmap[sid]
+        if len(V) != len(sample["input_ids"]):
+            raise ValuesError(f"values for {sid!r}: {len(V)} entries, the sample has {len(sample['input_ids'])} tokens")
+        A, R = gae_on_tree(np.asarray(sample["parent"]), np.asarray(sample["trainable"], dtype=bool),
+                           V, np.asarray(sample["rewards"]), gamma=gamma, lam=lam)
+        out.append({**sample, "advantages": A.tolist(), "returns": R.tolist()})
+    return out
