@@ -1,0 +1,129 @@
+"""Routes beside the model APIs: health, model list, token counting, and the admin API."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from claw_proxy import api_anthropic
+from claw_proxy.errors import ClawError, NotFoundError, RecordError, RequestError
+from claw_proxy.records import Policy
+
+
+def _err(e: ClawError) -> JSONResponse:
+    status = 400 if isinstance(e, RecordError) else getattr(e, "status", 500)
+    return JSONResponse({"error": {"type": getattr(e, "kind", "invalid_request_error"), "message": str(e)}},
+                        status_code=status)
+
+
+async def _json(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+def routes(proxy) -> list[Route]:
+    async def healthz(request):
+        return JSONResponse({"ok": True, "policy": proxy.policy_engine.policy, "engine": proxy.policy_engine.spec})
+
+    async def models(request):
+        names = [proxy.config.policy_name] + [glob for glob, _ in proxy.config.routes]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "claw-proxy"} for n in dict.fromkeys(names)]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def count_tokens(request):
+        """Anthropic token counting: the prompt rendered in full (not a model call, not recorded)."""
+        try:
+            proxy.authenticate(request)
+            body = await proxy._body(request)
+            body.setdefault("max_tokens", 1)
+            req = api_anthropic.parse(body)
+            engine = proxy.route(req.model)
+            if engine.tokenizer_dir is None:
+                raise RequestError("token counting is not available for a passthrough model", "model")
+            n = len(proxy.renderers[engine.tokenizer_dir].render_full(req))
+            return JSONResponse({"input_tokens": n})
+        except ClawError as e:
+            from claw_proxy.server import error_response
+
+            return error_response(api_anthropic, e)
+
+    async def policy(request):
+        try:
+            proxy._check_admin(request)
+            p = Policy.from_dict(await _json(request), "POST /admin/policy body")
+            t0 = time.monotonic()
+            now = await proxy.load_policy(p)
+            return JSONResponse({"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)})
+        except ClawError as e:
+            return _err(e)
+
+    async def close(request):
+        try:
+            proxy._check_admin(request)
+            sid = request.path_params["session"]
+            s = proxy.sessions.get(sid)
+            if s is None:
+                raise NotFoundError(f"unknown session {sid!r}")
+            s.closed = True
+            for cache in proxy.caches.values():
+                cache.forget(sid)
+            return JSONResponse({"ok": True, "session": sid, "calls": s.calls})
+        except ClawError as e:
+            return _err(e)
+
+    async def session(request):
+        """POST {"tags": {...}}: set (merge) a session's tags; GET: the session's state."""
+        try:
+            proxy._check_admin(request)
+            sid = request.path_params["session"]
+            from claw_proxy.server import _Session
+            from claw_proxy.tokens import _SESSION
+
+            if not _SESSION.fullmatch(sid):
+                raise RequestError("session ids are 1-128 characters of [A-Za-z0-9_-]", "session")
+            s = proxy.sessions.setdefault(sid, _Session())
+            if request.method == "POST":
+                tags = (await _json(request)).get("tags")
+                if not isinstance(tags, dict):
+                    raise RequestError("expected an object", "tags")
+                s.tags.update(tags)
+            return JSONResponse({"session": sid, "tags": s.tags, "calls": s.calls, "in_flight": s.in_flight,
+                                 "closed": s.closed})
+        except ClawError as e:
+            return _err(e)
+
+    async def stats(request):
+        try:
+            proxy._check_admin(request)
+        except ClawError as e:
+            return _err(e)
+        engines = {}
+        for spec, e in proxy.engines.items():
+            d = {"policy": e.policy, "trainable": e.trainable}
+            if hasattr(e, "batches"):
+                d.update(batches=e.batches, batched_rows=e.batched_rows)
+            engines[spec] = d
+        open_sessions = sum(1 for s in proxy.sessions.values() if not s.closed)
+        return JSONResponse({**proxy.stats, "sessions": len(proxy.sessions), "open_sessions": open_sessions,
+                             "in_flight": sum(s.in_flight for s in proxy.sessions.values()),
+                             "policy": proxy.policy_engine.policy, "engines": engines,
+                             "records": proxy.writer.written if proxy.writer else 0})
+
+    return [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/admin/policy", policy, methods=["POST"]),
+        Route("/admin/sessions/{session}/close", close, methods=["POST"]),
+        Route("/admin/sessions/{session}", session, methods=["GET", "POST"]),
+        Route("/admin/stats", stats, methods=["GET"]),
+    ]

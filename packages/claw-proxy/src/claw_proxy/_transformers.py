@@ -1,0 +1,197 @@
+"""The in-process engine (`transformers:DIR`): a worker thread that batches concurrent requests.
+
+The worker takes the first waiting request, collects more for `batch_wait` seconds (up to
+`max_batch`), left-pads their prompts and decodes them step by step together with a KV cache,
+each row with its own temperature / top-p / top-k / seed and its own stop. Every sampled id is
+pushed to its request as soon as it is sampled (real streaming) with the raw log-softmax of
+the logits at temperature 1 (the distribution the learner recomputes), whatever the sampling
+temperature was. Requests arriving during a batch wait for the next one.
+
+`load_policy` loads new weights beside the old ones and swaps them between batches: a batch
+in flight finishes on the weights it started with and reports that version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+
+from claw_proxy.engines import Engine, GenRequest, Generation
+from claw_proxy.errors import ConfigError, EngineError
+from claw_proxy.records import Policy
+
+
+def _load(directory: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load a model from {directory}: {e}") from e
+    model.eval()
+    return model
+
+
+def _cache_arg(model) -> str:
+    """The KV-cache keyword of this transformers version (`cache` from 5.x, `past_key_values` before)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class _Job:
+    __slots__ = ("req", "gen", "generator")
+
+    def __init__(self, req: GenRequest, gen: Generation) -> None:
+        self.req, self.gen, self.generator = req, gen, None
+
+
+class TransformersEngine(Engine):
+    def __init__(self, directory: str, policy_name: str = "policy", version: int = 0,
+                 max_batch: int = 16, batch_wait: float = 0.005, dtype: str = "float32") -> None:
+        super().__init__()
+        try:
+            import torch  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ConfigError("the transformers engine needs torch: pip install 'claw-proxy[transformers]'") from e
+        self.spec = f"transformers:{directory}"
+        self.tokenizer_dir = directory
+        self.dtype = dtype
+        self.max_batch = max_batch
+        self.batch_wait = batch_wait
+        self.policy = {"name": policy_name, "version": version}
+        self._current = (_load(directory, dtype), dict(self.policy))
+        self.pad_id = self._current[0].config.pad_token_id or 0
+        self._jobs: queue.Queue = queue.Queue()
+        self.batches = 0
+        self.batched_rows = 0
+        self._thread = threading.Thread(target=self._worker, name="claw-proxy-engine", daemon=True)
+        self._thread.start()
+
+    def generate(self, req: GenRequest) -> Generation:
+        gen = Generation()
+        self._jobs.put(_Job(req, gen))
+        return gen
+
+    async def load_policy(self, policy: Policy) -> None:
+        model = await asyncio.to_thread(_load, policy.path, self.dtype)
+        new = {"name": policy.name, "version": policy.version}
+        self._current = (model, new)  # atomic swap: the next batch uses it
+        self.policy = new
+
+    async def aclose(self) -> None:
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join, 10)
+
+    # --- worker thread -----------------------------------------------------------------
+
+    def _worker(self) -> None:
+        import time
+
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            batch = [job]
+            deadline = time.monotonic() + self.batch_wait
+            while len(batch) < self.max_batch:
+                left = deadline - time.monotonic()
+                try:
+                    nxt = self._jobs.get(timeout=max(left, 0)) if left > 0 else self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._jobs.put(None)
+                    break
+                batch.append(nxt)
+            batch = [j for j in batch if not j.gen.cancelled]
+            if not batch:
+                continue
+            model, policy = self._current
+            for j in batch:
+                j.gen.put("policy", dict(policy))
+            try:
+                self._run(model, batch)
+            except Exception as e:  # the engine failed: every request of the batch gets a 5xx
+                for j in batch:
+                    j.gen.put("error", EngineError(f"transformers engine failed: {type(e).__name__}: {e}"))
+            self.batches += 1
+            self.batched_rows += len(batch)
+
+    def _sample(self, logits, job: _Job):
+        import torch
+
+        r = job.req
+        if r.temperature == 0:
+            return int(torch.argmax(logits))
+        scaled = logits / r.temperature
+        if r.top_k and 0 < r.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, r.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if r.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sp, dim=-1)
+            drop = cum - sp > r.top_p  # keep the smallest set whose mass reaches top_p
+            sp = sp.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, si, sp)
+        if job.generator is None:
+            job.generator = torch.Generator()
+            if r.seed is not None:
+                job.generator.manual_seed(r.seed)
+            else:
+                job.generator.seed()
+        return int(torch.multinomial(probs, 1, generator=job.generator))
+
+    def _run(self, model, batch: list[_Job]) -> None:
+        import torch
+
+        B = len(batch)
+        L = max(len(j.req.prompt_ids) for j in batch)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for i, j in enumerate(batch):
+            p = j.req.prompt_ids
+            ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, L - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        active = [True] * B
+        counts = [0] * B
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            past = _cache_of(out)
+            logits = out.logits[:, -1, :].float()
+            while True:
+                logp = torch.log_softmax(logits, dim=-1)
+                nxt = []
+                for i, j in enumerate(batch):
+                    if not active[i]:
+                        nxt.append(self.pad_id)
+                        continue
+                    if j.gen.cancelled:
+                        active[i] = False
+                        j.gen.put("end", None)
+                        nxt.append(self.pad_id)
+                        continue
+                    tok = self._sample(logits[i], j)
+                    j.gen.put("tokens", [(tok, float(logp[i, tok]))])
+                    counts[i] += 1
+                    if tok in j.req.stop_ids or counts[i] >= j.req.max_tokens:
+                        active[i] = False
+                        j.gen.put("end", "stop" if tok in j.req.stop_ids else "length")
+                    nxt.append(tok)
+                if not any(active):
+                    return
+                mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=-1)
+                pos = pos[:, -1:] + 1
+                out = model(input_ids=torch.tensor(nxt, dtype=torch.long)[:, None], attention_mask=mask,
+                            position_ids=pos, use_cache=True, **{_cache_arg(model): past})
+                past = _cache_of(out)
+                logits = out.logits[:, -1, :].float()

@@ -1,0 +1,154 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): request parsing, answers, SSE chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from claw_proxy._sse import sse, text_of
+from claw_proxy.errors import RequestError
+from claw_proxy.messages import (
+    Answer,
+    ChatRequest,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    check_type,
+    optional,
+    parse_arguments,
+    require,
+    sampling_from,
+)
+
+NAME = "openai.chat"
+CALL_ID_PREFIX = "call_"
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def parse_tools(raw, path: str = "tools") -> tuple[dict, ...]:
+    tools = []
+    for i, t in enumerate(check_type(raw, list, path)):
+        where = f"{path}[{i}]"
+        check_type(t, dict, where)
+        if t.get("type", "function") != "function":
+            raise RequestError(f"tool type {t.get('type')!r} is not supported (only 'function')", f"{where}.type")
+        fn = require(t, "function", dict, f"{where}.")
+        name = require(fn, "name", str, f"{where}.function.")
+        spec = {"name": name}
+        if fn.get("description") is not None:
+            spec["description"] = check_type(fn["description"], str, f"{where}.function.description")
+        spec["parameters"] = optional(fn, "parameters", dict, f"{where}.function.") or {"type": "object", "properties": {}}
+        tools.append({"type": "function", "function": spec})
+    return tuple(tools)
+
+
+def parse(body: dict) -> ChatRequest:
+    model = require(body, "model", str)
+    raw = require(body, "messages", list)
+    if body.get("n") not in (None, 1):
+        raise RequestError("only n=1 is supported", "n")
+    msgs: list[Message] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        check_type(m, dict, where)
+        role = require(m, "role", str, f"{where}.")
+        if role not in _ROLES:
+            raise RequestError(f"unknown role {role!r} (expected one of {sorted(_ROLES)})", f"{where}.role")
+        content = text_of(m.get("content"), f"{where}.content")
+        if role in ("system", "developer"):
+            msgs.append(Message(role="system", content=content))
+        elif role == "user":
+            msgs.append(Message(role="user", content=content))
+        elif role == "tool":
+            call_id = require(m, "tool_call_id", str, f"{where}.")
+            msgs.append(Message(role="tool", content=content, tool_call_id=call_id))
+        else:
+            calls = []
+            for k, c in enumerate(optional(m, "tool_calls", list, f"{where}.") or []):
+                cw = f"{where}.tool_calls[{k}]"
+                check_type(c, dict, cw)
+                fn = require(c, "function", dict, f"{cw}.")
+                calls.append(ToolCall(id=c.get("id") or "", name=require(fn, "name", str, f"{cw}.function."),
+                                      arguments=parse_arguments(fn.get("arguments"), f"{cw}.function.arguments")))
+            msgs.append(Message(role="assistant", content=content, tool_calls=tuple(calls)))
+    opts = optional(body, "stream_options", dict) or {}
+    return ChatRequest(
+        api=NAME, model=model, messages=tuple(msgs),
+        tools=parse_tools(body["tools"]) if body.get("tools") else (),
+        sampling=sampling_from(body, ("max_completion_tokens", "max_tokens"), "stop"),
+        stream=bool(optional(body, "stream", bool)), include_usage=bool(opts.get("include_usage")),
+        tool_choice=body.get("tool_choice"), body=body,
+    )
+
+
+def _tool_call_json(call: ToolCall, index: int | None = None, arguments: str | None = None) -> dict:
+    d = {"id": call.id, "type": "function",
+         "function": {"name": call.name, "arguments": arguments if arguments is not None else json.dumps(call.arguments)}}
+    if index is not None:
+        d = {"index": index, **d}
+    return d
+
+
+def _finish(answer: Answer) -> str:
+    return answer.finish_reason if answer.finish_reason in ("stop", "length", "tool_calls") else "stop"
+
+
+def _usage(answer: Answer) -> dict:
+    return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
+            "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+
+
+def response(answer: Answer, *, id: str, model: str, created: int | None = None) -> dict:
+    message: dict = {"role": "assistant", "content": answer.text if answer.text or not answer.tool_calls else None}
+    if answer.reasoning:
+        message["reasoning_content"] = answer.reasoning
+    if answer.tool_calls:
+        message["tool_calls"] = [_tool_call_json(c) for c in answer.tool_calls]
+    return {
+        "id": id, "object": "chat.completion", "created": created or int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(answer)}],
+        "usage": _usage(answer),
+    }
+
+
+class Stream:
+    """Chat-completion chunks: a role chunk, deltas, a finish chunk, a usage chunk, [DONE]."""
+
+    def __init__(self, *, id: str, model: str, include_usage: bool) -> None:
+        self.id, self.model, self.include_usage = id, model, include_usage
+        self.created = int(time.time())
+        self._tools = 0
+
+    def _chunk(self, delta: dict, finish: str | None = None) -> bytes:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+    def start(self) -> list[bytes]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def event(self, ev) -> list[bytes]:
+        if isinstance(ev, TextDelta):
+            return [self._chunk({"content": ev.text})]
+        if isinstance(ev, ReasoningDelta):
+            return [self._chunk({"reasoning_content": ev.text})]
+        if isinstance(ev, ToolCallEvent):
+            self._tools += 1
+            return [self._chunk({"tool_calls": [_tool_call_json(ev.call, self._tools - 1, ev.arguments_json)]})]
+        return []
+
+    def finish(self, answer: Answer) -> list[bytes]:
+        out = [self._chunk({}, _finish(answer))]
+        if self.include_usage:
+            out.append(sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                            "model": self.model, "choices": [], "usage": _usage(answer)}))
+        out.append(sse("[DONE]"))
+        return out
+
+    def error(self, kind: str, message: str) -> list[bytes]:
+        return [sse({"error": {"message": message, "type": kind, "param": None, "code": None}}), sse("[DONE]")]
+
+
+def error_body(kind: str, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}

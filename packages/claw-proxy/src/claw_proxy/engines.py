@@ -1,0 +1,257 @@
+"""Inference engines behind the proxy: one token-in/token-out interface.
+
+An engine continues a list of prompt token ids and reports each sampled id with its logprob
+(the raw log-softmax of the model's logits at temperature 1, whatever temperature was used
+to sample; the sampling parameters are recorded next to them). Specs:
+
+- ``transformers:DIR``  in-process HF model, batched (see `_transformers.py`)
+- ``vllm:URL``          a vLLM OpenAI server; prompt ids to ``/v1/completions``
+- ``scripted:FILE``     deterministic answers from a JSONL script (tests, harness conformance)
+- ``passthrough:URL``   a real OpenAI/Anthropic-compatible endpoint; text only, not trainable
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import attrs
+import httpx
+
+from claw_proxy.errors import ConfigError, EngineError
+from claw_proxy.records import Policy
+
+
+@attrs.frozen(kw_only=True)
+class GenRequest:
+    """What an engine is asked: continue `prompt_ids` with these (already bounded) settings."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    stop_ids: tuple[int, ...] = ()
+    turn: int = 0  # assistant messages already in the conversation (for scripted engines)
+    model: str = ""
+
+
+class Generation:
+    """One running generation: an async stream of (id, logprob) chunks, fed from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.policy: dict | None = None  # {name, version} that produced the tokens
+        self.cancelled = False
+        self.finish: str | None = None  # engine's own finish hint (stop / length)
+
+    def put(self, kind: str, value=None) -> None:
+        """Thread-safe: 'policy' (dict), 'tokens' (list of (id, logprob)), 'end', 'error'."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
+
+    def put_nowait(self, kind: str, value=None) -> None:
+        self._queue.put_nowait((kind, value))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def chunks(self):
+        while True:
+            kind, value = await self._queue.get()
+            if kind == "tokens":
+                yield value
+            elif kind == "policy":
+                self.policy = value
+            elif kind == "end":
+                if value:
+                    self.finish = value
+                return
+            elif kind == "error":
+                raise value if isinstance(value, EngineError) else EngineError(f"engine failed: {value}")
+
+
+class Engine:
+    """Base class. Subclasses implement `generate`; `load_policy` where weights can change."""
+
+    spec = ""
+    trainable = True
+    tokenizer_dir: str | None = None
+
+    def __init__(self) -> None:
+        self.policy = {"name": "policy", "version": 0}
+
+    def generate(self, req: GenRequest) -> Generation:
+        raise NotImplementedError
+
+    async def load_policy(self, policy: Policy) -> None:
+        raise EngineError(f"engine {self.spec} cannot load new weights", status=501)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ScriptedEngine(Engine):
+    """Deterministic answers from a script, still through the tokenizer, parser and recording.
+
+    The script is JSONL, one answer per line: ``{"text": "..."}``. A line may also say
+    ``"model": GLOB`` (only for requested model names matching it). The answer for a request is
+    chosen by the number of assistant turns already in its conversation (turn 0 answers the
+    first request of a rollout, turn 1 the request after the first answer, ...); past the end of
+    the script, the last answer repeats. The text is tokenized and ends with the eos token; each
+    sampled token gets logprob 0.0 (the script is a deterministic policy).
+    """
+
+    def __init__(self, path: str, encode, eos_id: int, policy_name: str = "scripted") -> None:
+        super().__init__()
+        self.spec = f"scripted:{path}"
+        self.policy = {"name": policy_name, "version": 0}
+        self._encode = encode
+        self._eos = eos_id
+        self.lines: list[dict] = []
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read script {path}: {e.strerror}") from e
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{n}: invalid JSON ({e.msg})") from e
+            if not isinstance(d, dict) or not isinstance(d.get("text"), str):
+                raise ConfigError(f"{path}:{n}: each line must be an object with a string 'text'")
+            self.lines.append(d)
+        if not self.lines:
+            raise ConfigError(f"{path}: the script has no answers")
+        self._ids = [self._encode(d["text"]) + [eos_id] for d in self.lines]
+
+    def _pick(self, req: GenRequest) -> list[int]:
+        from fnmatch import fnmatch
+
+        idx = [i for i, d in enumerate(self.lines) if fnmatch(req.model, d.get("model", "*"))]
+        if not idx:
+            raise EngineError(f"the script has no answer for model {req.model!r}", status=500)
+        return self._ids[idx[min(req.turn, len(idx) - 1)]]
+
+    def generate(self, req: GenRequest) -> Generation:
+        gen = Generation()
+        gen.put_nowait("policy", dict(self.policy))
+        ids = self._pick(req)[: req.max_tokens]
+        for i in ids:
+            gen.put_nowait("tokens", [(i, 0.0)])
+        gen.put_nowait("end", None)
+        return gen
+
+
+class VLLMEngine(Engine):
+    """A vLLM OpenAI-compatible server, driven token-in/token-out through `/v1/completions`."""
+
+    def __init__(self, url: str, policy_name: str = "policy", transport: httpx.AsyncBaseTransport | None = None,
+                 timeout: float = 600.0) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.spec = f"vllm:{self.url}"
+        self.policy = {"name": policy_name, "version": 0}
+        self._client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
+        self._model: str | None = None
+        self._lora: str | None = None
+
+    async def _served_model(self) -> str:
+        if self._model is None:
+            try:
+                r = await self._client.get("/v1/models")
+                r.raise_for_status()
+                self._model = r.json()["data"][0]["id"]
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+                raise EngineError(f"vLLM at {self.url} did not list its model: {e}") from e
+        return self._lora or self._model
+
+    def generate(self, req: GenRequest) -> Generation:
+        gen = Generation()
+        gen.task = asyncio.ensure_future(self._run(req, gen))
+        return gen
+
+    async def _run(self, req: GenRequest, gen: Generation) -> None:
+        try:
+            model = await self._served_model()
+            policy = dict(self.policy)
+            body = {
+                "model": model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens,
+                "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k or -1,
+                "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+                "stop_token_ids": list(req.stop_ids), "include_stop_str_in_output": True,
+            }
+            if req.seed is not None:
+                body["seed"] = req.seed
+            r = await self._client.post("/v1/completions", json=body)
+            if r.status_code >= 400:
+                raise EngineError(f"vLLM answered {r.status_code}: {r.text[:300]}")
+            choice = r.json()["choices"][0]
+            ids = choice["token_ids"]
+            lps = choice["logprobs"]["token_logprobs"]
+            if len(ids) != len(lps):
+                raise EngineError("vLLM returned token ids and logprobs of different lengths")
+            gen.put_nowait("policy", policy)
+            gen.put_nowait("tokens", [(int(i), float(lp)) for i, lp in zip(ids, lps, strict=True)])
+            gen.put_nowait("end", choice.get("finish_reason"))
+        except EngineError as e:
+            gen.put_nowait("error", e)
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+            gen.put_nowait("error", EngineError(f"vLLM request failed: {type(e).__name__}: {e}"))
+
+    async def load_policy(self, policy: Policy) -> None:
+        """Load a LoRA adapter directory as the new policy (`/v1/load_lora_adapter`)."""
+        if not (Path(policy.path) / "adapter_config.json").exists():
+            raise EngineError(
+                f"{policy.path} is not a LoRA adapter; full-weight reload through vLLM needs its "
+                "weight-transfer API, which this engine does not drive: restart vLLM on the new weights",
+                status=501,
+            )
+        name = f"{policy.name}-v{policy.version}"
+        r = await self._client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": policy.path})
+        if r.status_code >= 400:
+            raise EngineError(f"vLLM refused the adapter: {r.status_code} {r.text[:300]}")
+        self._lora = name
+        self.policy = {"name": policy.name, "version": policy.version}
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class PassthroughEngine(Engine):
+    """A real OpenAI/Anthropic-compatible endpoint: requests are forwarded as they came.
+
+    Calls are recorded with the request and the answer text only (no ids), `trainable: false`:
+    for evaluation and SFT data. The upstream key comes from `api_key` (the client's session
+    token is never forwarded).
+    """
+
+    trainable = False
+
+    def __init__(self, url: str, api_key: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 timeout: float = 600.0) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.spec = f"passthrough:{self.url}"
+        self.policy = {"name": "passthrough", "version": 0}
+        self.api_key = api_key
+        self.client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
+
+    def headers(self, api: str, incoming) -> dict:
+        h = {"content-type": "application/json"}
+        if api == "anthropic.messages":
+            h["anthropic-version"] = incoming.get("anthropic-version", "2023-06-01")
+            if incoming.get("anthropic-beta"):
+                h["anthropic-beta"] = incoming["anthropic-beta"]
+            if self.api_key:
+                h["x-api-key"] = self.api_key
+        elif self.api_key:
+            h["authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,272 @@
+"""The records claw-proxy writes (`claw.call/v1`) and reads (`claw.policy/v1`), and JSONL I/O.
+
+`CallWriter` appends one line per answered call with a single `write` on an append-only file
+and flushes it before the answer is completed, so a crash (even kill -9) never loses a call
+whose answer the harness received and never leaves half a line. With `max_bytes` the records
+shard by size: ``calls.jsonl``, then ``calls.00001.jsonl``, ``calls.00002.jsonl``...
+`read_calls` and `follow_calls` read such a series in order, the latter while it grows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from claw_proxy.errors import RecordError
+
+CALL_SCHEMA = "claw.call/v1"
+POLICY_SCHEMA = "claw.policy/v1"
+APIS = ("openai.chat", "openai.responses", "anthropic.messages")
+FINISH_REASONS = ("stop", "length", "tool_calls", "error")
+
+
+def _check_schema(d: dict, want: str, where: str) -> None:
+    if not isinstance(d, dict):
+        raise RecordError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    got = d.get("schema")
+    if got != want:
+        name, _, major = str(got).partition("/")
+        if name == want.split("/")[0] and major != "v1":
+            raise RecordError(f"{where}: unsupported major version {got!r} (this reader knows {want})")
+        raise RecordError(f"{where}: schema is {got!r}, expected {want!r}")
+
+
+def _field(d: dict, name: str, types, where: str, required: bool = True):
+    if name not in d:
+        if required:
+            raise RecordError(f"{where}: missing field {name!r}")
+        return None
+    v = d[name]
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in _as_tuple(types)):
+        raise RecordError(f"{where}: field {name!r} has the wrong type ({type(v).__name__})")
+    return v
+
+
+def _as_tuple(t):
+    return t if isinstance(t, tuple) else (t,)
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """`claw.policy/v1`: a policy the proxy can serve (an HF model directory and a version)."""
+
+    name: str
+    version: int
+    path: str
+    created_at: float | None = None
+    step: int | None = None
+    metrics: dict | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "policy") -> Policy:
+        _check_schema(d, POLICY_SCHEMA, where)
+        unknown = set(d) - {"schema", "name", "version", "path", "created_at", "step", "metrics"}
+        if unknown:
+            raise RecordError(f"{where}: unknown field(s) {sorted(unknown)}")
+        version = _field(d, "version", int, where)
+        if version < 0:
+            raise RecordError(f"{where}: field 'version' must be >= 0")
+        return cls(
+            name=_field(d, "name", str, where),
+            version=version,
+            path=_field(d, "path", str, where),
+            created_at=_field(d, "created_at", (int, float), where, required=False),
+            step=_field(d, "step", int, where, required=False),
+            metrics=_field(d, "metrics", dict, where, required=False),
+        )
+
+    def to_dict(self) -> dict:
+        d = {"schema": POLICY_SCHEMA, "name": self.name, "version": self.version, "path": self.path}
+        for k in ("created_at", "step", "metrics"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+
+@attrs.frozen(kw_only=True)
+class Call:
+    """`claw.call/v1`: one model call answered by the proxy, token by token."""
+
+    call_id: str
+    session: str
+    seq: int
+    api: str
+    model: str
+    policy: dict
+    engine: str
+    trainable: bool
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    prefix: dict
+    finish_reason: str
+    sampling: dict
+    usage: dict
+    started_at: float
+    ended_at: float
+    tags: dict
+    request: dict | None = None
+    response: dict | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "call") -> Call:
+        _check_schema(d, CALL_SCHEMA, where)
+        known = {f.name for f in attrs.fields(cls)} | {"schema"}
+        unknown = set(d) - known
+        if unknown:
+            raise RecordError(f"{where}: unknown field(s) {sorted(unknown)}")
+        api = _field(d, "api", str, where)
+        if api not in APIS:
+            raise RecordError(f"{where}: field 'api' is {api!r}, expected one of {APIS}")
+        finish = _field(d, "finish_reason", str, where)
+        if finish not in FINISH_REASONS:
+            raise RecordError(f"{where}: field 'finish_reason' is {finish!r}")
+        ids = _field(d, "prompt_ids", list, where)
+        out = _field(d, "completion_ids", list, where)
+        lps = _field(d, "completion_logprobs", list, where)
+        if len(out) != len(lps):
+            raise RecordError(f"{where}: completion_ids and completion_logprobs differ in length")
+        return cls(
+            call_id=_field(d, "call_id", str, where),
+            session=_field(d, "session", str, where),
+            seq=_field(d, "seq", int, where),
+            api=api,
+            model=_field(d, "model", str, where),
+            policy=_field(d, "policy", dict, where),
+            engine=d.get("engine", ""),
+            trainable=d.get("trainable", True),
+            prompt_ids=ids,
+            completion_ids=out,
+            completion_logprobs=lps,
+            prefix=d.get("prefix", {}),
+            finish_reason=finish,
+            sampling=d.get("sampling", {}),
+            usage=d.get("usage", {}),
+            started_at=_field(d, "started_at", (int, float), where),
+            ended_at=_field(d, "ended_at", (int, float), where),
+            tags=_field(d, "tags", dict, where),
+            request=d.get("request"),
+            response=d.get("response"),
+        )
+
+    def to_dict(self) -> dict:
+        d = {"schema": CALL_SCHEMA}
+        for f in attrs.fields(type(self)):
+            v = getattr(self, f.name)
+            if f.name in ("request", "response") and v is None:
+                continue
+            d[f.name] = v
+        return d
+
+
+def shard_path(path: Path, index: int) -> Path:
+    """The `index`-th shard of a record series (0 is `path` itself)."""
+    if index == 0:
+        return path
+    return path.with_name(f"{path.stem}.{index:05d}{path.suffix}")
+
+
+class CallWriter:
+    """Append `claw.call/v1` lines, one `write` each, flushed (and optionally fsynced)."""
+
+    def __init__(self, path: str | Path, max_bytes: int | None = None, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._index = 0
+        while shard_path(self.path, self._index + 1).exists():
+            self._index += 1
+        self._fd = self._open()
+        self.written = 0
+
+    def _open(self) -> int:
+        return os.open(shard_path(self.path, self._index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, record: Call | dict) -> None:
+        d = record.to_dict() if isinstance(record, Call) else record
+        line = (json.dumps(d, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+        with self._lock:
+            if self.max_bytes and os.fstat(self._fd).st_size > 0:
+                if os.fstat(self._fd).st_size + len(line) > self.max_bytes:
+                    os.close(self._fd)
+                    self._index += 1
+                    self._fd = self._open()
+            view = memoryview(line)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            if self.fsync:
+                os.fsync(self._fd)
+            self.written += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _parse_line(line: str, where: str) -> Call:
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{where}: invalid JSON ({e.msg})") from e
+    return Call.from_dict(d, where)
+
+
+def read_calls(path: str | Path) -> Iterator[Call]:
+    """Every call of a record file (and its shards, in order); bad lines raise with file:line."""
+    path = Path(path)
+    if not path.exists():
+        raise RecordError(f"{path}: no such record file")
+    index = 0
+    while shard_path(path, index).exists():
+        p = shard_path(path, index)
+        with p.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield _parse_line(line, f"{p}:{n}")
+        index += 1
+
+
+def follow_calls(path: str | Path, poll: float = 0.2, stop=None) -> Iterator[Call]:
+    """Like `read_calls`, then keep yielding calls as they are appended (and as shards appear).
+
+    Only whole lines are yielded: a line still being written is read once its newline lands.
+    `stop` is an optional callable; following ends when it returns true and nothing is left.
+    """
+    path = Path(path)
+    index, offset, n, buf = 0, 0, 0, b""
+    while True:
+        p = shard_path(path, index)
+        got = False
+        if p.exists():
+            with p.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            if chunk:
+                got = True
+                offset += len(chunk)
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    n += 1
+                    if line.strip():
+                        yield _parse_line(line.decode("utf-8"), f"{p}:{n}")
+            elif not buf and shard_path(path, index + 1).exists():
+                index, offset, n = index + 1, 0, 0
+                continue
+        if not got:
+            if stop is not None and stop():
+                return
+            time.sleep(poll)
+
+

@@ -1,0 +1,186 @@
+"""Rendering conversations into token ids, with per-session prefix reuse.
+
+The proxy owns the chat template and the tokenizer of the policy's HF directory. A request
+whose messages extend an earlier call of the same session (its messages plus the answer the
+proxy gave) is not re-rendered: its prompt is that call's prompt ids + sampled completion ids
++ the rendering of the new messages only, so turn k+1's prompt has turn k's tokens as an
+exact prefix, and the work per turn grows with the new messages, not with the context.
+
+The new messages are rendered with the template itself, after a tiny stand-in conversation
+that ends in an assistant message: the text after that assistant message's content is the
+template's continuation (its end-of-turn tokens, the new turns and the generation prompt).
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import OrderedDict
+
+import attrs
+
+from claw_proxy.errors import ConfigError, RequestError
+from claw_proxy.messages import Answer, ChatRequest, Message
+
+_MARK = "\u2063claw-anchor\u2063"
+
+
+@attrs.frozen(kw_only=True)
+class Rendered:
+    prompt_ids: list[int]
+    reused_tokens: int
+    rendered_tokens: int
+    parent_call: str | None
+    fresh_render_matches: bool | None
+
+
+@attrs.define
+class _Branch:
+    call_id: str
+    keys: list[str]  # context key, then one key per message, the answer's last
+    token_ids: array  # prompt ids + completion ids (8 bytes a token)
+    ended_with_eos: bool
+
+
+class Renderer:
+    """Chat template + tokenizer of one HF directory."""
+
+    def __init__(self, directory: str) -> None:
+        try:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot load a tokenizer from {directory}: {e}") from e
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"the tokenizer in {directory} has no chat_template")
+        self.directory = directory
+        self.eos_ids = self._eos_ids(directory)
+        eos = self.tokenizer.eos_token_id
+        self.eos_text = self.tokenizer.convert_ids_to_tokens(eos) if eos is not None else None
+        self._lock = threading.Lock()
+
+    def _eos_ids(self, directory: str) -> tuple[int, ...]:
+        import json
+        from pathlib import Path
+
+        ids = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        gen = Path(directory) / "generation_config.json"
+        if gen.exists():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if not ids:
+            raise ConfigError(f"the tokenizer in {directory} has no eos token")
+        return tuple(sorted(ids))
+
+    def _template(self, messages: list[dict], tools: list[dict] | None, gen: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=gen, tokenize=False
+            )
+        except Exception as e:  # jinja raises its own errors for shapes the template refuses
+            raise RequestError(f"the chat template cannot render this conversation: {e}", "messages") from e
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def render_full(self, req: ChatRequest) -> list[int]:
+        msgs = [m.to_template() for m in req.messages]
+        return self.encode(self._template(msgs, list(req.tools), True))
+
+    def render_continuation(self, new: list[Message], ended_with_eos: bool) -> list[int] | None:
+        """Ids that follow an assistant answer: its end of turn, the new messages, the generation
+        prompt. None when this template does not end an assistant turn with its eos token."""
+        anchor = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
+        text = self._template(anchor + [m.to_template() for m in new], None, True)
+        i = text.rfind(_MARK)
+        if i < 0:
+            return None
+        tail = text[i + len(_MARK):]
+        if ended_with_eos:
+            if not self.eos_text or not tail.startswith(self.eos_text):
+                return None
+            tail = tail[len(self.eos_text):]
+        return self.encode(tail)
+
+
+class PrefixCache:
+    """Per-session memory of earlier calls, to build prompts by prefix reuse."""
+
+    def __init__(self, renderer: Renderer, drift_check_tokens: int = 16384,
+                 branches_per_session: int = 16, max_sessions: int = 10000) -> None:
+        self.renderer = renderer
+        self.drift_check_tokens = drift_check_tokens
+        self.branches_per_session = branches_per_session
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, list[_Branch]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _keys(self, req: ChatRequest) -> list[str]:
+        return [req.context_key(), *(m.key() for m in req.messages)]
+
+    def render(self, session: str, req: ChatRequest) -> Rendered:
+        if not req.messages:
+            raise RequestError("at least one message is required", "messages")
+        if req.messages[-1].role == "assistant":
+            raise RequestError("the last message is from the assistant (prefill is not supported)", "messages")
+        keys = self._keys(req)
+        best = None
+        with self._lock:
+            for b in self._sessions.get(session, ()):
+                n = len(b.keys)
+                if n < len(keys) and (best is None or n > len(best.keys)) and keys[:n] == b.keys:
+                    best = b
+        if best is not None:
+            new = list(req.messages[len(best.keys) - 1:])
+            tail = self.renderer.render_continuation(new, best.ended_with_eos)
+            if tail is not None:
+                ids = best.token_ids.tolist() + tail
+                matches = None
+                if len(ids) <= self.drift_check_tokens:
+                    matches = self.renderer.render_full(req) == ids
+                return Rendered(prompt_ids=ids, reused_tokens=len(best.token_ids), rendered_tokens=len(tail),
+                                parent_call=best.call_id, fresh_render_matches=matches)
+        ids = self.renderer.render_full(req)
+        return Rendered(prompt_ids=ids, reused_tokens=0, rendered_tokens=len(ids), parent_call=None,
+                        fresh_render_matches=True)
+
+    def remember(self, session: str, call_id: str, req: ChatRequest, answer: Answer,
+                 prompt_ids: list[int], completion_ids: list[int]) -> None:
+        """Keep this call so a later request that extends it reuses its tokens."""
+        ended = bool(completion_ids) and completion_ids[-1] in self.renderer.eos_ids
+        branch = _Branch(call_id=call_id, keys=[*self._keys(req), answer.message().key()],
+                         token_ids=array("q", prompt_ids) + array("q", completion_ids), ended_with_eos=ended)
+        with self._lock:
+            branches = self._sessions.setdefault(session, [])
+            self._sessions.move_to_end(session)
+            branches.append(branch)
+            del branches[: -self.branches_per_session]
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+
+    def forget(self, session: str) -> None:
+        with self._lock:
+            self._sessions.pop(session, None)
+
+
+class Detokenizer:
+    """Turns sampled ids into text deltas without re-decoding the whole completion each step."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        dec = self.tokenizer.decode
+        before = dec(self.ids[self._prefix:self._read], skip_special_tokens=False)
+        after = dec(self.ids[self._prefix:], skip_special_tokens=False)
+        if after.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence: wait for the next token
+        self._prefix, self._read = self._read, len(self.ids)
+        return after[len(before):]

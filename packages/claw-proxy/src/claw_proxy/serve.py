@@ -1,0 +1,74 @@
+"""Running the proxy: `serve` (blocking, for the CLI) and `ProxyServer` (in a thread, for Python)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from claw_proxy.config import ProxyConfig
+from claw_proxy.errors import ConfigError
+from claw_proxy.server import Proxy
+
+
+def serve(config: ProxyConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
+    """Serve until interrupted (uvicorn, one process)."""
+    proxy = Proxy(config)
+    uvicorn.run(proxy.app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+class ProxyServer:
+    """The proxy on a free loopback port in a background thread.
+
+    Example::
+
+        with ProxyServer(ProxyConfig(engine="transformers:tiny", secret="s", record="calls.jsonl")) as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key=mint_token("s1", "s"))
+    """
+
+    def __init__(self, config: ProxyConfig, host: str = "127.0.0.1", port: int = 0, transport=None) -> None:
+        self.config = config
+        self.proxy = Proxy(config, transport=transport)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = self._sock.getsockname()[:2]
+        self._server = uvicorn.Server(uvicorn.Config(self.proxy.app, log_level="warning", access_log=False,
+                                                     timeout_graceful_shutdown=5))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL without the `/v1` suffix (Anthropic clients); OpenAI clients add `/v1`."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ProxyServer:
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="claw-proxy-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError("the proxy server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._sock.close()
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve_in_thread(config: ProxyConfig, **kwargs) -> ProxyServer:
+    """Start a `ProxyServer` and return it (call `.stop()` when done)."""
+    return ProxyServer(config, **kwargs).start()

@@ -1,0 +1,420 @@
+"""The ASGI app: the three model APIs, sessions, recording, admin, limits.
+
+`Proxy` owns the engines (one per spec), the renderers and per-session prefix caches, the
+record writer and the session table; `Proxy.app` is the Starlette app that uvicorn serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+import attrs
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from claw_proxy import api_anthropic, api_chat, api_responses
+from claw_proxy.config import ProxyConfig, split_spec
+from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
+from claw_proxy.errors import AuthError, ClawError, ConfigError, EngineError, LimitError, NotFoundError, RecordError, RequestError
+from claw_proxy.messages import Answer, ChatRequest, ReasoningDelta, TextDelta, ToolCallEvent
+from claw_proxy.records import Call, CallWriter, Policy
+from claw_proxy.render import Detokenizer, PrefixCache, Renderer
+from claw_proxy.tokens import token_from_headers, verify_token
+from claw_proxy.toolparse import make_parser
+
+
+@attrs.define
+class _Session:
+    tags: dict = attrs.field(factory=dict)
+    seq: int = 0
+    in_flight: int = 0
+    closed: bool = False
+    calls: int = 0
+
+
+class Proxy:
+    """The proxy's state and its ASGI app (`self.app`)."""
+
+    def __init__(self, config: ProxyConfig, *, transport=None) -> None:
+        self.config = config
+        self._transport = transport  # httpx transport for vllm/passthrough engines (tests)
+        self.engines: dict[str, Engine] = {}
+        self.renderers: dict[str, Renderer] = {}
+        self.caches: dict[str, PrefixCache] = {}
+        self.sessions: dict[str, _Session] = {}
+        self.stats = {"requests": 0, "calls_recorded": 0, "errors": 0, "prompt_tokens": 0,
+                      "completion_tokens": 0, "reused_tokens": 0, "rendered_tokens": 0}
+        self.writer = CallWriter(config.record, config.record_max_bytes, config.record_fsync) if config.record else None
+        self.policy_engine = self._engine(config.engine)
+        for _, spec in config.routes:
+            if spec != "policy":
+                self._engine(spec)
+        self.app = self._make_app()
+
+    # --- engines ----------------------------------------------------------------------
+
+    def _renderer(self, directory: str | None) -> Renderer:
+        if directory is None:
+            raise ConfigError("this engine needs a tokenizer: pass --tokenizer DIR (the policy's HF directory)")
+        if directory not in self.renderers:
+            self.renderers[directory] = Renderer(directory)
+            self.caches[directory] = PrefixCache(self.renderers[directory], self.config.drift_check_tokens)
+        return self.renderers[directory]
+
+    def _engine(self, spec: str) -> Engine:
+        if spec in self.engines:
+            return self.engines[spec]
+        kind, target = split_spec(spec)
+        c = self.config
+        if kind == "transformers":
+            from claw_proxy._transformers import TransformersEngine
+
+            self._renderer(c.tokenizer or target)
+            engine: Engine = TransformersEngine(target, policy_name=c.policy_name, max_batch=c.max_batch,
+                                                batch_wait=c.batch_wait)
+            engine.tokenizer_dir = c.tokenizer or target
+        elif kind == "scripted":
+            r = self._renderer(c.tokenizer)
+            engine = ScriptedEngine(target, r.encode, r.eos_ids[0], policy_name=c.policy_name)
+            engine.tokenizer_dir = c.tokenizer
+        elif kind == "vllm":
+            self._renderer(c.tokenizer)
+            engine = VLLMEngine(target, policy_name=c.policy_name, transport=self._transport)
+            engine.tokenizer_dir = c.tokenizer
+        else:
+            engine = PassthroughEngine(target, api_key=c.upstream_api_key, transport=self._transport)
+        self.engines[spec] = engine
+        return engine
+
+    def route(self, model: str) -> Engine:
+        for glob, spec in self.config.routes:
+            if fnmatch.fnmatchcase(model, glob):
+                return self.policy_engine if spec == "policy" else self.engines[spec]
+        return self.policy_engine
+
+    # --- auth and sessions --------------------------------------------------------------
+
+    def authenticate(self, request: Request) -> tuple[str, _Session]:
+        token = token_from_headers(request.headers)
+        if not token:
+            raise AuthError("missing API key: send a claw session token as x-api-key or Authorization: Bearer")
+        tok = verify_token(token, self.config.secret)
+        s = self.sessions.get(tok.session)
+        if s is None:
+            s = self.sessions[tok.session] = _Session(tags=dict(tok.tags))
+        if s.closed:
+            raise AuthError(f"session {tok.session} is closed")
+        return tok.session, s
+
+    def _check_admin(self, request: Request) -> None:
+        if not self.config.admin_token:
+            raise AuthError("the admin API is disabled (start the proxy with --admin-token-file)")
+        given = token_from_headers(request.headers) or ""
+        import hmac
+
+        if not hmac.compare_digest(given.encode(), self.config.admin_token.encode()):
+            raise AuthError("invalid admin token")
+
+    # --- the model APIs -------------------------------------------------------------------
+
+    async def _body(self, request: Request) -> dict:
+        limit = self.config.max_body_bytes
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > limit:
+            raise LimitError(f"request body of {length} bytes is over the limit of {limit}", status=413)
+        raw = await request.body()
+        if len(raw) > limit:
+            raise LimitError(f"request body of {len(raw)} bytes is over the limit of {limit}", status=413)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+            raise RequestError(f"the request body is not valid JSON: {detail}") from e
+        if not isinstance(body, dict):
+            raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def _gen_request(self, req: ChatRequest, prompt_ids: list[int], stop_ids) -> GenRequest:
+        c, s = self.config, req.sampling
+        temperature = c.default_temperature if s.temperature is None else min(s.temperature, c.max_temperature)
+        return GenRequest(
+            prompt_ids=prompt_ids, max_tokens=min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap),
+            temperature=temperature, top_p=1.0 if s.top_p is None else s.top_p, top_k=s.top_k or 0,
+            seed=s.seed, stop_ids=tuple(stop_ids), model=req.model,
+            turn=sum(1 for m in req.messages if m.role == "assistant"),
+        )
+
+    async def handle(self, api, request: Request) -> Response:
+        self.stats["requests"] += 1
+        try:
+            session, state = self.authenticate(request)
+            body = await self._body(request)
+            engine = self.route(body.get("model") if isinstance(body.get("model"), str) else "")
+            if isinstance(engine, PassthroughEngine):
+                from claw_proxy._passthrough import forward
+
+                return await forward(self, api, engine, request, body, session, state)
+            req = api.parse(body)
+            if state.in_flight >= self.config.session_concurrency:
+                raise LimitError(f"session {session} already has {state.in_flight} requests in flight "
+                                 f"(limit {self.config.session_concurrency})", retry_after=1.0)
+            return await self._answer(api, engine, req, session, state)
+        except ClawError as e:
+            self.stats["errors"] += 1
+            return error_response(api, e)
+
+    async def _answer(self, api, engine: Engine, req: ChatRequest, session: str, state: _Session) -> Response:
+        cache = self.caches[engine.tokenizer_dir]
+        renderer = cache.renderer
+        started = time.time()
+        rendered = cache.render(session, req)
+        gen_req = self._gen_request(req, rendered.prompt_ids, renderer.eos_ids)
+        seq, state.seq = state.seq, state.seq + 1
+        call_id = f"call-{uuid.uuid4().hex}"
+        resp_id = {"anthropic.messages": "msg_", "openai.chat": "chatcmpl-", "openai.responses": "resp_"}[api.NAME]
+        resp_id += uuid.uuid4().hex[:24]
+        state.in_flight += 1
+        run = _Run(self, api, engine, req, gen_req, renderer, session, state, seq, call_id, started, rendered)
+        try:
+            gen = engine.generate(gen_req)
+            run.gen = gen
+            chunks = gen.chunks()
+            first = await run.next_chunk(chunks)  # errors before any token become a proper 5xx
+        except BaseException:
+            state.in_flight -= 1
+            if run.gen is not None:
+                run.gen.cancel()
+            raise
+        if not req.stream:
+            try:
+                events = run.consume(first)
+                async for chunk in _iterate(run, chunks):
+                    events += run.consume(chunk)
+                events += run.finish_events()
+                answer = run.answer()
+                body = api.response(answer, id=resp_id, model=req.model, **_extra(api, req))
+                run.record(answer, body)
+                return JSONResponse(body)
+            finally:
+                state.in_flight -= 1
+                gen.cancel()
+        stream = api.Stream(id=resp_id, model=req.model, include_usage=req.include_usage, **_extra(api, req, True))
+        if api is api_anthropic:
+            stream.prompt_tokens = len(rendered.prompt_ids)
+        return StreamingResponse(self._stream(run, stream, first, chunks), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
+
+    async def _stream(self, run, stream, first, chunks):
+        try:
+            for frame in stream.start():
+                yield frame
+            for ev in run.consume(first):
+                for frame in stream.event(ev):
+                    yield frame
+            try:
+                async for chunk in _iterate(run, chunks):
+                    for ev in run.consume(chunk):
+                        for frame in stream.event(ev):
+                            yield frame
+            except EngineError as e:
+                self.stats["errors"] += 1
+                for frame in stream.error(e.kind, str(e)):
+                    yield frame
+                return
+            for ev in run.finish_events():
+                for frame in stream.event(ev):
+                    yield frame
+            answer = run.answer()
+            run.record(answer, run.api.response(answer, id=stream.id, model=run.req.model, **_extra(run.api, run.req)))
+            for frame in stream.finish(answer):
+                yield frame
+        finally:
+            run.state.in_flight -= 1
+            run.gen.cancel()
+
+    # --- the app ----------------------------------------------------------------------------
+
+    def _make_app(self) -> Starlette:
+        async def chat(request):
+            return await self.handle(api_chat, request)
+
+        async def responses(request):
+            return await self.handle(api_responses, request)
+
+        async def messages(request):
+            return await self.handle(api_anthropic, request)
+
+        from claw_proxy import _admin
+
+        @asynccontextmanager
+        async def lifespan(app):
+            yield
+            await self.aclose()
+
+        routes = [
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/chat/completions", chat, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+            Route("/responses", responses, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+            *_admin.routes(self),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    async def load_policy(self, policy: Policy) -> dict:
+        await self.policy_engine.load_policy(policy)
+        return dict(self.policy_engine.policy)
+
+    async def aclose(self) -> None:
+        for engine in self.engines.values():
+            await engine.aclose()
+        if self.writer:
+            self.writer.close()
+
+
+def _extra(api, req: ChatRequest, stream: bool = False) -> dict:
+    return {"body": req.body} if api is api_responses else {}
+
+
+async def _iterate(run, chunks):
+    while True:
+        chunk = await run.next_chunk(chunks)
+        if chunk is None:
+            return
+        yield chunk
+
+
+class _Run:
+    """One call in progress: sampled ids -> text deltas -> answer events -> record."""
+
+    def __init__(self, proxy, api, engine, req, gen_req, renderer, session, state, seq, call_id, started, rendered):
+        self.proxy, self.api, self.engine, self.req, self.gen_req = proxy, api, engine, req, gen_req
+        self.renderer, self.session, self.state, self.seq = renderer, session, state, seq
+        self.call_id, self.started, self.rendered = call_id, started, rendered
+        self.gen = None
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.detok = Detokenizer(renderer.tokenizer)
+        self.parser = make_parser(proxy.config.parser, id_prefix=api.CALL_ID_PREFIX)
+        self.text, self.reasoning, self.calls = [], [], []
+        self.stop_hit = False
+        self.deadline = asyncio.get_running_loop().time() + proxy.config.request_timeout
+        self._seen = ""  # decoded text so far, for stop strings
+
+    async def next_chunk(self, chunks):
+        if self.stop_hit:
+            return None
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                return await anext(chunks)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            self.gen.cancel()
+            raise EngineError(f"the engine did not finish within {self.proxy.config.request_timeout:g} s",
+                              status=504) from None
+
+    def _events(self, evs: list) -> list:
+        for ev in evs:
+            if isinstance(ev, TextDelta):
+                self.text.append(ev.text)
+            elif isinstance(ev, ReasoningDelta):
+                self.reasoning.append(ev.text)
+            elif isinstance(ev, ToolCallEvent):
+                self.calls.append(ev.call)
+        return evs
+
+    def consume(self, chunk) -> list:
+        out: list = []
+        if chunk is None or self.stop_hit:
+            return out
+        stops = self.req.sampling.stop
+        for tok, lp in chunk:
+            self.ids.append(tok)
+            self.logprobs.append(lp)
+            if tok in self.gen_req.stop_ids:
+                continue
+            delta = self.detok.push(tok)
+            if stops and delta:
+                seen = self._seen + delta
+                cut = min((i for i in (seen.find(s) for s in stops) if i >= 0), default=-1)
+                if cut >= 0:
+                    delta = seen[:cut][len(self._seen):] if cut > len(self._seen) else ""
+                    out += self._events(self.parser.feed(delta))
+                    self.stop_hit = True
+                    self.gen.cancel()
+                    break
+                self._seen = seen[-max(len(s) for s in stops) * 2:]
+            out += self._events(self.parser.feed(delta))
+        return out
+
+    def finish_events(self) -> list:
+        return self._events(self.parser.finish())
+
+    def answer(self) -> Answer:
+        if self.calls:
+            finish = "tool_calls"
+        elif self.stop_hit or (self.ids and self.ids[-1] in self.gen_req.stop_ids) or self.gen.finish == "stop":
+            finish = "stop"
+        elif len(self.ids) >= self.gen_req.max_tokens:
+            finish = "length"
+        else:
+            finish = "stop"
+        return Answer(text="".join(self.text), reasoning="".join(self.reasoning), tool_calls=tuple(self.calls),
+                      finish_reason=finish, prompt_tokens=len(self.gen_req.prompt_ids), completion_tokens=len(self.ids))
+
+    def record(self, answer: Answer, body: dict) -> None:
+        proxy, r = self.proxy, self.rendered
+        call = Call(
+            call_id=self.call_id, session=self.session, seq=self.seq, api=self.api.NAME, model=self.req.model,
+            policy=self.gen.policy or dict(self.engine.policy), engine=self.engine.spec,
+            trainable=self.engine.trainable, prompt_ids=self.gen_req.prompt_ids, completion_ids=self.ids,
+            completion_logprobs=self.logprobs,
+            prefix={"reused_tokens": r.reused_tokens, "rendered_tokens": r.rendered_tokens,
+                    "parent_call": r.parent_call, "fresh_render_matches": r.fresh_render_matches},
+            finish_reason=answer.finish_reason,
+            sampling={"temperature": self.gen_req.temperature, "top_p": self.gen_req.top_p,
+                      "top_k": self.gen_req.top_k, "max_tokens": self.gen_req.max_tokens, "seed": self.gen_req.seed},
+            usage={"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens},
+            started_at=self.started, ended_at=time.time(), tags=dict(self.state.tags),
+            request=self.req.body if proxy.config.record_bodies else None,
+            response=body if proxy.config.record_bodies else None,
+        )
+        if proxy.writer:
+            proxy.writer.write(call)
+        proxy.stats["calls_recorded"] += 1
+        proxy.stats["prompt_tokens"] += answer.prompt_tokens
+        proxy.stats["completion_tokens"] += answer.completion_tokens
+        proxy.stats["reused_tokens"] += r.reused_tokens
+        proxy.stats["rendered_tokens"] += r.rendered_tokens
+        self.state.calls += 1
+        proxy.caches[self.engine.tokenizer_dir].remember(self.session, self.call_id, self.req, answer,
+                                                         self.gen_req.prompt_ids, self.ids)
+
+
+def error_response(api, e: ClawError) -> JSONResponse:
+    """An error in the shape of the API that was called."""
+    status = getattr(e, "status", 500)
+    kind = getattr(e, "kind", "api_error")
+    if api is not api_anthropic:
+        kind = {"overloaded_error": "server_error", "not_found_error": "invalid_request_error",
+                "request_too_large": "invalid_request_error", "api_error": "server_error"}.get(kind, kind)
+    if isinstance(e, EngineError) and api is api_anthropic and status == 503:
+        status = 529
+    headers = {}
+    retry = getattr(e, "retry_after", None)
+    if retry is not None:
+        headers["retry-after"] = f"{max(1, round(retry))}"
+    if isinstance(e, RecordError):
+        status, kind = 400, "invalid_request_error"
+    return JSONResponse(api.error_body(kind, str(e), getattr(e, "param", None)), status_code=status, headers=headers)
+
+
+__all__ = ["Proxy", "error_response", "NotFoundError"]
