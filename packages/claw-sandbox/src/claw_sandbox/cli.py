@@ -1,11 +1,202 @@
 """The `claw-sandbox` command line: a thin click group over the library."""
 
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
 import click
 
 from claw_sandbox import __version__
+from claw_sandbox.backends import BACKENDS, doctor, get_backend
+from claw_sandbox.errors import ClawError
+from claw_sandbox.records import JOB_SCHEMA, Job, read_jobs
+from claw_sandbox.scheduler import Scheduler
+
+
+def _log(msg: str) -> None:
+    click.echo(f"claw-sandbox: {msg}", err=True)
+
+
+def _backend(name: str, ro_paths: tuple[str, ...]):
+    options = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
+    try:
+        return get_backend(name, **options)
+    except ClawError as exc:
+        raise click.ClickException(f"{exc}\nhint: `claw-sandbox doctor` shows what works here") from None
+
+
+backend_option = click.option(
+    "--backend", "-b", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
+    help="auto = bwrap where it works, else process (which does not isolate)",
+)  # fmt: skip
+ro_option = click.option(
+    "--ro-path", "ro_paths", multiple=True, metavar="DIR",
+    help="host directory to show read-only inside bwrap sandboxes (repeatable), e.g. a venv under /home",
+)  # fmt: skip
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="claw-sandbox")
 def main() -> None:
-    """claw-sandbox: see `claw-sandbox COMMAND --help`."""
+    """claw-sandbox: run claw.job/v1 records in throw-away sandboxes, write claw.run/v1 records."""
+
+
+@main.command()
+@click.argument("jobs", default="-", type=click.Path(allow_dash=True, dir_okay=False))
+@click.option("--out", "-o", default="-", type=click.Path(allow_dash=True, dir_okay=False),
+              help="runs JSONL; a file is appended to and resumed from (jobs already in it are skipped)")
+@backend_option
+@click.option("--parallel", "-p", default=4, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--retries", default=2, show_default=True, type=click.IntRange(0, 100),
+              help="extra attempts after an infrastructure failure, then status infra_error")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="where job directories are made (default: a fresh temp dir)")
+@ro_option
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="ray: run the jobs as Ray tasks across the cluster (needs claw-sandbox[ray])")
+@click.option("--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+def run(jobs, out, backend, parallel, retries, workdir, ro_paths, executor, ray_address) -> None:  # fmt: skip
+    """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
+
+    A bad line becomes a `status: error` run naming file, line and field; the other jobs run.
+
+    Example:
+
+        claw-sandbox run jobs.jsonl -o runs.jsonl --backend bwrap --parallel 8
+    """
+    try:
+        items = _read_jobs(jobs)
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+    if executor == "ray":
+        from claw_sandbox.ray_executor import run_on_ray
+
+        rows = run_on_ray(items, backend=backend, out=None if out == "-" else out, retries=retries,
+                          address=ray_address, log=_log, ro_paths=ro_paths)  # fmt: skip
+        if out == "-":
+            for row in rows:
+                click.echo(json.dumps(row, ensure_ascii=False))
+        return
+    sched = Scheduler(_backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log)
+    started = time.monotonic()
+    try:
+        asyncio.run(_drive(sched, items, None if out == "-" else out))
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+    _log(sched.summary(time.monotonic() - started))
+
+
+def _read_jobs(path: str) -> list:
+    if path == "-":
+        return list(read_jobs(sys.stdin, "<stdin>"))
+    p = Path(path)
+    try:
+        with p.open() as f:
+            return list(read_jobs(f, str(p), base_dir=p.resolve().parent))
+    except OSError as exc:
+        raise ClawError(f"cannot read jobs file {path}: {exc.strerror}") from None
+
+
+async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
+    progress = None
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+
+        progress = Progress(transient=False, console=None, redirect_stdout=False, redirect_stderr=False)
+    task = None
+    if progress is not None:
+        progress.start()
+        task = progress.add_task("jobs", total=None)
+    try:
+        async for row in sched.stream(items, out):
+            if out is None:
+                sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            if progress is not None:
+                progress.update(task, total=sched.total - sched.skipped, advance=1,
+                                description=f"jobs ({sched.counts.get('ok', 0)} ok)")  # fmt: skip
+    finally:
+        if progress is not None:
+            progress.stop()
+
+
+@main.command(name="exec", context_settings={"ignore_unknown_options": True})
+@backend_option
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float)
+@click.option("--network", type=click.Choice(["none", "proxy", "host"]), default="none", show_default=True)
+@click.option("--proxy-url", default=None, help="host-side proxy URL (network proxy)")
+@click.option("--port", type=int, default=None, help="loopback port the proxy appears on inside")
+@click.option("--memory-mb", type=int, default=None)
+@click.option("--pids", type=int, default=None)
+@click.option("--cpus", type=float, default=None)
+@click.option("--copy-from", default=None, help="host directory or tarball to start the workspace from")
+@click.option("--env", "-e", "envs", multiple=True, metavar="KEY=VALUE")
+@click.option("--keep", is_flag=True, help="keep the sandbox directory afterwards")
+@click.option("--json", "as_json", is_flag=True, help="print the claw.run/v1 record instead of the output")
+@ro_option
+@click.argument("command", nargs=-1, required=True)
+def exec_(backend, timeout_s, network, proxy_url, port, memory_mb, pids, cpus, copy_from, envs, keep,
+          as_json, ro_paths, command) -> None:  # fmt: skip
+    """Run one command in a fresh sandbox; exit with its exit code (124 on timeout).
+
+    Example:
+
+        claw-sandbox exec --backend bwrap --network none -- python3 -c 'print(1)'
+    """
+    env = {}
+    for item in envs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env")
+        env[key] = value
+    row = {
+        "schema": JOB_SCHEMA, "job_id": "exec", "command": list(command), "env": env, "timeout_s": timeout_s,
+        "limits": {k: v for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus)) if v},
+        "network": {k: v for k, v in (("policy", network), ("proxy_url", proxy_url), ("port", port)) if v},
+        "keep": "always" if keep else "never",
+    }  # fmt: skip
+    if copy_from:
+        row["workspace"] = {"copy_from": copy_from}
+    try:
+        job = Job.from_dict(row, "exec")
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+    sched = Scheduler(_backend(backend, ro_paths), 1, 0, None, _log)
+
+    async def one() -> dict:
+        return [r async for r in sched.stream([job])][0]
+
+    result = asyncio.run(one())
+    if as_json:
+        click.echo(json.dumps(result, ensure_ascii=False))
+    else:
+        sys.stdout.write(result["stdout_tail"])
+        sys.stderr.write(result["stderr_tail"])
+    if result["error"]:
+        _log(result["error"])
+    if result["status"] == "timeout":
+        sys.exit(124)
+    if result["status"] in ("error", "infra_error"):
+        sys.exit(125)
+    sys.exit(result["exit_code"] or 0)
+
+
+@main.command(name="doctor")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+def doctor_(as_json) -> None:
+    """Print which backends and facilities work on this machine, and why not.
+
+    Example:
+
+        claw-sandbox doctor
+    """
+    for row in doctor():
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            mark = "ok " if row["works"] else "NO "
+            click.echo(f"{mark} {row['name']:<8} {row['why']}")

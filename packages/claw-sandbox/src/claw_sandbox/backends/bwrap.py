@@ -96,6 +96,10 @@ class BwrapSandbox(Sandbox):
             if p in seen or not p.startswith(hidden_roots) or not os.path.exists(p):
                 continue
             seen.add(p)
+            for parent in reversed(Path(p).parents[:-2]):  # bwrap would make them 0700
+                if str(parent) not in seen:
+                    seen.add(str(parent))
+                    args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", p, p]
         args += ["--chdir", INNER_WORKSPACE]
         inner = argv_of(command)

@@ -1,0 +1,58 @@
+"""Shared helpers: job builders and backends that skip with a visible reason when missing."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from claw_sandbox import _cgroup
+from claw_sandbox.backends import make_backend
+
+FORMATS = Path(__file__).resolve().parents[3] / "formats"
+
+
+def job(job_id="j", command="true", **fields) -> dict:
+    """A claw.job/v1 dict with the given fields."""
+    return {"schema": "claw.job/v1", "job_id": job_id, "command": command, **fields}
+
+
+def py(code: str) -> list[str]:
+    """A command running `code` with this interpreter (visible read-only inside bwrap)."""
+    return [sys.executable, "-c", code]
+
+
+@pytest.fixture(scope="session")
+def bwrap():
+    backend = make_backend("bwrap")
+    reason = backend.unavailable()
+    if reason:
+        pytest.skip(f"bwrap backend unavailable: {reason}")
+    return backend
+
+
+@pytest.fixture(scope="session")
+def process():
+    return make_backend("process")
+
+
+@pytest.fixture(scope="session")
+def cgroups():
+    support = _cgroup.detect()
+    if support.version is None:
+        pytest.skip(f"no writable cgroup tree: {support.reason}")
+    return support
+
+
+def alive_with(token: str) -> list[int]:
+    """Pids whose command line contains token."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(int(entry.name))
+            except OSError:
+                pass
+    return found

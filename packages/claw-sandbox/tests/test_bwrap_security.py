@@ -1,0 +1,127 @@
+"""What the bwrap sandbox keeps out: host writes, the host's home, other jobs, the network."""
+
+import http.server
+import os
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import job, py
+
+from claw_sandbox import run_jobs
+
+
+def _one(bwrap, row, tmp_path):
+    (run,) = run_jobs([row], backend=bwrap, workdir=tmp_path / "w")
+    return run
+
+
+def test_writing_outside_the_workspace_fails(bwrap, tmp_path):
+    """The host root is read-only; /tmp is the job's own; the host's /tmp is untouched."""
+    target = tmp_path / f"outside-{uuid.uuid4().hex}"
+    code = (
+        "import os\n"
+        f"for p in ['/usr/claw-x', '/etc/claw-x', {str(target)!r}, '/claw-x']:\n"
+        "    try:\n"
+        "        open(p, 'w').write('x'); print('WROTE', p)\n"
+        "    except OSError as e:\n"
+        "        print('denied', p, e.errno)\n"
+        "open('/workspace/ok', 'w').write('y'); open('/tmp/ok', 'w').write('z'); print('inside ok')\n"
+    )
+    run = _one(bwrap, job("w", command=py(code)), tmp_path)
+    assert run["exit_code"] == 0, run
+    assert "WROTE" not in run["stdout_tail"] and "inside ok" in run["stdout_tail"]
+    assert not target.exists()
+
+
+def test_host_home_and_secrets_are_not_readable(bwrap, tmp_path):
+    """The host's home is an empty directory inside; root-only files are unreadable (other uid)."""
+    marker = Path.home() / f".claw-sandbox-test-{uuid.uuid4().hex}"
+    marker.write_text("host home secret")
+    try:
+        cmd = f"cat {marker} 2>&1; ls -A {Path.home()} | wc -l; id -u; cat /etc/shadow >/dev/null 2>&1 && echo SHADOW"
+        run = _one(bwrap, job("h", command=cmd), tmp_path)
+    finally:
+        marker.unlink()
+    assert "host home secret" not in run["stdout_tail"]
+    out = run["stdout_tail"].splitlines()
+    assert "No such file" in out[0]
+    if os.geteuid() == 0:
+        assert out[2] != "0" and "SHADOW" not in run["stdout_tail"]
+
+
+def test_other_jobs_workspaces_are_invisible(bwrap, tmp_path):
+    """A job cannot find another running job's files, neither in /tmp nor under the work dir."""
+    secret = f"secret-{uuid.uuid4().hex}"
+    workdir = tmp_path / "w"
+    writer = job("writer", command=f"echo {secret} > s.txt; echo {secret} > /tmp/s.txt; sleep 2")
+    reader = job("reader", command=f"sleep 0.5; grep -rs {secret} /tmp {workdir} /workspace; ls -A {workdir} 2>&1; true")
+    runs = {r["job_id"]: r for r in run_jobs([writer, reader], backend=bwrap, parallel=2, workdir=workdir)}
+    assert runs["reader"]["status"] == "ok"
+    assert secret not in runs["reader"]["stdout_tail"]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"hello from {self.server.server_port}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def servers():
+    """Two HTTP servers on the host's loopback: the proxy and something else."""
+    made = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello) for _ in range(2)]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in made]
+    for t in threads:
+        t.start()
+    yield [s.server_port for s in made]
+    for s in made:
+        s.shutdown()
+        s.server_close()
+
+
+PROBE = """
+import sys, urllib.request
+for url in sys.argv[1:]:
+    try:
+        print(url, 'OK', urllib.request.urlopen(url, timeout=2).read().decode())
+    except Exception as e:
+        print(url, 'FAIL', type(e).__name__)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_network_proxy_reaches_only_the_proxy(bwrap, tmp_path, servers):
+    """With policy proxy the proxy answers on 127.0.0.1:PORT; other ports and outside do not."""
+    proxy_port, other_port = servers
+    inner = _free_port()
+    urls = [f"http://127.0.0.1:{inner}/", f"http://127.0.0.1:{other_port}/",
+            f"http://127.0.0.1:{proxy_port}/", "http://10.0.0.1/", "http://1.1.1.1/"]  # fmt: skip
+    network = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{proxy_port}", "port": inner}
+    run = _one(bwrap, job("net", command=py(PROBE) + urls, network=network, env={"X": "1"}), tmp_path)
+    lines = dict(line.split(" ", 1) for line in run["stdout_tail"].splitlines())
+    assert lines[urls[0]] == f"OK hello from {proxy_port}", run
+    for url in urls[1:]:
+        assert lines[url].startswith("FAIL"), (url, lines[url])
+
+
+def test_network_none_and_host(bwrap, tmp_path, servers):
+    """Policy none reaches nothing, not even the host's loopback; policy host reaches it."""
+    url = f"http://127.0.0.1:{servers[0]}/"
+    none = _one(bwrap, job("n", command=py(PROBE) + [url]), tmp_path)
+    assert "FAIL" in none["stdout_tail"]
+    host = _one(bwrap, job("h", command=py(PROBE) + [url], network={"policy": "host"}), tmp_path)
+    assert f"OK hello from {servers[0]}" in host["stdout_tail"]

@@ -1,0 +1,109 @@
+"""The job lifecycle on every local backend: workspace, setup, command, verify, collect, cleanup."""
+
+import os
+import uuid
+
+import pytest
+from conftest import alive_with, job, py
+
+from claw_sandbox import run_jobs
+
+
+@pytest.fixture(params=["bwrap", "process"])
+def backend(request):
+    return request.getfixturevalue(request.param)
+
+
+def _one(backend, row, tmp_path):
+    (run,) = run_jobs([row], backend=backend, workdir=tmp_path / "w")
+    return run
+
+
+def test_full_lifecycle_with_reward_file_and_collect(backend, tmp_path):
+    """Setup then command then verify see one workspace; reward file and globs come back."""
+    row = job(
+        "life",
+        workspace={"files": {"task.txt": "2 3\n"}},
+        setup=["mkdir -p out", ["sh", "-c", "echo setup > out/setup.txt"]],
+        command="read a b < task.txt; echo $((a*b)) > out/answer.txt; echo done; echo warn >&2",
+        verify={
+            "command": "test \"$(cat out/answer.txt)\" = 6 && echo '{\"answer\": 1, \"style\": 0.5}' > .v/reward",
+            "files": {".v/keep": "x"},
+            "reward_file": ".v/reward",
+        },
+        collect=["out/*.txt"],
+        meta={"task": "mul"},
+    )
+    run = _one(backend, row, tmp_path)
+    assert run["status"] == "ok" and run["exit_code"] == 0, run
+    assert run["stdout_tail"] == "done\n" and run["stderr_tail"] == "warn\n"
+    assert run["verify"]["passed"] and run["verify"]["reward"] == 0.75
+    assert run["verify"]["details"] == {"answer": 1.0, "style": 0.5}
+    assert run["collected"] == {"out/answer.txt": "6\n", "out/setup.txt": "setup\n"}
+    assert run["meta"] == {"task": "mul"} and run["backend"] == backend.name
+    assert not (tmp_path / "w").exists() or os.listdir(tmp_path / "w") == []
+
+
+def test_verify_files_are_hidden_from_the_command(backend, tmp_path):
+    """The command cannot see the verifier's files; the verifier can; no reward file -> exit code."""
+    row = job(
+        "hidden",
+        command="ls -a; test ! -e .verify",
+        verify={"command": "test -f .verify/check.sh && exit 3", "files": {".verify/check.sh": "exit 0"}},
+    )
+    run = _one(backend, row, tmp_path)
+    assert run["exit_code"] == 0, run
+    assert run["verify"] == {**run["verify"], "exit_code": 3, "passed": False, "reward": 0.0}
+
+
+def test_failing_setup_and_failing_command(backend, tmp_path):
+    """A failing setup step is a job error; a failing command is status ok with its exit code."""
+    bad = _one(backend, job("s", setup=["echo nope >&2; exit 4"], command="true"), tmp_path)
+    assert bad["status"] == "error" and bad["error"] == "setup step 1 exited with 4: nope"
+    failed = _one(backend, job("c", command="exit 7", verify={"command": "true"}), tmp_path)
+    assert failed["status"] == "ok" and failed["exit_code"] == 7 and failed["verify"]["passed"]
+
+
+def test_timeout_kills_the_whole_tree_including_daemons(backend, tmp_path):
+    """A job that forks, daemonizes (setsid, double fork) and hangs is killed entirely."""
+    token = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
+    command = f"(setsid sleep {token} &); (nohup sh -c 'sleep {token}' >/dev/null 2>&1 &); sleep {token}"
+    run = _one(backend, job("t", command=command, timeout_s=1, verify={"command": "true"}), tmp_path)
+    assert run["status"] == "timeout" and run["exit_code"] is None
+    assert run["verify"]["passed"], "verify still judges the final state after a timeout"
+    assert alive_with(f"sleep {token}") == []
+
+
+def test_daemon_left_by_a_finished_command_is_killed(backend, tmp_path):
+    """When the command exits normally, anything it left running is killed too."""
+    token = f"{uuid.uuid4().int % 10**6}.5"
+    run = _one(backend, job("d", command=f"(setsid sleep {token} >/dev/null 2>&1 &); echo bye"), tmp_path)
+    assert run["status"] == "ok" and run["stdout_tail"] == "bye\n"
+    assert alive_with(f"sleep {token}") == []
+
+
+def test_output_tails_are_bounded(backend, tmp_path):
+    """limits.output_bytes keeps only the last bytes of each stream."""
+    run = _one(backend, job("o", command=py("print('x' * 10000 + 'END')"), limits={"output_bytes": 10}), tmp_path)
+    assert run["stdout_tail"] == "xxxxxxEND\n"
+
+
+def test_keep_failed_keeps_the_sandbox(backend, tmp_path):
+    """keep: failed leaves a failed job's directory for debugging, and only that one."""
+    runs = run_jobs(
+        [job("bad", command="echo x > f; exit 1", verify={"command": "false"}, keep="failed"),
+         job("good", command="true", keep="failed")],
+        backend=backend, workdir=tmp_path / "w",
+    )  # fmt: skip
+    assert {r["job_id"] for r in runs} == {"bad", "good"}
+    kept = os.listdir(tmp_path / "w")
+    assert len(kept) == 1 and kept[0].startswith("bad-")
+    assert (tmp_path / "w" / kept[0] / "ws" / "f").read_text() == "x\n"
+
+
+def test_env_is_clean_and_job_env_is_set(backend, tmp_path, monkeypatch):
+    """The runner's environment does not leak; the job's env and CLAW_* variables are set."""
+    monkeypatch.setenv("RUNNER_SECRET", "s3cret")
+    run = _one(backend, job("e", command="env", env={"MY_VAR": "v"}), tmp_path)
+    assert "s3cret" not in run["stdout_tail"]
+    assert "MY_VAR=v" in run["stdout_tail"] and "CLAW_JOB_ID=e" in run["stdout_tail"]
