@@ -1,0 +1,208 @@
+"""Tree-packed samples: exact loss weights, advantages per token, budgets, PPO values, schema."""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import call, corpora, flat_gae, outcome, prefix_keys
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from claw_tree import (
+    BudgetError,
+    ValuesError,
+    build_forest,
+    build_samples,
+    gae_for_samples,
+    group_relative_advantages,
+    make_samples,
+)
+
+FORMATS = Path(__file__).resolve().parents[3] / "formats"
+
+
+def _flat_trajectories(calls):
+    """Reference trajectories without a tree: per session, every distinct call sequence that is
+    not a strict prefix of another one; per token its (session, prefix) key and trainable flag."""
+    unique = {c["call_id"]: c for c in calls}
+    by_session = {}
+    for c in unique.values():
+        seq = tuple(c["prompt_ids"] + c["completion_ids"])
+        if seq:
+            by_session.setdefault(c["session"], set()).add(seq)
+    gen = set()
+    for c in unique.values():
+        if c.get("trainable", True):
+            seq = c["prompt_ids"] + c["completion_ids"]
+            for k in range(len(c["prompt_ids"]), len(seq)):
+                gen.add((c["session"], tuple(seq[: k + 1])))
+    out = {}
+    for s, seqs in by_session.items():
+        leaves = [q for q in seqs if not any(len(o) > len(q) and o[: len(q)] == q for o in seqs)]
+        out[s] = [[((s, q[: k + 1]), (s, q[: k + 1]) in gen) for k in range(len(q))] for q in sorted(leaves)]
+    return out
+
+
+def _random_loss(keys):
+    rng = random.Random(hash(tuple(sorted(keys))) & 0xFFFF)
+    return {k: rng.uniform(-2, 2) for k in sorted(keys)}
+
+
+def _packed_loss(samples, loss):
+    total = 0.0
+    for s in samples:
+        keys = prefix_keys(s["input_ids"], s["parent"])
+        for i, key in enumerate(keys):
+            total += s["loss_weights"][i] * loss[(s["sessions"][s["session_index"][i]], key)]
+    return total
+
+
+@settings(max_examples=120, deadline=None)
+@given(corpora(), st.sampled_from(["rollout", "path"]), st.sampled_from([None, 3, 8, 50]))
+def test_packed_loss_equals_flat_per_trajectory_mean(data, weighting, budget):
+    """sum_i w_i l_i over the batch equals the (rollout- or path-) weighted mean over trajectories
+    of each trajectory's mean trainable-token loss, for any token budget."""
+    calls, outcomes = data
+    flat = _flat_trajectories(calls)
+    per_session = {s: [p for p in paths if any(g for _, g in p)] for s, paths in flat.items()}
+    per_session = {s: p for s, p in per_session.items() if p}
+    longest = max((len(p) for paths in per_session.values() for p in paths), default=0)
+    if budget is not None and longest > budget:
+        with pytest.raises(BudgetError):
+            build_samples(build_forest(calls), outcomes, path_weighting=weighting, max_tokens=budget)
+        return
+    batch = build_samples(build_forest(calls), outcomes, path_weighting=weighting, max_tokens=budget)
+    keys = {k for paths in flat.values() for p in paths for k, _ in p}
+    loss = _random_loss(keys)
+    n_paths = sum(len(p) for p in per_session.values())
+    want = 0.0
+    for paths in per_session.values():
+        for p in paths:
+            W = 1 / n_paths if weighting == "path" else 1 / (len(per_session) * len(paths))
+            trained = [loss[k] for k, g in p if g]
+            want += W * sum(trained) / len(trained)
+    assert _packed_loss(batch.samples, loss) == pytest.approx(want, abs=1e-9)
+    assert batch.trajectories == n_paths
+    for s in batch.samples:
+        assert len(s["input_ids"]) <= (budget or 10**9)
+        keys_s = prefix_keys(s["input_ids"], s["parent"])
+        tagged = [(s["sessions"][s["session_index"][i]], k) for i, k in enumerate(keys_s)]
+        assert len(set(tagged)) == len(tagged), "a node appears twice in one sample"
+        assert all(p < i for i, p in enumerate(s["parent"]))
+        assert s["position_ids"] == [len(k) - 1 for k in keys_s]
+
+
+@settings(max_examples=80, deadline=None)
+@given(corpora(), st.sampled_from(["grpo", "rloo", "reinforce"]))
+def test_token_advantages_are_the_rollout_advantage(data, algo):
+    """Outcome algorithms give every trainable token its rollout's advantage, context 0; GRPO
+    statistics take one vote per rollout whatever its number of paths."""
+    calls, outcomes = data
+    samples = make_samples(build_forest(calls), outcomes, algo=algo)
+    rewards = {o["session"]: o["reward"] for o in outcomes}
+    groups = {o["session"]: o["group"] for o in outcomes}
+    names = sorted(rewards)
+    r = np.array([rewards[s] for s in names])
+    if algo == "grpo":
+        ref = dict(zip(names, group_relative_advantages(r, np.array([groups[s] for s in names])), strict=True))
+    elif algo == "rloo":
+        ref = {}
+        for s in names:
+            others = [rewards[o] for o in names if o != s and groups[o] == groups[s]]
+            ref[s] = rewards[s] - sum(others) / len(others) if others else 0.0
+    else:
+        ref = rewards
+    for s in samples:
+        for i, t in enumerate(s["trainable"]):
+            want = ref[s["sessions"][s["session_index"][i]]] if t else 0.0
+            assert s["advantages"][i] == pytest.approx(want)
+
+
+def test_single_chain_equals_plain_grpo():
+    """One chain per rollout: token advantages are plain GRPO, weights 1/(R * n_trainable)."""
+    calls, outcomes = [], []
+    for k, reward in enumerate([1.0, 0.0, 0.0, 1.0]):
+        calls += [call(f"s{k}", 0, [1, 2], [3 + k, 4]), call(f"s{k}", 1, [1, 2, 3 + k, 4, 9], [5])]
+        outcomes.append(outcome(f"s{k}", reward))
+    samples = make_samples(build_forest(calls), outcomes)
+    assert [s["advantages"][-1] for s in samples] == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    for s in samples:
+        assert s["n_paths"] == 1
+        assert s["loss_weights"] == pytest.approx([0, 0, 1 / 12, 1 / 12, 0, 1 / 12])
+
+
+def test_excluded_rollouts_are_reported_not_trained():
+    """infra_error / not_scorable / missing outcomes are left out of groups and samples, with reasons."""
+    calls = [call(s, 0, [1], [2]) for s in ("ok1", "ok2", "infra", "noscore", "orphan")]
+    outcomes = [outcome("ok1", 1.0), outcome("ok2", 0.0), outcome("infra", 0, status="infra_error"),
+                outcome("noscore", 0, status="not_scorable"), outcome("nocalls", 1.0)]
+    batch = build_samples(build_forest(calls), outcomes)
+    assert [s["sessions"] for s in batch.samples] == [["ok1"], ["ok2"]]
+    assert batch.excluded == {"infra": "status infra_error", "noscore": "status not_scorable",
+                              "orphan": "no outcome", "nocalls": "no calls"}
+    assert batch.rollouts == 3  # ok1, ok2 and nocalls vote in the group statistics
+    assert "excluded sessions" in batch.summary()
+
+
+def test_ppo_values_roundtrip_and_match_per_path_gae():
+    """PPO: values aligned to this batch's samples give GAE that matches the per-path loop
+    on a branching session (both branches share the bootstrap through the mean)."""
+    calls = [call("s", 0, [1, 2], [3, 4]), call("s", 1, [1, 2, 3, 4, 5], [6, 7]),
+             call("s", 2, [1, 2, 3, 4, 8], [9])]
+    forest = build_forest(calls)
+    first = build_samples(forest, [outcome("s", 1.0)], algo="ppo")
+    sample = first.samples[0]
+    values = {sample["sample_id"]: [0.1 * i for i in range(len(sample["input_ids"]))]}
+    batch = build_samples(forest, [outcome("s", 1.0)], algo="ppo", values=values, gamma=0.9, lam=0.8)
+    got = batch.samples[0]
+    V = np.array(values[sample["sample_id"]])
+    act = np.array(got["trainable"], dtype=bool)
+    r = np.array(got["rewards"])
+    parent = got["parent"]
+    kids = {i: [j for j, p in enumerate(parent) if p == i] for i in range(len(parent))}
+
+    def leaves_below(v, prob):
+        if not kids[v]:
+            yield v, prob
+        for c in kids[v]:
+            yield from leaves_below(c, prob / len(kids[v]))
+
+    def path_to(v):
+        return path_to(parent[v]) + [v] if v >= 0 else []
+
+    want = np.zeros(len(parent))
+    for v in np.flatnonzero(act):
+        for leaf, prob in leaves_below(v, 1.0):
+            path = path_to(leaf)
+            want[v] += prob * flat_gae(act[path], V[path], r[path], 0.9, 0.8)[path.index(v)]
+    assert len([v for v in kids if len(kids[v]) > 1]) == 1
+    assert np.allclose(got["advantages"], want)
+    assert np.allclose(got["returns"], np.where(act, want + V, 0.0))
+    again = gae_for_samples(first.samples, values, gamma=0.9, lam=0.8)
+    assert np.allclose(again[0]["advantages"], got["advantages"])
+
+
+def test_values_that_do_not_match_are_rejected():
+    """Values for unknown samples or of the wrong length name the sample."""
+    forest = build_forest([call("s", 0, [1], [2])])
+    with pytest.raises(ValuesError, match="unknown"):
+        build_samples(forest, [outcome("s", 1.0)], algo="ppo", values={"ppo-0": [0, 0], "x": [1]})
+    with pytest.raises(ValuesError, match="ppo-0"):
+        build_samples(forest, [outcome("s", 1.0)], algo="ppo", values={"ppo-0": [0.0]})
+
+
+def test_samples_validate_against_the_schema():
+    """Every emitted sample satisfies formats/claw.sample.v1.schema.json."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_path = FORMATS / "claw.sample.v1.schema.json"
+    if not schema_path.exists():
+        pytest.skip("formats/ not next to this package")
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
+    calls = [call("a", 0, [1, 2], [3]), call("a", 1, [1, 2, 3, 4], [5]), call("a", 2, [1, 7], [8]),
+             call("b", 0, [1, 2], [6])]
+    outcomes = [outcome("a", 1.0), outcome("b", 0.0)]
+    for algo in ("grpo", "ppo", "rloo", "reinforce"):
+        for s in make_samples(build_forest(calls), outcomes, algo=algo, max_tokens=9):
+            assert list(validator.iter_errors(json.loads(json.dumps(s)))) == []
