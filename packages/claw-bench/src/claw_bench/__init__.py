@@ -1,8 +1,25 @@
-"""claw-bench: see the package README."""
+"""claw-bench: tasks, harness adapters as data, job planning, scoring and Pass@k reports."""
 
 from importlib.metadata import version as _version
 
-from claw_bench.errors import ClawError
+from claw_bench.check import check_task, parse_reward
+from claw_bench.errors import ClawError, HarnessError, PlanError, RecordError, TaskError
+from claw_bench.harbor import load_harbor_task
+from claw_bench.harnesses import Harness, list_harnesses, load_harness
+from claw_bench.passk import pass_at_k, pass_at_k_brute
+from claw_bench.plan import plan_jobs
+from claw_bench.records import read_records, write_records
+from claw_bench.report import compare, plot_report, render_text, report
+from claw_bench.score import score_run, score_runs
+from claw_bench.suites import Suite, builtin_suites, load_suite
+from claw_bench.tasks import Task, load_task
+from claw_bench.token import mint_token, verify_token
 
 __version__ = _version("claw-bench")
-__all__ = ["ClawError", "__version__"]
+__all__ = [
+    "ClawError", "Harness", "HarnessError", "PlanError", "RecordError", "Suite", "Task", "TaskError",
+    "__version__", "builtin_suites", "check_task", "compare", "list_harnesses", "load_harbor_task",
+    "load_harness", "load_suite", "load_task", "mint_token", "parse_reward", "pass_at_k", "pass_at_k_brute",
+    "plan_jobs", "plot_report", "read_records", "render_text", "report", "score_run", "score_runs",
+    "verify_token", "write_records",
+]

@@ -1,11 +1,188 @@
 """The `claw-bench` command line: a thin click group over the library."""
 
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
 import click
 
 from claw_bench import __version__
+from claw_bench.check import check_task
+from claw_bench.errors import ClawError
+from claw_bench.harnesses import list_harnesses, load_harness
+from claw_bench.plan import GROUP_BY, plan_jobs
+from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
+from claw_bench.report import compare, plot_report, render_compare, render_text, report
+from claw_bench.score import score_run
+from claw_bench.suites import builtin_suites, load_suite
+from claw_bench.token import read_secret
+
+
+def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ClawError as exc:
+            raise click.ClickException(f"{exc}\nHint: see `claw-bench {fn.__name__.rstrip('_')} --help`.") from exc
+    return wrapper
+
+
+def _log(msg: str) -> None:
+    click.echo(msg, err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="claw-bench")
 def main() -> None:
-    """claw-bench: see `claw-bench COMMAND --help`."""
+    """claw-bench: tasks, harness adapters, job planning, scoring and Pass@k reports.
+
+    See `claw-bench COMMAND --help`.
+    """
+
+
+@main.command()
+@click.option("--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
+@_errors
+def tasks(suite: str, as_json: bool) -> None:
+    """List the tasks of a suite (built-in suites are listed at the end).
+
+    Example: claw-bench tasks --suite claw-mini
+    """
+    s = load_suite(suite)
+    for t in s.tasks:
+        if as_json:
+            click.echo(dumps(t.to_dict()))
+        else:
+            click.echo(f"{t.id:32} {t.difficulty or '-':7} {','.join(t.tags)}")
+    if not as_json:
+        _log(f"{len(s.tasks)} tasks in {s.name}; built-in suites: {', '.join(builtin_suites())}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per harness instead of a table")
+@_errors
+def harnesses(as_json: bool) -> None:
+    """List harness adapters (built-in and from $CLAW_BENCH_HARNESSES) and whether each is installed.
+
+    Example: claw-bench harnesses
+    """
+    for h in list_harnesses():
+        if as_json:
+            click.echo(dumps(h.to_dict()))
+        else:
+            state = "installed" if h.installed() else f"not installed (needs {', '.join(h.requires)})"
+            click.echo(f"{h.name:22} {h.api:10} {state}")
+
+
+@main.command()
+@click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
+@click.option("--harness", "-H", "harness_names", multiple=True, required=True, help="adapter name or .toml path (repeatable)")
+@click.option("-n", "samples", type=int, default=1, show_default=True, help="samples per (task, harness)")
+@click.option("--proxy", "proxy_url", required=True, help="proxy base URL, e.g. http://127.0.0.1:8000")
+@click.option("--proxy-secret-file", required=True, type=click.Path(dir_okay=False), help="HMAC secret shared with the proxy")
+@click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
+@click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags")
+@click.option("--run-id", help="prefix of session ids (default: random)")
+@click.option("--model", help="model name the harnesses ask for (default: each adapter's)")
+@click.option("--install", is_flag=True, help="install the harness in each job's setup")
+@click.option("--group-by", type=click.Choice(GROUP_BY), default="task", show_default=True)
+@click.option("--output", "-o", default="-", show_default=True, help="jobs JSONL file")
+@_errors
+def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: str, proxy_secret_file: str,
+         task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
+         install: bool, group_by: str, output: str) -> None:
+    """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
+
+    Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
+    --proxy http://127.0.0.1:8000 --proxy-secret-file secret.txt | claw-sandbox run > runs.jsonl
+    """
+    s = load_suite(suite).select(list(task_ids) or None, list(tags) or None)
+    hs = [load_harness(h) for h in harness_names]
+    for h in hs:
+        if not h.installed() and not install:
+            _log(f"warning: harness {h.name} is not installed here (needs {', '.join(h.requires)}); "
+                 "pass --install to install it in each job")
+    jobs = plan_jobs(list(s.tasks), hs, samples=samples, proxy_url=proxy_url, secret=read_secret(proxy_secret_file),
+                     run_id=run_id, model=model, install=install, group_by=group_by)
+    n = write_records(output, jobs)
+    _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} samples")
+
+
+@main.command()
+@click.argument("runs", default="-")
+@click.option("--threshold", type=click.FloatRange(0, 1), help="passed = reward >= THRESHOLD (default: verifier exit code, or the task's pass_threshold)")
+@click.option("--output", "-o", default="-", show_default=True, help="outcomes JSONL file")
+@_errors
+def score(runs: str, threshold: float | None, output: str) -> None:
+    """Score claw.run/v1 records into claw.outcome/v1 records (infra errors stay infra_error).
+
+    Example: claw-sandbox run jobs.jsonl | claw-bench score > outcomes.jsonl
+    """
+    def gen():
+        for i, r in enumerate(iter_records(runs, RUN), start=1):
+            yield score_run(r, threshold=threshold, where=f"{'<stdin>' if runs == '-' else runs}:{i}")
+    outs = list(gen())
+    write_records(output, outs)
+    ok = sum(o["status"] == "ok" for o in outs)
+    _log(f"scored {len(outs)} runs: {sum(bool(o['passed']) for o in outs)} passed, {ok} scored, {len(outs) - ok} infra errors")
+
+
+@main.command(name="report")
+@click.argument("outcomes", default="-")
+@click.option("-k", "ks", type=int, multiple=True, help="k values (default: 1 and the largest sample count)")
+@click.option("--compare", "other", type=click.Path(dir_okay=False), help="baseline outcomes (before), shown side by side")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="also draw the report to FILE.png (needs claw-bench[plot])")
+@click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
+@click.option("--no-tasks", is_flag=True, help="leave out the per-task table")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
+@click.option("--rounds", type=click.IntRange(100, 100000), default=2000, show_default=True, help="bootstrap rounds")
+@click.option("--seed", type=int, default=0, show_default=True)
+@_errors
+def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: str | None, as_json: bool,
+            no_tasks: bool, confidence: float, rounds: int, seed: int) -> None:
+    """Pass@1 and unbiased Pass@k per harness and per task, with bootstrap confidence intervals.
+
+    Example: claw-bench report outcomes.jsonl -k 1 -k 4 --compare baseline.jsonl --plot passk.png
+    """
+    opts = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
+    rep = report(read_records(outcomes, OUTCOME), **opts)
+    base = None
+    if other:
+        base = report(read_records(other, OUTCOME), **{**opts, "ks": rep["ks"]})
+        cmp = compare(base, rep)
+        click.echo(json.dumps(cmp) if as_json else render_compare(cmp, per_task=not no_tasks), nl=as_json)
+    else:
+        click.echo(json.dumps(rep) if as_json else render_text(rep, per_task=not no_tasks), nl=as_json)
+    if plot_path:
+        plot_report(rep, plot_path, other=base)
+        _log(f"wrote {plot_path}")
+
+
+@main.command()
+@click.option("--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory")
+@click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
+@_errors
+def check(suite: str, task_ids: tuple[str, ...]) -> None:
+    """Prove tasks sound: the untouched workspace fails and the reference solution passes.
+
+    Prints one JSON line per (task, mode); exits 1 when any task is unsound.
+    Example: claw-bench check --suite claw-mini --task csv-dedupe-contacts
+    """
+    s = load_suite(suite).select(list(task_ids) or None)
+    bad = []
+    for t in s.tasks:
+        for mode in ("untouched", "solution") if t.solution else ("untouched",):
+            r = check_task(t, mode)
+            click.echo(dumps({k: v for k, v in r.items() if k != "output"}))
+            if r["passed"] != (mode == "solution"):
+                bad.append(f"{t.id} ({mode}: passed={r['passed']}): {r['output'][-500:]}")
+    if bad:
+        _log("unsound tasks:\n" + "\n".join(bad))
+        sys.exit(1)
+    _log(f"{len(s.tasks)} tasks sound")

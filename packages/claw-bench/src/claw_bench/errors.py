@@ -3,3 +3,19 @@
 
 class ClawError(Exception):
     """Base class of every error this package raises on purpose."""
+
+
+class TaskError(ClawError):
+    """A task directory or suite is malformed (names the task, file and field)."""
+
+
+class HarnessError(ClawError):
+    """A harness adapter TOML is malformed or unknown (names the file and field)."""
+
+
+class RecordError(ClawError):
+    """A JSONL record is malformed (names the file, line and field)."""
+
+
+class PlanError(ClawError):
+    """Planning jobs failed: bad proxy URL, missing secret, no tasks selected."""

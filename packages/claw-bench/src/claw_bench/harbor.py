@@ -1,0 +1,93 @@
+"""Importer for Harbor / Terminal-Bench task directories (instruction.md, task.toml, tests/).
+
+A Harbor task::
+
+    my-task/
+      instruction.md          the instruction
+      task.toml               [metadata] free-form; [agent] timeout_sec; [verifier] timeout_sec;
+                              [environment] docker_image, ...
+      environment/Dockerfile  the image the task runs in (build it yourself, or set docker_image)
+      tests/test.sh           the verifier, run after the agent; writes /logs/verifier/reward.txt
+      solution/solve.sh       optional reference ("oracle") solution
+
+Harbor runs tests from ``/tests`` and reads the reward from ``/logs/verifier/reward.txt``.
+Sandboxes here place hidden files inside the workspace, so the importer runs the tests from
+``.claw_verify/tests`` and points those two absolute paths there: occurrences of ``/tests/``
+and ``/logs/verifier/`` in the test files are rewritten to workspace-relative paths.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from claw_bench.errors import TaskError
+from claw_bench.tasks import VERIFY_DIR, Script, Task, read_text_tree
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def is_harbor_task(path: Path) -> bool:
+    """True when ``path`` looks like a Harbor / Terminal-Bench task directory."""
+    return (path / "instruction.md").is_file() and (path / "tests").is_dir()
+
+
+def _rewrite(text: str) -> str:
+    return (text.replace("/logs/verifier/", f"{VERIFY_DIR}/logs/verifier/")
+            .replace("/tests/", f"{VERIFY_DIR}/tests/"))
+
+
+def load_harbor_task(task_dir: str | Path) -> Task:
+    """Load one Harbor / Terminal-Bench task directory into a Task (errors name the file)."""
+    task_dir = Path(task_dir)
+    name = _SAFE.sub("-", task_dir.name).strip("-.") or "task"
+    ipath = task_dir / "instruction.md"
+    if not ipath.is_file():
+        raise TaskError(f"{task_dir}: not a Harbor task (no instruction.md)")
+    instruction = ipath.read_text(encoding="utf-8")
+    if not instruction.strip():
+        raise TaskError(f"{ipath}: instruction is empty")
+    meta: dict = {}
+    tpath = task_dir / "task.toml"
+    if tpath.is_file():
+        try:
+            meta = tomllib.loads(tpath.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
+    test_sh = task_dir / "tests" / "test.sh"
+    if not test_sh.is_file():
+        raise TaskError(f"{task_dir}: missing verifier: expected tests/test.sh")
+    tests = read_text_tree(task_dir / "tests", what=f"task {name}")
+    hidden = {f"tests/{k}": _rewrite(v) for k, v in tests.items() if k != "test.sh"}
+    hidden["logs/verifier/.keep"] = ""
+    verify = Script(name="tests/test.sh", text=_rewrite(tests["test.sh"]), interpreter="bash")
+
+    def _timeout(table: str, default: float) -> float:
+        v = meta.get(table, {}).get("timeout_sec", default) if isinstance(meta.get(table), dict) else default
+        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+            raise TaskError(f"{tpath}: field [{table}] timeout_sec must be a positive number, got {v!r}")
+        return float(v)
+
+    env = meta.get("environment", {}) if isinstance(meta.get("environment"), dict) else {}
+    md = meta.get("metadata", {}) if isinstance(meta.get("metadata"), dict) else {}
+    tags = md.get("tags", [])
+    solution = None
+    solve = task_dir / "solution" / "solve.sh"
+    if solve.is_file():
+        solution = Script(name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash")
+    difficulty = md.get("difficulty")
+    return Task(
+        id=name, instruction=instruction.strip() + "\n", timeout_s=_timeout("agent", 600.0),
+        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+        difficulty=difficulty if difficulty in ("easy", "medium", "hard") else None,
+        workspace={}, verify=verify, hidden=hidden, verify_timeout_s=_timeout("verifier", 120.0),
+        solution=solution, reward_file=harbor_reward_file(), image=env.get("docker_image") if isinstance(env.get("docker_image"), str) else None,
+        source="harbor", path=str(task_dir),
+        meta={"dockerfile": str(task_dir / "environment" / "Dockerfile")} if (task_dir / "environment" / "Dockerfile").is_file() else {},
+    )
+
+
+def harbor_reward_file() -> str:
+    """Where an imported Harbor task's verifier writes its reward (workspace-relative)."""
+    return f"{VERIFY_DIR}/logs/verifier/reward.txt"

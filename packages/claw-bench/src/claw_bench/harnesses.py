@@ -1,0 +1,191 @@
+"""Harness adapters as data: one TOML file per harness says how to run it against the proxy.
+
+Fields of an adapter (all strings may use the ``{{placeholders}}`` listed in PLACEHOLDERS)::
+
+    name = "claude-code"                 # defaults to the file name
+    description = "..."
+    api = "anthropic"                    # chat | anthropic | responses (what it speaks)
+    requires = ["claude"]                # executables that must be on PATH ("installed")
+    install = ["npm install -g ..."]     # commands that install it (job setup with --install)
+    instruction = "arg"                  # arg: {{instruction}} (shell-quoted) in `command`;
+                                         # file: {{instruction_file}} in `command`;
+                                         # stdin: the instruction file is fed on stdin
+    model = "claw-policy"                # model name the harness asks the proxy for
+    command = "claude -p {{instruction}} ..."
+    [env]                                # environment of the harness
+    ANTHROPIC_BASE_URL = "{{base_url}}"
+    [files]                              # config files written into the workspace first
+    ".claw_harness/cfg.json" = "..."
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from claw_bench.errors import HarnessError
+
+APIS = ("chat", "anthropic", "responses")
+INSTRUCTION_MODES = ("arg", "file", "stdin")
+HARNESS_DIR = ".claw_harness"
+INSTRUCTION_FILE = f"{HARNESS_DIR}/instruction.md"
+PLACEHOLDERS = {
+    "base_url": "proxy base URL inside the sandbox, no /v1 (http://127.0.0.1:PORT)",
+    "port": "loopback port of the proxy inside the sandbox",
+    "token": "the session token (API key)",
+    "model": "the adapter's model name (or plan --model)",
+    "instruction": "the task instruction (shell-quoted inside `command`)",
+    "instruction_file": f"workspace-relative file holding the instruction ({INSTRUCTION_FILE})",
+    "python": "the planning machine's Python interpreter (sys.executable)",
+    "session": "the session id",
+    "task": "the task id",
+    "harness": "the harness name",
+}
+_PH = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
+_KEYS = {"name", "description", "api", "requires", "install", "instruction", "model", "command", "env", "files"}
+HARNESS_PATH_ENV = "CLAW_BENCH_HARNESSES"
+
+
+@attrs.frozen(kw_only=True)
+class Harness:
+    """A harness adapter loaded from TOML."""
+
+    name: str
+    api: str
+    command: str
+    description: str = ""
+    requires: tuple[str, ...] = ()
+    install: tuple[str, ...] = ()
+    instruction: str = "arg"
+    model: str = "claw-policy"
+    env: dict[str, str] = attrs.field(factory=dict)
+    files: dict[str, str] = attrs.field(factory=dict)
+    path: str | None = None
+
+    def installed(self) -> bool:
+        """Whether every required executable is on PATH (always True when none is required)."""
+        return all(shutil.which(r) for r in self.requires)
+
+    def render(self, values: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
+        """(command, env, files) with placeholders filled; ``values`` holds every placeholder."""
+        plain = dict(values)
+        quoted = {**plain, "instruction": shlex.quote(plain["instruction"])}
+        command = _fill(self.command, quoted)
+        if self.instruction == "stdin":
+            command = f"{command} < {INSTRUCTION_FILE}"
+        env = {k: _fill(v, plain) for k, v in self.env.items()}
+        files = {_fill(k, plain): _fill(v, plain) for k, v in self.files.items()}
+        files[INSTRUCTION_FILE] = plain["instruction"]
+        return command, env, files
+
+    def to_dict(self) -> dict[str, Any]:
+        """Summary for `claw-bench harnesses --json`."""
+        return {"name": self.name, "api": self.api, "installed": self.installed(), "requires": list(self.requires),
+                "install": list(self.install), "instruction": self.instruction, "model": self.model,
+                "description": self.description, "path": self.path}
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    return _PH.sub(lambda m: values[m.group(1)], text)
+
+
+def _check_placeholders(text: str, where: str) -> None:
+    for m in _PH.finditer(text):
+        if m.group(1) not in PLACEHOLDERS:
+            raise HarnessError(f"{where}: unknown placeholder {{{{{m.group(1)}}}}}; known: {sorted(PLACEHOLDERS)}")
+
+
+def _str_list(meta: dict, key: str, where: str) -> tuple[str, ...]:
+    v = meta.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise HarnessError(f"{where}: field {key!r} must be a list of non-empty strings, got {v!r}")
+    return tuple(v)
+
+
+def _str_table(meta: dict, key: str, where: str) -> dict[str, str]:
+    v = meta.get(key, {})
+    if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+        raise HarnessError(f"{where}: table [{key}] must map names to strings")
+    for k, x in v.items():
+        _check_placeholders(k, f"{where} [{key}]")
+        _check_placeholders(x, f"{where} [{key}].{k}")
+    return dict(v)
+
+
+def load_harness_file(path: str | Path) -> Harness:
+    """Load and validate one adapter TOML; errors name the file and the field."""
+    path = Path(path)
+    where = str(path)
+    try:
+        meta = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise HarnessError(f"{where}: cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise HarnessError(f"{where}: invalid TOML: {exc}") from exc
+    unknown = set(meta) - _KEYS
+    if unknown:
+        raise HarnessError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    name = meta.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
+        raise HarnessError(f"{where}: field 'name' must be letters, digits, '-' or '_', got {name!r}")
+    api = meta.get("api")
+    if api not in APIS:
+        raise HarnessError(f"{where}: field 'api': unknown API {api!r}; expected one of {', '.join(APIS)}")
+    command = meta.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise HarnessError(f"{where}: field 'command' must be a non-empty string")
+    _check_placeholders(command, f"{where}: field 'command'")
+    mode = meta.get("instruction", "arg")
+    if mode not in INSTRUCTION_MODES:
+        raise HarnessError(f"{where}: field 'instruction' must be one of {INSTRUCTION_MODES}, got {mode!r}")
+    if mode == "arg" and "instruction" not in _PH.findall(command):
+        raise HarnessError(f"{where}: field 'command' must contain {{{{instruction}}}} when instruction = \"arg\"")
+    if mode == "file" and "instruction_file" not in _PH.findall(command):
+        raise HarnessError(f"{where}: field 'command' must contain {{{{instruction_file}}}} when instruction = \"file\"")
+    for key in ("description", "model"):
+        if key in meta and not isinstance(meta[key], str):
+            raise HarnessError(f"{where}: field {key!r} must be a string")
+    return Harness(
+        name=name, api=api, command=command.strip(), description=meta.get("description", ""),
+        requires=_str_list(meta, "requires", where), install=_str_list(meta, "install", where),
+        instruction=mode, model=meta.get("model", "claw-policy"), env=_str_table(meta, "env", where),
+        files=_str_table(meta, "files", where), path=str(path),
+    )
+
+
+def harness_dirs() -> list[Path]:
+    """Where adapters are looked up: $CLAW_BENCH_HARNESSES (os.pathsep-separated), then built-ins."""
+    extra = [Path(p) for p in os.environ.get(HARNESS_PATH_ENV, "").split(os.pathsep) if p]
+    return [*extra, Path(str(resources.files("claw_bench") / "harnesses"))]
+
+
+def load_harness(name_or_path: str | Path) -> Harness:
+    """Load an adapter by name (searched in harness_dirs()) or by the path of its TOML file."""
+    s = str(name_or_path)
+    if s.endswith(".toml") or os.sep in s:
+        return load_harness_file(s)
+    for d in harness_dirs():
+        p = d / f"{s}.toml"
+        if p.is_file():
+            return load_harness_file(p)
+    raise HarnessError(f"unknown harness {s!r}; known: {', '.join(h.name for h in list_harnesses())}")
+
+
+def list_harnesses() -> list[Harness]:
+    """Every adapter found in harness_dirs(); a name found twice is taken from the first dir."""
+    seen: dict[str, Harness] = {}
+    for d in harness_dirs():
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.toml")):
+            if p.stem not in seen:
+                seen[p.stem] = load_harness_file(p)
+    return sorted(seen.values(), key=lambda h: h.name)

@@ -1,0 +1,181 @@
+"""Reports over claw.outcome/v1: Pass@1 and Pass@k per harness and per task, with bootstrap CIs."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from claw_bench.errors import ClawError
+from claw_bench.passk import bootstrap_mean_ci, bootstrap_task_ci, pass_at_k
+
+
+def _cell(value: float, lo: float, hi: float) -> dict[str, float]:
+    return {"value": value, "lo": lo, "hi": hi}
+
+
+def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, confidence: float = 0.95,
+           rounds: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Pass@k per harness and per (harness, task), with percentile-bootstrap confidence intervals.
+
+    Scored outcomes (status ok) count; infra errors and unscorable ones are counted apart and
+    never as failures. Per harness, Pass@k is the mean over tasks of the unbiased per-task
+    estimate, over the tasks with at least k scored samples; its CI resamples tasks. Per task,
+    the CI resamples that task's samples. ``ks`` defaults to 1 and the largest sample count.
+    """
+    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    errors: dict[str, int] = defaultdict(int)
+    for o in outcomes:
+        if o.get("status") == "ok" and isinstance(o.get("passed"), bool):
+            by_pair[(o["harness"], o["task"])].append(o)
+        else:
+            errors[o["harness"]] += 1
+    if not by_pair and not errors:
+        raise ClawError("no outcomes to report")
+    nmax = max((len(v) for v in by_pair.values()), default=1)
+    ks = sorted(set(ks or ([1, nmax] if nmax > 1 else [1])))
+    if any(k < 1 for k in ks):
+        raise ClawError(f"k must be >= 1, got {ks}")
+    tasks_rows = []
+    per_h: dict[str, dict[str, Any]] = defaultdict(lambda: {"values": defaultdict(list), "rewards": [], "n": 0})
+    for (h, t), rows in sorted(by_pair.items()):
+        res = np.array([bool(r["passed"]) for r in rows], dtype=int)
+        rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
+        n, c = int(res.size), int(res.sum())
+        row: dict[str, Any] = {"harness": h, "task": t, "n": n, "passed": c,
+                               "mean_reward": float(np.mean(rewards)) if rewards else None}
+        for k in ks:
+            if k <= n:
+                v = pass_at_k(n, c, k)
+                row[f"pass@{k}"] = _cell(v, *bootstrap_task_ci(res, k, rounds=rounds, confidence=confidence, seed=seed))
+                per_h[h]["values"][k].append(v)
+        per_h[h]["rewards"].extend(rewards)
+        per_h[h]["n"] += n
+        tasks_rows.append(row)
+    harness_rows = []
+    for h in sorted(set(per_h) | set(errors)):
+        d = per_h[h]
+        hrow: dict[str, Any] = {"harness": h, "tasks": sum(1 for (hh, _) in by_pair if hh == h), "samples": d["n"],
+                                "infra_errors": errors.get(h, 0),
+                                "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None}
+        for k in ks:
+            vals = np.array(d["values"].get(k, []))
+            if vals.size:
+                hrow[f"pass@{k}"] = _cell(float(vals.mean()), *bootstrap_mean_ci(
+                    vals, rounds=rounds, confidence=confidence, seed=seed))
+                hrow[f"pass@{k}"]["tasks"] = int(vals.size)
+        harness_rows.append(hrow)
+    return {"ks": ks, "confidence": confidence, "rounds": rounds, "harnesses": harness_rows, "tasks": tasks_rows}
+
+
+def _fmt(cell: dict[str, float] | None) -> str:
+    if not cell:
+        return "-"
+    return f"{100 * cell['value']:5.1f} [{100 * cell['lo']:5.1f},{100 * cell['hi']:5.1f}]"
+
+
+def _fmt_r(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_text(rep: dict[str, Any], *, per_task: bool = True) -> str:
+    """The report as plain-text tables (percentages, CI in brackets)."""
+    ks = rep["ks"]
+    conf = int(round(100 * rep["confidence"]))
+    head = ["harness", "tasks", "samples", "infra_err", "reward", *[f"pass@{k} ({conf}% CI)" for k in ks]]
+    rows = [[h["harness"], str(h["tasks"]), str(h["samples"]), str(h["infra_errors"]), _fmt_r(h["mean_reward"]),
+             *[_fmt(h.get(f"pass@{k}")) for k in ks]] for h in rep["harnesses"]]
+    out = [_table(head, rows)]
+    if per_task and rep["tasks"]:
+        head = ["harness", "task", "n", "passed", "reward", *[f"pass@{k}" for k in ks]]
+        rows = [[t["harness"], t["task"], str(t["n"]), str(t["passed"]), _fmt_r(t["mean_reward"]),
+                 *[_fmt(t.get(f"pass@{k}")) for k in ks]] for t in rep["tasks"]]
+        out.append(_table(head, rows))
+    return "\n\n".join(out) + "\n"
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Two reports side by side: per harness and per task, each Pass@k before, after and delta."""
+    ks = [k for k in after["ks"] if k in before["ks"]]
+
+    def side(rows: list[dict], key: tuple[str, ...]) -> dict[tuple, dict]:
+        return {tuple(r[k] for k in key): r for r in rows}
+
+    out: dict[str, Any] = {"ks": ks, "harnesses": [], "tasks": []}
+    for name, key in (("harnesses", ("harness",)), ("tasks", ("harness", "task"))):
+        a, b = side(before[name], key), side(after[name], key)
+        for ident in sorted(set(a) | set(b)):
+            row: dict[str, Any] = dict(zip(key, ident, strict=True))
+            for k in ks:
+                x = (a.get(ident) or {}).get(f"pass@{k}")
+                y = (b.get(ident) or {}).get(f"pass@{k}")
+                row[f"pass@{k}"] = {"before": x, "after": y,
+                                    "delta": (y["value"] - x["value"]) if x and y else None}
+            ra, rb = (a.get(ident) or {}).get("mean_reward"), (b.get(ident) or {}).get("mean_reward")
+            row["mean_reward"] = {"before": ra, "after": rb, "delta": (rb - ra) if ra is not None and rb is not None else None}
+            out[name].append(row)
+    return out
+
+
+def render_compare(cmp: dict[str, Any], *, per_task: bool = True) -> str:
+    """A comparison as plain-text tables: before | after | delta (percentage points)."""
+    def cells(row: dict[str, Any]) -> list[str]:
+        out = []
+        for k in cmp["ks"]:
+            c = row[f"pass@{k}"]
+            d = c["delta"]
+            out += [_fmt(c["before"]), _fmt(c["after"]), "-" if d is None else f"{100 * d:+.1f}"]
+        r = row["mean_reward"]
+        return [*out, _fmt_r(r["before"]), _fmt_r(r["after"])]
+    cols = [h for k in cmp["ks"] for h in (f"pass@{k} before", f"pass@{k} after", "delta")] + ["reward before", "reward after"]
+    parts = [_table(["harness", *cols], [[r["harness"], *cells(r)] for r in cmp["harnesses"]])]
+    if per_task:
+        parts.append(_table(["harness", "task", *cols], [[r["harness"], r["task"], *cells(r)] for r in cmp["tasks"]]))
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_report(rep: dict[str, Any], path: str, *, other: dict[str, Any] | None = None,
+                labels: tuple[str, str] = ("before", "after")) -> None:
+    """Bar chart of Pass@k per harness with CI error bars; with ``other``, two bars (before, after).
+
+    Needs matplotlib (``pip install 'claw-bench[plot]'``).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ClawError("plotting needs matplotlib: pip install 'claw-bench[plot]'") from exc
+    reports = [(labels[0], other), (labels[1], rep)] if other is not None else [("", rep)]
+    ks = rep["ks"] if other is None else [k for k in rep["ks"] if k in other["ks"]]
+    harnesses = sorted({h["harness"] for _, r in reports for h in r["harnesses"]})
+    fig, axes = plt.subplots(1, len(ks), figsize=(max(4.0, 1.2 * len(harnesses) * len(reports)) * len(ks), 4), squeeze=False)
+    width = 0.8 / len(reports)
+    for ax, k in zip(axes[0], ks, strict=True):
+        for j, (label, r) in enumerate(reports):
+            rows = {h["harness"]: h.get(f"pass@{k}") for h in r["harnesses"]}
+            vals = np.array([100 * rows[h]["value"] if rows.get(h) else 0.0 for h in harnesses])
+            lo = np.array([100 * (rows[h]["value"] - rows[h]["lo"]) if rows.get(h) else 0.0 for h in harnesses])
+            hi = np.array([100 * (rows[h]["hi"] - rows[h]["value"]) if rows.get(h) else 0.0 for h in harnesses])
+            x = np.arange(len(harnesses)) + (j - (len(reports) - 1) / 2) * width
+            ax.bar(x, vals, width, yerr=np.vstack([lo, hi]), capsize=3, label=label or None)
+        ax.set_xticks(np.arange(len(harnesses)), harnesses, rotation=20, ha="right")
+        ax.set_ylim(0, 100)
+        ax.set_ylabel(f"pass@{k} (%)")
+        ax.set_title(f"pass@{k}, {int(round(100 * rep['confidence']))}% bootstrap CI")
+        if other is not None:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

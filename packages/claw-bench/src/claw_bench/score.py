@@ -1,0 +1,102 @@
+"""Scoring: claw.run/v1 records in, claw.outcome/v1 records out.
+
+Rules:
+- A run the sandbox could not carry out (``infra_error``, or ``error``: the job was invalid), or
+  an ok/timeout run without a verify result, is ``status: infra_error`` with reward null: never
+  a zero reward, so it neither trains nor counts against Pass@k.
+- Otherwise the reward is the verifier's reward when it gave one; else the mean of its numeric
+  sub-scores (``details``); else 1.0 / 0.0 from its exit code. A verifier that timed out scores 0.
+- ``passed`` is ``reward >= threshold`` when a threshold applies (the ``threshold`` argument,
+  else the task's ``pass_threshold`` carried in the job meta); else the verifier's exit code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from claw_bench.check import parse_reward
+from claw_bench.errors import RecordError
+from claw_bench.records import OUTCOME
+
+
+def _sub_scores(details: Any) -> dict[str, float]:
+    if not isinstance(details, dict):
+        return {}
+    return {k: float(v) for k, v in details.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _reward_from_collected(run: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
+    """The verifier's reward file, if the sandbox collected it: a number or a JSON object."""
+    for text in (run.get("collected") or {}).values():
+        if isinstance(text, str):
+            reward, subs = parse_reward(text)
+            if reward is not None:
+                return reward, subs
+    return None, {}
+
+
+def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str = "run") -> dict[str, Any]:
+    """The claw.outcome/v1 dict of one claw.run/v1 dict (see the module docstring for the rules)."""
+    meta = run.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise RecordError(f"{where}: field 'meta' must be an object")
+    for key in ("session", "task", "harness"):
+        if not isinstance(meta.get(key), str) or not meta.get(key):
+            raise RecordError(f"{where}: field 'meta.{key}' is missing (was the job planned by claw-bench plan?)")
+    job_id = run.get("job_id")
+    status = run.get("status")
+    if status not in ("ok", "timeout", "error", "infra_error"):
+        raise RecordError(f"{where}: field 'status': unknown value {status!r}")
+    out: dict[str, Any] = {
+        "schema": OUTCOME, "session": meta["session"], "task": meta["task"], "harness": meta["harness"],
+        "group": str(meta.get("group") or meta["task"]), "reward": None, "passed": None, "status": "ok",
+    }
+    if isinstance(meta.get("sample"), int) and meta["sample"] >= 0:
+        out["sample"] = meta["sample"]
+    if isinstance(job_id, str):
+        out["job_id"] = job_id
+    if isinstance(meta.get("policy_version"), int):
+        out["policy_version"] = meta["policy_version"]
+    out["meta"] = {k: meta[k] for k in ("run_id", "api") if k in meta}
+    out["meta"].update({"run_status": status, "exit_code": run.get("exit_code"), "duration_s": run.get("duration_s")})
+    verify = run.get("verify")
+    if status in ("error", "infra_error") or not isinstance(verify, dict):
+        out["status"] = "infra_error"
+        out["error"] = run.get("error") or (f"run status {status}" if status in ("error", "infra_error")
+                                            else "the run has no verify result")
+        return out
+    details: dict[str, Any] = {}
+    passed_exit = bool(verify.get("passed", verify.get("exit_code") == 0))
+    reward = verify.get("reward")
+    subs = _sub_scores(verify.get("details"))
+    if verify.get("timed_out"):
+        reward, passed_exit = 0.0, False
+        details["verify_timed_out"] = True
+    elif reward is None:
+        reward, file_subs = _reward_from_collected(run)
+        subs = subs or file_subs
+        if reward is None:
+            reward = sum(subs.values()) / len(subs) if subs else (1.0 if passed_exit else 0.0)
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not 0.0 <= reward <= 1.0:
+        out["status"] = "infra_error"
+        out["error"] = f"verifier reward {reward!r} is not a number in [0, 1]"
+        return out
+    details.update(subs)
+    if isinstance(verify.get("output"), str) and verify["output"]:
+        details["verify_output"] = verify["output"][-2000:]
+    thr = threshold if threshold is not None else meta.get("pass_threshold")
+    out["reward"] = float(reward)
+    out["passed"] = bool(reward >= thr) if isinstance(thr, int | float) else passed_exit
+    if status == "timeout":
+        details["agent_timed_out"] = True
+    out["details"] = details
+    return out
+
+
+def score_runs(runs: Iterable[dict[str, Any]], *, threshold: float | None = None) -> list[dict[str, Any]]:
+    """claw.outcome/v1 dicts for claw.run/v1 dicts, in order; errors name the record's index."""
+    return [score_run(r, threshold=threshold, where=f"run #{i + 1} ({r.get('job_id', '?')})")
+            for i, r in enumerate(runs)]

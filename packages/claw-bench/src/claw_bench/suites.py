@@ -1,0 +1,81 @@
+"""Suites: built-in task collections shipped in the package, or any directory of tasks."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import attrs
+
+from claw_bench.errors import TaskError
+from claw_bench.harbor import is_harbor_task, load_harbor_task
+from claw_bench.tasks import Task, load_task
+
+
+@attrs.frozen(kw_only=True)
+class Suite:
+    """A named, ordered collection of tasks with unique ids."""
+
+    name: str
+    tasks: tuple[Task, ...]
+
+    def get(self, task_id: str) -> Task:
+        """The task with this id (TaskError naming the suite when absent)."""
+        for t in self.tasks:
+            if t.id == task_id:
+                return t
+        raise TaskError(f"suite {self.name}: no task {task_id!r}")
+
+    def select(self, ids: list[str] | None = None, tags: list[str] | None = None) -> Suite:
+        """A sub-suite: tasks whose id is in ``ids`` (if given) and that carry all ``tags``."""
+        tasks = [self.get(i) for i in ids] if ids else list(self.tasks)
+        if tags:
+            tasks = [t for t in tasks if set(tags) <= set(t.tags)]
+        return Suite(name=self.name, tasks=tuple(tasks))
+
+
+def _builtin_root() -> Path:
+    return Path(str(resources.files("claw_bench") / "suites"))
+
+
+def builtin_suites() -> list[str]:
+    """Names of the suites shipped inside the package."""
+    root = _builtin_root()
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def load_any_task(path: str | Path) -> Task:
+    """Load a claw task directory (task.toml + verifier) or a Harbor / Terminal-Bench one."""
+    path = Path(path)
+    if (path / "task.toml").is_file() and not is_harbor_task(path):
+        return load_task(path)
+    if is_harbor_task(path):
+        return load_harbor_task(path)
+    raise TaskError(f"{path}: not a task directory (need task.toml + verify script, or instruction.md + tests/)")
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    """Load a built-in suite by name (``claw-mini``, ``claw-toy``) or a directory of tasks.
+
+    A directory is either one task or holds one task per sub-directory (claw or Harbor layout,
+    mixed freely). Task ids must be unique; every task is validated.
+    """
+    s = str(name_or_path)
+    path = Path(s)
+    if s in builtin_suites() and not path.exists():
+        path = _builtin_root() / s
+    if not path.is_dir():
+        raise TaskError(f"unknown suite {s!r}: not a directory and not one of {builtin_suites()}")
+    if (path / "task.toml").is_file() or is_harbor_task(path):
+        tasks = [load_any_task(path)]
+    else:
+        subdirs = [p for p in sorted(path.iterdir()) if p.is_dir() and not p.name.startswith(("_", "."))]
+        tasks = [load_any_task(p) for p in subdirs]
+    if not tasks:
+        raise TaskError(f"suite {s}: {path} holds no task directories")
+    seen: dict[str, str] = {}
+    for t in tasks:
+        if t.id in seen:
+            raise TaskError(f"suite {s}: duplicate task id {t.id!r} in {seen[t.id]} and {t.path}")
+        seen[t.id] = str(t.path)
+    return Suite(name=path.name, tasks=tuple(tasks))

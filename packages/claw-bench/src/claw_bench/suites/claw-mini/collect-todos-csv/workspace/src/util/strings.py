@@ -1,0 +1,3 @@
+def slug(s):
+    # TODO:handle unicode
+    return s.lower()

@@ -1,0 +1,16 @@
+"""Reference solution of fix-fizzbuzz (never shown to the agent); runs in the workspace."""
+# ruff: noqa: SIM115
+
+open("fizzbuzz.py", "w").write('''def fizzbuzz(n):
+    out = []
+    for i in range(1, n + 1):
+        if i % 15 == 0:
+            out.append("FizzBuzz")
+        elif i % 3 == 0:
+            out.append("Fizz")
+        elif i % 5 == 0:
+            out.append("Buzz")
+        else:
+            out.append(str(i))
+    return out
+''')

@@ -1,0 +1,52 @@
+"""Verifier of task ini-change-port: checks the final workspace; writes named sub-scores to $CLAW_REWARD_FILE."""
+
+import configparser
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+SCORES = {}
+
+
+def check(name, fn):
+    """Record sub-score `name`: 1.0 when fn() is truthy; a crash in fn is a failed check."""
+    try:
+        ok = bool(fn())
+    except Exception as exc:
+        print(f"  {name}: {type(exc).__name__}: {exc}")
+        ok = False
+    SCORES[name] = 1.0 if ok else 0.0
+
+
+def text(p):
+    return Path(p).read_text(encoding="utf-8")
+
+
+def rows(p):
+    return list(csv.DictReader(io.StringIO(text(p))))
+
+
+def files(d):
+    return sorted(q.relative_to(d).as_posix() for q in Path(d).rglob("*") if q.is_file())
+
+
+CP = configparser.ConfigParser()
+CP.read_string(text("app.ini"))
+
+
+check("port", lambda: CP["server"]["port"] == "8080")
+check("workers", lambda: CP["server"]["workers"] == "4")
+check("level", lambda: CP["logging"]["level"] == "warning")
+check("others_kept", lambda: CP["server"]["host"] == "0.0.0.0" and CP["logging"]["file"] == "app.log" and dict(CP["database"]) == {"url": "sqlite:///app.db", "port": "5432"})
+check("sections", lambda: CP.sections() == ["server", "logging", "database"])
+
+
+out = Path(os.environ.get("CLAW_REWARD_FILE", ".claw_verify/reward.json"))
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps(SCORES))
+for name, value in SCORES.items():
+    print("PASS" if value else "FAIL", name)
+sys.exit(0 if SCORES and all(SCORES.values()) else 1)

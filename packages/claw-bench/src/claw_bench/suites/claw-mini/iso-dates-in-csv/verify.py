@@ -1,0 +1,46 @@
+"""Verifier of task iso-dates-in-csv: checks the final workspace; writes named sub-scores to $CLAW_REWARD_FILE."""
+
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+SCORES = {}
+
+
+def check(name, fn):
+    """Record sub-score `name`: 1.0 when fn() is truthy; a crash in fn is a failed check."""
+    try:
+        ok = bool(fn())
+    except Exception as exc:
+        print(f"  {name}: {type(exc).__name__}: {exc}")
+        ok = False
+    SCORES[name] = 1.0 if ok else 0.0
+
+
+def text(p):
+    return Path(p).read_text(encoding="utf-8")
+
+
+def rows(p):
+    return list(csv.DictReader(io.StringIO(text(p))))
+
+
+def files(d):
+    return sorted(q.relative_to(d).as_posix() for q in Path(d).rglob("*") if q.is_file())
+
+
+EXPECT = "invoice,date,amount\nA-1,2024-01-03,100\nA-2,2024-02-15,250\nA-3,2023-12-31,75\nA-4,2024-11-01,10\n"
+
+
+check("dates", lambda: text("invoices.csv").replace("\r\n", "\n").strip() == EXPECT.strip())
+
+
+out = Path(os.environ.get("CLAW_REWARD_FILE", ".claw_verify/reward.json"))
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps(SCORES))
+for name, value in SCORES.items():
+    print("PASS" if value else "FAIL", name)
+sys.exit(0 if SCORES and all(SCORES.values()) else 1)

@@ -1,0 +1,47 @@
+"""Verifier of task json-to-csv-orders: checks the final workspace; writes named sub-scores to $CLAW_REWARD_FILE."""
+
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+SCORES = {}
+
+
+def check(name, fn):
+    """Record sub-score `name`: 1.0 when fn() is truthy; a crash in fn is a failed check."""
+    try:
+        ok = bool(fn())
+    except Exception as exc:
+        print(f"  {name}: {type(exc).__name__}: {exc}")
+        ok = False
+    SCORES[name] = 1.0 if ok else 0.0
+
+
+def text(p):
+    return Path(p).read_text(encoding="utf-8")
+
+
+def rows(p):
+    return list(csv.DictReader(io.StringIO(text(p))))
+
+
+def files(d):
+    return sorted(q.relative_to(d).as_posix() for q in Path(d).rglob("*") if q.is_file())
+
+
+EXPECT = "id,customer,total\n1,Ana,7.50\n2,Bo,0.00\n3,Cleo,10.99\n10,Dee,11.00\n"
+
+
+check("header", lambda: text("orders.csv").splitlines()[0] == "id,customer,total")
+check("rows", lambda: text("orders.csv").replace("\r\n", "\n").strip() == EXPECT.strip())
+
+
+out = Path(os.environ.get("CLAW_REWARD_FILE", ".claw_verify/reward.json"))
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps(SCORES))
+for name, value in SCORES.items():
+    print("PASS" if value else "FAIL", name)
+sys.exit(0 if SCORES and all(SCORES.values()) else 1)

@@ -1,0 +1,48 @@
+"""Verifier of task jsonl-error-events: checks the final workspace; writes named sub-scores to $CLAW_REWARD_FILE."""
+
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+SCORES = {}
+
+
+def check(name, fn):
+    """Record sub-score `name`: 1.0 when fn() is truthy; a crash in fn is a failed check."""
+    try:
+        ok = bool(fn())
+    except Exception as exc:
+        print(f"  {name}: {type(exc).__name__}: {exc}")
+        ok = False
+    SCORES[name] = 1.0 if ok else 0.0
+
+
+def text(p):
+    return Path(p).read_text(encoding="utf-8")
+
+
+def rows(p):
+    return list(csv.DictReader(io.StringIO(text(p))))
+
+
+def files(d):
+    return sorted(q.relative_to(d).as_posix() for q in Path(d).rglob("*") if q.is_file())
+
+
+EXPECT = [{"ts": 2, "level": "error", "msg": "disk full"}, {"ts": 4, "level": "ERROR", "msg": "oom"},
+          {"ts": 6, "level": "Error", "msg": "crash", "code": 7}]
+
+
+check("events", lambda: [json.loads(x) for x in text("errors.jsonl").splitlines() if x.strip()] == EXPECT)
+check("count", lambda: text("error_count.txt").strip() == "3")
+
+
+out = Path(os.environ.get("CLAW_REWARD_FILE", ".claw_verify/reward.json"))
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps(SCORES))
+for name, value in SCORES.items():
+    print("PASS" if value else "FAIL", name)
+sys.exit(0 if SCORES and all(SCORES.values()) else 1)

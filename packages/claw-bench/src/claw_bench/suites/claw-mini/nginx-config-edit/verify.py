@@ -1,0 +1,51 @@
+"""Verifier of task nginx-config-edit: checks the final workspace; writes named sub-scores to $CLAW_REWARD_FILE."""
+
+import csv
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+SCORES = {}
+
+
+def check(name, fn):
+    """Record sub-score `name`: 1.0 when fn() is truthy; a crash in fn is a failed check."""
+    try:
+        ok = bool(fn())
+    except Exception as exc:
+        print(f"  {name}: {type(exc).__name__}: {exc}")
+        ok = False
+    SCORES[name] = 1.0 if ok else 0.0
+
+
+def text(p):
+    return Path(p).read_text(encoding="utf-8")
+
+
+def rows(p):
+    return list(csv.DictReader(io.StringIO(text(p))))
+
+
+def files(d):
+    return sorted(q.relative_to(d).as_posix() for q in Path(d).rglob("*") if q.is_file())
+
+
+C = text("nginx.conf")
+
+
+check("server_name", lambda: re.search(r"^\s*server_name\s+new\.example\.com;", C, re.M) and "old.example.com" not in C)
+check("listen", lambda: re.search(r"^\s*listen\s+8080;", C, re.M) and not re.search(r"listen\s+80;", C))
+check("gzip", lambda: re.search(r"^\s*gzip\s+on;", C, re.M) and C.index("gzip") < C.rindex("}"))
+check("locations_kept", lambda: "location / {\n        root /var/www/html;\n    }" in C and "proxy_pass http://127.0.0.1:5000;" in C)
+check("balanced", lambda: C.count("{") == C.count("}") == 3)
+
+
+out = Path(os.environ.get("CLAW_REWARD_FILE", ".claw_verify/reward.json"))
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps(SCORES))
+for name, value in SCORES.items():
+    print("PASS" if value else "FAIL", name)
+sys.exit(0 if SCORES and all(SCORES.values()) else 1)

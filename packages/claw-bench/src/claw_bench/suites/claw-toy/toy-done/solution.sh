@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Reference solution (never shown to the agent).
+set -euo pipefail
+printf 'done\n' > answer.txt
