@@ -3,3 +3,15 @@
 
 class ClawError(Exception):
     """Base class of every error this package raises on purpose."""
+
+
+class RecordError(ClawError):
+    """A record (JSONL line or in-memory dict) is malformed: the message names file+line or field."""
+
+
+class ConfigError(ClawError):
+    """A learner configuration value or TOML file is invalid."""
+
+
+class CheckpointError(ClawError):
+    """A checkpoint or model directory is missing, incomplete or does not match the config."""

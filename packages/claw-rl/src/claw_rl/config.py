@@ -1,0 +1,196 @@
+"""One frozen config class per algorithm; each field is a CLI flag and a TOML key.
+
+``claw-rl train --algo grpo --lr 1e-5`` sets ``GRPOConfig.lr``; ``--config run.toml`` reads
+the same keys (flags win). Every run writes its resolved config as ``config.toml``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from claw_rl.errors import ConfigError
+
+
+def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
+    return attrs.field(default=default, metadata={"help": help, "choices": choices})
+
+
+IS_CHOICES = ("tis", "mis_token", "mis_sequence", "none")
+
+
+def _common_checks(c: Any) -> None:
+    if c.is_correction not in IS_CHOICES:
+        raise ConfigError(f"is_correction = {c.is_correction!r}; choose one of {', '.join(IS_CHOICES)}")
+    if c.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype = {c.dtype!r}; choose float32, bfloat16 or float16")
+    for name in ("lr", "temperature", "is_cap", "micro_batch_size", "epochs", "minibatches"):
+        if getattr(c, name) <= 0:
+            raise ConfigError(f"{name} = {getattr(c, name)!r} must be > 0")
+    if not 0 < c.is_min <= 1 <= c.is_cap:
+        raise ConfigError(f"need 0 < is_min <= 1 <= is_cap, got is_min={c.is_min}, is_cap={c.is_cap}")
+    if c.clip_eps_low < 0 or c.clip_eps_high < 0:
+        raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
+
+
+@attrs.frozen(kw_only=True)
+class GRPOConfig:
+    """Critic-free learner: clipped policy gradient with the samples' advantages and weights."""
+
+    name: str = _f("policy", "policy name written into claw.policy/v1 records")
+    lr: float = _f(1e-6, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    adam_eps: float = _f(1e-8, "AdamW epsilon")
+    max_grad_norm: float = _f(1.0, "clip the global gradient norm to this (0 = no clipping)")
+    epochs: int = _f(1, "passes over each batch (PPO epochs)")
+    minibatches: int = _f(1, "optimizer steps per epoch; the batch's samples are split evenly")
+    micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
+    clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
+    clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high (DAPO clip-higher: 0.28)")
+    loss_agg: str = _f("weights", "token loss aggregation: weights (claw-tree loss weights, exact "
+                       "per-trajectory mean), token_mean (DAPO), constant (Dr. GRPO)",
+                       ("weights", "token_mean", "constant"))
+    constant_len: int = _f(1024, "Dr. GRPO's fixed length for loss_agg=constant")
+    kl_coef: float = _f(0.0, "weight of the KL penalty to the reference model (0 = off, no ref model)")
+    kl_estimator: str = _f("k3", "KL estimator: k1 or k3", ("k1", "k3"))
+    ref_model: str = _f("", "reference model directory for the KL term (default: the initial model)")
+    entropy_coef: float = _f(0.0, "entropy bonus weight")
+    is_correction: str = _f("tis", "training-inference correction: tis, mis_token, mis_sequence, none",
+                            IS_CHOICES)
+    is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
+    is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
+    mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
+    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
+    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
+    temperature: float = _f(1.0, "sampling temperature the engine used (logits are divided by it)")
+    dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
+    seed: int = _f(0, "seed for minibatch shuffling and initialisation")
+
+    def __attrs_post_init__(self) -> None:
+        _common_checks(self)
+        if self.loss_agg not in ("weights", "token_mean", "constant"):
+            raise ConfigError(f"loss_agg = {self.loss_agg!r}; choose weights, token_mean or constant")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ConfigError(f"kl_estimator = {self.kl_estimator!r}; choose k1 or k3")
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config") -> GRPOConfig:
+        return _from_dict(cls, d, where)
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class PPOConfig:
+    """PPO with a critic: clipped policy loss on the samples' advantages plus a clipped value
+    loss on their returns. The critic is a value head on the policy or a separate model."""
+
+    name: str = _f("policy", "policy name written into claw.policy/v1 records")
+    lr: float = _f(1e-6, "AdamW learning rate of the policy")
+    critic_lr: float = _f(1e-5, "AdamW learning rate of the value head / critic model")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    adam_eps: float = _f(1e-8, "AdamW epsilon")
+    max_grad_norm: float = _f(1.0, "clip the global gradient norm to this (0 = no clipping)")
+    epochs: int = _f(2, "PPO epochs over each batch")
+    minibatches: int = _f(2, "optimizer steps per epoch; the batch's samples are split evenly")
+    micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
+    clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
+    clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high")
+    critic: str = _f("head", "critic kind: head (value head on the policy) or model (separate model)",
+                     ("head", "model"))
+    critic_model: str = _f("", "critic backbone directory for critic=model (default: the policy's)")
+    vf_coef: float = _f(0.5, "weight of the value loss")
+    value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
+    entropy_coef: float = _f(0.0, "entropy bonus weight")
+    is_correction: str = _f("tis", "training-inference correction: tis, mis_token, mis_sequence, none",
+                            IS_CHOICES)
+    is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
+    is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
+    mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
+    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
+    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
+    temperature: float = _f(1.0, "sampling temperature the engine used (logits are divided by it)")
+    dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
+    seed: int = _f(0, "seed for minibatch shuffling and the value head")
+
+    def __attrs_post_init__(self) -> None:
+        _common_checks(self)
+        if self.critic not in ("head", "model"):
+            raise ConfigError(f"critic = {self.critic!r}; choose head or model")
+        if self.critic_lr <= 0:
+            raise ConfigError("critic_lr must be > 0")
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config") -> PPOConfig:
+        return _from_dict(cls, d, where)
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+CONFIGS = {"grpo": GRPOConfig, "ppo": PPOConfig}
+
+
+def _from_dict(cls: type, d: dict, where: str) -> Any:
+    fields = attrs.fields_dict(cls)
+    kw = {}
+    for key, val in d.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__} "
+                              f"(known: {', '.join(fields)})")
+        typ = type(fields[key].default)
+        if typ is float and isinstance(val, int) and not isinstance(val, bool):
+            val = float(val)
+        if not isinstance(val, typ) or (typ is not bool and isinstance(val, bool)):
+            raise ConfigError(f"{where}: {key} = {val!r} must be a {typ.__name__}")
+        kw[key] = val
+    try:
+        return cls(**kw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def load_toml(path: str | Path) -> dict:
+    """Read a TOML config file (flat table, or keys under ``[grpo]`` / ``[ppo]``)."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from exc
+
+
+def dump_toml(config: GRPOConfig | PPOConfig, algo: str) -> str:
+    """The resolved config as TOML, each key with its help as a comment."""
+    lines = [f"# resolved claw-rl config (algo = {algo})", f"[{algo}]"]
+    for f in attrs.fields(type(config)):
+        val = getattr(config, f.name)
+        if isinstance(val, bool):
+            text = "true" if val else "false"
+        elif isinstance(val, str):
+            text = '"' + val.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        else:
+            text = repr(val)
+        lines.append(f"# {f.metadata['help']}")
+        lines.append(f"{f.name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def config_from_toml(path: str | Path, algo: str) -> dict:
+    """Keys for ``algo`` from a TOML file: the ``[algo]`` table if present, else the top level."""
+    data = load_toml(path)
+    if algo in data and isinstance(data[algo], dict):
+        return data[algo]
+    other = [k for k in data if isinstance(data[k], dict)]
+    if other:
+        raise ConfigError(f"{path}: no [{algo}] table (found [{'], ['.join(other)}])")
+    return data

@@ -1,0 +1,335 @@
+"""GRPO and PPO learners over tree-packed samples.
+
+    learner = GRPOLearner(GRPOConfig(lr=1e-5), "runs/tiny")
+    metrics = learner.step(samples)          # list of claw.sample/v1 dicts -> metrics dict
+    policy = learner.save("runs/p/v1")       # HF dir + claw.policy/v1 dict (version + 1)
+    learner.save_checkpoint("runs/ckpt")     # ... GRPOLearner.resume("runs/ckpt")
+
+One step: (1) drop or report stale samples, (2) recompute pi_old for the recorded tokens and
+compare with the engine's logprobs (mismatch report), (3) importance weights (TIS / MIS),
+(4) ``epochs`` x ``minibatches`` optimizer steps on the clipped loss. Under torchrun each rank
+forwards its share of every minibatch and the gradients are summed (DDP semantics).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from claw_rl import _dist, losses
+from claw_rl._learner_io import LearnerIO
+from claw_rl.config import GRPOConfig, PPOConfig
+from claw_rl.consistency import (
+    finish_mismatch, mis_sequence_keep, mis_token_mask, mismatch_stats, tis_weights,
+)
+from claw_rl.errors import ClawError
+from claw_rl.forward import backbone_hidden, token_logprobs, values_per_token
+from claw_rl.packing import Batch, leaf_counts, pack, path_matrix, to_device
+from claw_rl.records import Sample, as_samples
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_policy(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as exc:
+        raise ClawError(f"{model_dir}: cannot load an HF causal LM ({exc})") from exc
+    model.eval()  # dropout off: pi_old and pi_theta must be the same function at epoch 1
+    return model
+
+
+class _Learner(LearnerIO):
+    """Shared machinery; see :class:`GRPOLearner` and :class:`PPOLearner`."""
+
+    algo = ""
+
+    def __init__(self, config: GRPOConfig | PPOConfig, model_dir: str | Path, *, version: int = 0,
+                 device: str | None = None, origin_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.model_dir = Path(model_dir)
+        self.origin_dir = Path(origin_dir) if origin_dir else self.model_dir
+        self.rank, self.world = _dist.world()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _DTYPES[config.dtype]
+        torch.manual_seed(config.seed)
+        self.model = load_policy(self.model_dir, self.dtype).to(self.device)
+        self.version = version
+        self.step_count = 0
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.last_metrics: dict = {}
+        self._dirty = False
+        self._init_extra()
+        _dist.broadcast_params(self._params())
+        self.optimizer = torch.optim.AdamW(
+            self._param_groups(), betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps, weight_decay=config.weight_decay,
+        )
+
+    # -- hooks for subclasses -------------------------------------------------------------
+    def _init_extra(self) -> None: ...
+
+    def _param_groups(self) -> list[dict]:
+        return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.config.lr}]
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self._param_groups() for p in g["params"]]
+
+    def _check_samples(self, samples: list[Sample]) -> None: ...
+
+    def _old_extra(self, batch: Batch, hidden: torch.Tensor) -> list[dict]:
+        return [{} for _ in batch.samples]
+
+    def _extra_loss(self, batch: Batch, hidden: torch.Tensor, old: dict, agg, acc: dict) -> torch.Tensor:
+        return hidden.new_zeros(())
+
+    # -- forward helpers --------------------------------------------------------------------
+    def _micro(self, samples: Sequence[Sample]):
+        mb = self.config.micro_batch_size
+        for lo in range(0, len(samples), mb):
+            yield to_device(pack(samples[lo : lo + mb]), self.device)
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample | dict]) -> list[list[float]]:
+        """Learner logprob of each sample's trainable tokens, aligned with its tokens (0 elsewhere)."""
+        samples = as_samples(samples)
+        out: list[list[float]] = []
+        for batch in self._micro(samples):
+            hidden = backbone_hidden(self.model, batch)
+            lp = token_logprobs(self.model, hidden, batch, temperature=self.config.temperature,
+                                with_entropy=False).logprobs
+            for k, part in enumerate(self._split(lp, batch)):
+                row = [0.0] * batch.lengths[k]
+                for j, v in zip(batch.trainable[k].nonzero().flatten().tolist(), part.tolist(), strict=True):
+                    row[j] = v
+                out.append(row)
+        return out
+
+    @staticmethod
+    def _split(t: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
+        return list(torch.split(t, batch.trainable.sum(1).tolist()))
+
+    # -- the step ---------------------------------------------------------------------------
+    def _staleness(self, samples: list[Sample], metrics: dict) -> list[Sample]:
+        ages = []
+        for s in samples:
+            vs = [v for v, t in zip(s.policy_versions or (), s.trainable, strict=False) if t and v >= 0]
+            ages.append(self.version - min(vs) if vs else 0)
+        stale = [a > self.config.max_staleness for a in ages]
+        metrics.update(staleness_max=max(ages), staleness_mean=sum(ages) / len(ages),
+                       stale_samples=sum(stale), dropped_stale=0)
+        if self.config.drop_stale:
+            metrics["dropped_stale"] = sum(stale)
+            samples = [s for s, st in zip(samples, stale, strict=True) if not st]
+        return samples
+
+    def _is_weights(self, lp_old: torch.Tensor, lp_eng: torch.Tensor, sample: Sample) -> torch.Tensor:
+        c = self.config
+        if c.is_correction == "tis":
+            return tis_weights(lp_old, lp_eng, c.is_cap)
+        if c.is_correction == "mis_token":
+            return mis_token_mask(lp_old, lp_eng, c.is_min, c.is_cap)
+        if c.is_correction == "mis_sequence":
+            tr = torch.tensor(sample.trainable, dtype=torch.bool)
+            log_rho = torch.zeros(len(sample), dtype=torch.float64)
+            log_rho[tr] = (lp_old - lp_eng).double().cpu()
+            paths = torch.from_numpy(path_matrix(sample.parent))
+            keep = mis_sequence_keep(log_rho, paths, tr, c.is_min, c.is_cap)
+            return keep[tr].to(lp_old)
+        return torch.ones_like(lp_old)
+
+    def step(self, samples: Sequence[Sample | dict]) -> dict:
+        """One learner update on a batch of samples (every rank passes the same global batch)."""
+        t0 = time.perf_counter()
+        c = self.config
+        samples = as_samples(samples)
+        if not samples:
+            raise ClawError("step() got no samples")
+        self._check_samples(samples)
+        metrics: dict = {"step": self.step_count + 1, "version": self.version}
+        samples = self._staleness(samples, metrics)
+        if not samples:
+            raise ClawError("every sample is stale and drop_stale is on: nothing to train on")
+        own = [k for k in range(len(samples)) if k % self.world == self.rank]
+
+        # (2) pi_old, pi_ref, old values; mismatch against the engine; (3) IS weights
+        old: dict[int, dict] = {}
+        mm = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0}
+        ent_sum = 0.0
+        with torch.no_grad():
+            own_samples = [samples[k] for k in own]
+            pos = 0
+            for batch in self._micro(own_samples):
+                hidden = backbone_hidden(self.model, batch)
+                st = token_logprobs(self.model, hidden, batch, temperature=c.temperature)
+                ent_sum += float(st.entropy.double().sum())
+                b, i, _ = batch.predictor_index()
+                lp_eng_all = batch.logprobs[b, i]
+                s = mismatch_stats(st.logprobs, lp_eng_all, c.mismatch_threshold)
+                for key in mm:
+                    mm[key] = max(mm[key], s[key]) if key == "abs_max" else mm[key] + s[key]
+                extra = self._old_extra(batch, hidden)
+                ref = self._ref_logprobs(batch)
+                for k, (lp, lpe) in enumerate(zip(self._split(st.logprobs, batch),
+                                                  self._split(lp_eng_all, batch), strict=True)):
+                    d = {"logp_old": lp, "is_w": self._is_weights(lp, lpe, batch.samples[k]), **extra[k]}
+                    if ref is not None:
+                        d["logp_ref"] = self._split(ref, batch)[k]
+                    old[own[pos + k]] = d
+                pos += len(batch.samples)
+        red = _dist.all_reduce_sum(torch.tensor([mm["n"], mm["abs_sum"], mm["k1_sum"], mm["k3_sum"],
+                                                 mm["beyond"], ent_sum], dtype=torch.float64))
+        mx = _dist.all_reduce_max(torch.tensor([mm["abs_max"]], dtype=torch.float64))
+        mm = dict(zip(["n", "abs_sum", "k1_sum", "k3_sum", "beyond"], red[:5].tolist(), strict=True))
+        mm["abs_max"] = float(mx[0])
+        metrics.update(finish_mismatch(mm))
+        n_tok = max(mm["n"], 1.0)
+        metrics["entropy"] = float(red[5]) / n_tok
+        is_sum = sum(float(o["is_w"].double().sum()) for o in old.values())
+        metrics["is_weight_mean"] = float(_dist.all_reduce_sum(torch.tensor([is_sum], dtype=torch.float64))[0]) / n_tok
+
+        # (4) epochs x minibatches
+        acc = {k: 0.0 for k in ("loss", "pg_loss", "kl", "value_loss", "clipped", "tokens",
+                                "approx_kl", "grad_norm", "opt_steps")}
+        params = self._params()
+        for _ in range(c.epochs):
+            perm = torch.randperm(len(samples), generator=self.generator).tolist()
+            n_mb = min(c.minibatches, len(samples))
+            for m in range(n_mb):
+                mb = perm[m * len(samples) // n_mb : (m + 1) * len(samples) // n_mb]
+                self._minibatch([samples[k] for k in mb], [k for k in mb if k % self.world == self.rank],
+                                samples, old, acc)
+                gn = self._optimizer_step(params)
+                acc["grad_norm"] += gn
+                acc["opt_steps"] += 1
+        red = _dist.all_reduce_sum(torch.tensor([acc[k] for k in ("loss", "pg_loss", "kl", "value_loss",
+                                                                  "clipped", "tokens", "approx_kl")],
+                                                dtype=torch.float64)).tolist()
+        n_steps = max(acc["opt_steps"], 1)
+        metrics.update(loss=red[0] / n_steps, pg_loss=red[1] / n_steps, clip_frac=red[4] / max(red[5], 1),
+                       approx_kl=red[6] / max(red[5], 1), grad_norm=acc["grad_norm"] / n_steps)
+        if getattr(c, "kl_coef", 0.0) > 0:
+            metrics["kl_ref"] = red[2] / n_steps
+        if self.algo == "ppo":
+            metrics["value_loss"] = red[3] / n_steps
+        self._extra_metrics(samples, old, metrics)
+        packed = sum(len(s) for s in samples)
+        flat = sum(float(leaf_counts(s.parent).sum()) for s in samples)
+        adv = torch.tensor([a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t])
+        wall = time.perf_counter() - t0
+        metrics.update(samples=len(samples), tokens=packed, trainable_tokens=int(n_tok),
+                       tree_token_ratio=flat / max(packed, 1), tokens_per_s=packed / wall, step_time_s=wall,
+                       adv_mean=float(adv.mean()) if adv.numel() else 0.0,
+                       zero_adv_frac=float((adv == 0).float().mean()) if adv.numel() else 0.0)
+        self.step_count += 1
+        self._dirty = True
+        self.last_metrics = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                             for k, v in metrics.items()}
+        return dict(self.last_metrics)
+
+    def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        return None
+
+    def _extra_metrics(self, samples: list[Sample], old: dict, metrics: dict) -> None: ...
+
+    def _aggregator(self, mb_samples: list[Sample], all_samples: list[Sample]):
+        """Scalar aggregation of per-token losses, normalised over the whole minibatch (all ranks)."""
+        c = self.config
+        agg = getattr(c, "loss_agg", "weights")
+        if agg == "weights":
+            w_total = sum(sum(s.loss_weights) for s in all_samples)
+            w_mb = sum(sum(s.loss_weights) for s in mb_samples)
+            scale = w_total / w_mb if w_mb > 0 else 0.0
+            return lambda l, tok: losses.weighted_sum(l, tok["w"]) * scale
+        counts = [leaf_counts(s.parent) for s in mb_samples]
+        c_mb = sum(float((cnt * np.asarray(s.trainable)).sum()) for cnt, s in zip(counts, mb_samples, strict=True))
+        if agg == "token_mean":
+            return lambda l, tok: losses.token_mean(l, tok["c"]) * (float(tok["c"].sum()) / max(c_mb, 1.0))
+        n_traj = sum(float(cnt[np.asarray(s.parent) == -1].sum()) for cnt, s in zip(counts, mb_samples, strict=True))
+        return lambda l, tok: losses.constant_sum(l, tok["c"], max(n_traj, 1.0), float(c.constant_len))
+
+    def _minibatch(self, mb_samples: list[Sample], mine: list[int], samples: list[Sample],
+                   old: dict, acc: dict) -> None:
+        c = self.config
+        agg = self._aggregator(mb_samples, samples)
+        mine_samples = [samples[k] for k in mine]
+        pos = 0
+        for batch in self._micro(mine_samples):
+            ks = mine[pos : pos + len(batch.samples)]
+            pos += len(batch.samples)
+            o = {key: torch.cat([old[k][key] for k in ks]) for key in old[ks[0]]}
+            hidden = backbone_hidden(self.model, batch)
+            st = token_logprobs(self.model, hidden, batch, temperature=c.temperature, with_entropy=False)
+            b, i, p = batch.predictor_index()
+            tok = {"w": batch.loss_weights[b, i], "c": batch.leaf_counts[b, i], "A": batch.advantages[b, i]}
+            lp = st.logprobs
+            pg, clipped = losses.ppo_clip_loss(lp, o["logp_old"], tok["A"], c.clip_eps_low, c.clip_eps_high)
+            pg = pg * o["is_w"]
+            pg_loss = agg(pg, tok)
+            loss = pg_loss
+            if c.entropy_coef > 0:
+                logits = self.model.get_output_embeddings()(hidden[b, p]).float() / c.temperature
+                logq = torch.log_softmax(logits, -1)
+                loss = loss - c.entropy_coef * agg(-(logq.exp() * logq).sum(-1), tok)
+            if "logp_ref" in o:
+                kl_fn = losses.kl_k3 if c.kl_estimator == "k3" else losses.kl_k1
+                kl = agg(kl_fn(lp, o["logp_ref"]), tok)
+                loss = loss + c.kl_coef * kl
+                acc["kl"] += float(kl.detach())
+            loss = loss + self._extra_loss(batch, hidden, o, agg, acc)
+            loss.backward()
+            acc["loss"] += float(loss.detach())
+            acc["pg_loss"] += float(pg_loss.detach())
+            acc["clipped"] += float(clipped.sum())
+            acc["tokens"] += float(lp.numel())
+            acc["approx_kl"] += float(losses.approx_kl(lp.detach(), o["logp_old"]) * lp.numel())
+
+    def _optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
+        _dist.sum_grads(params)
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return gn
+
+
+class GRPOLearner(_Learner):
+    """Critic-free learner (GRPO and its relatives: the samples' advantages are used as given)."""
+
+    algo = "grpo"
+
+    def __init__(self, config: GRPOConfig, model_dir: str | Path, **kw) -> None:
+        if not isinstance(config, GRPOConfig):
+            raise ClawError(f"GRPOLearner needs a GRPOConfig, got {type(config).__name__}")
+        super().__init__(config, model_dir, **kw)
+
+    def _init_extra(self) -> None:
+        self.ref_model = None
+        if self.config.kl_coef > 0:
+            self.ref_model = load_policy(self.config.ref_model or self.origin_dir, self.dtype).to(self.device)
+            self.ref_model.requires_grad_(False)
+
+    def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        if self.ref_model is None:
+            return None
+        hidden = backbone_hidden(self.ref_model, batch)
+        return token_logprobs(self.ref_model, hidden, batch, temperature=self.config.temperature,
+                              with_entropy=False).logprobs
+
+    def _check_samples(self, samples: list[Sample]) -> None:
+        for s in samples:
+            if s.algo == "ppo":
+                raise ClawError(f"sample {s.sample_id!r} was built for ppo (critic advantages); "
+                                "train it with PPOLearner / --algo ppo")
+
+
+from claw_rl.ppo import PPOLearner  # noqa: E402  (PPO builds on the classes above)
+
+__all__ = ["GRPOLearner", "PPOLearner", "load_policy"]

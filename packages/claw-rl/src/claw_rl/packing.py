@@ -1,0 +1,167 @@
+"""Tree packing: a sample's parent array -> attention mask, positions and targets as tensors.
+
+Token i attends to token j iff j == i or j is an ancestor of i, at position ``depth(i)``; then
+one forward pass over a sample gives every root-to-leaf path exactly the logits it would get
+alone (tests/test_packing.py proves it against one forward per path). The logprob of token i
+is read from the hidden state of ``parent[i]``, not of ``i - 1``.
+
+Several samples form a padded batch (B, N): each sample keeps its own tree mask, padding
+tokens attend only to themselves and carry no loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from claw_rl.records import Sample
+
+
+def ancestor_matrix(parent: Sequence[int]) -> np.ndarray:
+    """A[i, j] = True iff j == i or j is an ancestor of i. Shape (N, N), lower-triangular."""
+    n = len(parent)
+    A = np.zeros((n, n), dtype=bool)
+    for i, p in enumerate(parent):
+        if p >= 0:
+            A[i, : p + 1] = A[p, : p + 1]
+        A[i, i] = True
+    return A
+
+
+def is_chain(parent: Sequence[int]) -> bool:
+    """True when the sample is one path (parent = [-1, 0, 1, ...]): the ordinary causal mask."""
+    return all(p == i - 1 for i, p in enumerate(parent))
+
+
+def leaf_counts(parent: Sequence[int]) -> np.ndarray:
+    """Number of root-to-leaf paths through each token (1 on a chain). Shape (N,)."""
+    n = len(parent)
+    has_child = np.zeros(n, dtype=bool)
+    for p in parent:
+        if p >= 0:
+            has_child[p] = True
+    c = (~has_child).astype(np.float64)
+    for i in range(n - 1, -1, -1):
+        if parent[i] >= 0:
+            c[parent[i]] += c[i]
+    return c
+
+
+def path_matrix(parent: Sequence[int]) -> np.ndarray:
+    """P[p, i] = True iff token i lies on path p (one row per leaf, leaves in index order)."""
+    A = ancestor_matrix(parent)
+    has_child = np.zeros(len(parent), dtype=bool)
+    for p in parent:
+        if p >= 0:
+            has_child[p] = True
+    return A[~has_child]
+
+
+@attrs.frozen
+class Batch:
+    """Padded tensors for B samples of at most N tokens. Per-token fields are (B, N)."""
+
+    input_ids: torch.Tensor  # (B, N) long
+    position_ids: torch.Tensor  # (B, N) long
+    mask: torch.Tensor | None  # (B, 1, N, N) bool, or None when every sample is a full chain
+    parent: torch.Tensor  # (B, N) long, -1 for roots and padding
+    trainable: torch.Tensor  # (B, N) bool
+    logprobs: torch.Tensor  # (B, N) engine logprobs
+    advantages: torch.Tensor  # (B, N)
+    loss_weights: torch.Tensor  # (B, N)
+    returns: torch.Tensor | None  # (B, N) or None
+    policy_versions: torch.Tensor  # (B, N) long, -1 for context / unknown
+    leaf_counts: torch.Tensor  # (B, N) paths through each token
+    lengths: tuple[int, ...]  # real tokens per sample
+    samples: tuple[Sample, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(self.lengths)
+
+    def predictor_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, i, parent) index triples of every trainable token: row ``parent`` predicts ``i``."""
+        b, i = self.trainable.nonzero(as_tuple=True)
+        return b, i, self.parent[b, i]
+
+
+def _pad(rows: list[Sequence], n: int, fill, dtype) -> torch.Tensor:
+    out = torch.full((len(rows), n), fill, dtype=dtype)
+    for k, r in enumerate(rows):
+        if len(r):
+            out[k, : len(r)] = torch.as_tensor(np.asarray(r), dtype=dtype)
+    return out
+
+
+def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Batch:
+    """Pad ``samples`` into one :class:`Batch` with per-sample tree masks."""
+    if not samples:
+        raise ValueError("pack() needs at least one sample")
+    lengths = tuple(len(s) for s in samples)
+    n = max(lengths)
+    chains = all(is_chain(s.parent) for s in samples)  # right padding is harmless under causal
+    mask = None
+    if not chains:
+        m = np.zeros((len(samples), 1, n, n), dtype=bool)
+        for k, s in enumerate(samples):
+            m[k, 0, : len(s), : len(s)] = ancestor_matrix(s.parent)
+        idx = np.arange(n)
+        for k, s in enumerate(samples):  # padding rows attend to themselves only
+            m[k, 0, idx[len(s):], idx[len(s):]] = True
+        mask = torch.from_numpy(m)
+    returns = None
+    if all(s.returns is not None for s in samples):
+        returns = _pad([s.returns for s in samples], n, 0.0, dtype)
+    versions = [s.policy_versions if s.policy_versions is not None else [-1] * len(s) for s in samples]
+    return Batch(
+        input_ids=_pad([s.input_ids for s in samples], n, 0, torch.long),
+        position_ids=_pad([s.position_ids for s in samples], n, 0, torch.long),
+        mask=mask,
+        parent=_pad([s.parent for s in samples], n, -1, torch.long),
+        trainable=_pad([s.trainable for s in samples], n, 0, torch.long).bool(),
+        logprobs=_pad([s.logprobs for s in samples], n, 0.0, dtype),
+        advantages=_pad([s.advantages for s in samples], n, 0.0, dtype),
+        loss_weights=_pad([s.loss_weights for s in samples], n, 0.0, dtype),
+        returns=returns,
+        policy_versions=_pad(versions, n, -1, torch.long),
+        leaf_counts=_pad([leaf_counts(s.parent) for s in samples], n, 0.0, dtype),
+        lengths=lengths,
+        samples=tuple(samples),
+    )
+
+
+def chain_sample(sample_id: str, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                 completion_logprobs: Sequence[float] | None = None, **extra) -> Sample:
+    """A single-path sample: ``prompt_ids`` as context, ``completion_ids`` trainable.
+
+    Used for ``claw.call/v1`` records (``claw-rl logprobs``) and for per-call baselines. Loss
+    weights are 1/T on the completion (one trajectory), advantages default to 0.
+    """
+    if not prompt_ids:
+        raise ValueError(f"{sample_id}: a call needs at least one prompt token")
+    n_p, n_c = len(prompt_ids), len(completion_ids)
+    n = n_p + n_c
+    lp = list(completion_logprobs) if completion_logprobs is not None else [0.0] * n_c
+    w = 1.0 / n_c if n_c else 0.0
+    fields = dict(
+        sample_id=sample_id, algo="grpo",
+        input_ids=tuple(prompt_ids) + tuple(completion_ids),
+        position_ids=tuple(range(n)), parent=tuple(range(-1, n - 1)),
+        trainable=(0,) * n_p + (1,) * n_c, logprobs=(0.0,) * n_p + tuple(lp),
+        advantages=(0.0,) * n, loss_weights=(0.0,) * n_p + (w,) * n_c,
+    )
+    fields.update(extra)
+    return Sample(**fields)
+
+
+def to_device(batch: Batch, device: torch.device | str) -> Batch:
+    """The same batch with every tensor on ``device``."""
+    moved = {
+        f.name: getattr(batch, f.name).to(device)
+        for f in attrs.fields(Batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
+    return attrs.evolve(batch, **moved)

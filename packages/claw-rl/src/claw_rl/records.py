@@ -1,0 +1,239 @@
+"""The records claw-rl reads and writes: ``claw.sample/v1`` (in), ``claw.policy/v1`` (out).
+
+Readers reject malformed lines naming file and line; nothing is dropped silently. The samples
+are validated deeply (lengths, parent order, positions = depth) because a wrong tree gives a
+silently wrong loss, not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+
+from claw_rl.errors import RecordError
+
+SAMPLE_SCHEMA = "claw.sample/v1"
+POLICY_SCHEMA = "claw.policy/v1"
+CALL_SCHEMA = "claw.call/v1"
+
+_PER_TOKEN_INT = ("input_ids", "position_ids", "parent", "trainable")
+_PER_TOKEN_FLOAT = ("logprobs", "advantages", "loss_weights")
+
+
+def _check_schema(row: dict, want: str, where: str) -> None:
+    got = row.get("schema")
+    if not isinstance(got, str):
+        raise RecordError(f"{where}: missing 'schema' (want {want!r})")
+    name, _, major = got.partition("/")
+    wname, _, wmajor = want.partition("/")
+    if name != wname:
+        raise RecordError(f"{where}: record type {got!r}, expected {want!r}")
+    if major != wmajor:
+        raise RecordError(f"{where}: unsupported version {got!r}; this reader knows {want!r}")
+
+
+def _num_list(row: dict, key: str, where: str, *, ints: bool, n: int | None) -> tuple:
+    val = row[key]
+    if not isinstance(val, list):
+        raise RecordError(f"{where}: field {key!r} must be a list, got {type(val).__name__}")
+    for j, x in enumerate(val):
+        ok = isinstance(x, int) if ints else isinstance(x, int | float)
+        if not ok or isinstance(x, bool):
+            kind = "integer" if ints else "number"
+            raise RecordError(f"{where}: field {key!r}[{j}] must be a {kind}, got {x!r}")
+    if n is not None and len(val) != n:
+        raise RecordError(f"{where}: field {key!r} has {len(val)} entries, input_ids has {n}")
+    return tuple(val)
+
+
+@attrs.frozen(kw_only=True)
+class Sample:
+    """One tree-packed training sample (``claw.sample/v1``); see docs/formats.md, Tree packing."""
+
+    sample_id: str
+    algo: str
+    input_ids: tuple[int, ...]
+    position_ids: tuple[int, ...]
+    parent: tuple[int, ...]
+    trainable: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    advantages: tuple[float, ...]
+    loss_weights: tuple[float, ...]
+    returns: tuple[float, ...] | None = None
+    policy_versions: tuple[int, ...] | None = None
+    sessions: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    n_paths: int | None = None
+    tags: dict = attrs.field(factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @classmethod
+    def from_dict(cls, row: Any, where: str = "sample") -> Sample:
+        """Validate a ``claw.sample/v1`` dict; errors name ``where`` (file:line or sample id)."""
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        _check_schema(row, SAMPLE_SCHEMA, where)
+        allowed = {f.name for f in attrs.fields(cls)} | {"schema"}
+        extra = sorted(set(row) - allowed)
+        if extra:
+            raise RecordError(f"{where}: unknown field(s) {extra}")
+        for key in ("sample_id", "algo", *_PER_TOKEN_INT, *_PER_TOKEN_FLOAT):
+            if key not in row:
+                raise RecordError(f"{where}: missing required field {key!r}")
+        if not isinstance(row["sample_id"], str):
+            raise RecordError(f"{where}: field 'sample_id' must be a string")
+        where = f"{where} (sample {row['sample_id']!r})"
+        if row["algo"] not in ("grpo", "ppo", "rloo", "reinforce"):
+            raise RecordError(f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce")
+        n = len(row["input_ids"]) if isinstance(row["input_ids"], list) else None
+        ints = {k: _num_list(row, k, where, ints=True, n=n) for k in _PER_TOKEN_INT}
+        floats = {k: _num_list(row, k, where, ints=False, n=n) for k in _PER_TOKEN_FLOAT}
+        opt: dict[str, Any] = {}
+        if row.get("returns") is not None:
+            opt["returns"] = _num_list(row, "returns", where, ints=False, n=n)
+        if row.get("policy_versions") is not None:
+            opt["policy_versions"] = _num_list(row, "policy_versions", where, ints=True, n=n)
+        for key in ("sessions", "groups"):
+            val = row.get(key, [])
+            if not isinstance(val, list) or not all(isinstance(s, str) for s in val):
+                raise RecordError(f"{where}: field {key!r} must be a list of strings")
+            opt[key] = tuple(val)
+        if "n_paths" in row and row["n_paths"] is not None:
+            if not isinstance(row["n_paths"], int) or row["n_paths"] < 0:
+                raise RecordError(f"{where}: field 'n_paths' must be an integer >= 0")
+            opt["n_paths"] = row["n_paths"]
+        if not isinstance(row.get("tags", {}), dict):
+            raise RecordError(f"{where}: field 'tags' must be an object")
+        _check_tree(ints, floats, where)
+        return cls(sample_id=row["sample_id"], algo=row["algo"], **ints, **floats,
+                   tags=dict(row.get("tags", {})), **opt)
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"schema": SAMPLE_SCHEMA, "sample_id": self.sample_id, "algo": self.algo}
+        for key in (*_PER_TOKEN_INT, "logprobs", "advantages"):
+            out[key] = list(getattr(self, key))
+        if self.returns is not None:
+            out["returns"] = list(self.returns)
+        out["loss_weights"] = list(self.loss_weights)
+        if self.policy_versions is not None:
+            out["policy_versions"] = list(self.policy_versions)
+        out["sessions"], out["groups"] = list(self.sessions), list(self.groups)
+        if self.n_paths is not None:
+            out["n_paths"] = self.n_paths
+        out["tags"] = dict(self.tags)
+        return out
+
+
+def _check_tree(ints: dict, floats: dict, where: str) -> None:
+    parent, pos, trainable = ints["parent"], ints["position_ids"], ints["trainable"]
+    for i, p in enumerate(parent):
+        if p < -1 or p >= i:
+            raise RecordError(f"{where}: parent[{i}] = {p}; parents must precede children (-1 <= parent[i] < i)")
+        depth = 0 if p == -1 else pos[p] + 1
+        if pos[i] != depth:
+            raise RecordError(f"{where}: position_ids[{i}] = {pos[i]}, but its depth in the tree is {depth}")
+        if trainable[i] not in (0, 1):
+            raise RecordError(f"{where}: trainable[{i}] = {trainable[i]}, must be 0 or 1")
+        if p == -1 and trainable[i]:
+            raise RecordError(f"{where}: token {i} is a root (parent -1) and cannot be trainable")
+        if floats["loss_weights"][i] < 0:
+            raise RecordError(f"{where}: loss_weights[{i}] = {floats['loss_weights'][i]} is negative")
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """A new policy for the proxy (``claw.policy/v1``)."""
+
+    name: str
+    version: int
+    path: str
+    created_at: float | None = None
+    step: int | None = None
+    metrics: dict = attrs.field(factory=dict)
+
+    @classmethod
+    def from_dict(cls, row: Any, where: str = "policy") -> Policy:
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: expected a JSON object")
+        _check_schema(row, POLICY_SCHEMA, where)
+        for key, typ in (("name", str), ("version", int), ("path", str)):
+            if not isinstance(row.get(key), typ):
+                raise RecordError(f"{where}: field {key!r} missing or not a {typ.__name__}")
+        return cls(name=row["name"], version=row["version"], path=row["path"],
+                   created_at=row.get("created_at"), step=row.get("step"),
+                   metrics=dict(row.get("metrics", {})))
+
+    @classmethod
+    def now(cls, **kw: Any) -> Policy:
+        return cls(created_at=round(time.time(), 3), **kw)
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"schema": POLICY_SCHEMA, "name": self.name,
+                               "version": self.version, "path": self.path}
+        if self.created_at is not None:
+            out["created_at"] = self.created_at
+        if self.step is not None:
+            out["step"] = self.step
+        out["metrics"] = dict(self.metrics)
+        return out
+
+
+def _open(path: str | Path) -> tuple[TextIO, str, bool]:
+    if str(path) == "-":
+        return sys.stdin, "<stdin>", False
+    try:
+        return open(path, encoding="utf-8"), str(path), True
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot open ({exc.strerror})") from exc
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """Yield ``(where, obj)`` for each line; ``where`` is ``file:line``. Rejects non-objects."""
+    fh, name, close = _open(path)
+    try:
+        for lineno, line in enumerate(fh, 1):
+            where = f"{name}:{lineno}"
+            if not line.strip():
+                raise RecordError(f"{where}: blank line (JSONL files hold one record per line)")
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            if not isinstance(obj, dict):
+                raise RecordError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield where, obj
+    finally:
+        if close:
+            fh.close()
+
+
+def read_samples(path: str | Path) -> list[Sample]:
+    """Read and validate a ``claw.sample/v1`` JSONL file; sample ids must be unique."""
+    out: list[Sample] = []
+    seen: dict[str, str] = {}
+    for where, obj in iter_jsonl(path):
+        s = Sample.from_dict(obj, where)
+        if s.sample_id in seen:
+            raise RecordError(f"{where}: sample_id {s.sample_id!r} repeats {seen[s.sample_id]}")
+        seen[s.sample_id] = where
+        out.append(s)
+    return out
+
+
+def as_samples(rows: Iterable[Sample | dict]) -> list[Sample]:
+    """Accept in-memory dicts (as the examples pass them) or Sample objects."""
+    return [r if isinstance(r, Sample) else Sample.from_dict(r, f"samples[{k}]") for k, r in enumerate(rows)]
+
+
+def write_jsonl(rows: Iterable[dict], fh: TextIO) -> None:
+    for row in rows:
+        fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.flush()
