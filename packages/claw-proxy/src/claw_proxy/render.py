@@ -184,3 +184,11 @@ class Detokenizer:
             return ""  # an incomplete UTF-8 sequence: wait for the next token
         self._prefix, self._read = self._read, len(self.ids)
         return after[len(before):]
+
+    def flush(self) -> str:
+        """Text still held back at the end (an incomplete UTF-8 sequence is emitted as is)."""
+        dec = self.tokenizer.decode
+        before = dec(self.ids[self._prefix:self._read], skip_special_tokens=False)
+        after = dec(self.ids[self._prefix:], skip_special_tokens=False)
+        self._prefix = self._read = len(self.ids)
+        return after[len(before):]

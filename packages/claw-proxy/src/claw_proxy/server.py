@@ -356,7 +356,9 @@ class _Run:
         return out
 
     def finish_events(self) -> list:
-        return self._events(self.parser.finish())
+        rest = "" if self.stop_hit else self.detok.flush()
+        evs = self.parser.feed(rest) if rest else []
+        return self._events(evs + self.parser.finish())
 
     def answer(self) -> Answer:
         if self.calls:

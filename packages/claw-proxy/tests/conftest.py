@@ -1,0 +1,91 @@
+"""Shared fixtures: the tiny model of the repository, a secret, servers with the scripted and
+transformers engines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from claw_proxy import ProxyConfig, ProxyServer, mint_token
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "tests" / "fixtures" / "tiny-qwen3"
+HARNESS_REQUESTS = Path(__file__).parent / "fixtures" / "harness-requests"
+SECRET = "test-secret"
+ADMIN = "admin-token"
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+def write_script(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def token(session: str = "s1", **tags) -> str:
+    return mint_token(session, SECRET, tags or None)
+
+
+@pytest.fixture
+def make_server(tmp_path):
+    """Start ProxyServers with a config (defaults: scripted engine, records in tmp_path)."""
+    servers = []
+
+    def make(script: list[str] | None = None, **kw) -> ProxyServer:
+        if "engine" not in kw:
+            kw["engine"] = f"scripted:{write_script(tmp_path / f'script{len(servers)}.jsonl', script or ['hello'])}"
+            kw.setdefault("tokenizer", str(TINY))
+        kw.setdefault("secret", SECRET)
+        kw.setdefault("admin_token", ADMIN)
+        kw.setdefault("record", str(tmp_path / "calls.jsonl"))
+        transport = kw.pop("transport", None)
+        srv = ProxyServer(ProxyConfig(**kw), transport=transport).start()
+        servers.append(srv)
+        return srv
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    """One transformers-engine server on the tiny model for a whole test module."""
+    d = tmp_path_factory.mktemp("tiny")
+    cfg = ProxyConfig(engine=f"transformers:{TINY}", secret=SECRET, admin_token=ADMIN, record=str(d / "calls.jsonl"),
+                      max_tokens_cap=48, default_max_tokens=24, record_bodies=True)
+    srv = ProxyServer(cfg).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def clients():
+    """SDK clients with session tokens, closed after the test: clients.openai(srv, session, **tags)."""
+    import types
+
+    import anthropic
+    import openai
+
+    made = []
+
+    def oa(srv, session="s1", **tags):
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key=token(session, **tags), max_retries=0)
+        made.append(c)
+        return c
+
+    def an(srv, session="s1", **tags):
+        c = anthropic.Anthropic(base_url=srv.url, api_key=token(session, **tags), max_retries=0)
+        made.append(c)
+        return c
+
+    yield types.SimpleNamespace(openai=oa, anthropic=an)
+    for c in made:
+        c.close()
