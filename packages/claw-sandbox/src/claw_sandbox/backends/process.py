@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -62,6 +63,8 @@ class ProcessSandbox(Sandbox):
 
     async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
         argv = argv_of(command)
+        if self.backend.setpriv:  # the step's main process dies with the runner
+            argv = [self.backend.setpriv, "--pdeathsig", "KILL", *argv]
         if self.cgroup is not None:
             argv = self.cgroup.wrap(argv)
         else:
@@ -96,6 +99,7 @@ class ProcessBackend(Backend):
 
     def __init__(self) -> None:
         self.cgroups = _cgroup.detect()
+        self.setpriv = shutil.which("setpriv")
 
     def unavailable(self) -> str | None:
         return None

@@ -1,0 +1,53 @@
+"""Limits hold without harming the runner or the jobs running next to the offender."""
+
+import os
+
+import pytest
+from conftest import job, py
+
+from claw_sandbox import run_jobs
+
+FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 5"
+MEMORY_HOG = py("x = bytearray(512 << 20); print('allocated', len(x))")
+
+
+@pytest.fixture(params=["bwrap", "process"])
+def backend(request, cgroups):
+    return request.getfixturevalue(request.param)
+
+
+def test_fork_bomb_is_stopped_by_the_pids_limit(backend, tmp_path):
+    """A fork bomb hits pids.max, is killed at the timeout, and a neighbour job finishes fine."""
+    runs = run_jobs(
+        [job("bomb", command=FORK_BOMB, limits={"pids": 32}, timeout_s=3),
+         job("neighbour", command="sleep 1; echo fine", limits={"pids": 32})],
+        backend=backend, parallel=2, workdir=tmp_path / "w",
+    )  # fmt: skip
+    by_id = {r["job_id"]: r for r in runs}
+    assert by_id["bomb"]["status"] == "timeout"
+    assert "pids limit reached (32)" in by_id["bomb"]["error"]
+    assert by_id["neighbour"]["status"] == "ok" and by_id["neighbour"]["stdout_tail"] == "fine\n"
+    assert os.listdir(tmp_path / "w") == []  # the bomb's sandbox was still torn down
+
+
+def test_memory_hog_is_stopped_by_the_memory_limit(backend, tmp_path):
+    """Allocating past memory_mb kills the job (exit 137) and says why; the runner lives on."""
+    runs = run_jobs(
+        [job("hog", command=MEMORY_HOG, limits={"memory_mb": 64}),
+         job("neighbour", command=py("print(sum(range(10**6)))"), limits={"memory_mb": 64})],
+        backend=backend, parallel=2, workdir=tmp_path / "w",
+    )  # fmt: skip
+    by_id = {r["job_id"]: r for r in runs}
+    hog = by_id["hog"]
+    assert hog["status"] == "ok" and hog["exit_code"] == 137, hog
+    assert "allocated" not in hog["stdout_tail"]
+    assert "memory limit exceeded (64 MB)" in hog["error"]
+    assert by_id["neighbour"]["stdout_tail"] == "499999500000\n"
+
+
+def test_cpu_limit_throttles(backend, tmp_path):
+    """cpus: 0.2 lets a busy loop use at most about a fifth of one core."""
+    code = "import time\nt=time.time(); c=time.process_time()\nwhile time.time()-t < 1.5: pass\nprint(round((time.process_time()-c)/1.5, 2))"
+    (run,) = run_jobs([job("cpu", command=py(code), limits={"cpus": 0.2})], backend=backend, workdir=tmp_path)
+    share = float(run["stdout_tail"])
+    assert share < 0.45, share
