@@ -43,7 +43,8 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 def _type_names(types: type | tuple[type, ...]) -> str:
     names = {int: "integer", float: "number", str: "string", list: "array", dict: "object",
              bool: "boolean", type(None): "null"}
-    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
+    kinds = [t for t in _as_tuple(types) if not (t is int and float in _as_tuple(types))]
+    return " or ".join(names.get(t, t.__name__) for t in kinds)
 
 
 def _check_schema(row: dict, expected: str, where: str) -> None:
