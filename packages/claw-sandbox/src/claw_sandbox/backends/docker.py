@@ -1,0 +1,204 @@
+"""The `docker` backend (docker SDK, `pip install claw-sandbox[docker]`): a container per step.
+
+Every step of a job runs in a fresh container of the job's image with the job's workspace at
+/workspace and the job's /tmp bind-mounted (so setup, command and verify share files), a
+read-only root filesystem, all capabilities dropped, no-new-privileges, an unprivileged user,
+memory/pids/cpu limits, and network `none`. Policy `proxy` adds exactly one thing to that
+empty network namespace: a forwarder listening on 127.0.0.1:PORT, started from the host inside
+the container's namespace (nsenter), which relays to a per-job unix socket and from there to
+the proxy. Nothing else is reachable. Policy `host` uses the host network (explicit opt-in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from claw_sandbox import _forward
+from claw_sandbox._proc import StepResult
+from claw_sandbox.backends.base import Backend, Sandbox, argv_of
+from claw_sandbox.errors import InfraError, JobError
+from claw_sandbox.records import Command, Job, parse_http_url
+
+WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
+
+
+class DockerSandbox(Sandbox):
+    inside_workspace = "/workspace"
+    inside_tmp = "/tmp"
+
+    def __init__(self, backend: DockerBackend, job: Job, jobdir: Path) -> None:
+        super().__init__(backend, job, jobdir)
+        self.backend: DockerBackend = backend
+        self.owner = backend.owner
+        self.relay: _forward.Relay | None = None
+        self.image = job.image or backend.default_image
+
+    async def start(self) -> None:
+        (self.jobdir / "run").mkdir(mode=0o755)
+        if self.job.network.policy == "proxy":
+            host, port = parse_http_url(self.job.network.proxy_url or "")
+            self.relay = _forward.Relay(host, port)
+            await self.relay.start_unix(self.jobdir / "run" / "proxy.sock")
+
+    def _config(self, command: Command) -> dict:
+        limits = self.job.limits
+        argv = argv_of(command) if not isinstance(command, str) else ["/bin/sh", "-c", command]
+        if self.relay is not None:
+            argv = ["/bin/sh", "-c", WAIT_READY, "claw-wait", *argv]
+        config = {
+            "image": self.image, "command": argv, "detach": True, "working_dir": "/workspace",
+            "environment": self.env(), "read_only": True, "cap_drop": ["ALL"], "init": True,
+            "security_opt": ["no-new-privileges"], "hostname": "sandbox",
+            "volumes": {str(self.workspace): {"bind": "/workspace", "mode": "rw"},
+                        str(self.tmp): {"bind": "/tmp", "mode": "rw"},
+                        str(self.jobdir / "run"): {"bind": "/run/claw", "mode": "ro"}},
+            "network_mode": "host" if self.job.network.policy == "host" else "none",
+            "labels": {"claw-sandbox.job": self.job.job_id[:200]},
+        }  # fmt: skip
+        if self.owner:
+            config["user"] = f"{self.owner[0]}:{self.owner[1]}"
+        if limits.memory_mb:
+            config["mem_limit"] = f"{limits.memory_mb}m"
+            config["memswap_limit"] = f"{limits.memory_mb}m"
+        if limits.pids:
+            config["pids_limit"] = limits.pids
+        if limits.cpus:
+            config["nano_cpus"] = int(limits.cpus * 1e9)
+        return config
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        env.update(self.job.env)
+        return env
+
+    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+        return await asyncio.to_thread(self._run, command, timeout_s, merge_stderr)
+
+    def _run(self, command: Command, timeout_s: float, merge_stderr: bool) -> StepResult:
+        import docker.errors
+
+        client = self.backend.client()
+        started = time.monotonic()
+        try:
+            config = self._config(command)
+            config.pop("detach")
+            container = client.containers.create(**config)  # create never pulls
+        except docker.errors.ImageNotFound:
+            raise JobError(f"job {self.job.job_id!r}: image: {self.image!r} not found (build or pull it first)") from None
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker could not start the container: {exc.explanation or exc}") from exc
+        forwarder = None
+        try:
+            try:
+                container.start()
+            except docker.errors.APIError as exc:
+                raise InfraError(f"docker could not start the container: {exc.explanation or exc}") from exc
+            if self.relay is not None:
+                forwarder = self._start_forwarder(container)
+            timed_out = False
+            try:
+                left = max(0.5, timeout_s - (time.monotonic() - started))
+                status = container.wait(timeout=left)
+                code = int(status.get("StatusCode", -1))
+            except Exception:  # requests' ReadTimeout / ConnectionError: the timeout passed
+                timed_out, code = True, None
+                with contextlib.suppress(docker.errors.APIError):
+                    container.kill()
+                with contextlib.suppress(Exception):
+                    container.wait(timeout=30)
+            limit = self.job.limits.output_bytes
+            out = container.logs(stdout=True, stderr=merge_stderr)[-limit:] if limit else b""
+            err = b"" if merge_stderr or not limit else container.logs(stdout=False, stderr=True)[-limit:]
+            container.reload()
+            if container.attrs.get("State", {}).get("OOMKilled"):
+                self.notes.append(f"memory limit exceeded ({self.job.limits.memory_mb} MB)")
+        finally:
+            if forwarder is not None:
+                forwarder.kill()
+                forwarder.wait()
+            with contextlib.suppress(Exception):
+                (self.jobdir / "run" / "ready").unlink()
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+        return StepResult(
+            exit_code=code, timed_out=timed_out,
+            stdout=out.decode("utf-8", errors="replace"), stderr=err.decode("utf-8", errors="replace"),
+        )  # fmt: skip
+
+    def _start_forwarder(self, container) -> subprocess.Popen:
+        container.reload()
+        pid = container.attrs["State"]["Pid"]
+        port = self.job.network.port or 0
+        sock = str(self.jobdir / "run" / "proxy.sock")
+        nsenter = shutil.which("nsenter")
+        if not nsenter or os.geteuid() != 0 or not pid:
+            raise InfraError("network proxy on docker needs root and nsenter (util-linux)")
+        if self.backend.socat:
+            fwd = [self.backend.socat, f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr", f"UNIX-CONNECT:{sock}"]
+        else:
+            fwd = [sys.executable, "-c", _forward.PY_FORWARDER, str(port), sock]
+        proc = subprocess.Popen([nsenter, "-t", str(pid), "-n", *fwd], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        needle = f":{port:04X} 00000000:0000 0A"
+        for _ in range(500):
+            with contextlib.suppress(OSError):
+                if needle in Path(f"/proc/{pid}/net/tcp").read_text():
+                    break
+            if proc.poll() is not None:
+                raise InfraError("the proxy forwarder exited at start")
+            time.sleep(0.005)
+        else:
+            proc.kill()
+            raise InfraError("the proxy forwarder did not start listening")
+        (self.jobdir / "run" / "ready").write_text("")
+        return proc
+
+    async def stop(self) -> None:
+        if self.relay is not None:
+            await self.relay.close()
+            self.relay = None
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    isolates = True
+
+    def __init__(self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534) -> None:
+        self.default_image = default_image or os.environ.get("CLAW_SANDBOX_IMAGE")
+        self.owner = (uid, gid) if os.geteuid() == 0 else None
+        self.socat = shutil.which("socat")
+        self._client = None
+
+    def client(self):
+        if self._client is None:
+            import docker
+
+            self._client = docker.from_env(timeout=60)
+        return self._client
+
+    def unavailable(self) -> str | None:
+        try:
+            import docker  # noqa: F401
+        except ImportError:
+            return "the docker SDK is not installed (pip install 'claw-sandbox[docker]')"
+        try:
+            self.client().ping()
+        except Exception as exc:
+            return f"no docker engine answers ({type(exc).__name__}: {str(exc)[:120]})"
+        return None
+
+    def check_job(self, job: Job) -> None:
+        super().check_job(job)
+        if not (job.image or self.default_image):
+            raise JobError(f"job {job.job_id!r}: image: the docker backend needs an image (or CLAW_SANDBOX_IMAGE)")
+
+    def sandbox(self, job: Job, jobdir: Path) -> Sandbox:
+        return DockerSandbox(self, job, jobdir)

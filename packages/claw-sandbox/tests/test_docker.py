@@ -1,0 +1,132 @@
+"""The docker backend against a real engine, with a busybox image made by `docker import`."""
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import socket
+import sys
+import time
+
+import pytest
+from conftest import job
+
+from claw_sandbox import run_jobs
+from claw_sandbox.backends import make_backend
+
+pytestmark = pytest.mark.slow
+IMAGE = "claw-sandbox-test:busybox"
+TOOLS = "sh echo cat sleep dd ls id touch test grep wget nc mkdir env true false rm head printf".split()
+
+
+def _busybox_rootfs() -> bytes:
+    """A tar of a root filesystem: static busybox and its applet links, nothing else."""
+    busybox = shutil.which("busybox")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(busybox, "bin/busybox")
+        for tool in TOOLS:
+            info = tarfile.TarInfo(f"bin/{tool}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(info)
+        for d in ("tmp", "workspace", "etc"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def _static_busybox() -> bool:
+    path = shutil.which("busybox")
+    if not path:
+        return False
+    ldd = subprocess.run(["ldd", path], capture_output=True, text=True)
+    return ldd.returncode != 0 or "not a dynamic executable" in ldd.stdout + ldd.stderr
+
+
+@pytest.fixture(scope="module")
+def docker_backend():
+    backend = make_backend("docker")
+    reason = backend.unavailable()
+    if reason:
+        pytest.skip(f"docker backend unavailable: {reason}")
+    client = backend.client()
+    import docker.errors
+
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        if not _static_busybox():
+            pytest.skip("no static busybox to build the test image from (apt-get install busybox-static)")
+        repo, tag = IMAGE.split(":")
+        client.api.import_image_from_data(_busybox_rootfs(), repository=repo, tag=tag)
+        client.images.get(IMAGE)
+    return backend
+
+
+def test_docker_lifecycle_isolation_and_bad_image(docker_backend, tmp_path):
+    """Workspace, verify and collect work; the root is read-only; a missing image is a job error."""
+    jobs = [
+        job("ok", image=IMAGE, workspace={"files": {"in.txt": "hi\n"}},
+            command="cat in.txt > out.txt; id -u; touch /etc/x 2>/dev/null || echo ro-root",
+            verify={"command": "test -f .v/ok && grep -q hi out.txt", "files": {".v/ok": ""}},
+            collect=["out.txt"]),
+        job("noimage", image="claw-sandbox-test:does-not-exist"),
+        job("slow", image=IMAGE, command="sleep 30", timeout_s=1),
+    ]  # fmt: skip
+    runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)}
+    ok = runs["ok"]
+    assert ok["status"] == "ok" and ok["verify"]["passed"], ok
+    assert ok["collected"] == {"out.txt": "hi\n"} and "ro-root" in ok["stdout_tail"]
+    if os.geteuid() == 0:
+        assert ok["stdout_tail"].splitlines()[0] == "65534"
+    assert runs["noimage"]["status"] == "error" and "not found" in runs["noimage"]["error"]
+    assert runs["slow"]["status"] == "timeout"
+
+
+def test_docker_limits(docker_backend, tmp_path):
+    """The memory limit kills a hog (and says so); a fork bomb is contained by pids_limit."""
+    jobs = [
+        job("hog", image=IMAGE, command=["dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1"],
+            limits={"memory_mb": 64}),
+        job("bomb", image=IMAGE, command="b() { b | b & }; b; sleep 3", limits={"pids": 32}, timeout_s=2),
+        job("neighbour", image=IMAGE, command="echo fine"),
+    ]  # fmt: skip
+    runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)}
+    assert runs["hog"]["exit_code"] == 137 and "memory limit exceeded" in runs["hog"]["error"]
+    assert runs["bomb"]["status"] == "timeout"
+    assert runs["neighbour"]["stdout_tail"] == "fine\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_docker_network_proxy_only(docker_backend, tmp_path):
+    """Policy proxy: the proxy answers on 127.0.0.1:PORT inside; the host's ports do not."""
+    if os.geteuid() != 0:
+        pytest.skip("the docker proxy forwarder needs root (nsenter)")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("hello from the proxy\n" * 50)
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              cwd=site, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        for _ in range(200):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.02)
+        cmd = (f"wget -q -O- http://127.0.0.1:18080/ | head -n 1; "
+               f"wget -q -O- http://127.0.0.1:{port}/ 2>/dev/null || echo blocked")  # fmt: skip
+        net = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{port}", "port": 18080}
+        (run,) = run_jobs([job("net", image=IMAGE, command=cmd, network=net)], backend=docker_backend,
+                          workdir=tmp_path / "w")  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    assert run["stdout_tail"].splitlines()[:2] == ["hello from the proxy", "blocked"], run
