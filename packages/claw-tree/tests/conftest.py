@@ -95,7 +95,7 @@ def naive_trie(calls):
     """Reference: a per-token dict trie per session, keyed by (session, prefix tuple).
 
     Value: [generated, logprob, version] from the earliest (seq, call_id) call that generated
-    the token; duplicates by call_id count once.
+    the token (a root token is never trainable); duplicates by call_id count once.
     """
     seen = {}
     for c in calls:
@@ -106,7 +106,7 @@ def naive_trie(calls):
         p = len(c["prompt_ids"])
         for k in range(len(seq)):
             node = nodes.setdefault((c["session"], tuple(seq[: k + 1])), [False, 0.0, -1])
-            if c.get("trainable", True) and k >= p and not node[0]:
+            if c.get("trainable", True) and k >= max(p, 1) and not node[0]:
                 node[:] = [True, c["completion_logprobs"][k - p], c["policy"]["version"]]
     return nodes
 

@@ -2,10 +2,6 @@
 
 import numpy as np
 import pytest
-from conftest import flat_gae
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from claw_tree import (
     ClawError,
     gae_on_tree,
@@ -14,6 +10,9 @@ from claw_tree import (
     reinforce_advantages,
     rloo_advantages,
 )
+from conftest import flat_gae
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 rewards_and_groups = st.lists(
     st.tuples(st.floats(0, 1, allow_nan=False), st.sampled_from("abcd")), min_size=1, max_size=30

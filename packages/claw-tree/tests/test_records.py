@@ -4,10 +4,9 @@ import io
 import json
 
 import pytest
-from conftest import call, outcome
-
 from claw_tree import Call, Outcome, RecordError, read_calls, read_outcomes
 from claw_tree.records import read_values
+from conftest import call, outcome
 
 
 def _write(tmp_path, rows, name="calls.jsonl"):

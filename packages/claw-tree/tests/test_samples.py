@@ -6,10 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import call, corpora, flat_gae, outcome, prefix_keys
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from claw_tree import (
     BudgetError,
     ValuesError,
@@ -18,7 +14,12 @@ from claw_tree import (
     gae_for_samples,
     group_relative_advantages,
     make_samples,
+    sample_rewards,
+    token_sessions,
 )
+from conftest import call, corpora, flat_gae, outcome, prefix_keys
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 FORMATS = Path(__file__).resolve().parents[3] / "formats"
 
@@ -54,8 +55,9 @@ def _packed_loss(samples, loss):
     total = 0.0
     for s in samples:
         keys = prefix_keys(s["input_ids"], s["parent"])
+        owner = token_sessions(s)
         for i, key in enumerate(keys):
-            total += s["loss_weights"][i] * loss[(s["sessions"][s["session_index"][i]], key)]
+            total += s["loss_weights"][i] * loss[(s["sessions"][owner[i]], key)]
     return total
 
 
@@ -88,7 +90,7 @@ def test_packed_loss_equals_flat_per_trajectory_mean(data, weighting, budget):
     for s in batch.samples:
         assert len(s["input_ids"]) <= (budget or 10**9)
         keys_s = prefix_keys(s["input_ids"], s["parent"])
-        tagged = [(s["sessions"][s["session_index"][i]], k) for i, k in enumerate(keys_s)]
+        tagged = [(s["sessions"][j], k) for j, k in zip(token_sessions(s), keys_s, strict=True)]
         assert len(set(tagged)) == len(tagged), "a node appears twice in one sample"
         assert all(p < i for i, p in enumerate(s["parent"]))
         assert s["position_ids"] == [len(k) - 1 for k in keys_s]
@@ -115,8 +117,9 @@ def test_token_advantages_are_the_rollout_advantage(data, algo):
     else:
         ref = rewards
     for s in samples:
+        owner = token_sessions(s)
         for i, t in enumerate(s["trainable"]):
-            want = ref[s["sessions"][s["session_index"][i]]] if t else 0.0
+            want = ref[s["sessions"][owner[i]]] if t else 0.0
             assert s["advantages"][i] == pytest.approx(want)
 
 
@@ -159,7 +162,8 @@ def test_ppo_values_roundtrip_and_match_per_path_gae():
     got = batch.samples[0]
     V = np.array(values[sample["sample_id"]])
     act = np.array(got["trainable"], dtype=bool)
-    r = np.array(got["rewards"])
+    r = sample_rewards(got)
+    assert r.tolist() == [0, 0, 0, 0, 0, 0, 1.0, 0, 1.0]
     parent = got["parent"]
     kids = {i: [j for j, p in enumerate(parent) if p == i] for i in range(len(parent))}
 

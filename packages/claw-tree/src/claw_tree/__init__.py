@@ -11,9 +11,23 @@ from claw_tree.advantages import (
 )
 from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
 from claw_tree.records import Call, Outcome, ReadResult, read_calls, read_outcomes, write_jsonl
-from claw_tree.samples import SampleBatch, build_samples, gae_for_samples, make_samples
+from claw_tree.samples import (
+    SampleBatch,
+    build_samples,
+    gae_for_samples,
+    make_samples,
+    sample_rewards,
+    token_sessions,
+)
 from claw_tree.stats import forest_stats, session_stats
-from claw_tree.tree import Forest, SessionTree, Trajectory, build_forest, trajectory_record, trajectory_spans
+from claw_tree.tree import (
+    Forest,
+    SessionTree,
+    Trajectory,
+    build_forest,
+    trajectory_record,
+    trajectory_spans,
+)
 
 __version__ = _version("claw-tree")
 __all__ = [
@@ -42,7 +56,9 @@ __all__ = [
     "read_outcomes",
     "reinforce_advantages",
     "rloo_advantages",
+    "sample_rewards",
     "session_stats",
+    "token_sessions",
     "trajectory_record",
     "trajectory_spans",
     "write_jsonl",

@@ -239,7 +239,7 @@ def build_samples(
     node_lists = [np.concatenate([nodes for _, nodes, _ in plan]) for plan in plans]
 
     leaf_reward = np.zeros(forest.n_nodes)
-    for tree, paths, _ in included:
+    for tree, _, _ in included:
         for ti in tree.trajectories:
             leaf_reward[forest.trajectories[ti].leaf] = by_session[tree.name].reward
     if algo == "ppo":
@@ -286,11 +286,10 @@ def build_samples(
         if returns is not None:
             row["returns"] = returns.tolist()
         plan_sessions = [by_session[tree.name] for tree, _, _ in plan]
+        offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
         row.update({
             "loss_weights": weights.tolist(),
-            "rewards": leaf_reward[nodes].tolist(),
             "policy_versions": forest.policy_version[nodes].tolist(),
-            "session_index": session_index.tolist(),
             "sessions": [oc.session for oc in plan_sessions],
             "groups": [_group_key(oc, group_by) for oc in plan_sessions],
             "n_paths": sum(len(paths) for _, _, paths in plan),
@@ -298,6 +297,7 @@ def build_samples(
                 "tasks": [oc.task for oc in plan_sessions],
                 "harnesses": [oc.harness for oc in plan_sessions],
                 "session_rewards": [oc.reward for oc in plan_sessions],
+                "session_offsets": offsets.tolist(),
                 "path_weighting": path_weighting,
             },
         })
@@ -335,8 +335,27 @@ def make_samples(forest: Forest, outcomes: Iterable[Outcome | dict], **options: 
     """
     batch = build_samples(forest, outcomes, **options)
     if batch.excluded:
-        log.info("claw-tree samples: %s", batch.summary())
+        log.warning("claw-tree samples: %s", batch.summary())
     return batch.samples
+
+
+def token_sessions(sample: dict) -> np.ndarray:
+    """Index into ``sample["sessions"]`` of every token, from ``tags["session_offsets"]``."""
+    offsets = (sample.get("tags") or {}).get("session_offsets")
+    if offsets is None:
+        raise ValuesError(f"sample {sample.get('sample_id')!r} has no tags.session_offsets (not made by claw-tree?)")
+    n = len(sample["input_ids"])
+    return np.searchsorted(np.asarray(offsets), np.arange(n), side="right") - 1
+
+
+def sample_rewards(sample: dict) -> np.ndarray:
+    """Per-token rewards of a sample: its session's outcome reward on every leaf, 0 elsewhere."""
+    parent = np.asarray(sample["parent"], dtype=np.int64)
+    n = len(parent)
+    is_leaf = np.ones(n, dtype=bool)
+    is_leaf[parent[parent >= 0]] = False
+    per_session = np.asarray(sample["tags"]["session_rewards"] if n else [], dtype=np.float64)
+    return np.where(is_leaf, per_session[token_sessions(sample)] if n else 0.0, 0.0)
 
 
 def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterable[dict], *,
@@ -353,12 +372,10 @@ def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterabl
         sid = sample.get("sample_id")
         if sid not in vmap:
             raise ValuesError(f"no values for sample {sid!r}")
-        if "rewards" not in sample:
-            raise ValuesError(f"sample {sid!r} has no per-token rewards (made by an older claw-tree?)")
         V = vmap[sid]
         if len(V) != len(sample["input_ids"]):
             raise ValuesError(f"values for {sid!r}: {len(V)} entries, the sample has {len(sample['input_ids'])} tokens")
         A, R = gae_on_tree(np.asarray(sample["parent"]), np.asarray(sample["trainable"], dtype=bool),
-                           V, np.asarray(sample["rewards"]), gamma=gamma, lam=lam)
+                           V, sample_rewards(sample), gamma=gamma, lam=lam)
         out.append({**sample, "advantages": A.tolist(), "returns": R.tolist()})
     return out

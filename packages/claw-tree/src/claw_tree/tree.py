@@ -12,7 +12,8 @@ common prefix — or a new root when it shares nothing.
 
 Node arrays are global over the forest; the nodes of one session are contiguous, and parents
 always precede their children. A node is *trainable* when some trainable call generated it
-(it lies in that call's completion); its logprob, policy version and generating call come from
+(it lies in that call's completion and is not a root: a first token has no context to be
+predicted from); its logprob, policy version and generating call come from
 the earliest such call in (seq, call_id) order, so the result does not depend on input order.
 Duplicate records (same call_id, same content) count once; same call_id with different content
 is a :class:`~claw_tree.errors.ConflictError`.
@@ -251,7 +252,8 @@ def build_forest(calls: Iterable[Call | dict]) -> Forest:
         if not call.trainable or len(call.completion_ids) == 0:
             continue
         p = len(call.prompt_ids)
-        for a, b, pos in _node_ranges(segs, p, p + len(call.completion_ids)):
+        # A root token has no context to be predicted from: it is never trainable.
+        for a, b, pos in _node_ranges(segs, max(p, 1), p + len(call.completion_ids)):
             trainable[a:b] = True
             logprobs[a:b] = call.completion_logprobs[pos - p : pos - p + (b - a)]
             policy_version[a:b] = call.policy_version
