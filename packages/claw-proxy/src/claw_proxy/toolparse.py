@@ -94,8 +94,10 @@ class HermesParser:
                 break
             block, self._buf = self._buf[:i], self._buf[i + len(self.close_call):]
             self._mode = "text"
-            out.extend(self._call_events(block))
-            self._buf = self._buf.lstrip()
+            events = self._call_events(block)
+            out.extend(events)
+            if events and isinstance(events[0], ToolCallEvent):
+                self._buf = self._buf.lstrip()
         return out
 
     def _call_events(self, block: str) -> list:
