@@ -75,11 +75,21 @@ def run(jobs, out, backend, parallel, retries, workdir, ro_paths, executor, ray_
     if executor == "ray":
         from claw_sandbox.ray_executor import run_on_ray
 
-        rows = run_on_ray(items, backend=backend, out=None if out == "-" else out, retries=retries,
-                          address=ray_address, log=_log, ro_paths=ro_paths)  # fmt: skip
-        if out == "-":
-            for row in rows:
+        started = time.monotonic()
+
+        def show(row: dict) -> None:
+            if out == "-":
                 click.echo(json.dumps(row, ensure_ascii=False))
+
+        try:
+            rows = run_on_ray(items, backend=backend, out=None if out == "-" else out, retries=retries,
+                              parallel=parallel, address=ray_address, log=_log, ro_paths=ro_paths,
+                              on_run=show)  # fmt: skip
+        except ClawError as exc:
+            raise click.ClickException(str(exc)) from None
+        counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "timeout", "error", "infra_error")}
+        _log(f"ray: {len(rows)} jobs run: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+             + f"; {time.monotonic() - started:.2f}s")
         return
     sched = Scheduler(_backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log)
     started = time.monotonic()
