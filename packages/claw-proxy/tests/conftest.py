@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from claw_proxy import ProxyConfig, ProxyServer, mint_token
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -16,8 +15,20 @@ HARNESS_REQUESTS = Path(__file__).parent / "fixtures" / "harness-requests"
 SECRET = "test-secret"
 ADMIN = "admin-token"
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
-          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 
 
 def tool_call_text(name: str, arguments: dict) -> str:
@@ -40,7 +51,9 @@ def make_server(tmp_path):
 
     def make(script: list[str] | None = None, **kw) -> ProxyServer:
         if "engine" not in kw:
-            kw["engine"] = f"scripted:{write_script(tmp_path / f'script{len(servers)}.jsonl', script or ['hello'])}"
+            kw["engine"] = (
+                f"scripted:{write_script(tmp_path / f'script{len(servers)}.jsonl', script or ['hello'])}"
+            )
             kw.setdefault("tokenizer", str(TINY))
         kw.setdefault("secret", SECRET)
         kw.setdefault("admin_token", ADMIN)
@@ -59,8 +72,15 @@ def make_server(tmp_path):
 def tiny_server(tmp_path_factory):
     """One transformers-engine server on the tiny model for a whole test module."""
     d = tmp_path_factory.mktemp("tiny")
-    cfg = ProxyConfig(engine=f"transformers:{TINY}", secret=SECRET, admin_token=ADMIN, record=str(d / "calls.jsonl"),
-                      max_tokens_cap=48, default_max_tokens=24, record_bodies=True)
+    cfg = ProxyConfig(
+        engine=f"transformers:{TINY}",
+        secret=SECRET,
+        admin_token=ADMIN,
+        record=str(d / "calls.jsonl"),
+        max_tokens_cap=48,
+        default_max_tokens=24,
+        record_bodies=True,
+    )
     srv = ProxyServer(cfg).start()
     yield srv
     srv.stop()

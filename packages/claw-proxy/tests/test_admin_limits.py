@@ -6,15 +6,15 @@ import asyncio
 import json
 import shutil
 import threading
+import time
 
 import httpx
 import pytest
 import torch
-from conftest import ADMIN, SECRET, TINY, token
-
 from claw_proxy import ProxyConfig, ProxyServer, mint_token, read_calls
 from claw_proxy.engines import Engine, Generation
 from claw_proxy.errors import EngineError
+from conftest import ADMIN, SECRET, TINY, token
 
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -36,30 +36,91 @@ def test_auth(make_server):
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     forged = token("s1")[:-2] + "AA"
     r = _post(srv, "/v1/messages", ANTH, key=forged)
-    assert r.status_code == 401 and r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"
-    assert _post(srv, "/v1/chat/completions", CHAT, key=mint_token("s1", "other")).status_code == 401
+    assert (
+        r.status_code == 401
+        and r.json()["type"] == "error"
+        and r.json()["error"]["type"] == "authentication_error"
+    )
+    assert (
+        _post(srv, "/v1/chat/completions", CHAT, key=mint_token("s1", "other")).status_code == 401
+    )
     r = _post(srv, "/v1/chat/completions", CHAT, authorization=f"Bearer {token('s1')}")
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize(("path", "body", "raw", "needle"), [
-    ("/v1/chat/completions", None, b"{not json", "not valid JSON: Expecting property name"),
-    ("/v1/chat/completions", [1], None, "must be a JSON object"),
-    ("/v1/chat/completions", {"model": "m"}, None, "messages: required field is missing"),
-    ("/v1/chat/completions", {"model": "m", "messages": "hi"}, None, "messages: expected an array"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "robot", "content": "x"}]}, None,
-     "messages[0].role: unknown role 'robot'"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:"}}]}]}, None, "messages[0].content[0]: image_url content is not supported"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
-     None, "temperature: expected a number"),
-    ("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, None, "max_tokens: required"),
-    ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {}}]}]}, None, "messages[0].content[0]: image content is not supported"),
-    ("/v1/responses", {"model": "m", "input": [{"type": "message", "role": "user",
-                                                "content": [{"type": "input_image"}]}]}, None, "input[0].content[0]"),
-    ("/v1/responses", {"model": "m", "input": "x", "previous_response_id": "r1"}, None, "previous_response_id"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "raw", "needle"),
+    [
+        ("/v1/chat/completions", None, b"{not json", "not valid JSON: Expecting property name"),
+        ("/v1/chat/completions", [1], None, "must be a JSON object"),
+        ("/v1/chat/completions", {"model": "m"}, None, "messages: required field is missing"),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": "hi"},
+            None,
+            "messages: expected an array",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "robot", "content": "x"}]},
+            None,
+            "messages[0].role: unknown role 'robot'",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:"}}],
+                    }
+                ],
+            },
+            None,
+            "messages[0].content[0]: image_url content is not supported",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+            None,
+            "temperature: expected a number",
+        ),
+        (
+            "/v1/messages",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            None,
+            "max_tokens: required",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            },
+            None,
+            "messages[0].content[0]: image content is not supported",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": "m",
+                "input": [
+                    {"type": "message", "role": "user", "content": [{"type": "input_image"}]}
+                ],
+            },
+            None,
+            "input[0].content[0]",
+        ),
+        (
+            "/v1/responses",
+            {"model": "m", "input": "x", "previous_response_id": "r1"},
+            None,
+            "previous_response_id",
+        ),
+    ],
+)
 def test_bad_requests_get_400_with_a_clear_message(make_server, path, body, raw, needle):
     """Malformed JSON, wrong types, unknown roles, images: 400 naming the field, in the API's shape."""
     srv = make_server()
@@ -75,10 +136,18 @@ def test_bad_requests_get_400_with_a_clear_message(make_server, path, body, raw,
 def test_body_limit_and_max_tokens_cap(make_server):
     """Bodies over the limit get 413; max tokens are capped and the cap is recorded."""
     srv = make_server(["a b c d e f g h i j k l m n o p"], max_body_bytes=2000, max_tokens_cap=3)
-    r = _post(srv, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 3000}]}, key=token())
+    r = _post(
+        srv,
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": "x" * 3000}]},
+        key=token(),
+    )
     assert r.status_code == 413
     r = _post(srv, "/v1/chat/completions", {**CHAT, "max_tokens": 100}, key=token())
-    assert r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["finish_reason"] == "length"
+    assert (
+        r.json()["usage"]["completion_tokens"] == 3
+        and r.json()["choices"][0]["finish_reason"] == "length"
+    )
     (call,) = read_calls(srv.config.record)
     assert call.sampling["max_tokens"] == 3 and call.finish_reason == "length"
 
@@ -118,7 +187,11 @@ def test_session_concurrency_and_engine_failure(make_server):
     gate = _Gate(str(TINY))
     srv.proxy.policy_engine = gate
     results = {}
-    t = threading.Thread(target=lambda: results.setdefault("a", _post(srv, "/v1/chat/completions", CHAT, key=token("c"))))
+    t = threading.Thread(
+        target=lambda: results.setdefault(
+            "a", _post(srv, "/v1/chat/completions", CHAT, key=token("c"))
+        )
+    )
     t.start()
     for _ in range(200):
         if srv.proxy.sessions.get("c") and srv.proxy.sessions["c"].in_flight:
@@ -132,7 +205,11 @@ def test_session_concurrency_and_engine_failure(make_server):
     recorded = list(read_calls(srv.config.record))
     srv.proxy.policy_engine = _Gate(str(TINY), fail=True)
     r = _post(srv, "/v1/messages", ANTH, key=token("f"))
-    assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error" and r.headers["retry-after"]
+    assert (
+        r.status_code == 529
+        and r.json()["error"]["type"] == "overloaded_error"
+        and r.headers["retry-after"]
+    )
     r = _post(srv, "/v1/chat/completions", CHAT, key=token("f"))
     assert r.status_code == 503 and "GPU fell over" in r.json()["error"]["message"]
     assert len(list(read_calls(srv.config.record))) == len(recorded)
@@ -145,21 +222,35 @@ def test_admin_sessions_stats_and_routes(tmp_path, make_server):
     other.write_text(json.dumps({"text": "from the frozen model"}) + "\n")
     srv = make_server(["from the policy"], routes=(("claude-haiku*", f"scripted:{other}"),))
     assert _post(srv, "/admin/sessions/r1", {"tags": {"task": "t9"}}).status_code == 401
-    assert _post(srv, "/admin/sessions/r1", {"tags": {"task": "t9"}}, **ADMIN_H).json()["tags"] == {"task": "t9"}
-    a = _post(srv, "/v1/messages", {**ANTH, "model": "claude-haiku-4-5"}, key=token("r1", harness="cc"))
-    b = _post(srv, "/v1/messages", {**ANTH, "model": "claude-opus-4"}, key=token("r1", harness="cc"))
+    assert _post(srv, "/admin/sessions/r1", {"tags": {"task": "t9"}}, **ADMIN_H).json()["tags"] == {
+        "task": "t9"
+    }
+    a = _post(
+        srv, "/v1/messages", {**ANTH, "model": "claude-haiku-4-5"}, key=token("r1", harness="cc")
+    )
+    b = _post(
+        srv, "/v1/messages", {**ANTH, "model": "claude-opus-4"}, key=token("r1", harness="cc")
+    )
     assert a.json()["content"][0]["text"] == "from the frozen model"
     assert b.json()["content"][0]["text"] == "from the policy"
     ca, cb = read_calls(srv.config.record)
-    assert ca.engine == f"scripted:{other}" and ca.model == "claude-haiku-4-5" and ca.tags == {"task": "t9"}
+    assert (
+        ca.engine == f"scripted:{other}"
+        and ca.model == "claude-haiku-4-5"
+        and ca.tags == {"task": "t9"}
+    )
     stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
     assert stats["calls_recorded"] == 2 and stats["records"] == 2
     assert _post(srv, "/admin/sessions/r1/close", {}, **ADMIN_H).json()["calls"] == 2
     assert _post(srv, "/v1/messages", ANTH, key=token("r1")).status_code == 401
     assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "policy"
     assert httpx.get(srv.url + "/healthz").json()["ok"] is True
-    r = _post(srv, "/v1/messages/count_tokens", {"model": "x", "messages": [{"role": "user", "content": "hi"}]},
-              key=token("r2"))
+    r = _post(
+        srv,
+        "/v1/messages/count_tokens",
+        {"model": "x", "messages": [{"role": "user", "content": "hi"}]},
+        key=token("r2"),
+    )
     assert r.json()["input_tokens"] > 0
 
 
@@ -176,25 +267,44 @@ def test_policy_reload_keeps_in_flight_requests_on_old_weights(tmp_path):
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     m.save_pretrained(str(new_dir))
-    cfg = ProxyConfig(engine=f"transformers:{TINY}", secret=SECRET, admin_token=ADMIN,
-                      record=str(tmp_path / "calls.jsonl"), max_tokens_cap=1500)
+    cfg = ProxyConfig(
+        engine=f"transformers:{TINY}",
+        secret=SECRET,
+        admin_token=ADMIN,
+        record=str(tmp_path / "calls.jsonl"),
+        max_tokens_cap=1500,
+    )
     with ProxyServer(cfg) as srv, httpx.Client(base_url=srv.url, timeout=120) as h:
         body = {**CHAT, "max_tokens": 1500, "stream": True, "temperature": 1.0}
         hdr = {"authorization": f"Bearer {token('rl')}"}
         with h.stream("POST", "/v1/chat/completions", json=body, headers=hdr) as s:
             lines = s.iter_lines()
             next(lines)
-            r = h.post("/admin/policy", headers=ADMIN_H, json={"schema": "claw.policy/v1", "name": "tiny",
-                                                               "version": 1, "path": str(new_dir)})
+            r = h.post(
+                "/admin/policy",
+                headers=ADMIN_H,
+                json={
+                    "schema": "claw.policy/v1",
+                    "name": "tiny",
+                    "version": 1,
+                    "path": str(new_dir),
+                },
+            )
             assert r.status_code == 200 and r.json()["policy"] == {"name": "tiny", "version": 1}
+            reloaded_at = time.time()
             rest = list(lines)
         assert rest[-2] == "data: [DONE]" or rest[-1] == "data: [DONE]"
-        bad = h.post("/admin/policy", headers=ADMIN_H, json={"schema": "claw.policy/v1", "name": "x", "path": "p"})
+        bad = h.post(
+            "/admin/policy",
+            headers=ADMIN_H,
+            json={"schema": "claw.policy/v1", "name": "x", "path": "p"},
+        )
         assert bad.status_code == 400 and "version" in bad.json()["error"]["message"]
         r = h.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5}, headers=hdr)
         assert r.status_code == 200
     old, new = read_calls(cfg.record)
     assert old.policy == {"name": "policy", "version": 0} and len(old.completion_ids) > 5
+    assert old.ended_at > reloaded_at  # it really was in flight during the reload
     assert new.policy == {"name": "tiny", "version": 1}
     ids = torch.tensor([new.prompt_ids + new.completion_ids])
     with torch.no_grad():

@@ -12,9 +12,8 @@ import time
 
 import httpx
 import pytest
-from conftest import SECRET, TINY, token, write_script
-
 from claw_proxy import read_calls
+from conftest import SECRET, TINY, token, write_script
 
 
 @pytest.mark.slow
@@ -27,9 +26,23 @@ def test_kill_9_loses_no_answered_call(tmp_path):
         port = s.getsockname()[1]
     record = tmp_path / "calls.jsonl"
     cli = [sys.executable, "-c", "from claw_proxy.cli import main; main()"]
-    proc = subprocess.Popen([*cli, "serve", "--engine", f"scripted:{script}", "--tokenizer", str(TINY),
-                             "--port", str(port), "--secret-file", str(tmp_path / "secret"), "--record", str(record)],
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *cli,
+            "serve",
+            "--engine",
+            f"scripted:{script}",
+            "--tokenizer",
+            str(TINY),
+            "--port",
+            str(port),
+            "--secret-file",
+            str(tmp_path / "secret"),
+            "--record",
+            str(record),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -41,13 +54,25 @@ def test_kill_9_loses_no_answered_call(tmp_path):
         answered = 0
         with httpx.Client(base_url=url, timeout=30) as h:
             for i in range(20):
-                body = {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}], "stream": i % 2 == 0}
-                r = h.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {token(f'k{i}')}"})
+                body = {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": f"q{i}"}],
+                    "stream": i % 2 == 0,
+                }
+                r = h.post(
+                    "/v1/chat/completions",
+                    json=body,
+                    headers={"authorization": f"Bearer {token(f'k{i}')}"},
+                )
                 assert r.status_code == 200
                 answered += 1
             # one more streamed request, killed while the answer is being read
-            with h.stream("POST", "/v1/chat/completions", headers={"authorization": f"Bearer {token('last')}"},
-                          json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}) as s:
+            with h.stream(
+                "POST",
+                "/v1/chat/completions",
+                headers={"authorization": f"Bearer {token('last')}"},
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
+            ) as s:
                 next(s.iter_lines())
                 os.kill(proc.pid, signal.SIGKILL)
     finally:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import httpx
+from claw_proxy import read_calls
+from claw_proxy.render import Renderer
 from conftest import ADMIN, TINY, token
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
-
-from claw_proxy import read_calls
-from claw_proxy.render import Renderer
 
 R = Renderer(str(TINY))
 ANSWER = R.encode("hello from vllm") + [R.eos_ids[0]]
@@ -29,28 +28,58 @@ def fake_vllm(seen: list):
         assert all(isinstance(i, int) for i in body["prompt"])
         ids = ANSWER[: body["max_tokens"]]
         lps = [-0.1 * (k + 1) for k in range(len(ids))]
-        return JSONResponse({"id": "cmpl-1", "object": "text_completion", "model": body["model"], "choices": [{
-            "index": 0, "text": "hello from vllm", "token_ids": ids, "prompt_token_ids": body["prompt"],
-            "logprobs": {"tokens": [str(i) for i in ids], "token_logprobs": lps, "top_logprobs": None,
-                         "text_offset": [0] * len(ids)},
-            "finish_reason": "stop" if len(ids) == len(ANSWER) else "length"}]})
+        return JSONResponse(
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "hello from vllm",
+                        "token_ids": ids,
+                        "prompt_token_ids": body["prompt"],
+                        "logprobs": {
+                            "tokens": [str(i) for i in ids],
+                            "token_logprobs": lps,
+                            "top_logprobs": None,
+                            "text_offset": [0] * len(ids),
+                        },
+                        "finish_reason": "stop" if len(ids) == len(ANSWER) else "length",
+                    }
+                ],
+            }
+        )
 
     async def load_lora(request):
         seen.append(await request.json())
         return JSONResponse({"ok": True})
 
-    return Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"]),
-                             Route("/v1/load_lora_adapter", load_lora, methods=["POST"])])
+    return Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
+        ]
+    )
 
 
 def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     """The proxy sends prompt ids to vLLM and records exactly the ids and logprobs it returned."""
     seen: list = []
-    srv = make_server(engine="vllm:http://vllm.test", tokenizer=str(TINY),
-                      transport=httpx.ASGITransport(app=fake_vllm(seen)))
+    srv = make_server(
+        engine="vllm:http://vllm.test",
+        tokenizer=str(TINY),
+        transport=httpx.ASGITransport(app=fake_vllm(seen)),
+    )
     client = clients.openai(srv, "v1")
-    r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
-                                       temperature=0.5, top_p=0.9, seed=3)
+    r = client.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=0.5,
+        top_p=0.9,
+        seed=3,
+    )
     assert r.choices[0].message.content == "hello from vllm"
     (call,) = read_calls(srv.config.record)
     assert call.prompt_ids == seen[0]["prompt"] and call.completion_ids == ANSWER
@@ -66,7 +95,10 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     pol = {"schema": "claw.policy/v1", "name": "tiny", "version": 2, "path": str(adapter)}
     assert httpx.post(srv.url + "/admin/policy", json=pol, headers=h).status_code == 200
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "again"}])
-    assert seen[1] == {"lora_name": "tiny-v2", "lora_path": str(adapter)} and seen[2]["model"] == "tiny-v2"
+    assert (
+        seen[1] == {"lora_name": "tiny-v2", "lora_path": str(adapter)}
+        and seen[2]["model"] == "tiny-v2"
+    )
     assert list(read_calls(srv.config.record))[-1].policy == {"name": "tiny", "version": 2}
     full = {**pol, "path": str(TINY)}
     r = httpx.post(srv.url + "/admin/policy", json=full, headers=h)
@@ -78,14 +110,32 @@ def fake_openai(seen: list):
         body = await request.json()
         seen.append((dict(request.headers), body))
         if body.get("stream"):
+
             async def gen():
                 for piece in ("real ", "answer"):
-                    yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]})
+                        + "\n\n"
+                    )
                 yield "data: [DONE]\n\n"
+
             return StreamingResponse(gen(), media_type="text/event-stream")
-        return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "real answer"},
-                                          "finish_reason": "stop"}]})
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "real answer"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        )
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
@@ -93,16 +143,28 @@ def fake_openai(seen: list):
 def test_passthrough_forwards_and_records_text_only(make_server, clients):
     """passthrough: the request goes upstream with the upstream key, recorded as not trainable."""
     seen: list = []
-    srv = make_server(engine="passthrough:http://upstream.test", upstream_api_key="sk-real",
-                      transport=httpx.ASGITransport(app=fake_openai(seen)))
+    srv = make_server(
+        engine="passthrough:http://upstream.test",
+        upstream_api_key="sk-real",
+        transport=httpx.ASGITransport(app=fake_openai(seen)),
+    )
     client = clients.openai(srv, "p1")
     r = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == "real answer"
-    chunks = list(client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "real answer"
     assert seen[0][0]["authorization"] == "Bearer sk-real"
     a, b = read_calls(srv.config.record)
-    assert not a.trainable and a.prompt_ids == [] and a.response["choices"][0]["message"]["content"] == "real answer"
+    assert (
+        not a.trainable
+        and a.prompt_ids == []
+        and a.response["choices"][0]["message"]["content"] == "real answer"
+    )
     assert a.request["messages"][0]["content"] == "hi" and "real " in b.response["sse"]
-    assert all(token("p1") not in json.dumps(h) for h, _ in seen)  # the session token is never forwarded
+    assert all(
+        token("p1") not in json.dumps(h) for h, _ in seen
+    )  # the session token is never forwarded

@@ -7,13 +7,16 @@ import json
 
 import httpx
 import pytest
-from conftest import HARNESS_REQUESTS, TINY, tool_call_text, token
-
 from claw_proxy import api_anthropic, api_chat, api_responses, read_calls
 from claw_proxy.render import Renderer
+from conftest import HARNESS_REQUESTS, TINY, token, tool_call_text
 
 FIXTURES = sorted(HARNESS_REQUESTS.glob("*.json"))
-_API = {"/v1/messages": api_anthropic, "/v1/chat/completions": api_chat, "/v1/responses": api_responses}
+_API = {
+    "/v1/messages": api_anthropic,
+    "/v1/chat/completions": api_chat,
+    "/v1/responses": api_responses,
+}
 
 
 def _load(path):
@@ -46,14 +49,20 @@ def test_fixtures_replayed_through_the_proxy(make_server):
     srv = make_server([tool_call_text("bash", {"command": "printf hi > hello.txt"}), "done"])
     for i, path in enumerate(FIXTURES):
         route, body = _load(path)
-        headers = {"x-api-key" if "messages" in route else "authorization":
-                   token(f"fx{i}") if "messages" in route else f"Bearer {token(f'fx{i}')}",
-                   "content-type": "application/json", "anthropic-version": "2023-06-01"}
+        headers = {
+            "x-api-key" if "messages" in route else "authorization": token(f"fx{i}")
+            if "messages" in route
+            else f"Bearer {token(f'fx{i}')}",
+            "content-type": "application/json",
+            "anthropic-version": "2023-06-01",
+        }
         with httpx.Client(base_url=srv.url, timeout=60) as h:
             r = h.post(route, content=json.dumps(body), headers=headers)
         assert r.status_code == 200, (path.name, r.text[:500])
-        first_turn = not any(m.get("role") == "assistant" or m.get("type") == "function_call"
-                             for m in body.get("messages") or body.get("input") or [])
+        first_turn = not any(
+            m.get("role") == "assistant" or m.get("type") == "function_call"
+            for m in body.get("messages") or body.get("input") or []
+        )
         if body.get("stream"):
             assert "text/event-stream" in r.headers["content-type"]
             if "messages" in route:
@@ -70,6 +79,10 @@ def test_fixtures_replayed_through_the_proxy(make_server):
     calls = list(read_calls(srv.config.record))
     assert len(calls) == len(FIXTURES)
     for c in calls:
-        assert c.prompt_ids and c.completion_ids and len(c.completion_logprobs) == len(c.completion_ids)
+        assert (
+            c.prompt_ids
+            and c.completion_ids
+            and len(c.completion_logprobs) == len(c.completion_ids)
+        )
     assert {c.api for c in calls} == {"openai.chat", "openai.responses", "anthropic.messages"}
     assert any(c.model == "claude-opus-5-5" for c in calls)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 
-from conftest import TOOLS, tool_call_text
-
 from claw_proxy import read_calls
+from conftest import TOOLS, tool_call_text
 
 
 def _assert_chain(calls):
     for prev, cur in zip(calls, calls[1:], strict=False):
         full = prev.prompt_ids + prev.completion_ids
-        assert cur.prompt_ids[: len(full)] == full, f"call {cur.seq} does not extend call {prev.seq}"
+        assert cur.prompt_ids[: len(full)] == full, (
+            f"call {cur.seq} does not extend call {prev.seq}"
+        )
         assert cur.prefix["parent_call"] == prev.call_id
         assert cur.prefix["reused_tokens"] == len(full)
         assert cur.prefix["rendered_tokens"] == len(cur.prompt_ids) - len(full)
@@ -24,19 +25,35 @@ def test_ten_turn_tool_conversation_chat(make_server, clients):
     script = [tool_call_text("bash", {"command": f"echo {i}"}) for i in range(9)] + ["All done."]
     srv = make_server(script)
     client = clients.openai(srv, "ten")
-    msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "do ten things"}]
+    msgs = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "do ten things"},
+    ]
     for turn in range(10):
         r = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS)
         m = r.choices[0].message
         if turn < 9:
             assert r.choices[0].finish_reason == "tool_calls"
             call = m.tool_calls[0]
-            assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": f"echo {turn}"}
+            assert call.function.name == "bash" and json.loads(call.function.arguments) == {
+                "command": f"echo {turn}"
+            }
             # like OpenClaw: ids rewritten, arguments re-serialised with other whitespace
             new_id = call.id.replace("_", "")
             args = json.dumps(json.loads(call.function.arguments), indent=2)
-            msgs.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": new_id, "type": "function", "function": {"name": "bash", "arguments": args}}]})
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": new_id,
+                            "type": "function",
+                            "function": {"name": "bash", "arguments": args},
+                        }
+                    ],
+                }
+            )
             msgs.append({"role": "tool", "tool_call_id": new_id, "content": f"output {turn}"})
         else:
             assert m.content == "All done." and r.choices[0].finish_reason == "stop"
@@ -53,17 +70,34 @@ def test_anthropic_tool_use_round_trip_and_reasoning_stripped(make_server, clien
     script = ["<think>plan it</think>" + tool_call_text("Bash", {"command": "ls"}), "Finished."]
     srv = make_server(script)
     client = clients.anthropic(srv, "anth")
-    tools = [{"name": "Bash", "description": "shell", "input_schema": {"type": "object",
-              "properties": {"command": {"type": "string"}}}}]
+    tools = [
+        {
+            "name": "Bash",
+            "description": "shell",
+            "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+        }
+    ]
     msgs = [{"role": "user", "content": "list"}]
-    r1 = client.messages.create(model="claude-opus-4", max_tokens=200, tools=tools, messages=msgs, system="sys")
+    r1 = client.messages.create(
+        model="claude-opus-4", max_tokens=200, tools=tools, messages=msgs, system="sys"
+    )
     kinds = [b.type for b in r1.content]
     assert kinds == ["thinking", "tool_use"] and r1.stop_reason == "tool_use"
     use = r1.content[1]
     assert use.input == {"command": "ls"} and use.id.startswith("toolu_")
-    msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": "Bash", "input": use.input}]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}]}]
-    with client.messages.stream(model="claude-opus-4", max_tokens=200, tools=tools, messages=msgs, system="sys") as s:
+    msgs += [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": use.id, "name": "Bash", "input": use.input}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}],
+        },
+    ]
+    with client.messages.stream(
+        model="claude-opus-4", max_tokens=200, tools=tools, messages=msgs, system="sys"
+    ) as s:
         r2 = s.get_final_message()
     assert r2.content[0].text == "Finished." and r2.stop_reason == "end_turn"
     calls = [c for c in read_calls(srv.config.record) if c.session == "anth"]
@@ -79,16 +113,27 @@ def test_divergence_branches_and_side_calls_keep_the_main_chain(make_server, cli
     client = clients.openai(srv, "branchy")
     main = [{"role": "user", "content": "start"}]
     r = client.chat.completions.create(model="main", messages=main)
-    main += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "more"}]
-    client.chat.completions.create(model="haiku", messages=[{"role": "user", "content": "title please"}])
+    main += [
+        {"role": "assistant", "content": r.choices[0].message.content},
+        {"role": "user", "content": "more"},
+    ]
+    client.chat.completions.create(
+        model="haiku", messages=[{"role": "user", "content": "title please"}]
+    )
     client.chat.completions.create(model="main", messages=main)
-    edited = [{"role": "user", "content": "start"}, {"role": "assistant", "content": "something else"},
-              {"role": "user", "content": "more"}]
+    edited = [
+        {"role": "user", "content": "start"},
+        {"role": "assistant", "content": "something else"},
+        {"role": "user", "content": "more"},
+    ]
     client.chat.completions.create(model="main", messages=edited)
     c0, side, c2, c3 = [c for c in read_calls(srv.config.record) if c.session == "branchy"]
     assert side.model == "haiku" and side.prefix["parent_call"] is None
     assert c2.prefix["parent_call"] == c0.call_id
-    assert c2.prompt_ids[: len(c0.prompt_ids) + len(c0.completion_ids)] == c0.prompt_ids + c0.completion_ids
+    assert (
+        c2.prompt_ids[: len(c0.prompt_ids) + len(c0.completion_ids)]
+        == c0.prompt_ids + c0.completion_ids
+    )
     assert c3.prefix["parent_call"] is None and c3.prefix["reused_tokens"] == 0
 
 
@@ -96,16 +141,35 @@ def test_responses_function_calls_round_trip(make_server, clients):
     """Responses API: function_call output items come back as input items and extend the prefix."""
     srv = make_server([tool_call_text("exec_command", {"cmd": "ls"}), "ok"])
     client = clients.openai(srv, "resp")
-    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object",
-              "properties": {"cmd": {"type": "string"}}}}, {"type": "web_search"}]
-    inp = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sys"}]},
-           {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}]
+    tools = [
+        {
+            "type": "function",
+            "name": "exec_command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+        {"type": "web_search"},
+    ]
+    inp = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "sys"}],
+        },
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+    ]
     with client.responses.stream(model="gpt-5", input=inp, tools=tools) as s:
         r1 = s.get_final_response()
     fc = r1.output[0]
     assert fc.type == "function_call" and json.loads(fc.arguments) == {"cmd": "ls"}
-    inp += [{"type": "function_call", "call_id": fc.call_id, "name": fc.name, "arguments": fc.arguments},
-            {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt"}]
+    inp += [
+        {
+            "type": "function_call",
+            "call_id": fc.call_id,
+            "name": fc.name,
+            "arguments": fc.arguments,
+        },
+        {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt"},
+    ]
     r2 = client.responses.create(model="gpt-5", input=inp, tools=tools)
     assert r2.output_text == "ok"
     _assert_chain([c for c in read_calls(srv.config.record) if c.session == "resp"])

@@ -8,10 +8,9 @@ import json
 import httpx
 import pytest
 import torch
+from claw_proxy import read_calls
 from conftest import ADMIN, TINY, TOOLS
 from transformers import AutoModelForCausalLM
-
-from claw_proxy import read_calls
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +40,20 @@ def test_openai_chat_stream_equals_non_stream_and_logprobs_match(tiny_server, mo
     """Same seed: the streamed and non-streamed answers are identical; ids and logprobs recorded."""
     client = clients.openai(tiny_server, "chat1", task="t")
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    full = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS, seed=7, max_tokens=16)
-    chunks = list(client.chat.completions.create(model="gpt-4o", messages=msgs, tools=TOOLS, seed=7, max_tokens=16,
-                                                 stream=True, stream_options={"include_usage": True}))
+    full = client.chat.completions.create(
+        model="gpt-4o", messages=msgs, tools=TOOLS, seed=7, max_tokens=16
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=msgs,
+            tools=TOOLS,
+            seed=7,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == full.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 16
@@ -59,9 +69,13 @@ def test_openai_chat_stream_equals_non_stream_and_logprobs_match(tiny_server, mo
 def test_anthropic_messages_stream_equals_non_stream(tiny_server, model, clients):
     """Anthropic SDK: message and the streamed final message agree; records match the model."""
     client = clients.anthropic(tiny_server, "anth1")
-    kw = dict(model="claude-opus-4-1", max_tokens=12, system=[{"type": "text", "text": "sys"}],
-              messages=[{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
-              extra_body={"temperature": 0.0})
+    kw = dict(
+        model="claude-opus-4-1",
+        max_tokens=12,
+        system=[{"type": "text", "text": "sys"}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+        extra_body={"temperature": 0.0},
+    )
     full = client.messages.create(**kw)
     with client.messages.stream(**kw) as s:
         final = s.get_final_message()
@@ -76,8 +90,12 @@ def test_anthropic_messages_stream_equals_non_stream(tiny_server, model, clients
 def test_responses_api_stream_and_non_stream(tiny_server, clients):
     """Responses API: output text streamed equals the non-streamed output text."""
     client = clients.openai(tiny_server, "resp1")
-    kw = dict(model="gpt-5", input=[{"role": "developer", "content": "sys"}, {"role": "user", "content": "hi"}],
-              max_output_tokens=10, temperature=0.0)
+    kw = dict(
+        model="gpt-5",
+        input=[{"role": "developer", "content": "sys"}, {"role": "user", "content": "hi"}],
+        max_output_tokens=10,
+        temperature=0.0,
+    )
     full = client.responses.create(**kw)
     with client.responses.stream(**kw) as s:
         events = list(s)
@@ -91,13 +109,18 @@ def test_multi_turn_with_tool_results_reuses_prefix(tiny_server, model, clients)
     client = clients.openai(tiny_server, "multi1")
     msgs = [{"role": "user", "content": "list files"}]
     for turn in range(3):
-        r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=8, seed=turn)
+        r = client.chat.completions.create(
+            model="m", messages=msgs, tools=TOOLS, max_tokens=8, seed=turn
+        )
         msgs.append({"role": "assistant", "content": r.choices[0].message.content})
         # the harness asks for a tool on the model's behalf in this test: results go back as tool messages
         msgs.append({"role": "user", "content": f"turn {turn} done"})
     calls = _calls(tiny_server, "multi1")
     for prev, cur in zip(calls, calls[1:], strict=False):
-        assert cur.prompt_ids[: len(prev.prompt_ids) + len(prev.completion_ids)] == prev.prompt_ids + prev.completion_ids
+        assert (
+            cur.prompt_ids[: len(prev.prompt_ids) + len(prev.completion_ids)]
+            == prev.prompt_ids + prev.completion_ids
+        )
         assert cur.prefix["parent_call"] == prev.call_id
         assert cur.prefix["reused_tokens"] == len(prev.prompt_ids) + len(prev.completion_ids)
     _check_logprobs(model, calls[-1])
@@ -111,13 +134,17 @@ def test_concurrent_requests_are_batched(tiny_server, clients):
 
     def one(i):
         c = cs[i]
-        return c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=24)
+        return c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=24
+        )
 
     cs = [clients.openai(tiny_server, f"conc{i}") for i in range(8)]
     with cf.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(one, range(8)))
     assert all(a.usage.completion_tokens >= 1 for a in answers)
-    after = next(iter(httpx.get(tiny_server.url + "/admin/stats", headers=admin).json()["engines"].values()))
+    after = next(
+        iter(httpx.get(tiny_server.url + "/admin/stats", headers=admin).json()["engines"].values())
+    )
     assert after["batched_rows"] - before["batched_rows"] == 8
     assert after["batches"] - before["batches"] < 8
 

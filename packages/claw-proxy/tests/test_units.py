@@ -12,13 +12,21 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from claw_proxy import Call, CallWriter, Policy, RecordError, follow_calls, mint_token, read_calls, verify_token
+from claw_proxy import (
+    Call,
+    CallWriter,
+    Policy,
+    RecordError,
+    follow_calls,
+    mint_token,
+    read_calls,
+    verify_token,
+)
 from claw_proxy.errors import AuthError
 from claw_proxy.messages import ReasoningDelta, TextDelta, ToolCallEvent
 from claw_proxy.toolparse import HermesParser
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = json.loads((ROOT / "formats" / "claw.call.v1.schema.json").read_text())
@@ -47,13 +55,31 @@ def test_forged_tokens_are_refused(bad):
 
 
 def _call(i: int, session="s") -> Call:
-    return Call(call_id=f"c{i}", session=session, seq=i, api="openai.chat", model="m",
-                policy={"name": "p", "version": 0}, engine="scripted:x", trainable=True, prompt_ids=[1, 2],
-                completion_ids=[3], completion_logprobs=[-0.5],
-                prefix={"reused_tokens": 0, "rendered_tokens": 2, "parent_call": None, "fresh_render_matches": True},
-                finish_reason="stop", sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 5,
-                                                "seed": None},
-                usage={"prompt_tokens": 2, "completion_tokens": 1}, started_at=1.0, ended_at=2.0, tags={})
+    return Call(
+        call_id=f"c{i}",
+        session=session,
+        seq=i,
+        api="openai.chat",
+        model="m",
+        policy={"name": "p", "version": 0},
+        engine="scripted:x",
+        trainable=True,
+        prompt_ids=[1, 2],
+        completion_ids=[3],
+        completion_logprobs=[-0.5],
+        prefix={
+            "reused_tokens": 0,
+            "rendered_tokens": 2,
+            "parent_call": None,
+            "fresh_render_matches": True,
+        },
+        finish_reason="stop",
+        sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 5, "seed": None},
+        usage={"prompt_tokens": 2, "completion_tokens": 1},
+        started_at=1.0,
+        ended_at=2.0,
+        tags={},
+    )
 
 
 def test_call_records_match_the_schema_and_round_trip(tmp_path):
@@ -119,14 +145,24 @@ def _run_parser(pieces):
     return text, reasoning, calls
 
 
-SAMPLE = ('<think>need ls</think>Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n'
-          '</tool_call>\n<tool_call>\n{"name": "read", "arguments": "{\\"path\\": \\"a\\"}"}\n</tool_call>')
+SAMPLE = (
+    '<think>need ls</think>Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n'
+    '</tool_call>\n<tool_call>\n{"name": "read", "arguments": "{\\"path\\": \\"a\\"}"}\n</tool_call>'
+)
 
 
 def test_parser_reads_text_reasoning_and_tool_calls():
     """Qwen3/Hermes output: reasoning, text without the trailing newline, two tool calls."""
-    assert _run_parser([SAMPLE]) == ("Let me look.", "need ls", [("bash", {"command": "ls -la"}), ("read", {"path": "a"})])
-    assert _run_parser(["<tool_call>not json</tool_call> x"]) == ("<tool_call>not json</tool_call> x", "", [])
+    assert _run_parser([SAMPLE]) == (
+        "Let me look.",
+        "need ls",
+        [("bash", {"command": "ls -la"}), ("read", {"path": "a"})],
+    )
+    assert _run_parser(["<tool_call>not json</tool_call> x"]) == (
+        "<tool_call>not json</tool_call> x",
+        "",
+        [],
+    )
     assert _run_parser(["a < b <tool"]) == ("a < b <tool", "", [])
 
 

@@ -16,8 +16,10 @@ from claw_proxy.records import Policy
 
 def _err(e: ClawError) -> JSONResponse:
     status = 400 if isinstance(e, RecordError) else getattr(e, "status", 500)
-    return JSONResponse({"error": {"type": getattr(e, "kind", "invalid_request_error"), "message": str(e)}},
-                        status_code=status)
+    return JSONResponse(
+        {"error": {"type": getattr(e, "kind", "invalid_request_error"), "message": str(e)}},
+        status_code=status,
+    )
 
 
 async def _json(request: Request) -> dict:
@@ -32,11 +34,16 @@ async def _json(request: Request) -> dict:
 
 def routes(proxy) -> list[Route]:
     async def healthz(request):
-        return JSONResponse({"ok": True, "policy": proxy.policy_engine.policy, "engine": proxy.policy_engine.spec})
+        return JSONResponse(
+            {"ok": True, "policy": proxy.policy_engine.policy, "engine": proxy.policy_engine.spec}
+        )
 
     async def models(request):
         names = [proxy.config.policy_name] + [glob for glob, _ in proxy.config.routes]
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "claw-proxy"} for n in dict.fromkeys(names)]
+        data = [
+            {"id": n, "object": "model", "created": 0, "owned_by": "claw-proxy"}
+            for n in dict.fromkeys(names)
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def count_tokens(request):
@@ -48,7 +55,9 @@ def routes(proxy) -> list[Route]:
             req = api_anthropic.parse(body)
             engine = proxy.route(req.model)
             if engine.tokenizer_dir is None:
-                raise RequestError("token counting is not available for a passthrough model", "model")
+                raise RequestError(
+                    "token counting is not available for a passthrough model", "model"
+                )
             n = len(proxy.renderers[engine.tokenizer_dir].render_full(req))
             return JSONResponse({"input_tokens": n})
         except ClawError as e:
@@ -62,7 +71,9 @@ def routes(proxy) -> list[Route]:
             p = Policy.from_dict(await _json(request), "POST /admin/policy body")
             t0 = time.monotonic()
             now = await proxy.load_policy(p)
-            return JSONResponse({"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)})
+            return JSONResponse(
+                {"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)}
+            )
         except ClawError as e:
             return _err(e)
 
@@ -96,8 +107,15 @@ def routes(proxy) -> list[Route]:
                 if not isinstance(tags, dict):
                     raise RequestError("expected an object", "tags")
                 s.tags.update(tags)
-            return JSONResponse({"session": sid, "tags": s.tags, "calls": s.calls, "in_flight": s.in_flight,
-                                 "closed": s.closed})
+            return JSONResponse(
+                {
+                    "session": sid,
+                    "tags": s.tags,
+                    "calls": s.calls,
+                    "in_flight": s.in_flight,
+                    "closed": s.closed,
+                }
+            )
         except ClawError as e:
             return _err(e)
 
@@ -113,10 +131,17 @@ def routes(proxy) -> list[Route]:
                 d.update(batches=e.batches, batched_rows=e.batched_rows)
             engines[spec] = d
         open_sessions = sum(1 for s in proxy.sessions.values() if not s.closed)
-        return JSONResponse({**proxy.stats, "sessions": len(proxy.sessions), "open_sessions": open_sessions,
-                             "in_flight": sum(s.in_flight for s in proxy.sessions.values()),
-                             "policy": proxy.policy_engine.policy, "engines": engines,
-                             "records": proxy.writer.written if proxy.writer else 0})
+        return JSONResponse(
+            {
+                **proxy.stats,
+                "sessions": len(proxy.sessions),
+                "open_sessions": open_sessions,
+                "in_flight": sum(s.in_flight for s in proxy.sessions.values()),
+                "policy": proxy.policy_engine.policy,
+                "engines": engines,
+                "records": proxy.writer.written if proxy.writer else 0,
+            }
+        )
 
     return [
         Route("/healthz", healthz, methods=["GET"]),

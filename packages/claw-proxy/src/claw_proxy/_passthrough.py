@@ -18,28 +18,51 @@ from claw_proxy import api_anthropic, api_chat
 from claw_proxy.errors import EngineError
 from claw_proxy.records import Call
 
-_PATHS = {"openai.chat": "/v1/chat/completions", "openai.responses": "/v1/responses",
-          "anthropic.messages": "/v1/messages"}
+_PATHS = {
+    "openai.chat": "/v1/chat/completions",
+    "openai.responses": "/v1/responses",
+    "anthropic.messages": "/v1/messages",
+}
 
 
 def _finish(api, answer: dict | None) -> str:
     try:
         if api is api_anthropic:
-            return {"tool_use": "tool_calls", "max_tokens": "length"}.get(answer["stop_reason"], "stop")
+            return {"tool_use": "tool_calls", "max_tokens": "length"}.get(
+                answer["stop_reason"], "stop"
+            )
         if api is api_chat:
-            return {"tool_calls": "tool_calls", "length": "length"}.get(answer["choices"][0]["finish_reason"], "stop")
+            return {"tool_calls": "tool_calls", "length": "length"}.get(
+                answer["choices"][0]["finish_reason"], "stop"
+            )
     except (KeyError, IndexError, TypeError):
         pass
     return "stop"
 
 
 def _record(proxy, api, engine, body, session, state, seq, started, response: dict) -> None:
-    call = Call(call_id=f"call-{uuid.uuid4().hex}", session=session, seq=seq, api=api.NAME,
-                model=str(body.get("model", "")), policy=dict(engine.policy), engine=engine.spec, trainable=False,
-                prompt_ids=[], completion_ids=[], completion_logprobs=[], prefix={}, finish_reason=_finish(api, response),
-                sampling={k: body[k] for k in ("temperature", "top_p", "top_k", "seed") if k in body},
-                usage={}, started_at=started, ended_at=time.time(), tags=dict(state.tags), request=body,
-                response=response)
+    call = Call(
+        call_id=f"call-{uuid.uuid4().hex}",
+        session=session,
+        seq=seq,
+        api=api.NAME,
+        model=str(body.get("model", "")),
+        policy=dict(engine.policy),
+        engine=engine.spec,
+        trainable=False,
+        prompt_ids=[],
+        completion_ids=[],
+        completion_logprobs=[],
+        prefix={},
+        finish_reason=_finish(api, response),
+        sampling={k: body[k] for k in ("temperature", "top_p", "top_k", "seed") if k in body},
+        usage={},
+        started_at=started,
+        ended_at=time.time(),
+        tags=dict(state.tags),
+        request=body,
+        response=response,
+    )
     if proxy.writer:
         proxy.writer.write(call)
     proxy.stats["calls_recorded"] += 1
@@ -59,7 +82,9 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
         try:
             answer = r.json()
         except ValueError:
-            raise EngineError(f"upstream {engine.url} answered {r.status_code} with non-JSON") from None
+            raise EngineError(
+                f"upstream {engine.url} answered {r.status_code} with non-JSON"
+            ) from None
         if r.status_code < 400:
             _record(proxy, api, engine, body, session, state, seq, started, answer)
         return JSONResponse(answer, status_code=r.status_code)
@@ -83,8 +108,17 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
                 held = chunk
                 sse.append(chunk)
             # the record is written before the last bytes of the answer go out
-            _record(proxy, api, engine, body, session, state, seq, started,
-                    {"sse": b"".join(sse).decode("utf-8", "replace")})
+            _record(
+                proxy,
+                api,
+                engine,
+                body,
+                session,
+                state,
+                seq,
+                started,
+                {"sse": b"".join(sse).decode("utf-8", "replace")},
+            )
             if held is not None:
                 yield held
         finally:

@@ -7,7 +7,11 @@ import json
 
 def sse(data, event: str | None = None) -> bytes:
     """One SSE frame: optional `event:` line, one `data:` line, blank line."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    payload = (
+        data
+        if isinstance(data, str)
+        else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    )
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n".encode()
 
@@ -23,7 +27,9 @@ def text_of(content, path: str, allowed=("text", "input_text", "output_text")) -
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise RequestError(f"expected a string or an array of content parts, got {type(content).__name__}", path)
+        raise RequestError(
+            f"expected a string or an array of content parts, got {type(content).__name__}", path
+        )
     out = []
     for k, part in enumerate(content):
         where = f"{path}[{k}]"
@@ -38,8 +44,18 @@ def text_of(content, path: str, allowed=("text", "input_text", "output_text")) -
             if not isinstance(text, str):
                 raise RequestError("a text part needs a string 'text'", f"{where}.text")
             out.append(text)
-        elif kind in ("image", "image_url", "input_image", "input_audio", "input_file", "file", "document"):
-            raise RequestError(f"{kind} content is not supported: this proxy serves a text-only policy", where)
+        elif kind in (
+            "image",
+            "image_url",
+            "input_image",
+            "input_audio",
+            "input_file",
+            "file",
+            "document",
+        ):
+            raise RequestError(
+                f"{kind} content is not supported: this proxy serves a text-only policy", where
+            )
         elif kind == "refusal":
             out.append(part.get("refusal") or "")
         else:

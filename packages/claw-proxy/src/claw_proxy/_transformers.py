@@ -17,7 +17,7 @@ import asyncio
 import queue
 import threading
 
-from claw_proxy.engines import Engine, GenRequest, Generation
+from claw_proxy.engines import Engine, Generation, GenRequest
 from claw_proxy.errors import ConfigError, EngineError
 from claw_proxy.records import Policy
 
@@ -54,13 +54,22 @@ class _Job:
 
 
 class TransformersEngine(Engine):
-    def __init__(self, directory: str, policy_name: str = "policy", version: int = 0,
-                 max_batch: int = 16, batch_wait: float = 0.005, dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        directory: str,
+        policy_name: str = "policy",
+        version: int = 0,
+        max_batch: int = 16,
+        batch_wait: float = 0.005,
+        dtype: str = "float32",
+    ) -> None:
         super().__init__()
         try:
             import torch  # noqa: F401
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise ConfigError("the transformers engine needs torch: pip install 'claw-proxy[transformers]'") from e
+            raise ConfigError(
+                "the transformers engine needs torch: pip install 'claw-proxy[transformers]'"
+            ) from e
         self.spec = f"transformers:{directory}"
         self.tokenizer_dir = directory
         self.dtype = dtype
@@ -104,7 +113,11 @@ class TransformersEngine(Engine):
             while len(batch) < self.max_batch:
                 left = deadline - time.monotonic()
                 try:
-                    nxt = self._jobs.get(timeout=max(left, 0)) if left > 0 else self._jobs.get_nowait()
+                    nxt = (
+                        self._jobs.get(timeout=max(left, 0))
+                        if left > 0
+                        else self._jobs.get_nowait()
+                    )
                 except queue.Empty:
                     break
                 if nxt is None:
@@ -121,7 +134,9 @@ class TransformersEngine(Engine):
                 self._run(model, batch)
             except Exception as e:  # the engine failed: every request of the batch gets a 5xx
                 for j in batch:
-                    j.gen.put("error", EngineError(f"transformers engine failed: {type(e).__name__}: {e}"))
+                    j.gen.put(
+                        "error", EngineError(f"transformers engine failed: {type(e).__name__}: {e}")
+                    )
             self.batches += 1
             self.batched_rows += len(batch)
 
@@ -159,8 +174,8 @@ class TransformersEngine(Engine):
         mask = torch.zeros((B, L), dtype=torch.long)
         for i, j in enumerate(batch):
             p = j.req.prompt_ids
-            ids[i, L - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, L - len(p):] = 1
+            ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, L - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         active = [True] * B
         counts = [0] * B
@@ -191,7 +206,12 @@ class TransformersEngine(Engine):
                     return
                 mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=-1)
                 pos = pos[:, -1:] + 1
-                out = model(input_ids=torch.tensor(nxt, dtype=torch.long)[:, None], attention_mask=mask,
-                            position_ids=pos, use_cache=True, **{_cache_arg(model): past})
+                out = model(
+                    input_ids=torch.tensor(nxt, dtype=torch.long)[:, None],
+                    attention_mask=mask,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{_cache_arg(model): past},
+                )
                 past = _cache_of(out)
                 logits = out.logits[:, -1, :].float()

@@ -67,12 +67,18 @@ def parse(body: dict) -> ChatRequest:
         check_type(m, dict, where)
         role = require(m, "role", str, f"{where}.")
         if role not in ("user", "assistant", "system"):
-            raise RequestError(f"unknown role {role!r} (expected user, assistant or system)", f"{where}.role")
+            raise RequestError(
+                f"unknown role {role!r} (expected user, assistant or system)", f"{where}.role"
+            )
         if "content" not in m:
             raise RequestError("required field is missing", f"{where}.content")
         blocks = _blocks(m["content"], f"{where}.content")
         if role == "system":
-            msgs.append(Message(role="system", content=text_of(blocks, f"{where}.content", allowed=("text",))))
+            msgs.append(
+                Message(
+                    role="system", content=text_of(blocks, f"{where}.content", allowed=("text",))
+                )
+            )
         elif role == "assistant":
             text, calls = [], []
             for k, b in enumerate(blocks):
@@ -81,8 +87,13 @@ def parse(body: dict) -> ChatRequest:
                 if kind == "text":
                     text.append(check_type(b.get("text"), str, f"{bw}.text"))
                 elif kind == "tool_use":
-                    calls.append(ToolCall(id=b.get("id") or "", name=require(b, "name", str, f"{bw}."),
-                                          arguments=require(b, "input", dict, f"{bw}.")))
+                    calls.append(
+                        ToolCall(
+                            id=b.get("id") or "",
+                            name=require(b, "name", str, f"{bw}."),
+                            arguments=require(b, "input", dict, f"{bw}."),
+                        )
+                    )
                 elif kind in ("thinking", "redacted_thinking"):
                     continue  # reasoning is not re-sent to the model (the template drops it too)
                 else:
@@ -102,7 +113,10 @@ def parse(body: dict) -> ChatRequest:
                 elif b["type"] == "text":
                     texts.append(check_type(b.get("text"), str, f"{bw}.text"))
                 elif b["type"] in ("image", "document", "search_result"):
-                    raise RequestError(f"{b['type']} content is not supported: this proxy serves a text-only policy", bw)
+                    raise RequestError(
+                        f"{b['type']} content is not supported: this proxy serves a text-only policy",
+                        bw,
+                    )
                 else:
                     raise RequestError(f"unsupported user content block {b['type']!r}", bw)
             if texts or not any(b["type"] == "tool_result" for b in blocks):
@@ -111,10 +125,15 @@ def parse(body: dict) -> ChatRequest:
     if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("type") == "none":
         tools = ()
     return ChatRequest(
-        api=NAME, model=model, messages=tuple(msgs), tools=tools,
+        api=NAME,
+        model=model,
+        messages=tuple(msgs),
+        tools=tools,
         sampling=sampling_from(body, "max_tokens", "stop_sequences"),
-        stream=bool(optional(body, "stream", bool)), include_usage=True,
-        tool_choice=body.get("tool_choice"), body=body,
+        stream=bool(optional(body, "stream", bool)),
+        include_usage=True,
+        tool_choice=body.get("tool_choice"),
+        body=body,
     )
 
 
@@ -124,25 +143,42 @@ def _content(answer: Answer) -> list[dict]:
         out.append({"type": "thinking", "thinking": answer.reasoning, "signature": ""})
     if answer.text or not answer.tool_calls:
         out.append({"type": "text", "text": answer.text})
-    out += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in answer.tool_calls]
+    out += [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+        for c in answer.tool_calls
+    ]
     return out
 
 
 def _usage(answer: Answer) -> dict:
-    return {"input_tokens": answer.prompt_tokens, "output_tokens": answer.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {
+        "input_tokens": answer.prompt_tokens,
+        "output_tokens": answer.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
 def response(answer: Answer, *, id: str, model: str, created: int | None = None) -> dict:
-    return {"id": id, "type": "message", "role": "assistant", "model": model, "content": _content(answer),
-            "stop_reason": _STOP[answer.finish_reason], "stop_sequence": None, "usage": _usage(answer)}
+    return {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _content(answer),
+        "stop_reason": _STOP[answer.finish_reason],
+        "stop_sequence": None,
+        "usage": _usage(answer),
+    }
 
 
 class Stream:
     """message_start, ping, content blocks (text / thinking / tool_use with input_json_delta),
     message_delta with stop_reason and usage, message_stop; every frame with its `event:` line."""
 
-    def __init__(self, *, id: str, model: str, include_usage: bool = True, prompt_tokens: int = 0) -> None:
+    def __init__(
+        self, *, id: str, model: str, include_usage: bool = True, prompt_tokens: int = 0
+    ) -> None:
         self.id, self.model, self.prompt_tokens = id, model, prompt_tokens
         self._index = -1
         self._open: str | None = None
@@ -152,10 +188,21 @@ class Stream:
         return sse({"type": kind, **data}, event=kind)
 
     def start(self) -> list[bytes]:
-        msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-               "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0,
-                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
+        msg = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self.prompt_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
         return [self._ev("message_start", {"message": msg}), self._ev("ping", {})]
 
     def _close(self) -> list[bytes]:
@@ -168,7 +215,10 @@ class Stream:
         out = self._close()
         self._index += 1
         self._open = kind
-        return [*out, self._ev("content_block_start", {"index": self._index, "content_block": block})]
+        return [
+            *out,
+            self._ev("content_block_start", {"index": self._index, "content_block": block}),
+        ]
 
     def event(self, ev) -> list[bytes]:
         out: list[bytes] = []
@@ -176,18 +226,43 @@ class Stream:
             if self._open != "text":
                 out += self._begin("text", {"type": "text", "text": ""})
             self._any_text = True
-            out.append(self._ev("content_block_delta", {"index": self._index,
-                                                        "delta": {"type": "text_delta", "text": ev.text}}))
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {"index": self._index, "delta": {"type": "text_delta", "text": ev.text}},
+                )
+            )
         elif isinstance(ev, ReasoningDelta):
             if self._open != "thinking":
-                out += self._begin("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            out.append(self._ev("content_block_delta", {"index": self._index,
-                                                        "delta": {"type": "thinking_delta", "thinking": ev.text}}))
+                out += self._begin(
+                    "thinking", {"type": "thinking", "thinking": "", "signature": ""}
+                )
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {
+                        "index": self._index,
+                        "delta": {"type": "thinking_delta", "thinking": ev.text},
+                    },
+                )
+            )
         elif isinstance(ev, ToolCallEvent):
             c = ev.call
-            out += self._begin("tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}})
-            out.append(self._ev("content_block_delta", {"index": self._index, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(c.arguments)}}))
+            out += self._begin(
+                "tool_use", {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}
+            )
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {
+                        "index": self._index,
+                        "delta": {
+                            "type": "input_json_delta",
+                            "partial_json": json.dumps(c.arguments),
+                        },
+                    },
+                )
+            )
             out += self._close()
         return out
 
@@ -196,8 +271,15 @@ class Stream:
         if not self._any_text and not answer.tool_calls:
             out += self._begin("text", {"type": "text", "text": ""})
         out += self._close()
-        out.append(self._ev("message_delta", {"delta": {"stop_reason": _STOP[answer.finish_reason], "stop_sequence": None},
-                                              "usage": {"output_tokens": answer.completion_tokens}}))
+        out.append(
+            self._ev(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": _STOP[answer.finish_reason], "stop_sequence": None},
+                    "usage": {"output_tokens": answer.completion_tokens},
+                },
+            )
+        )
         out.append(self._ev("message_stop", {}))
         return out
 

@@ -33,13 +33,20 @@ def parse_tools(raw, path: str = "tools") -> tuple[dict, ...]:
         where = f"{path}[{i}]"
         check_type(t, dict, where)
         if t.get("type", "function") != "function":
-            raise RequestError(f"tool type {t.get('type')!r} is not supported (only 'function')", f"{where}.type")
+            raise RequestError(
+                f"tool type {t.get('type')!r} is not supported (only 'function')", f"{where}.type"
+            )
         fn = require(t, "function", dict, f"{where}.")
         name = require(fn, "name", str, f"{where}.function.")
         spec = {"name": name}
         if fn.get("description") is not None:
-            spec["description"] = check_type(fn["description"], str, f"{where}.function.description")
-        spec["parameters"] = optional(fn, "parameters", dict, f"{where}.function.") or {"type": "object", "properties": {}}
+            spec["description"] = check_type(
+                fn["description"], str, f"{where}.function.description"
+            )
+        spec["parameters"] = optional(fn, "parameters", dict, f"{where}.function.") or {
+            "type": "object",
+            "properties": {},
+        }
         tools.append({"type": "function", "function": spec})
     return tuple(tools)
 
@@ -55,7 +62,9 @@ def parse(body: dict) -> ChatRequest:
         check_type(m, dict, where)
         role = require(m, "role", str, f"{where}.")
         if role not in _ROLES:
-            raise RequestError(f"unknown role {role!r} (expected one of {sorted(_ROLES)})", f"{where}.role")
+            raise RequestError(
+                f"unknown role {role!r} (expected one of {sorted(_ROLES)})", f"{where}.role"
+            )
         content = text_of(m.get("content"), f"{where}.content")
         if role in ("system", "developer"):
             msgs.append(Message(role="system", content=content))
@@ -70,45 +79,73 @@ def parse(body: dict) -> ChatRequest:
                 cw = f"{where}.tool_calls[{k}]"
                 check_type(c, dict, cw)
                 fn = require(c, "function", dict, f"{cw}.")
-                calls.append(ToolCall(id=c.get("id") or "", name=require(fn, "name", str, f"{cw}.function."),
-                                      arguments=parse_arguments(fn.get("arguments"), f"{cw}.function.arguments")))
+                calls.append(
+                    ToolCall(
+                        id=c.get("id") or "",
+                        name=require(fn, "name", str, f"{cw}.function."),
+                        arguments=parse_arguments(fn.get("arguments"), f"{cw}.function.arguments"),
+                    )
+                )
             msgs.append(Message(role="assistant", content=content, tool_calls=tuple(calls)))
     opts = optional(body, "stream_options", dict) or {}
     return ChatRequest(
-        api=NAME, model=model, messages=tuple(msgs),
+        api=NAME,
+        model=model,
+        messages=tuple(msgs),
         tools=parse_tools(body["tools"]) if body.get("tools") else (),
         sampling=sampling_from(body, ("max_completion_tokens", "max_tokens"), "stop"),
-        stream=bool(optional(body, "stream", bool)), include_usage=bool(opts.get("include_usage")),
-        tool_choice=body.get("tool_choice"), body=body,
+        stream=bool(optional(body, "stream", bool)),
+        include_usage=bool(opts.get("include_usage")),
+        tool_choice=body.get("tool_choice"),
+        body=body,
     )
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None, arguments: str | None = None) -> dict:
-    d = {"id": call.id, "type": "function",
-         "function": {"name": call.name, "arguments": arguments if arguments is not None else json.dumps(call.arguments)}}
+    d = {
+        "id": call.id,
+        "type": "function",
+        "function": {
+            "name": call.name,
+            "arguments": arguments if arguments is not None else json.dumps(call.arguments),
+        },
+    }
     if index is not None:
         d = {"index": index, **d}
     return d
 
 
 def _finish(answer: Answer) -> str:
-    return answer.finish_reason if answer.finish_reason in ("stop", "length", "tool_calls") else "stop"
+    return (
+        answer.finish_reason if answer.finish_reason in ("stop", "length", "tool_calls") else "stop"
+    )
 
 
 def _usage(answer: Answer) -> dict:
-    return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens,
-            "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "completion_tokens": answer.completion_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
 
 
 def response(answer: Answer, *, id: str, model: str, created: int | None = None) -> dict:
-    message: dict = {"role": "assistant", "content": answer.text if answer.text or not answer.tool_calls else None}
+    message: dict = {
+        "role": "assistant",
+        "content": answer.text if answer.text or not answer.tool_calls else None,
+    }
     if answer.reasoning:
         message["reasoning_content"] = answer.reasoning
     if answer.tool_calls:
         message["tool_calls"] = [_tool_call_json(c) for c in answer.tool_calls]
     return {
-        "id": id, "object": "chat.completion", "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(answer)}],
+        "id": id,
+        "object": "chat.completion",
+        "created": created or int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(answer)}
+        ],
         "usage": _usage(answer),
     }
 
@@ -122,8 +159,17 @@ class Stream:
         self._tools = 0
 
     def _chunk(self, delta: dict, finish: str | None = None) -> bytes:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+        )
 
     def start(self) -> list[bytes]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -135,19 +181,36 @@ class Stream:
             return [self._chunk({"reasoning_content": ev.text})]
         if isinstance(ev, ToolCallEvent):
             self._tools += 1
-            return [self._chunk({"tool_calls": [_tool_call_json(ev.call, self._tools - 1, ev.arguments_json)]})]
+            return [
+                self._chunk(
+                    {"tool_calls": [_tool_call_json(ev.call, self._tools - 1, ev.arguments_json)]}
+                )
+            ]
         return []
 
     def finish(self, answer: Answer) -> list[bytes]:
         out = [self._chunk({}, _finish(answer))]
         if self.include_usage:
-            out.append(sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                            "model": self.model, "choices": [], "usage": _usage(answer)}))
+            out.append(
+                sse(
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": _usage(answer),
+                    }
+                )
+            )
         out.append(sse("[DONE]"))
         return out
 
     def error(self, kind: str, message: str) -> list[bytes]:
-        return [sse({"error": {"message": message, "type": kind, "param": None, "code": None}}), sse("[DONE]")]
+        return [
+            sse({"error": {"message": message, "type": kind, "param": None, "code": None}}),
+            sse("[DONE]"),
+        ]
 
 
 def error_body(kind: str, message: str, param: str | None = None) -> dict:

@@ -24,15 +24,26 @@ from claw_proxy.messages import (
 
 NAME = "openai.responses"
 CALL_ID_PREFIX = "call_"
-_HOSTED = {"web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
-           "image_generation", "mcp", "local_shell"}
+_HOSTED = {
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "computer_use_preview",
+    "image_generation",
+    "mcp",
+    "local_shell",
+}
 
 
 def _function(t: dict, where: str) -> dict:
     spec = {"name": require(t, "name", str, f"{where}.")}
     if t.get("description") is not None:
         spec["description"] = check_type(t["description"], str, f"{where}.description")
-    spec["parameters"] = optional(t, "parameters", dict, f"{where}.") or {"type": "object", "properties": {}}
+    spec["parameters"] = optional(t, "parameters", dict, f"{where}.") or {
+        "type": "object",
+        "properties": {},
+    }
     return {"type": "function", "function": spec}
 
 
@@ -44,7 +55,9 @@ def parse_tools(raw) -> tuple[dict, ...]:
         kind = t.get("type")
         if kind == "function":
             tools.append(_function(t, where))
-        elif kind == "namespace":  # a group of functions (Codex): offered to the model by their names
+        elif (
+            kind == "namespace"
+        ):  # a group of functions (Codex): offered to the model by their names
             for k, inner in enumerate(optional(t, "tools", list, f"{where}.") or []):
                 check_type(inner, dict, f"{where}.tools[{k}]")
                 if inner.get("type", "function") == "function":
@@ -59,8 +72,11 @@ def parse_tools(raw) -> tuple[dict, ...]:
 def parse(body: dict) -> ChatRequest:
     model = require(body, "model", str)
     if body.get("previous_response_id"):
-        raise RequestError("previous_response_id is not supported: responses are not stored, "
-                           "send the whole conversation in 'input'", "previous_response_id")
+        raise RequestError(
+            "previous_response_id is not supported: responses are not stored, "
+            "send the whole conversation in 'input'",
+            "previous_response_id",
+        )
     msgs: list[Message] = []
     instructions = optional(body, "instructions", str)
     if instructions:
@@ -82,56 +98,100 @@ def parse(body: dict) -> ChatRequest:
             else:
                 msgs.append(Message(role="user" if role == "user" else "system", content=content))
         elif kind == "function_call":
-            call = ToolCall(id=require(item, "call_id", str, f"{where}."), name=require(item, "name", str, f"{where}."),
-                            arguments=parse_arguments(item.get("arguments"), f"{where}.arguments"))
+            call = ToolCall(
+                id=require(item, "call_id", str, f"{where}."),
+                name=require(item, "name", str, f"{where}."),
+                arguments=parse_arguments(item.get("arguments"), f"{where}.arguments"),
+            )
             if msgs and msgs[-1].role == "assistant":  # text and calls of one turn are one message
                 last = msgs.pop()
-                msgs.append(Message(role="assistant", content=last.content, tool_calls=(*last.tool_calls, call)))
+                msgs.append(
+                    Message(
+                        role="assistant", content=last.content, tool_calls=(*last.tool_calls, call)
+                    )
+                )
             else:
                 msgs.append(Message(role="assistant", tool_calls=(call,)))
         elif kind == "function_call_output":
             out = item.get("output")
             content = out if isinstance(out, str) else text_of(out, f"{where}.output")
-            msgs.append(Message(role="tool", content=content, tool_call_id=require(item, "call_id", str, f"{where}.")))
+            msgs.append(
+                Message(
+                    role="tool",
+                    content=content,
+                    tool_call_id=require(item, "call_id", str, f"{where}."),
+                )
+            )
         elif kind == "reasoning":
             continue  # reasoning items are not re-sent to the model
         else:
             raise RequestError(f"unsupported input item type {kind!r}", f"{where}.type")
     return ChatRequest(
-        api=NAME, model=model, messages=tuple(msgs),
+        api=NAME,
+        model=model,
+        messages=tuple(msgs),
         tools=parse_tools(body["tools"]) if body.get("tools") else (),
         sampling=sampling_from(body, "max_output_tokens", None),
-        stream=bool(optional(body, "stream", bool)), include_usage=True,
-        tool_choice=body.get("tool_choice"), body=body,
+        stream=bool(optional(body, "stream", bool)),
+        include_usage=True,
+        tool_choice=body.get("tool_choice"),
+        body=body,
     )
 
 
 def _usage(answer: Answer) -> dict:
-    return {"input_tokens": answer.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": answer.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+    return {
+        "input_tokens": answer.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": answer.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
 
 
 def _message_item(id: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    content = (
+        [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    )
     return {"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
 
 
 def _call_item(id: str, call: ToolCall, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": id, "call_id": call.id, "name": call.name, "arguments": arguments,
-            "status": status}
-
-
-def _response(id: str, model: str, created: int, body: dict, status: str, output: list, answer: Answer | None) -> dict:
     return {
-        "id": id, "object": "response", "created_at": created, "status": status, "error": None,
+        "type": "function_call",
+        "id": id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _response(
+    id: str, model: str, created: int, body: dict, status: str, output: list, answer: Answer | None
+) -> dict:
+    return {
+        "id": id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-        "model": model, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
-        "temperature": body.get("temperature", 1.0), "text": {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
-        "top_p": body.get("top_p", 1.0), "truncation": "disabled", "metadata": body.get("metadata") or {},
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": False,
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools", []),
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "metadata": body.get("metadata") or {},
         "usage": _usage(answer) if answer else None,
     }
 
@@ -140,7 +200,9 @@ def _ids() -> str:
     return uuid.uuid4().hex[:24]
 
 
-def response(answer: Answer, *, id: str, model: str, created: int | None = None, body: dict | None = None) -> dict:
+def response(
+    answer: Answer, *, id: str, model: str, created: int | None = None, body: dict | None = None
+) -> dict:
     output = []
     if answer.text or not answer.tool_calls:
         output.append(_message_item(f"msg_{_ids()}", answer.text))
@@ -153,7 +215,9 @@ class Stream:
     """response.created / in_progress, output items with their deltas and done events,
     response.completed (or .incomplete); every frame with `event:` and a sequence_number."""
 
-    def __init__(self, *, id: str, model: str, include_usage: bool = True, body: dict | None = None) -> None:
+    def __init__(
+        self, *, id: str, model: str, include_usage: bool = True, body: dict | None = None
+    ) -> None:
         self.id, self.model, self.body = id, model, body or {}
         self.created = int(time.time())
         self._seq = 0
@@ -168,16 +232,29 @@ class Stream:
 
     def start(self) -> list[bytes]:
         r = _response(self.id, self.model, self.created, self.body, "in_progress", [], None)
-        return [self._ev("response.created", {"response": r}), self._ev("response.in_progress", {"response": r})]
+        return [
+            self._ev("response.created", {"response": r}),
+            self._ev("response.in_progress", {"response": r}),
+        ]
 
     def _open_message(self) -> list[bytes]:
         self._msg_id, self._text = f"msg_{_ids()}", ""
         idx = len(self._output)
-        return [self._ev("response.output_item.added",
-                         {"output_index": idx, "item": _message_item(self._msg_id, "", "in_progress")}),
-                self._ev("response.content_part.added",
-                         {"item_id": self._msg_id, "output_index": idx, "content_index": 0,
-                          "part": {"type": "output_text", "text": "", "annotations": []}})]
+        return [
+            self._ev(
+                "response.output_item.added",
+                {"output_index": idx, "item": _message_item(self._msg_id, "", "in_progress")},
+            ),
+            self._ev(
+                "response.content_part.added",
+                {
+                    "item_id": self._msg_id,
+                    "output_index": idx,
+                    "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []},
+                },
+            ),
+        ]
 
     def _close_message(self) -> list[bytes]:
         if self._text is None:
@@ -187,11 +264,17 @@ class Stream:
         item = _message_item(self._msg_id, text)
         self._output.append(item)
         self._text = None
-        return [self._ev("response.output_text.done", {"item_id": self._msg_id, "output_index": idx,
-                                                       "content_index": 0, "text": text}),
-                self._ev("response.content_part.done", {"item_id": self._msg_id, "output_index": idx,
-                                                        "content_index": 0, "part": part}),
-                self._ev("response.output_item.done", {"output_index": idx, "item": item})]
+        return [
+            self._ev(
+                "response.output_text.done",
+                {"item_id": self._msg_id, "output_index": idx, "content_index": 0, "text": text},
+            ),
+            self._ev(
+                "response.content_part.done",
+                {"item_id": self._msg_id, "output_index": idx, "content_index": 0, "part": part},
+            ),
+            self._ev("response.output_item.done", {"output_index": idx, "item": item}),
+        ]
 
     def event(self, ev) -> list[bytes]:
         out: list[bytes] = []
@@ -199,18 +282,39 @@ class Stream:
             if self._text is None:
                 out += self._open_message()
             self._text += ev.text
-            out.append(self._ev("response.output_text.delta", {"item_id": self._msg_id, "output_index": len(self._output),
-                                                               "content_index": 0, "delta": ev.text}))
+            out.append(
+                self._ev(
+                    "response.output_text.delta",
+                    {
+                        "item_id": self._msg_id,
+                        "output_index": len(self._output),
+                        "content_index": 0,
+                        "delta": ev.text,
+                    },
+                )
+            )
         elif isinstance(ev, ToolCallEvent):
             out += self._close_message()
             idx, fc_id = len(self._output), f"fc_{_ids()}"
             args = json.dumps(ev.call.arguments)
-            out.append(self._ev("response.output_item.added",
-                                {"output_index": idx, "item": _call_item(fc_id, ev.call, "", "in_progress")}))
-            out.append(self._ev("response.function_call_arguments.delta",
-                                {"item_id": fc_id, "output_index": idx, "delta": args}))
-            out.append(self._ev("response.function_call_arguments.done",
-                                {"item_id": fc_id, "output_index": idx, "arguments": args}))
+            out.append(
+                self._ev(
+                    "response.output_item.added",
+                    {"output_index": idx, "item": _call_item(fc_id, ev.call, "", "in_progress")},
+                )
+            )
+            out.append(
+                self._ev(
+                    "response.function_call_arguments.delta",
+                    {"item_id": fc_id, "output_index": idx, "delta": args},
+                )
+            )
+            out.append(
+                self._ev(
+                    "response.function_call_arguments.done",
+                    {"item_id": fc_id, "output_index": idx, "arguments": args},
+                )
+            )
             item = _call_item(fc_id, ev.call, args)
             self._output.append(item)
             out.append(self._ev("response.output_item.done", {"output_index": idx, "item": item}))

@@ -22,15 +22,37 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--engine", required=True, help="policy engine: transformers:DIR, vllm:URL, scripted:FILE, passthrough:URL")
-@click.option("--secret-file", required=True, type=click.Path(exists=True, dir_okay=False), help="HMAC key of session tokens")
+@click.option(
+    "--engine",
+    required=True,
+    help="policy engine: transformers:DIR, vllm:URL, scripted:FILE, passthrough:URL",
+)
+@click.option(
+    "--secret-file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="HMAC key of session tokens",
+)
 @click.option("--record", default=None, help="append claw.call/v1 records to this JSONL file")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--admin-token-file", type=click.Path(exists=True, dir_okay=False), help="enables /admin/* with this token")
-@click.option("--route", "routes", multiple=True, metavar="GLOB=ENGINE",
-              help="send requested model names matching GLOB to ENGINE (an engine spec or 'policy'); repeatable")
-@click.option("--tokenizer", default=None, help="HF dir with tokenizer + chat template (needed for vllm/scripted)")
+@click.option(
+    "--admin-token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="enables /admin/* with this token",
+)
+@click.option(
+    "--route",
+    "routes",
+    multiple=True,
+    metavar="GLOB=ENGINE",
+    help="send requested model names matching GLOB to ENGINE (an engine spec or 'policy'); repeatable",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="HF dir with tokenizer + chat template (needed for vllm/scripted)",
+)
 @click.option("--policy-name", default="policy", show_default=True)
 @click.option("--max-tokens-cap", default=4096, show_default=True, type=int)
 @click.option("--default-max-tokens", default=1024, show_default=True, type=int)
@@ -39,15 +61,47 @@ def main() -> None:
 @click.option("--request-timeout", default=600.0, show_default=True, type=float)
 @click.option("--record-max-bytes", default=None, type=int, help="shard the records by size")
 @click.option("--fsync/--no-fsync", default=False, show_default=True, help="fsync every record")
-@click.option("--record-bodies/--no-record-bodies", default=False, show_default=True,
-              help="keep raw requests and answers in the records")
-@click.option("--drift-check-tokens", default=16384, show_default=True, type=int,
-              help="re-render prompts up to this many tokens to check tokenization drift (0: never)")
-@click.option("--upstream-key-env", default=None, help="environment variable holding a passthrough upstream key")
+@click.option(
+    "--record-bodies/--no-record-bodies",
+    default=False,
+    show_default=True,
+    help="keep raw requests and answers in the records",
+)
+@click.option(
+    "--drift-check-tokens",
+    default=16384,
+    show_default=True,
+    type=int,
+    help="re-render prompts up to this many tokens to check tokenization drift (0: never)",
+)
+@click.option(
+    "--upstream-key-env",
+    default=None,
+    help="environment variable holding a passthrough upstream key",
+)
 @click.option("--log-level", default="warning", show_default=True)
-def serve(engine, secret_file, record, host, port, admin_token_file, routes, tokenizer, policy_name, max_tokens_cap,
-          default_max_tokens, max_body_bytes, session_concurrency, request_timeout, record_max_bytes, fsync,
-          record_bodies, drift_check_tokens, upstream_key_env, log_level):
+def serve(
+    engine,
+    secret_file,
+    record,
+    host,
+    port,
+    admin_token_file,
+    routes,
+    tokenizer,
+    policy_name,
+    max_tokens_cap,
+    default_max_tokens,
+    max_body_bytes,
+    session_concurrency,
+    request_timeout,
+    record_max_bytes,
+    fsync,
+    record_bodies,
+    drift_check_tokens,
+    upstream_key_env,
+    log_level,
+):
     """Serve the OpenAI and Anthropic APIs on a policy engine, recording every call.
 
     Example:
@@ -63,12 +117,21 @@ def serve(engine, secret_file, record, host, port, admin_token_file, routes, tok
 
     try:
         config = ProxyConfig(
-            engine=engine, secret=read_secret(secret_file), record=record,
+            engine=engine,
+            secret=read_secret(secret_file),
+            record=record,
             admin_token=read_secret(admin_token_file) if admin_token_file else None,
-            routes=tuple(parse_route(r) for r in routes), tokenizer=tokenizer, policy_name=policy_name,
-            max_tokens_cap=max_tokens_cap, default_max_tokens=default_max_tokens, max_body_bytes=max_body_bytes,
-            session_concurrency=session_concurrency, request_timeout=request_timeout,
-            record_max_bytes=record_max_bytes, record_fsync=fsync, record_bodies=record_bodies,
+            routes=tuple(parse_route(r) for r in routes),
+            tokenizer=tokenizer,
+            policy_name=policy_name,
+            max_tokens_cap=max_tokens_cap,
+            default_max_tokens=default_max_tokens,
+            max_body_bytes=max_body_bytes,
+            session_concurrency=session_concurrency,
+            request_timeout=request_timeout,
+            record_max_bytes=record_max_bytes,
+            record_fsync=fsync,
+            record_bodies=record_bodies,
             drift_check_tokens=drift_check_tokens,
             upstream_api_key=os.environ.get(upstream_key_env) if upstream_key_env else None,
         )
@@ -81,7 +144,13 @@ def serve(engine, secret_file, record, host, port, admin_token_file, routes, tok
 @main.command()
 @click.argument("session")
 @click.option("--secret-file", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="session tag carried in the token; repeatable")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="session tag carried in the token; repeatable",
+)
 def token(session, secret_file, tags):
     """Print a signed session token (the API key a harness sends for one rollout).
 
@@ -120,8 +189,10 @@ def calls(path, follow, summary):
         it = follow_calls(path) if follow else read_calls(path)
         for c in it:
             if summary:
-                line = (f"{c.session}\t{c.seq}\t{c.api}\t{c.model}\tv{c.policy.get('version')}\t"
-                        f"{len(c.prompt_ids)}+{len(c.completion_ids)}\t{c.finish_reason}")
+                line = (
+                    f"{c.session}\t{c.seq}\t{c.api}\t{c.model}\tv{c.policy.get('version')}\t"
+                    f"{len(c.prompt_ids)}+{len(c.completion_ids)}\t{c.finish_reason}"
+                )
             else:
                 line = json.dumps(c.to_dict(), separators=(",", ":"), ensure_ascii=False)
             click.echo(line)
@@ -136,8 +207,12 @@ def calls(path, follow, summary):
 @main.command()
 @click.argument("request_file", type=click.File("r"), default="-")
 @click.option("--tokenizer", required=True, help="HF dir with the tokenizer and chat template")
-@click.option("--api", type=click.Choice(["openai.chat", "openai.responses", "anthropic.messages", "auto"]),
-              default="auto", show_default=True)
+@click.option(
+    "--api",
+    type=click.Choice(["openai.chat", "openai.responses", "anthropic.messages", "auto"]),
+    default="auto",
+    show_default=True,
+)
 def render(request_file, tokenizer, api):
     """Render one API request body (or a captured {path, body}) into prompt token ids, as the proxy would.
 
@@ -151,17 +226,37 @@ def render(request_file, tokenizer, api):
     try:
         data = json.load(request_file)
     except json.JSONDecodeError as e:
-        raise click.ClickException(f"{request_file.name}: invalid JSON at line {e.lineno}: {e.msg}") from e
+        raise click.ClickException(
+            f"{request_file.name}: invalid JSON at line {e.lineno}: {e.msg}"
+        ) from e
     path = data.get("path", "") if isinstance(data, dict) else ""
     body = data.get("body", data) if isinstance(data, dict) else data
     if api == "auto":
-        api = ("anthropic.messages" if "/messages" in path or "max_tokens" in body and "system" in body
-               else "openai.responses" if "/responses" in path or "input" in body else "openai.chat")
-    mod = {"openai.chat": api_chat, "openai.responses": api_responses, "anthropic.messages": api_anthropic}[api]
+        api = (
+            "anthropic.messages"
+            if "/messages" in path or "max_tokens" in body and "system" in body
+            else "openai.responses"
+            if "/responses" in path or "input" in body
+            else "openai.chat"
+        )
+    mod = {
+        "openai.chat": api_chat,
+        "openai.responses": api_responses,
+        "anthropic.messages": api_anthropic,
+    }[api]
     try:
         req = mod.parse(body)
         ids = Renderer(tokenizer).render_full(req)
     except ClawError as e:
         raise _fail(e) from e
-    click.echo(json.dumps({"api": api, "model": req.model, "messages": len(req.messages), "tools": len(req.tools),
-                           "prompt_ids": ids}))
+    click.echo(
+        json.dumps(
+            {
+                "api": api,
+                "model": req.model,
+                "messages": len(req.messages),
+                "tools": len(req.tools),
+                "prompt_ids": ids,
+            }
+        )
+    )

@@ -13,8 +13,10 @@ def split_spec(spec: str) -> tuple[str, str]:
     """`kind:target` of an engine spec, checked."""
     kind, sep, target = spec.partition(":")
     if not sep or kind not in ENGINE_KINDS or not target:
-        raise ConfigError(f"bad engine spec {spec!r}: expected one of "
-                          + ", ".join(f"{k}:..." for k in ENGINE_KINDS))
+        raise ConfigError(
+            f"bad engine spec {spec!r}: expected one of "
+            + ", ".join(f"{k}:..." for k in ENGINE_KINDS)
+        )
     return kind, target
 
 
@@ -22,7 +24,9 @@ def parse_route(text: str) -> tuple[str, str]:
     """`GLOB=ENGINE` (ENGINE is an engine spec, or `policy` for the main engine)."""
     glob, sep, spec = text.partition("=")
     if not sep or not glob or not spec:
-        raise ConfigError(f"bad route {text!r}: expected GLOB=ENGINE, e.g. 'claude-haiku*=transformers:DIR'")
+        raise ConfigError(
+            f"bad route {text!r}: expected GLOB=ENGINE, e.g. 'claude-haiku*=transformers:DIR'"
+        )
     if spec != "policy":
         split_spec(spec)
     return glob, spec
@@ -36,8 +40,12 @@ class ProxyConfig:
     secret: str  # HMAC key of session tokens
     record: str | None = None  # claw.call/v1 JSONL path (None: record nothing)
     admin_token: str | None = None  # enables /admin/*
-    routes: tuple[tuple[str, str], ...] = ()  # (model glob, engine spec or "policy"), first match wins
-    tokenizer: str | None = None  # HF dir with the tokenizer + chat template (default: the transformers DIR)
+    routes: tuple[
+        tuple[str, str], ...
+    ] = ()  # (model glob, engine spec or "policy"), first match wins
+    tokenizer: str | None = (
+        None  # HF dir with the tokenizer + chat template (default: the transformers DIR)
+    )
     policy_name: str = "policy"
     parser: str = "hermes"  # tool-call parser
     max_body_bytes: int = 16 * 1024 * 1024
@@ -48,16 +56,20 @@ class ProxyConfig:
     session_concurrency: int = 8  # requests in flight per session; more get 429
     request_timeout: float = 600.0  # seconds for one generation
     record_max_bytes: int | None = None  # shard the records by size
-    record_fsync: bool = False  # fsync each record (power-loss safety; kill -9 safety needs only the write)
+    record_fsync: bool = (
+        False  # fsync each record (power-loss safety; kill -9 safety needs only the write)
+    )
     record_bodies: bool = False  # keep the raw request and the answer in each record
-    drift_check_tokens: int = 16384  # re-render fully to check drift when the prompt is at most this long
+    drift_check_tokens: int = (
+        16384  # re-render fully to check drift when the prompt is at most this long
+    )
     batch_wait: float = 0.005  # transformers engine: seconds to gather a batch
     max_batch: int = 16
     upstream_api_key: str | None = None  # passthrough engines' key for the real endpoint
 
     def __attrs_post_init__(self) -> None:
         split_spec(self.engine)
-        for glob, spec in self.routes:
+        for _glob, spec in self.routes:
             if spec != "policy":
                 split_spec(spec)
         if self.max_tokens_cap < 1 or self.default_max_tokens < 1:

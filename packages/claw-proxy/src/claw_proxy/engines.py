@@ -70,7 +70,11 @@ class Generation:
                     self.finish = value
                 return
             elif kind == "error":
-                raise value if isinstance(value, EngineError) else EngineError(f"engine failed: {value}")
+                raise (
+                    value
+                    if isinstance(value, EngineError)
+                    else EngineError(f"engine failed: {value}")
+                )
 
 
 class Engine:
@@ -150,8 +154,13 @@ class ScriptedEngine(Engine):
 class VLLMEngine(Engine):
     """A vLLM OpenAI-compatible server, driven token-in/token-out through `/v1/completions`."""
 
-    def __init__(self, url: str, policy_name: str = "policy", transport: httpx.AsyncBaseTransport | None = None,
-                 timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        policy_name: str = "policy",
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 600.0,
+    ) -> None:
         super().__init__()
         self.url = url.rstrip("/")
         self.spec = f"vllm:{self.url}"
@@ -180,10 +189,17 @@ class VLLMEngine(Engine):
             model = await self._served_model()
             policy = dict(self.policy)
             body = {
-                "model": model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens,
-                "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k or -1,
-                "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
-                "stop_token_ids": list(req.stop_ids), "include_stop_str_in_output": True,
+                "model": model,
+                "prompt": req.prompt_ids,
+                "max_tokens": req.max_tokens,
+                "temperature": req.temperature,
+                "top_p": req.top_p,
+                "top_k": req.top_k or -1,
+                "logprobs": 0,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+                "stop_token_ids": list(req.stop_ids),
+                "include_stop_str_in_output": True,
             }
             if req.seed is not None:
                 body["seed"] = req.seed
@@ -212,7 +228,9 @@ class VLLMEngine(Engine):
                 status=501,
             )
         name = f"{policy.name}-v{policy.version}"
-        r = await self._client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": policy.path})
+        r = await self._client.post(
+            "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": policy.path}
+        )
         if r.status_code >= 400:
             raise EngineError(f"vLLM refused the adapter: {r.status_code} {r.text[:300]}")
         self._lora = name
@@ -232,8 +250,13 @@ class PassthroughEngine(Engine):
 
     trainable = False
 
-    def __init__(self, url: str, api_key: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
-                 timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 600.0,
+    ) -> None:
         super().__init__()
         self.url = url.rstrip("/")
         self.spec = f"passthrough:{self.url}"

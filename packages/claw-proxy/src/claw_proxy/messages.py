@@ -27,7 +27,11 @@ class ToolCall:
     arguments: dict
 
     def to_template(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @attrs.frozen(kw_only=True)
@@ -147,7 +151,14 @@ def optional(body: dict, name: str, types, where: str = ""):
     return check_type(body[name], types, f"{where}{name}")
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array", dict: "an object"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+}
 
 
 def check_type(value, types, path: str):
@@ -177,7 +188,9 @@ def parse_arguments(raw, path: str) -> dict:
     raise RequestError("tool-call arguments must be a JSON object", path)
 
 
-def sampling_from(body: dict, max_tokens_field: str | tuple[str, ...], stop_field: str | None) -> Sampling:
+def sampling_from(
+    body: dict, max_tokens_field: str | tuple[str, ...], stop_field: str | None
+) -> Sampling:
     fields = max_tokens_field if isinstance(max_tokens_field, tuple) else (max_tokens_field,)
     max_tokens = None
     for f in fields:

@@ -33,7 +33,9 @@ def _check_schema(d: dict, want: str, where: str) -> None:
     if got != want:
         name, _, major = str(got).partition("/")
         if name == want.split("/")[0] and major != "v1":
-            raise RecordError(f"{where}: unsupported major version {got!r} (this reader knows {want})")
+            raise RecordError(
+                f"{where}: unsupported major version {got!r} (this reader knows {want})"
+            )
         raise RecordError(f"{where}: schema is {got!r}, expected {want!r}")
 
 
@@ -188,17 +190,19 @@ class CallWriter:
         self.written = 0
 
     def _open(self) -> int:
-        return os.open(shard_path(self.path, self._index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return os.open(
+            shard_path(self.path, self._index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+        )
 
     def write(self, record: Call | dict) -> None:
         d = record.to_dict() if isinstance(record, Call) else record
         line = (json.dumps(d, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
         with self._lock:
-            if self.max_bytes and os.fstat(self._fd).st_size > 0:
-                if os.fstat(self._fd).st_size + len(line) > self.max_bytes:
-                    os.close(self._fd)
-                    self._index += 1
-                    self._fd = self._open()
+            size = os.fstat(self._fd).st_size if self.max_bytes else 0
+            if self.max_bytes and size > 0 and size + len(line) > self.max_bytes:
+                os.close(self._fd)
+                self._index += 1
+                self._fd = self._open()
             view = memoryview(line)
             while view:
                 n = os.write(self._fd, view)
@@ -268,5 +272,3 @@ def follow_calls(path: str | Path, poll: float = 0.2, stop=None) -> Iterator[Cal
             if stop is not None and stop():
                 return
             time.sleep(poll)
-
-

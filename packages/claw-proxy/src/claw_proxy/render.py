@@ -81,7 +81,9 @@ class Renderer:
                 messages, tools=tools or None, add_generation_prompt=gen, tokenize=False
             )
         except Exception as e:  # jinja raises its own errors for shapes the template refuses
-            raise RequestError(f"the chat template cannot render this conversation: {e}", "messages") from e
+            raise RequestError(
+                f"the chat template cannot render this conversation: {e}", "messages"
+            ) from e
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -98,19 +100,24 @@ class Renderer:
         i = text.rfind(_MARK)
         if i < 0:
             return None
-        tail = text[i + len(_MARK):]
+        tail = text[i + len(_MARK) :]
         if ended_with_eos:
             if not self.eos_text or not tail.startswith(self.eos_text):
                 return None
-            tail = tail[len(self.eos_text):]
+            tail = tail[len(self.eos_text) :]
         return self.encode(tail)
 
 
 class PrefixCache:
     """Per-session memory of earlier calls, to build prompts by prefix reuse."""
 
-    def __init__(self, renderer: Renderer, drift_check_tokens: int = 16384,
-                 branches_per_session: int = 16, max_sessions: int = 10000) -> None:
+    def __init__(
+        self,
+        renderer: Renderer,
+        drift_check_tokens: int = 16384,
+        branches_per_session: int = 16,
+        max_sessions: int = 10000,
+    ) -> None:
         self.renderer = renderer
         self.drift_check_tokens = drift_check_tokens
         self.branches_per_session = branches_per_session
@@ -125,7 +132,9 @@ class PrefixCache:
         if not req.messages:
             raise RequestError("at least one message is required", "messages")
         if req.messages[-1].role == "assistant":
-            raise RequestError("the last message is from the assistant (prefill is not supported)", "messages")
+            raise RequestError(
+                "the last message is from the assistant (prefill is not supported)", "messages"
+            )
         keys = self._keys(req)
         best = None
         with self._lock:
@@ -134,25 +143,46 @@ class PrefixCache:
                 if n < len(keys) and (best is None or n > len(best.keys)) and keys[:n] == b.keys:
                     best = b
         if best is not None:
-            new = list(req.messages[len(best.keys) - 1:])
+            new = list(req.messages[len(best.keys) - 1 :])
             tail = self.renderer.render_continuation(new, best.ended_with_eos)
             if tail is not None:
                 ids = best.token_ids.tolist() + tail
                 matches = None
                 if len(ids) <= self.drift_check_tokens:
                     matches = self.renderer.render_full(req) == ids
-                return Rendered(prompt_ids=ids, reused_tokens=len(best.token_ids), rendered_tokens=len(tail),
-                                parent_call=best.call_id, fresh_render_matches=matches)
+                return Rendered(
+                    prompt_ids=ids,
+                    reused_tokens=len(best.token_ids),
+                    rendered_tokens=len(tail),
+                    parent_call=best.call_id,
+                    fresh_render_matches=matches,
+                )
         ids = self.renderer.render_full(req)
-        return Rendered(prompt_ids=ids, reused_tokens=0, rendered_tokens=len(ids), parent_call=None,
-                        fresh_render_matches=True)
+        return Rendered(
+            prompt_ids=ids,
+            reused_tokens=0,
+            rendered_tokens=len(ids),
+            parent_call=None,
+            fresh_render_matches=True,
+        )
 
-    def remember(self, session: str, call_id: str, req: ChatRequest, answer: Answer,
-                 prompt_ids: list[int], completion_ids: list[int]) -> None:
+    def remember(
+        self,
+        session: str,
+        call_id: str,
+        req: ChatRequest,
+        answer: Answer,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+    ) -> None:
         """Keep this call so a later request that extends it reuses its tokens."""
         ended = bool(completion_ids) and completion_ids[-1] in self.renderer.eos_ids
-        branch = _Branch(call_id=call_id, keys=[*self._keys(req), answer.message().key()],
-                         token_ids=array("q", prompt_ids) + array("q", completion_ids), ended_with_eos=ended)
+        branch = _Branch(
+            call_id=call_id,
+            keys=[*self._keys(req), answer.message().key()],
+            token_ids=array("q", prompt_ids) + array("q", completion_ids),
+            ended_with_eos=ended,
+        )
         with self._lock:
             branches = self._sessions.setdefault(session, [])
             self._sessions.move_to_end(session)
@@ -178,17 +208,17 @@ class Detokenizer:
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
         dec = self.tokenizer.decode
-        before = dec(self.ids[self._prefix:self._read], skip_special_tokens=False)
-        after = dec(self.ids[self._prefix:], skip_special_tokens=False)
+        before = dec(self.ids[self._prefix : self._read], skip_special_tokens=False)
+        after = dec(self.ids[self._prefix :], skip_special_tokens=False)
         if after.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
         self._prefix, self._read = self._read, len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]
 
     def flush(self) -> str:
         """Text still held back at the end (an incomplete UTF-8 sequence is emitted as is)."""
         dec = self.tokenizer.decode
-        before = dec(self.ids[self._prefix:self._read], skip_special_tokens=False)
-        after = dec(self.ids[self._prefix:], skip_special_tokens=False)
+        before = dec(self.ids[self._prefix : self._read], skip_special_tokens=False)
+        after = dec(self.ids[self._prefix :], skip_special_tokens=False)
         self._prefix = self._read = len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]

@@ -13,7 +13,9 @@ from claw_proxy.errors import ConfigError
 from claw_proxy.server import Proxy
 
 
-def serve(config: ProxyConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
+def serve(
+    config: ProxyConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning"
+) -> None:
     """Serve until interrupted (uvicorn, one process)."""
     proxy = Proxy(config)
     uvicorn.run(proxy.app, host=host, port=port, log_level=log_level, access_log=False)
@@ -28,15 +30,20 @@ class ProxyServer:
             client = openai.OpenAI(base_url=srv.url + "/v1", api_key=mint_token("s1", "s"))
     """
 
-    def __init__(self, config: ProxyConfig, host: str = "127.0.0.1", port: int = 0, transport=None) -> None:
+    def __init__(
+        self, config: ProxyConfig, host: str = "127.0.0.1", port: int = 0, transport=None
+    ) -> None:
         self.config = config
         self.proxy = Proxy(config, transport=transport)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
-        self._server = uvicorn.Server(uvicorn.Config(self.proxy.app, log_level="warning", access_log=False,
-                                                     timeout_graceful_shutdown=5))
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                self.proxy.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+            )
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -45,8 +52,12 @@ class ProxyServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> ProxyServer:
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="claw-proxy-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._sock]},
+            name="claw-proxy-server",
+            daemon=True,
+        )
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:

@@ -22,7 +22,16 @@ from starlette.routing import Route
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy.config import ProxyConfig, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
-from claw_proxy.errors import AuthError, ClawError, ConfigError, EngineError, LimitError, NotFoundError, RecordError, RequestError
+from claw_proxy.errors import (
+    AuthError,
+    ClawError,
+    ConfigError,
+    EngineError,
+    LimitError,
+    NotFoundError,
+    RecordError,
+    RequestError,
+)
 from claw_proxy.messages import Answer, ChatRequest, ReasoningDelta, TextDelta, ToolCallEvent
 from claw_proxy.records import Call, CallWriter, Policy
 from claw_proxy.render import Detokenizer, PrefixCache, Renderer
@@ -49,9 +58,20 @@ class Proxy:
         self.renderers: dict[str, Renderer] = {}
         self.caches: dict[str, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
-        self.stats = {"requests": 0, "calls_recorded": 0, "errors": 0, "prompt_tokens": 0,
-                      "completion_tokens": 0, "reused_tokens": 0, "rendered_tokens": 0}
-        self.writer = CallWriter(config.record, config.record_max_bytes, config.record_fsync) if config.record else None
+        self.stats = {
+            "requests": 0,
+            "calls_recorded": 0,
+            "errors": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "reused_tokens": 0,
+            "rendered_tokens": 0,
+        }
+        self.writer = (
+            CallWriter(config.record, config.record_max_bytes, config.record_fsync)
+            if config.record
+            else None
+        )
         self.policy_engine = self._engine(config.engine)
         for _, spec in config.routes:
             if spec != "policy":
@@ -62,10 +82,14 @@ class Proxy:
 
     def _renderer(self, directory: str | None) -> Renderer:
         if directory is None:
-            raise ConfigError("this engine needs a tokenizer: pass --tokenizer DIR (the policy's HF directory)")
+            raise ConfigError(
+                "this engine needs a tokenizer: pass --tokenizer DIR (the policy's HF directory)"
+            )
         if directory not in self.renderers:
             self.renderers[directory] = Renderer(directory)
-            self.caches[directory] = PrefixCache(self.renderers[directory], self.config.drift_check_tokens)
+            self.caches[directory] = PrefixCache(
+                self.renderers[directory], self.config.drift_check_tokens
+            )
         return self.renderers[directory]
 
     def _engine(self, spec: str) -> Engine:
@@ -77,8 +101,9 @@ class Proxy:
             from claw_proxy._transformers import TransformersEngine
 
             self._renderer(c.tokenizer or target)
-            engine: Engine = TransformersEngine(target, policy_name=c.policy_name, max_batch=c.max_batch,
-                                                batch_wait=c.batch_wait)
+            engine: Engine = TransformersEngine(
+                target, policy_name=c.policy_name, max_batch=c.max_batch, batch_wait=c.batch_wait
+            )
             engine.tokenizer_dir = c.tokenizer or target
         elif kind == "scripted":
             r = self._renderer(c.tokenizer)
@@ -89,7 +114,9 @@ class Proxy:
             engine = VLLMEngine(target, policy_name=c.policy_name, transport=self._transport)
             engine.tokenizer_dir = c.tokenizer
         else:
-            engine = PassthroughEngine(target, api_key=c.upstream_api_key, transport=self._transport)
+            engine = PassthroughEngine(
+                target, api_key=c.upstream_api_key, transport=self._transport
+            )
         self.engines[spec] = engine
         return engine
 
@@ -104,7 +131,9 @@ class Proxy:
     def authenticate(self, request: Request) -> tuple[str, _Session]:
         token = token_from_headers(request.headers)
         if not token:
-            raise AuthError("missing API key: send a claw session token as x-api-key or Authorization: Bearer")
+            raise AuthError(
+                "missing API key: send a claw session token as x-api-key or Authorization: Bearer"
+            )
         tok = verify_token(token, self.config.secret)
         s = self.sessions.get(tok.session)
         if s is None:
@@ -128,14 +157,22 @@ class Proxy:
         limit = self.config.max_body_bytes
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > limit:
-            raise LimitError(f"request body of {length} bytes is over the limit of {limit}", status=413)
+            raise LimitError(
+                f"request body of {length} bytes is over the limit of {limit}", status=413
+            )
         raw = await request.body()
         if len(raw) > limit:
-            raise LimitError(f"request body of {len(raw)} bytes is over the limit of {limit}", status=413)
+            raise LimitError(
+                f"request body of {len(raw)} bytes is over the limit of {limit}", status=413
+            )
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            detail = f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+            detail = (
+                f"{e.msg} at line {e.lineno} column {e.colno}"
+                if isinstance(e, json.JSONDecodeError)
+                else str(e)
+            )
             raise RequestError(f"the request body is not valid JSON: {detail}") from e
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
@@ -143,11 +180,20 @@ class Proxy:
 
     def _gen_request(self, req: ChatRequest, prompt_ids: list[int], stop_ids) -> GenRequest:
         c, s = self.config, req.sampling
-        temperature = c.default_temperature if s.temperature is None else min(s.temperature, c.max_temperature)
+        temperature = (
+            c.default_temperature
+            if s.temperature is None
+            else min(s.temperature, c.max_temperature)
+        )
         return GenRequest(
-            prompt_ids=prompt_ids, max_tokens=min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap),
-            temperature=temperature, top_p=1.0 if s.top_p is None else s.top_p, top_k=s.top_k or 0,
-            seed=s.seed, stop_ids=tuple(stop_ids), model=req.model,
+            prompt_ids=prompt_ids,
+            max_tokens=min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap),
+            temperature=temperature,
+            top_p=1.0 if s.top_p is None else s.top_p,
+            top_k=s.top_k or 0,
+            seed=s.seed,
+            stop_ids=tuple(stop_ids),
+            model=req.model,
             turn=sum(1 for m in req.messages if m.role == "assistant"),
         )
 
@@ -163,14 +209,19 @@ class Proxy:
                 return await forward(self, api, engine, request, body, session, state)
             req = api.parse(body)
             if state.in_flight >= self.config.session_concurrency:
-                raise LimitError(f"session {session} already has {state.in_flight} requests in flight "
-                                 f"(limit {self.config.session_concurrency})", retry_after=1.0)
+                raise LimitError(
+                    f"session {session} already has {state.in_flight} requests in flight "
+                    f"(limit {self.config.session_concurrency})",
+                    retry_after=1.0,
+                )
             return await self._answer(api, engine, req, session, state)
         except ClawError as e:
             self.stats["errors"] += 1
             return error_response(api, e)
 
-    async def _answer(self, api, engine: Engine, req: ChatRequest, session: str, state: _Session) -> Response:
+    async def _answer(
+        self, api, engine: Engine, req: ChatRequest, session: str, state: _Session
+    ) -> Response:
         cache = self.caches[engine.tokenizer_dir]
         renderer = cache.renderer
         started = time.time()
@@ -178,10 +229,27 @@ class Proxy:
         gen_req = self._gen_request(req, rendered.prompt_ids, renderer.eos_ids)
         seq, state.seq = state.seq, state.seq + 1
         call_id = f"call-{uuid.uuid4().hex}"
-        resp_id = {"anthropic.messages": "msg_", "openai.chat": "chatcmpl-", "openai.responses": "resp_"}[api.NAME]
+        resp_id = {
+            "anthropic.messages": "msg_",
+            "openai.chat": "chatcmpl-",
+            "openai.responses": "resp_",
+        }[api.NAME]
         resp_id += uuid.uuid4().hex[:24]
         state.in_flight += 1
-        run = _Run(self, api, engine, req, gen_req, renderer, session, state, seq, call_id, started, rendered)
+        run = _Run(
+            self,
+            api,
+            engine,
+            req,
+            gen_req,
+            renderer,
+            session,
+            state,
+            seq,
+            call_id,
+            started,
+            rendered,
+        )
         try:
             gen = engine.generate(gen_req)
             run.gen = gen
@@ -205,11 +273,16 @@ class Proxy:
             finally:
                 state.in_flight -= 1
                 gen.cancel()
-        stream = api.Stream(id=resp_id, model=req.model, include_usage=req.include_usage, **_extra(api, req, True))
+        stream = api.Stream(
+            id=resp_id, model=req.model, include_usage=req.include_usage, **_extra(api, req, True)
+        )
         if api is api_anthropic:
             stream.prompt_tokens = len(rendered.prompt_ids)
-        return StreamingResponse(self._stream(run, stream, first, chunks), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        return StreamingResponse(
+            self._stream(run, stream, first, chunks),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )
 
     async def _stream(self, run, stream, first, chunks):
         try:
@@ -232,7 +305,12 @@ class Proxy:
                 for frame in stream.event(ev):
                     yield frame
             answer = run.answer()
-            run.record(answer, run.api.response(answer, id=stream.id, model=run.req.model, **_extra(run.api, run.req)))
+            run.record(
+                answer,
+                run.api.response(
+                    answer, id=stream.id, model=run.req.model, **_extra(run.api, run.req)
+                ),
+            )
             for frame in stream.finish(answer):
                 yield frame
         finally:
@@ -294,7 +372,21 @@ async def _iterate(run, chunks):
 class _Run:
     """One call in progress: sampled ids -> text deltas -> answer events -> record."""
 
-    def __init__(self, proxy, api, engine, req, gen_req, renderer, session, state, seq, call_id, started, rendered):
+    def __init__(
+        self,
+        proxy,
+        api,
+        engine,
+        req,
+        gen_req,
+        renderer,
+        session,
+        state,
+        seq,
+        call_id,
+        started,
+        rendered,
+    ):
         self.proxy, self.api, self.engine, self.req, self.gen_req = proxy, api, engine, req, gen_req
         self.renderer, self.session, self.state, self.seq = renderer, session, state, seq
         self.call_id, self.started, self.rendered = call_id, started, rendered
@@ -318,8 +410,10 @@ class _Run:
             return None
         except TimeoutError:
             self.gen.cancel()
-            raise EngineError(f"the engine did not finish within {self.proxy.config.request_timeout:g} s",
-                              status=504) from None
+            raise EngineError(
+                f"the engine did not finish within {self.proxy.config.request_timeout:g} s",
+                status=504,
+            ) from None
 
     def _events(self, evs: list) -> list:
         for ev in evs:
@@ -346,12 +440,12 @@ class _Run:
                 seen = self._seen + delta
                 cut = min((i for i in (seen.find(s) for s in stops) if i >= 0), default=-1)
                 if cut >= 0:
-                    delta = seen[:cut][len(self._seen):] if cut > len(self._seen) else ""
+                    delta = seen[:cut][len(self._seen) :] if cut > len(self._seen) else ""
                     out += self._events(self.parser.feed(delta))
                     self.stop_hit = True
                     self.gen.cancel()
                     break
-                self._seen = seen[-max(len(s) for s in stops) * 2:]
+                self._seen = seen[-max(len(s) for s in stops) * 2 :]
             out += self._events(self.parser.feed(delta))
         return out
 
@@ -363,29 +457,60 @@ class _Run:
     def answer(self) -> Answer:
         if self.calls:
             finish = "tool_calls"
-        elif self.stop_hit or (self.ids and self.ids[-1] in self.gen_req.stop_ids) or self.gen.finish == "stop":
+        elif (
+            self.stop_hit
+            or (self.ids and self.ids[-1] in self.gen_req.stop_ids)
+            or self.gen.finish == "stop"
+        ):
             finish = "stop"
         elif len(self.ids) >= self.gen_req.max_tokens:
             finish = "length"
         else:
             finish = "stop"
-        return Answer(text="".join(self.text), reasoning="".join(self.reasoning), tool_calls=tuple(self.calls),
-                      finish_reason=finish, prompt_tokens=len(self.gen_req.prompt_ids), completion_tokens=len(self.ids))
+        return Answer(
+            text="".join(self.text),
+            reasoning="".join(self.reasoning),
+            tool_calls=tuple(self.calls),
+            finish_reason=finish,
+            prompt_tokens=len(self.gen_req.prompt_ids),
+            completion_tokens=len(self.ids),
+        )
 
     def record(self, answer: Answer, body: dict) -> None:
         proxy, r = self.proxy, self.rendered
         call = Call(
-            call_id=self.call_id, session=self.session, seq=self.seq, api=self.api.NAME, model=self.req.model,
-            policy=self.gen.policy or dict(self.engine.policy), engine=self.engine.spec,
-            trainable=self.engine.trainable, prompt_ids=self.gen_req.prompt_ids, completion_ids=self.ids,
+            call_id=self.call_id,
+            session=self.session,
+            seq=self.seq,
+            api=self.api.NAME,
+            model=self.req.model,
+            policy=self.gen.policy or dict(self.engine.policy),
+            engine=self.engine.spec,
+            trainable=self.engine.trainable,
+            prompt_ids=self.gen_req.prompt_ids,
+            completion_ids=self.ids,
             completion_logprobs=self.logprobs,
-            prefix={"reused_tokens": r.reused_tokens, "rendered_tokens": r.rendered_tokens,
-                    "parent_call": r.parent_call, "fresh_render_matches": r.fresh_render_matches},
+            prefix={
+                "reused_tokens": r.reused_tokens,
+                "rendered_tokens": r.rendered_tokens,
+                "parent_call": r.parent_call,
+                "fresh_render_matches": r.fresh_render_matches,
+            },
             finish_reason=answer.finish_reason,
-            sampling={"temperature": self.gen_req.temperature, "top_p": self.gen_req.top_p,
-                      "top_k": self.gen_req.top_k, "max_tokens": self.gen_req.max_tokens, "seed": self.gen_req.seed},
-            usage={"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.completion_tokens},
-            started_at=self.started, ended_at=time.time(), tags=dict(self.state.tags),
+            sampling={
+                "temperature": self.gen_req.temperature,
+                "top_p": self.gen_req.top_p,
+                "top_k": self.gen_req.top_k,
+                "max_tokens": self.gen_req.max_tokens,
+                "seed": self.gen_req.seed,
+            },
+            usage={
+                "prompt_tokens": answer.prompt_tokens,
+                "completion_tokens": answer.completion_tokens,
+            },
+            started_at=self.started,
+            ended_at=time.time(),
+            tags=dict(self.state.tags),
             request=self.req.body if proxy.config.record_bodies else None,
             response=body if proxy.config.record_bodies else None,
         )
@@ -397,8 +522,9 @@ class _Run:
         proxy.stats["reused_tokens"] += r.reused_tokens
         proxy.stats["rendered_tokens"] += r.rendered_tokens
         self.state.calls += 1
-        proxy.caches[self.engine.tokenizer_dir].remember(self.session, self.call_id, self.req, answer,
-                                                         self.gen_req.prompt_ids, self.ids)
+        proxy.caches[self.engine.tokenizer_dir].remember(
+            self.session, self.call_id, self.req, answer, self.gen_req.prompt_ids, self.ids
+        )
 
 
 def error_response(api, e: ClawError) -> JSONResponse:
@@ -406,8 +532,12 @@ def error_response(api, e: ClawError) -> JSONResponse:
     status = getattr(e, "status", 500)
     kind = getattr(e, "kind", "api_error")
     if api is not api_anthropic:
-        kind = {"overloaded_error": "server_error", "not_found_error": "invalid_request_error",
-                "request_too_large": "invalid_request_error", "api_error": "server_error"}.get(kind, kind)
+        kind = {
+            "overloaded_error": "server_error",
+            "not_found_error": "invalid_request_error",
+            "request_too_large": "invalid_request_error",
+            "api_error": "server_error",
+        }.get(kind, kind)
     if isinstance(e, EngineError) and api is api_anthropic and status == 503:
         status = 529
     headers = {}
@@ -416,7 +546,9 @@ def error_response(api, e: ClawError) -> JSONResponse:
         headers["retry-after"] = f"{max(1, round(retry))}"
     if isinstance(e, RecordError):
         status, kind = 400, "invalid_request_error"
-    return JSONResponse(api.error_body(kind, str(e), getattr(e, "param", None)), status_code=status, headers=headers)
+    return JSONResponse(
+        api.error_body(kind, str(e), getattr(e, "param", None)), status_code=status, headers=headers
+    )
 
 
 __all__ = ["Proxy", "error_response", "NotFoundError"]

@@ -49,7 +49,7 @@ class HermesParser:
             out.append(TextDelta(self._pending_ws + body))
             self._pending_ws = ""
             self._seen_text = True
-        self._pending_ws += text[len(body):]
+        self._pending_ws += text[len(body) :]
 
     def feed(self, text: str) -> list:
         out: list = []
@@ -64,12 +64,12 @@ class HermesParser:
                     self._emit_text(self._buf[:i], out)
                     self._pending_ws = ""
                     tag = self.open_call if mode == "call" else self.open_think
-                    self._buf = self._buf[i + len(tag):]
+                    self._buf = self._buf[i + len(tag) :]
                     self._mode = mode
                     continue
                 keep = self._holdback(self._buf)
                 self._emit_text(self._buf[: len(self._buf) - keep], out)
-                self._buf = self._buf[len(self._buf) - keep:]
+                self._buf = self._buf[len(self._buf) - keep :]
                 break
             if self._mode == "think":
                 i = self._buf.find(self.close_think)
@@ -81,18 +81,18 @@ class HermesParser:
                             break
                     if len(self._buf) > keep:
                         out.append(ReasoningDelta(self._buf[: len(self._buf) - keep]))
-                    self._buf = self._buf[len(self._buf) - keep:]
+                    self._buf = self._buf[len(self._buf) - keep :]
                     break
                 if i:
                     out.append(ReasoningDelta(self._buf[:i]))
-                self._buf = self._buf[i + len(self.close_think):].lstrip()
+                self._buf = self._buf[i + len(self.close_think) :].lstrip()
                 self._mode = "text"
                 continue
             # call mode: wait for the closing tag, then parse the whole block
             i = self._buf.find(self.close_call)
             if i < 0:
                 break
-            block, self._buf = self._buf[:i], self._buf[i + len(self.close_call):]
+            block, self._buf = self._buf[:i], self._buf[i + len(self.close_call) :]
             self._mode = "text"
             events = self._call_events(block)
             out.extend(events)
