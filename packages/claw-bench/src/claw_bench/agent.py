@@ -48,6 +48,8 @@ def tool_specs(api: str) -> list[dict[str, Any]]:
 
 def run_tool(name: str, args: dict[str, Any], cwd: Path, timeout: float = 120.0) -> str:
     """Execute one tool call in ``cwd``; the result text (errors are results too, never raised)."""
+    if name not in _PARAMS:
+        return f"error: unknown tool {name!r}; tools: {', '.join(_PARAMS)}"
     try:
         if name == "bash":
             p = subprocess.run(["bash", "-c", str(args["command"])], cwd=cwd, capture_output=True, text=True,
@@ -58,11 +60,9 @@ def run_tool(name: str, args: dict[str, Any], cwd: Path, timeout: float = 120.0)
             return f"error: {args['path']} is outside the workspace"
         if name == "read_file":
             return path.read_text(encoding="utf-8", errors="replace")[:_LIMIT]
-        if name == "write_file":
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(str(args["content"]), encoding="utf-8")
-            return f"wrote {len(str(args['content']))} characters to {args['path']}"
-        return f"error: unknown tool {name!r}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(args["content"]), encoding="utf-8")
+        return f"wrote {len(str(args['content']))} characters to {args['path']}"
     except subprocess.TimeoutExpired:
         return f"error: command timed out after {timeout:.0f}s"
     except (KeyError, OSError, TypeError) as exc:

@@ -1,0 +1,2 @@
+#!/bin/bash
+[ "$(cat hello.txt 2>/dev/null)" = "hello, harbor" ]

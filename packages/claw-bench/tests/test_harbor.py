@@ -1,0 +1,54 @@
+"""The Harbor / Terminal-Bench importer: layout, path rewriting, verification, mixed suites, errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from claw_bench import TaskError, check_task, load_harbor_task, load_suite
+from claw_bench.harbor import harbor_reward_file
+
+FIXTURE = Path(__file__).parent / "data" / "harbor" / "hello-harbor"
+
+
+def test_harbor_task_loads_with_its_settings():
+    """instruction.md, task.toml timeouts / image / tags, tests/ and solution/ are read."""
+    t = load_harbor_task(FIXTURE)
+    assert t.id == "hello-harbor" and t.source == "harbor" and "hello, harbor" in t.instruction
+    assert (t.timeout_s, t.verify_timeout_s, t.image, t.difficulty) == (120.0, 30.0, "ubuntu:24.04", "easy")
+    assert t.tags == ("files", "harbor") and t.solution is not None
+    files = t.verify_files()
+    assert set(files) == {".claw_verify/tests/test.sh", ".claw_verify/tests/check_hello.sh", ".claw_verify/logs/verifier/.keep"}
+    assert "/tests/" not in files[".claw_verify/tests/test.sh"].replace(".claw_verify/tests/", "")
+    assert t.reward_file == harbor_reward_file() and t.meta["dockerfile"].endswith("environment/Dockerfile")
+
+
+def test_harbor_task_verifies_untouched_fails_solution_passes():
+    """Run locally: the oracle solution passes with reward 1 read from reward.txt; untouched fails with 0."""
+    t = load_harbor_task(FIXTURE)
+    assert check_task(t, "untouched")["reward"] == 0.0
+    r = check_task(t, "solution")
+    assert r["passed"] and r["reward"] == 1.0
+
+
+def test_mixed_suite_directory(tmp_path):
+    """A directory holding claw and Harbor task directories loads as one suite."""
+    shutil.copytree(FIXTURE, tmp_path / "hello-harbor")
+    shutil.copytree(load_suite("claw-toy").get("toy-yes").path, tmp_path / "toy-yes")
+    s = load_suite(tmp_path)
+    assert [(t.id, t.source) for t in s.tasks] == [("hello-harbor", "harbor"), ("toy-yes", "claw")]
+
+
+def test_harbor_errors_name_the_file(tmp_path):
+    """A Harbor task without tests/test.sh, or with invalid task.toml, is named."""
+    d = tmp_path / "broken"
+    shutil.copytree(FIXTURE, d)
+    (d / "task.toml").write_text("[agent\n")
+    with pytest.raises(TaskError, match=r"broken/task\.toml: invalid TOML"):
+        load_harbor_task(d)
+    (d / "task.toml").unlink()
+    (d / "tests" / "test.sh").unlink()
+    with pytest.raises(TaskError, match=r"broken: missing verifier: expected tests/test\.sh"):
+        load_harbor_task(d)
