@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 import pytest
-
 from claw_tree import Call, build_forest, forest_stats
 
 TURNS = 30

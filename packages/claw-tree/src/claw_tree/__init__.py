@@ -5,6 +5,7 @@ from importlib.metadata import version as _version
 from claw_tree.advantages import (
     gae_on_tree,
     group_relative_advantages,
+    linear_scan,
     mean_child_recurrence,
     reinforce_advantages,
     rloo_advantages,
@@ -50,6 +51,7 @@ __all__ = [
     "gae_for_samples",
     "gae_on_tree",
     "group_relative_advantages",
+    "linear_scan",
     "make_samples",
     "mean_child_recurrence",
     "read_calls",

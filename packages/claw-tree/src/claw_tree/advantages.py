@@ -64,13 +64,46 @@ def reinforce_advantages(rewards: np.ndarray, baseline: float = 0.0) -> np.ndarr
     return np.asarray(rewards, dtype=np.float64) - float(baseline)
 
 
+def linear_scan(a: np.ndarray, c: np.ndarray, block: int = 64) -> np.ndarray:
+    """Solve x_i = a_i + c_i * x_{i+1} backwards (x_n = 0); a, c: (n,) -> x: (n,).
+
+    Blocked: each block of ``block`` entries is solved by a vectorised backward sweep over all
+    blocks at once, giving x inside the block as loc + prod * (x entering from the next block);
+    the block entries are the same recurrence on n / block values, solved recursively.
+    c = 0 cuts the sequence, so many independent chains are solved in one call.
+    """
+    n = len(a)
+    if n <= block:
+        x = np.empty(n)
+        nxt = 0.0
+        for i in range(n - 1, -1, -1):
+            nxt = a[i] + c[i] * nxt
+            x[i] = nxt
+        return x
+    m = -(-n // block)
+    A = np.zeros(m * block)
+    C = np.zeros(m * block)
+    A[:n], C[:n] = a, c
+    A, C = A.reshape(m, block).T.copy(), C.reshape(m, block).T.copy()  # (block, m)
+    loc = np.empty_like(A)
+    prod = np.empty_like(A)
+    run_loc, run_prod = np.zeros(m), np.ones(m)
+    for j in range(block - 1, -1, -1):
+        run_loc = A[j] + C[j] * run_loc
+        run_prod = C[j] * run_prod
+        loc[j], prod[j] = run_loc, run_prod
+    starts = linear_scan(loc[0], prod[0], block)  # (m,) x at each block's first entry
+    entering = np.append(starts[1:], 0.0)  # (m,)
+    return (loc + prod * entering).T.reshape(-1)[:n]
+
+
 def mean_child_recurrence(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Solve x_v = a_v + b_v * mean_{c in children(v)} x_c on a forest (mean over none = 0).
 
     parent: (N,) parent index, -1 for a root, parents precede children; a, b: (N,) -> x: (N,).
     Vectorised: the forest is cut into chains (runs where parent[j] == j - 1); chains are
-    solved level by level from the deepest, each level with one pointer-jumping scan
-    (log2 of the longest chain steps), so no Python loop runs per node.
+    solved level by level from the deepest, each level with one blocked linear scan
+    (:func:`linear_scan`), so no Python loop runs per node.
     """
     parent = np.asarray(parent, dtype=np.int64)
     n = len(parent)
@@ -108,18 +141,7 @@ def mean_child_recurrence(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> n
         nodes = np.flatnonzero(node_level == lv)  # ascending, chains contiguous
         xs = (a + scale * extra)[nodes]
         coef = np.where(cont_next[nodes], scale[nodes], 0.0)
-        nxt = np.where(cont_next[nodes], np.arange(1, len(nodes) + 1), -1)
-        live = nxt >= 0
-        while live.any():
-            tgt = nxt[live]
-            xs_new = xs.copy()
-            xs_new[live] = xs[live] + coef[live] * xs[tgt]
-            coef_new = coef.copy()
-            coef_new[live] = coef[live] * coef[tgt]
-            nxt_new = nxt.copy()
-            nxt_new[live] = nxt[tgt]
-            xs, coef, nxt = xs_new, coef_new, nxt_new
-            live = nxt >= 0
+        xs = linear_scan(xs, coef)
         x[nodes] = xs
     return x
 
