@@ -210,3 +210,35 @@ def test_samples_validate_against_the_schema():
     for algo in ("grpo", "ppo", "rloo", "reinforce"):
         for s in make_samples(build_forest(calls), outcomes, algo=algo, max_tokens=9):
             assert list(validator.iter_errors(json.loads(json.dumps(s)))) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(corpora(), st.sampled_from([12, 30]))
+def test_ppo_on_split_sessions_equals_unsplit(data, budget):
+    """With a token budget that splits sessions, PPO advantages and returns per (session, prefix)
+    are those of the whole tree: GAE runs on the forest, values of repeated nodes are averaged."""
+    calls, outcomes = data
+    forest = build_forest(calls)
+
+    def by_key(samples):
+        out = {}
+        for s in samples:
+            for j, key, a, r in zip(token_sessions(s), prefix_keys(s["input_ids"], s["parent"]),
+                                    s["advantages"], s["returns"], strict=True):
+                out.setdefault((s["sessions"][j], key), set()).add((round(a, 9), round(r, 9)))
+        return out
+
+    def values_for(samples):
+        return {s["sample_id"]: [(hash(k) % 1000) / 1000 for k in prefix_keys(s["input_ids"], s["parent"])]
+                for s in samples}
+
+    try:
+        split = build_samples(forest, outcomes, algo="ppo", max_tokens=budget).samples
+    except BudgetError:
+        return
+    whole = build_samples(forest, outcomes, algo="ppo").samples
+    got = by_key(build_samples(forest, outcomes, algo="ppo", max_tokens=budget, values=values_for(split),
+                               gamma=0.9, lam=0.7).samples)
+    want = by_key(build_samples(forest, outcomes, algo="ppo", values=values_for(whole), gamma=0.9, lam=0.7).samples)
+    assert got.keys() <= want.keys()
+    assert all(len(v) == 1 and v == want[k] for k, v in got.items())
