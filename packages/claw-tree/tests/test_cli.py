@@ -82,10 +82,15 @@ def test_build_reads_stdin_and_prints_trajectories(tmp_path):
 def test_samples_command_writes_valid_lines_and_reports_exclusions(tmp_path):
     """`samples` writes claw.sample/v1 lines and names the excluded rollout on stderr."""
     cpath, opath = _files(tmp_path)
-    result = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "grpo"])
+    result = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "grpo",
+                                       "--id-prefix", "step7"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(x) for x in result.stdout.splitlines()]
     assert [r["sessions"] for r in rows] == [["a"], ["b"]]
+    assert [r["sample_id"] for r in rows] == ["step7-0", "step7-1"]
+    packed = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--max-tokens", "100",
+                                       "--path-weighting", "path"])
+    assert [json.loads(x)["sessions"] for x in packed.stdout.splitlines()] == [["a", "b"]]
     assert "excluded c: status infra_error" in result.stderr
     assert sum(sum(r["loss_weights"]) for r in rows) > 0
 
@@ -126,7 +131,8 @@ def test_show_prints_branches_and_decoded_text(tmp_path):
     assert result.exit_code == 0, result.output
     assert "branches into 2" in result.stdout
     assert "leaf: trajectory 0, calls a-c0, a-c1" in result.stdout
-    assert '" abc"' in result.stdout  # [1, 2, 3] decodes to " abc"
+    assert 'context 2 tok: " ab"' in result.stdout  # [1, 2] decodes to " ab"
+    assert 'a-c0 output 1 tok: "c"' in result.stdout
     missing = CliRunner().invoke(main, ["show", "zz", str(cpath)])
     assert missing.exit_code != 0 and "'zz' not in the forest" in missing.output
 

@@ -126,6 +126,9 @@ def test_passthrough_calls_are_context_only():
 
 
 def test_conflicting_duplicate_call_id_is_an_error():
-    """Same call_id with different tokens cannot be merged silently."""
+    """Same call_id with different tokens or logprobs cannot be merged silently."""
     with pytest.raises(ConflictError, match="c-1"):
         build_forest([call("s", 0, [1], [2], call_id="c-1"), call("s", 0, [1], [3], call_id="c-1")])
+    with pytest.raises(ConflictError, match="c-1"):
+        build_forest([call("s", 0, [1], [2], call_id="c-1", logprobs=[-0.5]),
+                      call("s", 0, [1], [2], call_id="c-1", logprobs=[-0.7])])

@@ -128,10 +128,11 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
 @click.option("--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token.")
 @click.option("--lam", type=float, default=0.95, show_default=True, help="PPO GAE lambda.")
 @click.option("--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline.")
+@click.option("--id-prefix", default=None, help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).")
 @_SKIP
 def samples(calls: str, outcomes: str, algo: str, output: str, group_by: str, no_std: bool,
             path_weighting: str, max_tokens: int | None, values_path: str | None, gamma: float,
-            lam: float, baseline: float, skip_invalid: bool) -> None:
+            lam: float, baseline: float, id_prefix: str | None, skip_invalid: bool) -> None:
     """Tree-pack rollouts into claw.sample/v1 lines with advantages and exact loss weights.
 
     Outcomes join by session; rollouts that are not `ok` are excluded and reported on stderr.
@@ -154,7 +155,7 @@ def samples(calls: str, outcomes: str, algo: str, output: str, group_by: str, no
         batch = build_samples(
             forest, result.records, algo=algo, group_by=group_by, scale_by_std=not no_std,
             path_weighting=path_weighting, max_tokens=max_tokens, values=values, gamma=gamma,
-            lam=lam, baseline=baseline,
+            lam=lam, baseline=baseline, id_prefix=id_prefix,
         )
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None

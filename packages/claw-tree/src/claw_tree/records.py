@@ -158,11 +158,13 @@ class Call:
         )
 
     def same_content(self, other: Call) -> bool:
-        """True when two records of one call_id carry the same tokens (a duplicate, not a conflict)."""
+        """True when two records of one call_id carry the same data (a duplicate, not a conflict)."""
         return (
             self.session == other.session and self.seq == other.seq
+            and self.trainable == other.trainable and self.policy_version == other.policy_version
             and np.array_equal(self.prompt_ids, other.prompt_ids)
             and np.array_equal(self.completion_ids, other.completion_ids)
+            and np.array_equal(self.completion_logprobs, other.completion_logprobs)
         )
 
 

@@ -17,7 +17,9 @@ loss, exactly, while every shared token is computed once. ``path_weighting`` cho
 
 Rollouts whose outcome is not ``ok`` (``infra_error``, ``not_scorable``), sessions without an
 outcome and sessions without trainable tokens are left out and reported in
-:attr:`SampleBatch.excluded`, never silently dropped.
+:attr:`SampleBatch.excluded`, never silently dropped. An ``ok`` rollout without calls or
+without trainable tokens still votes in its group's statistics (it is a real outcome of the
+policy) but contributes no tokens.
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ def build_samples(
     gamma: float = 1.0,
     lam: float = 0.95,
     baseline: float = 0.0,
+    id_prefix: str | None = None,
 ) -> SampleBatch:
     """Tree-pack the forest's rolled-out sessions into `claw.sample/v1` dicts.
 
@@ -160,6 +163,8 @@ def build_samples(
     root-to-leaf paths (shared ancestors repeat in each piece; loss weights stay exact).
     ``values`` (PPO only) maps each sample_id of this very batch to per-token critic values
     aligned with its tokens; without it GAE runs with V = 0 (Monte Carlo returns).
+    Sample ids are ``f"{id_prefix}-{k}"`` (prefix defaults to the algo); give each batch its own
+    prefix when samples of several batches end up in one file.
     """
     if algo not in ALGOS:
         raise ClawError(f"algo must be one of {ALGOS}, got {algo!r}")
@@ -235,7 +240,7 @@ def build_samples(
                 plans.append([(tree, nodes, sub)])
     if current:
         plans.append(current)
-    sample_ids = [f"{algo}-{k}" for k in range(len(plans))]
+    sample_ids = [f"{id_prefix or algo}-{k}" for k in range(len(plans))]
     node_lists = [np.concatenate([nodes for _, nodes, _ in plan]) for plan in plans]
 
     leaf_reward = np.zeros(forest.n_nodes)

@@ -91,10 +91,12 @@ def _clip(text: str, max_chars: int) -> str:
     return f"{text[:half]} … {text[-half:]}"
 
 
-def render_session(forest: Forest, name: str, *, decode: Decoder | None = None, max_chars: int = 100) -> str:
+def render_session(forest: Forest, name: str, *, decode: Decoder | None = None, max_chars: int = 100,
+                   max_spans: int = 20) -> str:
     """The tree of one session as indented text: one line per unbranched segment of tokens,
     with positions, token counts (context / output), the calls that generated them, branch
-    points and leaves; decoded text when ``decode`` is given."""
+    points and leaves; below it the segment's context/output spans, with decoded text when
+    ``decode`` is given."""
     tree = forest.session(name)
     lo, hi = tree.start, tree.stop
     parent = forest.parent[lo:hi] - lo
@@ -127,8 +129,19 @@ def render_session(forest: Forest, name: str, *, decode: Decoder | None = None, 
             text += f"  branches into {kids[end]}"
         lines.append(f"{prefix}{'└─ ' if last else '├─ '}{text}")
         inner = prefix + ("   " if last else "│  ")
-        if decode is not None:
-            lines.append(f"{inner}  \"{_clip(decode(forest.tokens[sl].tolist()), max_chars)}\"")
+        owner = forest.call[sl]
+        cuts = np.concatenate(([0], np.flatnonzero(np.diff(owner)) + 1, [len(owner)]))
+        spans = list(zip(cuts[:-1], cuts[1:], strict=True))
+        if len(spans) > 1 or decode is not None:
+            for a, b in spans[:max_spans]:
+                ci = int(owner[a])
+                who = f"{forest.calls[ci].call_id} output" if ci >= 0 else "context"
+                text = f"{inner}  {who} {b - a} tok"
+                if decode is not None:
+                    text += f": \"{_clip(decode(forest.tokens[lo + start + a : lo + start + b].tolist()), max_chars)}\""
+                lines.append(text)
+            if len(spans) > max_spans:
+                lines.append(f"{inner}  ... {len(spans) - max_spans} more spans")
         subs = children.get(end, [])
         for k, child in enumerate(subs):
             emit(child, inner, k == len(subs) - 1)
