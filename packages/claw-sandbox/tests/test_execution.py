@@ -6,10 +6,19 @@ import uuid
 import pytest
 from conftest import alive_with, job, py
 
-from claw_sandbox import run_jobs
+from claw_sandbox import _cgroup, run_jobs
+from claw_sandbox.backends.process import ProcessBackend
 
 
-@pytest.fixture(params=["bwrap", "process"])
+@pytest.fixture(scope="module")
+def process_without_cgroups():
+    """The process backend as on a machine without a writable cgroup tree (rlimits, env marker)."""
+    backend = ProcessBackend()
+    backend.cgroups = _cgroup.CgroupSupport(None, reason="disabled for this test")
+    return backend
+
+
+@pytest.fixture(params=["bwrap", "process", "process_without_cgroups"])
 def backend(request):
     return request.getfixturevalue(request.param)
 

@@ -109,8 +109,9 @@ class BwrapSandbox(Sandbox):
             inner = rlimit_wrap(job.limits, inner)
         if self.owner is not None:
             uid, gid = self.owner
+            # leaving uid 0 clears every capability; no_new_privs stops setuid/file-cap binaries
             inner = [self.backend.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                     "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", *inner]  # fmt: skip
+                     "--no-new-privs", *inner]  # fmt: skip
         return args, inner
 
     def _kill_tree(self, pid: int) -> None:

@@ -50,7 +50,8 @@ class ProcessSandbox(Sandbox):
     def _kill_tree(self, pid: int) -> None:
         killpg(pid)
         if self.cgroup is not None:
-            self.cgroup.kill_all()
+            self.cgroup.kill_all()  # the cgroup holds every descendant: nothing else to look for
+            return
         marker = f"{MARKER}={self.token}".encode()
         for _ in range(50):
             pids = find_marked(marker)
