@@ -64,8 +64,14 @@ def token_array(values: Any, field: str, where: str) -> np.ndarray:
     else:
         if not isinstance(values, list):
             raise RecordError(f"{where}: {field}: expected array of integers, got {values!r:.60}")
-        if values and set(map(type, values)) != {int}:
-            bad = next(v for v in values if type(v) is not int)
+        # sum() runs at C speed over ints and turns float on a float, TypeError on a string or
+        # null: a cheap exact check that every id is an integer (JSON true/false count as 1/0).
+        try:
+            exact = type(sum(values)) is int
+        except TypeError:
+            exact = False
+        if not exact:
+            bad = next(v for v in values if not isinstance(v, int))
             raise RecordError(f"{where}: {field}: token ids must be integers, found {bad!r:.40}")
         try:
             arr = np.fromiter(values, dtype=np.int64, count=len(values))
