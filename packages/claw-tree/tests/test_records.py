@@ -83,6 +83,10 @@ def test_records_from_dict_keep_the_fields_the_tree_needs():
     c = Call.from_dict(call("s", 0, [1], [2], trainable=False,
                             prefix={"reused_tokens": 3, "rendered_tokens": 1, "fresh_render_matches": False}))
     assert (c.trainable, c.reused_tokens, c.fresh_render_matches) == (False, 3, False)
+    row = c.to_dict()
+    assert row["prompt_ids"] == [1] and row["prefix"] == {"reused_tokens": 3, "fresh_render_matches": False}
+    again = Call.from_dict({**row, "api": "openai.chat", "started_at": 0, "ended_at": 1})
+    assert again.same_content(c) and again.to_dict() == row
     o = Outcome.from_dict(outcome("s", 0, status="infra_error"))
     assert o.reward is None and o.to_dict()["status"] == "infra_error"
 

@@ -163,6 +163,22 @@ class Call:
             fresh_render_matches=prefix.get("fresh_render_matches"),
         )
 
+    def to_dict(self) -> dict:
+        """The fields claw-tree keeps, as a `claw.call/v1` dict (api, timings are not kept)."""
+        row = {
+            "schema": CALL_SCHEMA, "call_id": self.call_id, "session": self.session, "seq": self.seq,
+            "model": self.model, "policy": {"name": self.policy_name, "version": self.policy_version},
+            "trainable": self.trainable, "prompt_ids": self.prompt_ids.tolist(),
+            "completion_ids": self.completion_ids.tolist(),
+            "completion_logprobs": self.completion_logprobs.tolist(),
+            "finish_reason": self.finish_reason, "tags": dict(self.tags),
+        }
+        prefix = {k: v for k, v in (("reused_tokens", self.reused_tokens),
+                                    ("fresh_render_matches", self.fresh_render_matches)) if v is not None}
+        if prefix:
+            row["prefix"] = prefix
+        return row
+
     def same_content(self, other: Call) -> bool:
         """True when two records of one call_id carry the same data (a duplicate, not a conflict)."""
         return (
