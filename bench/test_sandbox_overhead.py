@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from claw_sandbox import Job, run_jobs
 from claw_sandbox.backends import make_backend
 from claw_sandbox.executor import execute_job
@@ -88,12 +87,19 @@ def test_docker_overhead_vs_docker_run(benchmark):
     reason = backend.unavailable()
     if reason:
         pytest.skip(reason)
-    if subprocess.run(["docker", "image", "inspect", "claw-sandbox-test:busybox"], capture_output=True).returncode:
+    if subprocess.run(
+        ["docker", "image", "inspect", "claw-sandbox-test:busybox"], capture_output=True
+    ).returncode:
         pytest.skip("image claw-sandbox-test:busybox missing (the docker tests build it)")
     global N
     saved, N = N, 10
     try:
-        _compare(benchmark, backend, ["docker", "run", "--rm", "--network", "none", "claw-sandbox-test:busybox", "true"], "docker")
+        _compare(
+            benchmark,
+            backend,
+            ["docker", "run", "--rm", "--network", "none", "claw-sandbox-test:busybox", "true"],
+            "docker",
+        )
     finally:
         N = saved
 
@@ -116,5 +122,10 @@ def test_jobs_per_second(benchmark, parallel):
         assert bad == [], bad[:3]
 
     benchmark.pedantic(go, rounds=3, iterations=1)
-    benchmark.extra_info.update({"jobs": n, "jobs_per_s": round(stats["rate"], 1), "backend": backend.name})
-    print(f"\n{backend.name} parallel={parallel}: {stats['rate']:.1f} jobs/s ({n} jobs, 0 infra errors)", file=sys.stderr)
+    benchmark.extra_info.update(
+        {"jobs": n, "jobs_per_s": round(stats["rate"], 1), "backend": backend.name}
+    )
+    print(
+        f"\n{backend.name} parallel={parallel}: {stats['rate']:.1f} jobs/s ({n} jobs, 0 infra errors)",
+        file=sys.stderr,
+    )

@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from claw_sandbox import _cgroup
 from claw_sandbox.backends import make_backend
 

@@ -8,9 +8,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import job, py
-
 from claw_sandbox import run_jobs
+from conftest import job, py
 
 
 def _one(bwrap, row, tmp_path):
@@ -57,8 +56,14 @@ def test_other_jobs_workspaces_are_invisible(bwrap, tmp_path):
     secret = f"secret-{uuid.uuid4().hex}"
     workdir = tmp_path / "w"
     writer = job("writer", command=f"echo {secret} > s.txt; echo {secret} > /tmp/s.txt; sleep 2")
-    reader = job("reader", command=f"sleep 0.5; grep -rs {secret} /tmp {workdir} /workspace; ls -A {workdir} 2>&1; true")
-    runs = {r["job_id"]: r for r in run_jobs([writer, reader], backend=bwrap, parallel=2, workdir=workdir)}
+    reader = job(
+        "reader",
+        command=f"sleep 0.5; grep -rs {secret} /tmp {workdir} /workspace; ls -A {workdir} 2>&1; true",
+    )
+    runs = {
+        r["job_id"]: r
+        for r in run_jobs([writer, reader], backend=bwrap, parallel=2, workdir=workdir)
+    }
     assert runs["reader"]["status"] == "ok"
     assert secret not in runs["reader"]["stdout_tail"]
 
@@ -111,7 +116,9 @@ def test_network_proxy_reaches_only_the_proxy(bwrap, tmp_path, servers):
     urls = [f"http://127.0.0.1:{inner}/", f"http://127.0.0.1:{other_port}/",
             f"http://127.0.0.1:{proxy_port}/", "http://10.0.0.1/", "http://1.1.1.1/"]  # fmt: skip
     network = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{proxy_port}", "port": inner}
-    run = _one(bwrap, job("net", command=py(PROBE) + urls, network=network, env={"X": "1"}), tmp_path)
+    run = _one(
+        bwrap, job("net", command=py(PROBE) + urls, network=network, env={"X": "1"}), tmp_path
+    )
     lines = dict(line.split(" ", 1) for line in run["stdout_tail"].splitlines())
     assert lines[urls[0]] == f"OK hello from {proxy_port}", run
     for url in urls[1:]:

@@ -3,10 +3,9 @@
 import json
 
 import click
-from click.testing import CliRunner
-
 from claw_sandbox import __version__
 from claw_sandbox.cli import main
+from click.testing import CliRunner
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
@@ -41,7 +40,9 @@ def test_run_reads_stdin_and_writes_runs_to_stdout(tmp_path):
         "{broken",
     ]
     result = CliRunner().invoke(
-        main, ["run", "--backend", "process", "--workdir", str(tmp_path)], input="\n".join(lines) + "\n"
+        main,
+        ["run", "--backend", "process", "--workdir", str(tmp_path)],
+        input="\n".join(lines) + "\n",
     )
     assert result.exit_code == 0, result.output
     runs = {r["job_id"]: r for r in map(json.loads, result.stdout.splitlines())}
@@ -59,9 +60,13 @@ def test_run_names_a_missing_jobs_file(tmp_path):
 
 def test_exec_passes_output_and_exit_code(tmp_path):
     """`claw-sandbox exec` prints the command's output and exits with its code."""
-    result = CliRunner().invoke(main, ["exec", "--backend", "process", "--", "sh", "-c", "echo out; exit 3"])
+    result = CliRunner().invoke(
+        main, ["exec", "--backend", "process", "--", "sh", "-c", "echo out; exit 3"]
+    )
     assert result.exit_code == 3 and result.stdout == "out\n"
-    result = CliRunner().invoke(main, ["exec", "-b", "process", "--timeout", "0.2", "--", "sleep", "5"])
+    result = CliRunner().invoke(
+        main, ["exec", "-b", "process", "--timeout", "0.2", "--", "sleep", "5"]
+    )
     assert result.exit_code == 124
 
 

@@ -3,21 +3,40 @@
 import io
 import os
 import shutil
-import subprocess
-import tarfile
 import socket
+import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
-from conftest import job
-
 from claw_sandbox import run_jobs
 from claw_sandbox.backends import make_backend
+from conftest import job
 
 pytestmark = pytest.mark.slow
 IMAGE = "claw-sandbox-test:busybox"
-TOOLS = "sh echo cat sleep dd ls id touch test grep wget nc mkdir env true false rm head printf".split()
+TOOLS = [
+    "sh",
+    "echo",
+    "cat",
+    "sleep",
+    "dd",
+    "ls",
+    "id",
+    "touch",
+    "test",
+    "grep",
+    "wget",
+    "nc",
+    "mkdir",
+    "env",
+    "true",
+    "false",
+    "rm",
+    "head",
+    "printf",
+]
 
 
 def _busybox_rootfs() -> bytes:
@@ -58,7 +77,9 @@ def docker_backend():
         client.images.get(IMAGE)
     except docker.errors.ImageNotFound:
         if not _static_busybox():
-            pytest.skip("no static busybox to build the test image from (apt-get install busybox-static)")
+            pytest.skip(
+                "no static busybox to build the test image from (apt-get install busybox-static)"
+            )
         repo, tag = IMAGE.split(":")
         client.api.import_image_from_data(_busybox_rootfs(), repository=repo, tag=tag)
         client.images.get(IMAGE)
@@ -75,7 +96,9 @@ def test_docker_lifecycle_isolation_and_bad_image(docker_backend, tmp_path):
         job("noimage", image="claw-sandbox-test:does-not-exist"),
         job("slow", image=IMAGE, command="sleep 30", timeout_s=1),
     ]  # fmt: skip
-    runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)}
+    runs = {
+        r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)
+    }
     ok = runs["ok"]
     assert ok["status"] == "ok" and ok["verify"]["passed"], ok
     assert ok["collected"] == {"out.txt": "hi\n"} and "ro-root" in ok["stdout_tail"]
@@ -93,7 +116,9 @@ def test_docker_limits(docker_backend, tmp_path):
         job("bomb", image=IMAGE, command="b() { b | b & }; b; sleep 3", limits={"pids": 32}, timeout_s=2),
         job("neighbour", image=IMAGE, command="echo fine"),
     ]  # fmt: skip
-    runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)}
+    runs = {
+        r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)
+    }
     assert runs["hog"]["exit_code"] == 137 and "memory limit exceeded" in runs["hog"]["error"]
     assert runs["bomb"]["status"] == "timeout"
     assert runs["neighbour"]["stdout_tail"] == "fine\n"

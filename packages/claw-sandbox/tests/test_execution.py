@@ -4,10 +4,9 @@ import os
 import uuid
 
 import pytest
-from conftest import alive_with, job, py
-
 from claw_sandbox import _cgroup, run_jobs
 from claw_sandbox.backends.process import ProcessBackend
+from conftest import alive_with, job, py
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def test_full_lifecycle_with_reward_file_and_collect(backend, tmp_path):
         setup=["mkdir -p out", ["sh", "-c", "echo setup > out/setup.txt"]],
         command="read a b < task.txt; echo $((a*b)) > out/answer.txt; echo done; echo warn >&2",
         verify={
-            "command": "test \"$(cat out/answer.txt)\" = 6 && echo '{\"answer\": 1, \"style\": 0.5}' > .v/reward",
+            "command": 'test "$(cat out/answer.txt)" = 6 && echo \'{"answer": 1, "style": 0.5}\' > .v/reward',
             "files": {".v/keep": "x"},
             "reward_file": ".v/reward",
         },
@@ -58,7 +57,10 @@ def test_verify_files_are_hidden_from_the_command(backend, tmp_path):
     row = job(
         "hidden",
         command="ls -a; test ! -e .verify",
-        verify={"command": "test -f .verify/check.sh && exit 3", "files": {".verify/check.sh": "exit 0"}},
+        verify={
+            "command": "test -f .verify/check.sh && exit 3",
+            "files": {".verify/check.sh": "exit 0"},
+        },
     )
     run = _one(backend, row, tmp_path)
     assert run["exit_code"] == 0, run
@@ -76,8 +78,12 @@ def test_failing_setup_and_failing_command(backend, tmp_path):
 def test_timeout_kills_the_whole_tree_including_daemons(backend, tmp_path):
     """A job that forks, daemonizes (setsid, double fork) and hangs is killed entirely."""
     token = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"
-    command = f"(setsid sleep {token} &); (nohup sh -c 'sleep {token}' >/dev/null 2>&1 &); sleep {token}"
-    run = _one(backend, job("t", command=command, timeout_s=1, verify={"command": "true"}), tmp_path)
+    command = (
+        f"(setsid sleep {token} &); (nohup sh -c 'sleep {token}' >/dev/null 2>&1 &); sleep {token}"
+    )
+    run = _one(
+        backend, job("t", command=command, timeout_s=1, verify={"command": "true"}), tmp_path
+    )
     assert run["status"] == "timeout" and run["exit_code"] is None
     assert run["verify"]["passed"], "verify still judges the final state after a timeout"
     assert alive_with(f"sleep {token}") == []
@@ -86,14 +92,20 @@ def test_timeout_kills_the_whole_tree_including_daemons(backend, tmp_path):
 def test_daemon_left_by_a_finished_command_is_killed(backend, tmp_path):
     """When the command exits normally, anything it left running is killed too."""
     token = f"{uuid.uuid4().int % 10**6}.5"
-    run = _one(backend, job("d", command=f"(setsid sleep {token} >/dev/null 2>&1 &); echo bye"), tmp_path)
+    run = _one(
+        backend, job("d", command=f"(setsid sleep {token} >/dev/null 2>&1 &); echo bye"), tmp_path
+    )
     assert run["status"] == "ok" and run["stdout_tail"] == "bye\n"
     assert alive_with(f"sleep {token}") == []
 
 
 def test_output_tails_are_bounded(backend, tmp_path):
     """limits.output_bytes keeps only the last bytes of each stream."""
-    run = _one(backend, job("o", command=py("print('x' * 10000 + 'END')"), limits={"output_bytes": 10}), tmp_path)
+    run = _one(
+        backend,
+        job("o", command=py("print('x' * 10000 + 'END')"), limits={"output_bytes": 10}),
+        tmp_path,
+    )
     assert run["stdout_tail"] == "xxxxxxEND\n"
 
 

@@ -3,9 +3,8 @@
 import os
 
 import pytest
-from conftest import job, py
-
 from claw_sandbox import run_jobs
+from conftest import job, py
 
 FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 5"
 MEMORY_HOG = py("x = bytearray(512 << 20); print('allocated', len(x))")
@@ -48,6 +47,8 @@ def test_memory_hog_is_stopped_by_the_memory_limit(backend, tmp_path):
 def test_cpu_limit_throttles(backend, tmp_path):
     """cpus: 0.2 lets a busy loop use at most about a fifth of one core."""
     code = "import time\nt=time.time(); c=time.process_time()\nwhile time.time()-t < 1.5: pass\nprint(round((time.process_time()-c)/1.5, 2))"
-    (run,) = run_jobs([job("cpu", command=py(code), limits={"cpus": 0.2})], backend=backend, workdir=tmp_path)
+    (run,) = run_jobs(
+        [job("cpu", command=py(code), limits={"cpus": 0.2})], backend=backend, workdir=tmp_path
+    )
     share = float(run["stdout_tail"])
     assert share < 0.45, share

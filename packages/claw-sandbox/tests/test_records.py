@@ -5,10 +5,9 @@ import json
 
 import jsonschema
 import pytest
-from conftest import FORMATS, job
-
 from claw_sandbox import Job, JobError, JobsFileError, Run, read_jobs, read_runs
 from claw_sandbox.records import BadLine
+from conftest import FORMATS, job
 
 
 def _lines(*rows) -> io.StringIO:
@@ -33,8 +32,14 @@ def test_golden_jobs_parse_and_round_trip():
     ("row", "expected"),
     [
         ("{not json", "jobs.jsonl:2: not JSON"),
-        ({"schema": "claw.job/v1", "job_id": "x"}, "jobs.jsonl:2: job 'x': command: missing required field"),
-        (job("x", workspace={"files": {"../up": "x"}}), "workspace/files/../up: path '../up' escapes"),
+        (
+            {"schema": "claw.job/v1", "job_id": "x"},
+            "jobs.jsonl:2: job 'x': command: missing required field",
+        ),
+        (
+            job("x", workspace={"files": {"../up": "x"}}),
+            "workspace/files/../up: path '../up' escapes",
+        ),
         (job("x", workspace={"files": {"/etc/passwd": "x"}}), "escapes the workspace"),
         (job("x", verify={"command": "true", "reward_file": "../r"}), "verify/reward_file"),
         (job("x", collect=["../../*"]), "collect/0"),

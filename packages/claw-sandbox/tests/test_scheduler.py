@@ -9,10 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import job
-
 from claw_sandbox import InfraError, arun_jobs, run_jobs
 from claw_sandbox.backends.process import ProcessBackend, ProcessSandbox
+from conftest import job
 
 
 class FlakyBackend(ProcessBackend):
@@ -40,7 +39,9 @@ class FlakyBackend(ProcessBackend):
 
 def test_infra_failures_are_retried_then_reported(tmp_path):
     """Two failures then success -> ok with attempts 3; always failing -> infra_error."""
-    (run,) = run_jobs([job("a", command="echo hi")], backend=FlakyBackend(2), retries=2, workdir=tmp_path)
+    (run,) = run_jobs(
+        [job("a", command="echo hi")], backend=FlakyBackend(2), retries=2, workdir=tmp_path
+    )
     assert run["status"] == "ok" and run["attempts"] == 3 and run["stdout_tail"] == "hi\n"
     (run,) = run_jobs([job("b")], backend=FlakyBackend(99), retries=1, workdir=tmp_path)
     assert run["status"] == "infra_error" and run["attempts"] == 2
@@ -66,13 +67,20 @@ def test_async_api_and_bad_jobs_next_to_good_ones(process, tmp_path):
 
     runs = {r["job_id"]: r for r in asyncio.run(go())}
     assert runs["ok"]["status"] == "ok"
-    assert runs["broken"]["status"] == "error" and "command: missing required field" in runs["broken"]["error"]
+    assert (
+        runs["broken"]["status"] == "error"
+        and "command: missing required field" in runs["broken"]["error"]
+    )
     assert runs["job #3"]["error"] == "job #3: expected a JSON object, got str"
 
 
 def test_missing_copy_from_is_a_job_error_not_infra(process, tmp_path):
     """A copy_from that does not exist is the job's fault: status error, no retries."""
-    (run,) = run_jobs([job("c", workspace={"copy_from": str(tmp_path / "nope")})], backend=process, workdir=tmp_path)
+    (run,) = run_jobs(
+        [job("c", workspace={"copy_from": str(tmp_path / "nope")})],
+        backend=process,
+        workdir=tmp_path,
+    )
     assert run["status"] == "error" and run["attempts"] == 1 and "does not exist" in run["error"]
 
 
@@ -80,7 +88,9 @@ def test_output_file_resumes_without_duplicates(process, tmp_path):
     """Rerunning with the same output file skips recorded jobs and appends the new ones."""
     out = tmp_path / "runs.jsonl"
     run_jobs([job("a"), job("b")], backend=process, out=out, workdir=tmp_path / "w")
-    runs = run_jobs([job("a"), job("b"), job("c")], backend=process, out=out, workdir=tmp_path / "w")
+    runs = run_jobs(
+        [job("a"), job("b"), job("c")], backend=process, out=out, workdir=tmp_path / "w"
+    )
     assert [r["job_id"] for r in runs] == ["c"]
     ids = [json.loads(line)["job_id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == ["a", "b", "c"]
@@ -90,13 +100,17 @@ def test_killed_runner_resumes_without_losing_or_duplicating(tmp_path):
     """SIGKILL the CLI mid-run (plus a torn last line); the rerun completes every job exactly once."""
     jobs = tmp_path / "jobs.jsonl"
     n = 12
-    jobs.write_text("".join(json.dumps(job(f"j{i}", command=f"sleep 0.{i % 4 + 1}")) + "\n" for i in range(n)))
+    jobs.write_text(
+        "".join(json.dumps(job(f"j{i}", command=f"sleep 0.{i % 4 + 1}")) + "\n" for i in range(n))
+    )
     out = tmp_path / "runs.jsonl"
     cmd = [sys.executable, "-m", "claw_sandbox", "run", str(jobs), "-o", str(out),
            "--backend", "process", "--parallel", "3", "--workdir", str(tmp_path / "w")]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 4):
+    while time.monotonic() < deadline and (
+        not out.exists() or len(out.read_text().splitlines()) < 4
+    ):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -5,7 +5,6 @@ import os
 import tarfile
 
 import pytest
-
 from claw_sandbox import JobError
 from claw_sandbox.workspace import build_workspace, collect, copy_into, parse_reward, safe_write
 
@@ -81,3 +80,15 @@ def test_parse_reward_rejects(text):
     """Values outside [0, 1] or of the wrong shape are errors."""
     with pytest.raises(ValueError):
         parse_reward(text)
+
+
+def test_copy_from_rejects_tarball_link_to_the_host(tmp_path):
+    """A tarball symlink pointing at a host path is refused, not extracted."""
+    tar = tmp_path / "link.tar"
+    with tarfile.open(tar, "w") as t:
+        info = tarfile.TarInfo("etc-link")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(info)
+    with pytest.raises(JobError, match="copy_from"):
+        copy_into(str(tar), tmp_path / "ws", "job 'x'")
+    assert not (tmp_path / "ws" / "etc-link").is_symlink()

@@ -52,7 +52,9 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
     if (ROOT / "cgroup.controllers").exists():  # pure v2
         base = Path(override) if override else ROOT / name
         if not _writable_dir(base):
-            return CgroupSupport(None, reason=f"cgroup v2 at {ROOT} but {base} is not writable (not root?)")
+            return CgroupSupport(
+                None, reason=f"cgroup v2 at {ROOT} but {base} is not writable (not root?)"
+            )
         want = {"memory", "pids", "cpu"}
         for parent in [base.parent, base] if not override else [base]:
             ctl = parent / "cgroup.subtree_control"
@@ -61,7 +63,10 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
                 ctl.write_text(" ".join(f"+{c}" for c in sorted(want & have)))
         enabled = set((base / "cgroup.subtree_control").read_text().split())
         if not {"memory", "pids"} <= enabled:
-            return CgroupSupport(None, reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)})")
+            return CgroupSupport(
+                None,
+                reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)})",
+            )
         return CgroupSupport(2, (base,), "cgroup v2")
     bases = []
     for ctl in V1_CONTROLLERS:
@@ -73,7 +78,9 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
             mount = alt[0]
         base = mount / name
         if not _writable_dir(base):
-            return CgroupSupport(None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)")
+            return CgroupSupport(
+                None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)"
+            )
         bases.append(base)
     return CgroupSupport(1, tuple(bases), "cgroup v1")
 
@@ -124,7 +131,9 @@ class JobCgroup:
 
     def wrap(self, argv: list[str]) -> list[str]:
         writes = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
-        script = f'{{ {writes}; }} 2>/dev/null || {{ echo "{ENTER_FAILED}" >&2; exit 125; }}; exec "$@"'
+        script = (
+            f'{{ {writes}; }} 2>/dev/null || {{ echo "{ENTER_FAILED}" >&2; exit 125; }}; exec "$@"'
+        )
         return ["/bin/sh", "-c", script, "claw-enter", *argv]
 
     def pids(self) -> list[int]:
@@ -154,11 +163,14 @@ class JobCgroup:
         try:
             if self.support.version == 2:
                 events = dict(
-                    line.split() for line in (self.dirs[0] / "memory.events").read_text().splitlines()
+                    line.split()
+                    for line in (self.dirs[0] / "memory.events").read_text().splitlines()
                 )
                 return int(events.get("oom_kill", 0)) > 0 or int(events.get("max", 0)) > 0
             mem = self.dirs[0]
-            oom = dict(line.split() for line in (mem / "memory.oom_control").read_text().splitlines())
+            oom = dict(
+                line.split() for line in (mem / "memory.oom_control").read_text().splitlines()
+            )
             return int(oom.get("oom_kill", 0)) > 0 or int((mem / "memory.failcnt").read_text()) > 0
         except (OSError, ValueError):
             return False

@@ -93,7 +93,9 @@ class Relay:
             raise InfraError(f"cannot create the proxy socket {path}: {exc}") from exc
 
     async def start_tcp(self, port: int) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", port, reuse_address=True)
+        self.server = await asyncio.start_server(
+            self._handle, "127.0.0.1", port, reuse_address=True
+        )
 
     async def close(self) -> None:
         if self.server is not None:

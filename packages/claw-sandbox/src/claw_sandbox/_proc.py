@@ -90,7 +90,10 @@ async def run_step(
     except OSError as exc:
         raise InfraError(f"cannot start {argv[0]!r}: {exc}") from exc
     out, err = _Tail(output_bytes), _Tail(output_bytes)
-    pumps = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
+    pumps = [
+        asyncio.ensure_future(_pump(proc.stdout, out)),
+        asyncio.ensure_future(_pump(proc.stderr, err)),
+    ]
     if stdin is not None and proc.stdin is not None:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write(stdin)

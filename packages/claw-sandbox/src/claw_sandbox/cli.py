@@ -26,7 +26,9 @@ def _backend(name: str, ro_paths: tuple[str, ...]):
     try:
         return get_backend(name, **options)
     except ClawError as exc:
-        raise click.ClickException(f"{exc}\nhint: `claw-sandbox doctor` shows what works here") from None
+        raise click.ClickException(
+            f"{exc}\nhint: `claw-sandbox doctor` shows what works here"
+        ) from None
 
 
 backend_option = click.option(
@@ -47,18 +49,39 @@ def main() -> None:
 
 @main.command()
 @click.argument("jobs", default="-", type=click.Path(allow_dash=True, dir_okay=False))
-@click.option("--out", "-o", default="-", type=click.Path(allow_dash=True, dir_okay=False),
-              help="runs JSONL; a file is appended to and resumed from (jobs already in it are skipped)")
+@click.option(
+    "--out",
+    "-o",
+    default="-",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    help="runs JSONL; a file is appended to and resumed from (jobs already in it are skipped)",
+)
 @backend_option
 @click.option("--parallel", "-p", default=4, show_default=True, type=click.IntRange(1, 4096))
-@click.option("--retries", default=2, show_default=True, type=click.IntRange(0, 100),
-              help="extra attempts after an infrastructure failure, then status infra_error")
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
-              help="where job directories are made (default: a fresh temp dir)")
+@click.option(
+    "--retries",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 100),
+    help="extra attempts after an infrastructure failure, then status infra_error",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="where job directories are made (default: a fresh temp dir)",
+)
 @ro_option
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="ray: run the jobs as Ray tasks across the cluster (needs claw-sandbox[ray])")
-@click.option("--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: run the jobs as Ray tasks across the cluster (needs claw-sandbox[ray])",
+)
+@click.option(
+    "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)"
+)
 def run(jobs, out, backend, parallel, retries, workdir, ro_paths, executor, ray_address) -> None:  # fmt: skip
     """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
 
@@ -87,11 +110,19 @@ def run(jobs, out, backend, parallel, retries, workdir, ro_paths, executor, ray_
                               on_run=show)  # fmt: skip
         except ClawError as exc:
             raise click.ClickException(str(exc)) from None
-        counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "timeout", "error", "infra_error")}
-        _log(f"ray: {len(rows)} jobs run: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-             + f"; {time.monotonic() - started:.2f}s")
+        counts = {
+            s: sum(r["status"] == s for r in rows)
+            for s in ("ok", "timeout", "error", "infra_error")
+        }
+        _log(
+            f"ray: {len(rows)} jobs run: "
+            + ", ".join(f"{v} {k}" for k, v in counts.items())
+            + f"; {time.monotonic() - started:.2f}s"
+        )
         return
-    sched = Scheduler(_backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log)
+    sched = Scheduler(
+        _backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log
+    )
     started = time.monotonic()
     try:
         asyncio.run(_drive(sched, items, None if out == "-" else out))
@@ -116,7 +147,9 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
     if sys.stderr.isatty():
         from rich.progress import Progress
 
-        progress = Progress(transient=False, console=None, redirect_stdout=False, redirect_stderr=False)
+        progress = Progress(
+            transient=False, console=None, redirect_stdout=False, redirect_stderr=False
+        )
     task = None
     if progress is not None:
         progress.start()
@@ -137,16 +170,22 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
 @main.command(name="exec", context_settings={"ignore_unknown_options": True})
 @backend_option
 @click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float)
-@click.option("--network", type=click.Choice(["none", "proxy", "host"]), default="none", show_default=True)
+@click.option(
+    "--network", type=click.Choice(["none", "proxy", "host"]), default="none", show_default=True
+)
 @click.option("--proxy-url", default=None, help="host-side proxy URL (network proxy)")
 @click.option("--port", type=int, default=None, help="loopback port the proxy appears on inside")
 @click.option("--memory-mb", type=int, default=None)
 @click.option("--pids", type=int, default=None)
 @click.option("--cpus", type=float, default=None)
-@click.option("--copy-from", default=None, help="host directory or tarball to start the workspace from")
+@click.option(
+    "--copy-from", default=None, help="host directory or tarball to start the workspace from"
+)
 @click.option("--env", "-e", "envs", multiple=True, metavar="KEY=VALUE")
 @click.option("--keep", is_flag=True, help="keep the sandbox directory afterwards")
-@click.option("--json", "as_json", is_flag=True, help="print the claw.run/v1 record instead of the output")
+@click.option(
+    "--json", "as_json", is_flag=True, help="print the claw.run/v1 record instead of the output"
+)
 @ro_option
 @click.argument("command", nargs=-1, required=True)
 def exec_(backend, timeout_s, network, proxy_url, port, memory_mb, pids, cpus, copy_from, envs, keep,

@@ -72,11 +72,19 @@ async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
         r = await sandbox.run(step, timeout_s=max(0.001, deadline - time.monotonic()))
         if r.timed_out:
             msg = f"setup step {i} timed out (the job's timeout_s={job.timeout_s:g} covers setup)"
-            return {"status": "timeout", "exit_code": None, "verify": None, "error": msg}, r.stdout, r.stderr
+            return (
+                {"status": "timeout", "exit_code": None, "verify": None, "error": msg},
+                r.stdout,
+                r.stderr,
+            )
         if r.exit_code != 0:
             tail = r.stderr.strip().splitlines()[-1:] or r.stdout.strip().splitlines()[-1:]
             msg = f"setup step {i} exited with {r.exit_code}" + (f": {tail[0]}" if tail else "")
-            return {"status": "error", "exit_code": None, "verify": None, "error": msg}, r.stdout, r.stderr
+            return (
+                {"status": "error", "exit_code": None, "verify": None, "error": msg},
+                r.stdout,
+                r.stderr,
+            )
     r = await sandbox.run(job.command, timeout_s=max(0.001, deadline - time.monotonic()))
     fields = {
         "status": "timeout" if r.timed_out else "ok",

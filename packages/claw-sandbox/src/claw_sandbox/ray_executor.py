@@ -10,6 +10,7 @@ every node (a shared filesystem), or jobs should carry their files inline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import tempfile
@@ -33,10 +34,8 @@ def run_one_on_node(job_row: dict, backend: str, retries: int, options: dict) ->
     try:
         run = asyncio.run(sched.run_one(job, root))
     finally:
-        try:
-            root.rmdir()
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            root.rmdir()  # stays when it holds kept sandboxes
     return run.to_dict()
 
 
@@ -77,7 +76,9 @@ def run_on_ray(
         options = {"ro_paths": tuple(ro_paths)} if ro_paths and backend in ("auto", "bwrap") else {}
         todo = [j for j in items if j.job_id not in done]
         if len(todo) < len(items):
-            log(f"resuming: {len(items) - len(todo)} of {len(items)} jobs already recorded in {out}")
+            log(
+                f"resuming: {len(items) - len(todo)} of {len(items)} jobs already recorded in {out}"
+            )
         rows: list[dict] = []
         pending: dict = {}
         queue = list(reversed(todo))

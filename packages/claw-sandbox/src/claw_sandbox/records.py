@@ -89,7 +89,12 @@ class Limits:
         if unknown:
             raise _fail(where, "limits", f"unknown field(s) {sorted(unknown)}")
         out = {}
-        for key, typ in (("memory_mb", int), ("pids", int), ("cpus", (int, float)), ("output_bytes", int)):
+        for key, typ in (
+            ("memory_mb", int),
+            ("pids", int),
+            ("cpus", (int, float)),
+            ("output_bytes", int),
+        ):
             v = _get(d, key, typ, where, f"limits/{key}")
             if v is not None:
                 if v < (0 if key == "output_bytes" else 1e-9):
@@ -153,7 +158,9 @@ class Verify:
             raise _fail(where, "verify", f"unknown field(s) {sorted(unknown)}")
         if "command" not in d:
             raise _fail(where, "verify/command", "missing required field")
-        timeout = _get(d, "timeout_s", (int, float), where, "verify/timeout_s", DEFAULT_VERIFY_TIMEOUT_S)
+        timeout = _get(
+            d, "timeout_s", (int, float), where, "verify/timeout_s", DEFAULT_VERIFY_TIMEOUT_S
+        )
         if timeout <= 0:
             raise _fail(where, "verify/timeout_s", "must be > 0")
         reward_file = _get(d, "reward_file", str, where, "verify/reward_file")
@@ -214,7 +221,9 @@ class Job:
             raise _fail(where, "command", "missing required field")
         ws = _get(d, "workspace", dict, where, "workspace", {})
         if set(ws) - {"files", "copy_from"}:
-            raise _fail(where, "workspace", f"unknown field(s) {sorted(set(ws) - {'files', 'copy_from'})}")
+            raise _fail(
+                where, "workspace", f"unknown field(s) {sorted(set(ws) - {'files', 'copy_from'})}"
+            )
         env = _get(d, "env", dict, where, "env", {})
         for k, v in env.items():
             if not isinstance(v, str):
@@ -249,7 +258,9 @@ class Job:
             env=dict(env),
             timeout_s=float(timeout),
             limits=Limits.from_dict(_get(d, "limits", dict, where, "limits", {}), where),
-            network=Network.from_dict(_get(d, "network", dict, where, "network", {"policy": "none"}), where),
+            network=Network.from_dict(
+                _get(d, "network", dict, where, "network", {"policy": "none"}), where
+            ),
             verify=verify_rec,
             collect=tuple(collect),
             keep=keep,
@@ -345,7 +356,9 @@ class Run:
     @classmethod
     def from_dict(cls, d: dict, where: str = "run") -> Run:
         if d.get("schema") != RUN_SCHEMA:
-            raise JobsFileError(f"{where}: schema: expected {RUN_SCHEMA!r}, got {d.get('schema')!r}")
+            raise JobsFileError(
+                f"{where}: schema: expected {RUN_SCHEMA!r}, got {d.get('schema')!r}"
+            )
         if d.get("status") not in STATUSES:
             raise JobsFileError(f"{where}: status: {d.get('status')!r} is not one of {STATUSES}")
         return cls(
@@ -367,7 +380,9 @@ class BadLine:
     meta: dict = attrs.field(factory=dict)
 
 
-def read_jobs(stream: IO[str], name: str = "<stdin>", base_dir: Path | None = None) -> Iterator[Job | BadLine]:
+def read_jobs(
+    stream: IO[str], name: str = "<stdin>", base_dir: Path | None = None
+) -> Iterator[Job | BadLine]:
     """Parse a JSONL jobs stream. Each line yields a Job or a BadLine naming file:line and field.
 
     A line without a usable job_id gets the id ``NAME:LINE`` so that it is still reported (and
@@ -387,12 +402,18 @@ def read_jobs(stream: IO[str], name: str = "<stdin>", base_dir: Path | None = No
         job_id = row.get("job_id") if isinstance(row, dict) else None
         if isinstance(job_id, str) and job_id:
             if job_id in seen:
-                raise JobsFileError(f"{where}: job_id {job_id!r} already used on line {seen[job_id]}")
+                raise JobsFileError(
+                    f"{where}: job_id {job_id!r} already used on line {seen[job_id]}"
+                )
             seen[job_id] = lineno
         try:
             yield Job.from_dict(row, where, base_dir)
         except JobError as exc:
-            meta = row.get("meta") if isinstance(row, dict) and isinstance(row.get("meta"), dict) else {}
+            meta = (
+                row.get("meta")
+                if isinstance(row, dict) and isinstance(row.get("meta"), dict)
+                else {}
+            )
             ok_id = isinstance(job_id, str) and bool(job_id)
             yield BadLine(job_id=job_id if ok_id else where, error=str(exc), meta=meta)
 

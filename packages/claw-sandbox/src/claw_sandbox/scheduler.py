@@ -37,12 +37,18 @@ def _as_job(item: JobLike, index: int) -> Job | BadLine:
         return Job.from_dict(item, f"job #{index}")
     except JobError as exc:
         job_id = item.get("job_id") if isinstance(item, dict) else None
-        meta = item.get("meta") if isinstance(item, dict) and isinstance(item.get("meta"), dict) else {}
+        meta = (
+            item.get("meta")
+            if isinstance(item, dict) and isinstance(item.get("meta"), dict)
+            else {}
+        )
         return BadLine(job_id=job_id if isinstance(job_id, str) and job_id else f"job #{index}",
                        error=str(exc), meta=meta)  # fmt: skip
 
 
-def _error_run(job_id: str, error: str, backend: str, meta: dict, status: str = "error", attempts: int = 1) -> Run:
+def _error_run(
+    job_id: str, error: str, backend: str, meta: dict, status: str = "error", attempts: int = 1
+) -> Run:
     now = time.time()
     return Run(job_id=job_id, status=status, started_at=now, ended_at=now, backend=backend,
                error=error, meta=meta, attempts=attempts)  # fmt: skip
@@ -83,9 +89,13 @@ class Scheduler:
                 self.kept.append(kept)
                 self.log(f"job {job.job_id!r}: sandbox kept at {kept}")
             return attrs.evolve(run, attempts=attempt)
-        return _error_run(job.job_id, last, self.backend.name, dict(job.meta), "infra_error", self.retries + 1)
+        return _error_run(
+            job.job_id, last, self.backend.name, dict(job.meta), "infra_error", self.retries + 1
+        )
 
-    async def stream(self, jobs: Iterable[JobLike], out: str | Path | None = None) -> AsyncIterator[dict]:
+    async def stream(
+        self, jobs: Iterable[JobLike], out: str | Path | None = None
+    ) -> AsyncIterator[dict]:
         """Yield `claw.run/v1` dicts in completion order; append them to `out` when given."""
         items = [_as_job(j, i) for i, j in enumerate(jobs, start=1)]
         done: set[str] = set()
@@ -135,7 +145,9 @@ class Scheduler:
                     result = exc
                 await results.put(result)
 
-        workers = [asyncio.ensure_future(worker()) for _ in range(max(1, min(self.parallel, len(jobs))))]
+        workers = [
+            asyncio.ensure_future(worker()) for _ in range(max(1, min(self.parallel, len(jobs))))
+        ]
         try:
             for _ in range(len(jobs)):
                 result = await results.get()

@@ -61,15 +61,22 @@ def copy_into(src: str, dest: Path, where: str) -> None:
     elif path.is_file() and tarfile.is_tarfile(path):
         with tarfile.open(path) as tar:
             for member in tar.getmembers():
-                name = member.name.lstrip("./") or "."
                 if member.name.startswith("/") or ".." in Path(member.name).parts:
-                    raise JobError(f"{where}: copy_from: tarball member {member.name!r} escapes the workspace")
-                if member.islnk() or member.issym():
-                    if member.issym() and (member.linkname.startswith("/") or ".." in Path(member.linkname).parts):
-                        raise JobError(f"{where}: copy_from: tarball link {member.name!r} points outside")
+                    raise JobError(
+                        f"{where}: copy_from: tarball member {member.name!r} escapes the workspace"
+                    )
                 if member.isdev():
-                    raise JobError(f"{where}: copy_from: tarball member {name!r} is a device file")
-            tar.extractall(dest, filter="data")
+                    raise JobError(
+                        f"{where}: copy_from: tarball member {member.name!r} is a device"
+                    )
+            if not hasattr(tarfile, "data_filter"):
+                raise JobError(
+                    f"{where}: copy_from: tarballs need Python >= 3.11.4 (tarfile filters)"
+                )
+            try:
+                tar.extractall(dest, filter="data")  # refuses links pointing outside, too
+            except tarfile.FilterError as exc:
+                raise JobError(f"{where}: copy_from: {exc}") from None
     elif not path.exists():
         raise JobError(f"{where}: copy_from: {src!r} does not exist")
     else:
@@ -140,7 +147,9 @@ def parse_reward(text: str) -> tuple[float, dict]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        raise ValueError(f"reward file is neither a number nor a JSON object: {text[:80]!r}") from None
+        raise ValueError(
+            f"reward file is neither a number nor a JSON object: {text[:80]!r}"
+        ) from None
     if isinstance(value, bool):
         raise ValueError("reward file holds a boolean, not a number")
     if isinstance(value, int | float):

@@ -23,7 +23,9 @@ def make_backend(name: str, **options) -> Backend:
         from claw_sandbox.backends.process import ProcessBackend
 
         return ProcessBackend()
-    raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)} or auto")
+    raise BackendUnavailable(
+        f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)} or auto"
+    )
 
 
 def get_backend(name: str = "auto", **options) -> Backend:
@@ -58,7 +60,9 @@ def doctor() -> list[dict]:
             reason = backend.unavailable()
         except Exception as exc:  # a broken optional dependency must not break the doctor
             reason = f"{type(exc).__name__}: {exc}"
-        rows.append({"name": name, "kind": "backend", "works": reason is None, "why": reason or _good(name)})
+        rows.append(
+            {"name": name, "kind": "backend", "works": reason is None, "why": reason or _good(name)}
+        )
     cg = _cgroup.detect()
     rows.append({"name": "cgroups", "kind": "limits", "works": cg.version is not None,
                  "why": f"{cg.reason}: memory/pids/cpu limits and kill-all per job" if cg.version

@@ -64,7 +64,9 @@ class Sandbox(abc.ABC):
         self.jobdir.mkdir(parents=True)
         self.tmp.mkdir()
         (self.tmp / "home").mkdir()
-        build_workspace(self.workspace, self.job.files, self.job.copy_from, f"job {self.job.job_id!r}")
+        build_workspace(
+            self.workspace, self.job.files, self.job.copy_from, f"job {self.job.job_id!r}"
+        )
         if self.owner:
             chown_tree(self.workspace, *self.owner)
             chown_tree(self.tmp, *self.owner)
@@ -105,7 +107,9 @@ class Sandbox(abc.ABC):
         """Set up what the steps share (cgroup, proxy forwarder); InfraError when it cannot."""
 
     @abc.abstractmethod
-    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+    async def run(
+        self, command: Command, *, timeout_s: float, merge_stderr: bool = False
+    ) -> StepResult:
         """Run one step in the sandbox."""
 
     @abc.abstractmethod

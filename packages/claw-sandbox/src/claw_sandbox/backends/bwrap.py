@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -46,7 +45,18 @@ def root_binds() -> list[str]:
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
     args += ["--ro-bind-try", "/sys", "/sys", "--dev", "/dev", "--proc", "/proc"]
-    args += ["--dir", "/root", "--dir", "/home", "--dir", "/run", "--perms", "1777", "--dir", "/tmp"]
+    args += [
+        "--dir",
+        "/root",
+        "--dir",
+        "/home",
+        "--dir",
+        "/run",
+        "--perms",
+        "1777",
+        "--dir",
+        "/tmp",
+    ]
     return args
 
 
@@ -64,7 +74,9 @@ class BwrapSandbox(Sandbox):
     async def start(self) -> None:
         if self.job.limits.any() and self.backend.cgroups.version is not None:
             try:
-                self.cgroup = _cgroup.JobCgroup.create(self.backend.cgroups, self.job.limits, "bwrap")
+                self.cgroup = _cgroup.JobCgroup.create(
+                    self.backend.cgroups, self.job.limits, "bwrap"
+                )
             except OSError as exc:
                 raise InfraError(f"cannot create the job's cgroup: {exc}") from exc
         if self.job.network.policy == "proxy":
@@ -104,7 +116,10 @@ class BwrapSandbox(Sandbox):
         args += ["--chdir", INNER_WORKSPACE]
         inner = argv_of(command)
         if self.relay is not None:
-            inner = _forward.inner_command(job.network.port or 0, self.backend.socat, sys.executable) + inner
+            inner = (
+                _forward.inner_command(job.network.port or 0, self.backend.socat, sys.executable)
+                + inner
+            )
         if self.cgroup is None:
             inner = rlimit_wrap(job.limits, inner)
         if self.owner is not None:
@@ -119,7 +134,9 @@ class BwrapSandbox(Sandbox):
         if self.cgroup is not None:
             self.cgroup.kill_all()
 
-    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+    async def run(
+        self, command: Command, *, timeout_s: float, merge_stderr: bool = False
+    ) -> StepResult:
         args, inner = self._argv(command)
         status_r, status_w = os.pipe()
         argv = [*args, "--json-status-fd", str(status_w), "--", *inner]
@@ -143,9 +160,13 @@ class BwrapSandbox(Sandbox):
             os.close(status_r)
         if b"child-pid" not in status and not result.timed_out:
             text = (result.stderr or result.stdout).strip().splitlines()
-            raise InfraError(f"bwrap could not start the sandbox: {text[-1] if text else 'no message'}")
+            raise InfraError(
+                f"bwrap could not start the sandbox: {text[-1] if text else 'no message'}"
+            )
         if result.exit_code == 125 and "claw-sandbox: " in (result.stderr + result.stdout):
-            line = [x for x in (result.stderr + result.stdout).splitlines() if "claw-sandbox: " in x]
+            line = [
+                x for x in (result.stderr + result.stdout).splitlines() if "claw-sandbox: " in x
+            ]
             raise InfraError(line[-1])
         if self.cgroup is not None:
             if self.job.limits.memory_mb and self.cgroup.memory_exceeded():

@@ -79,7 +79,9 @@ class DockerSandbox(Sandbox):
         env.update(self.job.env)
         return env
 
-    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+    async def run(
+        self, command: Command, *, timeout_s: float, merge_stderr: bool = False
+    ) -> StepResult:
         return await asyncio.to_thread(self._run, command, timeout_s, merge_stderr)
 
     def _run(self, command: Command, timeout_s: float, merge_stderr: bool) -> StepResult:
@@ -92,15 +94,21 @@ class DockerSandbox(Sandbox):
             config.pop("detach")
             container = client.containers.create(**config)  # create never pulls
         except docker.errors.ImageNotFound:
-            raise JobError(f"job {self.job.job_id!r}: image: {self.image!r} not found (build or pull it first)") from None
+            raise JobError(
+                f"job {self.job.job_id!r}: image: {self.image!r} not found (build or pull it first)"
+            ) from None
         except docker.errors.APIError as exc:
-            raise InfraError(f"docker could not start the container: {exc.explanation or exc}") from exc
+            raise InfraError(
+                f"docker could not start the container: {exc.explanation or exc}"
+            ) from exc
         forwarder = None
         try:
             try:
                 container.start()
             except docker.errors.APIError as exc:
-                raise InfraError(f"docker could not start the container: {exc.explanation or exc}") from exc
+                raise InfraError(
+                    f"docker could not start the container: {exc.explanation or exc}"
+                ) from exc
             if self.relay is not None:
                 forwarder = self._start_forwarder(container)
             timed_out = False
@@ -116,7 +124,11 @@ class DockerSandbox(Sandbox):
                     container.wait(timeout=30)
             limit = self.job.limits.output_bytes
             out = container.logs(stdout=True, stderr=merge_stderr)[-limit:] if limit else b""
-            err = b"" if merge_stderr or not limit else container.logs(stdout=False, stderr=True)[-limit:]
+            err = (
+                b""
+                if merge_stderr or not limit
+                else container.logs(stdout=False, stderr=True)[-limit:]
+            )
             container.reload()
             if container.attrs.get("State", {}).get("OOMKilled"):
                 self.notes.append(f"memory limit exceeded ({self.job.limits.memory_mb} MB)")
@@ -142,7 +154,11 @@ class DockerSandbox(Sandbox):
         if not nsenter or os.geteuid() != 0 or not pid:
             raise InfraError("network proxy on docker needs root and nsenter (util-linux)")
         if self.backend.socat:
-            fwd = [self.backend.socat, f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr", f"UNIX-CONNECT:{sock}"]
+            fwd = [
+                self.backend.socat,
+                f"TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr",
+                f"UNIX-CONNECT:{sock}",
+            ]
         else:
             fwd = [sys.executable, "-c", _forward.PY_FORWARDER, str(port), sock]
         proc = subprocess.Popen([nsenter, "-t", str(pid), "-n", *fwd], stdout=subprocess.DEVNULL,
@@ -171,7 +187,9 @@ class DockerBackend(Backend):
     name = "docker"
     isolates = True
 
-    def __init__(self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534) -> None:
+    def __init__(
+        self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534
+    ) -> None:
         self.default_image = default_image or os.environ.get("CLAW_SANDBOX_IMAGE")
         self.owner = (uid, gid) if os.geteuid() == 0 else None
         self.socat = shutil.which("socat")
@@ -198,7 +216,9 @@ class DockerBackend(Backend):
     def check_job(self, job: Job) -> None:
         super().check_job(job)
         if not (job.image or self.default_image):
-            raise JobError(f"job {job.job_id!r}: image: the docker backend needs an image (or CLAW_SANDBOX_IMAGE)")
+            raise JobError(
+                f"job {job.job_id!r}: image: the docker backend needs an image (or CLAW_SANDBOX_IMAGE)"
+            )
 
     def sandbox(self, job: Job, jobdir: Path) -> Sandbox:
         return DockerSandbox(self, job, jobdir)

@@ -62,7 +62,9 @@ class ProcessSandbox(Sandbox):
                     os.kill(p, signal.SIGKILL)
             time.sleep(0.005)
 
-    async def run(self, command: Command, *, timeout_s: float, merge_stderr: bool = False) -> StepResult:
+    async def run(
+        self, command: Command, *, timeout_s: float, merge_stderr: bool = False
+    ) -> StepResult:
         argv = argv_of(command)
         if self.backend.setpriv:  # the step's main process dies with the runner
             argv = [self.backend.setpriv, "--pdeathsig", "KILL", *argv]
