@@ -136,6 +136,14 @@ def test_single_chain_equals_plain_grpo():
         assert s["loss_weights"] == pytest.approx([0, 0, 1 / 12, 1 / 12, 0, 1 / 12])
 
 
+def test_paths_are_accepted_for_calls_and_outcomes(tmp_path):
+    """build_forest and make_samples read JSONL paths too."""
+    (tmp_path / "c.jsonl").write_text(json.dumps(call("s", 0, [1], [2])) + "\n")
+    (tmp_path / "o.jsonl").write_text(json.dumps(outcome("s", 1.0)) + "\n")
+    samples = make_samples(build_forest(tmp_path / "c.jsonl"), str(tmp_path / "o.jsonl"), algo="reinforce")
+    assert samples[0]["advantages"] == [0.0, 1.0]
+
+
 def test_excluded_rollouts_are_reported_not_trained():
     """infra_error / not_scorable / missing outcomes are left out of groups and samples, with reasons."""
     calls = [call(s, 0, [1], [2]) for s in ("ok1", "ok2", "infra", "noscore", "orphan")]

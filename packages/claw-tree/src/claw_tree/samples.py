@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -38,7 +39,7 @@ from claw_tree.advantages import (
     rloo_advantages,
 )
 from claw_tree.errors import BudgetError, ClawError, ConflictError, ValuesError
-from claw_tree.records import SAMPLE_SCHEMA, Outcome
+from claw_tree.records import SAMPLE_SCHEMA, Outcome, read_outcomes
 from claw_tree.tree import Forest, Trajectory
 
 log = logging.getLogger("claw_tree")
@@ -73,7 +74,9 @@ class SampleBatch:
         return text
 
 
-def _outcomes_by_session(outcomes: Iterable[Outcome | dict]) -> dict[str, Outcome]:
+def _outcomes_by_session(outcomes: Iterable[Outcome | dict] | str | Path) -> dict[str, Outcome]:
+    if isinstance(outcomes, (str, Path)):
+        outcomes = read_outcomes(outcomes).records
     out: dict[str, Outcome] = {}
     for i, item in enumerate(outcomes):
         oc = item if isinstance(item, Outcome) else Outcome.from_dict(item, f"<outcome {i}>")
@@ -143,7 +146,7 @@ def _split_session(forest: Forest, start: int, stop: int, paths: list[Trajectory
 
 def build_samples(
     forest: Forest,
-    outcomes: Iterable[Outcome | dict],
+    outcomes: Iterable[Outcome | dict] | str | Path,
     *,
     algo: str = "grpo",
     group_by: str = "group",
@@ -157,6 +160,8 @@ def build_samples(
     id_prefix: str | None = None,
 ) -> SampleBatch:
     """Tree-pack the forest's rolled-out sessions into `claw.sample/v1` dicts.
+
+    ``outcomes``: Outcome records, `claw.outcome/v1` dicts, or a JSONL path.
 
     One sample per session by default; with ``max_tokens`` several sessions share a sample up to
     that many tokens, and a session larger than the budget is split into pieces of whole
@@ -333,7 +338,7 @@ def _scatter_values(n_nodes: int, sample_ids: list[str], node_lists: list[np.nda
     return np.divide(total, count, out=np.zeros(n_nodes), where=count > 0)
 
 
-def make_samples(forest: Forest, outcomes: Iterable[Outcome | dict], **options: Any) -> list[dict]:
+def make_samples(forest: Forest, outcomes: Iterable[Outcome | dict] | str | Path, **options: Any) -> list[dict]:
     """`claw.sample/v1` dicts for the forest (see :func:`build_samples` for the options).
 
     Left-out sessions are logged (logger ``claw_tree``); use build_samples to get them back.

@@ -22,12 +22,13 @@ is a :class:`~claw_tree.errors.ConflictError`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import attrs
 import numpy as np
 
 from claw_tree.errors import ClawError, ConflictError
-from claw_tree.records import Call
+from claw_tree.records import Call, read_calls
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -158,8 +159,13 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     return j if neq[j] else m
 
 
-def build_forest(calls: Iterable[Call | dict]) -> Forest:
-    """Merge calls (Call records or `claw.call/v1` dicts) into one prefix tree per session."""
+def build_forest(calls: Iterable[Call | dict] | str | Path) -> Forest:
+    """Merge calls into one prefix tree per session.
+
+    ``calls``: Call records, `claw.call/v1` dicts, or a JSONL path (``-`` for stdin).
+    """
+    if isinstance(calls, (str, Path)):
+        calls = read_calls(calls).records
     by_id, duplicates = _dedupe(calls)
     per_session: dict[str, list[Call]] = {}
     for call in by_id.values():
