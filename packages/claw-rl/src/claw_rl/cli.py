@@ -1,7 +1,12 @@
 """The `claw-rl` command line: a thin click group over the library."""
 
+from __future__ import annotations
+
+import json
+import sys
 from pathlib import Path
 
+import attrs
 import click
 
 from claw_rl import __version__
@@ -12,6 +17,10 @@ from claw_rl.errors import ClawError
 @click.version_option(__version__, prog_name="claw-rl")
 def main() -> None:
     """claw-rl: PPO and GRPO learners on tree-packed samples."""
+
+
+def _fail(exc: ClawError, hint: str = "") -> click.ClickException:
+    return click.ClickException(f"{exc}{'  (' + hint + ')' if hint else ''}")
 
 
 @main.command("init-tiny")
@@ -37,3 +46,201 @@ def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int) -> None:
     except ClawError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(str(path))
+
+
+# -- train: every config field is a flag ------------------------------------------------------
+
+def _config_fields() -> dict[str, tuple[attrs.Attribute, dict[str, object]]]:
+    """field name -> (attribute, {algo: default}) over both config classes."""
+    from claw_rl.config import CONFIGS
+
+    out: dict[str, tuple[attrs.Attribute, dict[str, object]]] = {}
+    for algo, cls in CONFIGS.items():
+        for f in attrs.fields(cls):
+            prev = out.get(f.name)
+            out[f.name] = (prev[0] if prev else f, {**(prev[1] if prev else {}), algo: f.default})
+    return out
+
+
+def _config_options(fn):
+    for name, (f, defaults) in reversed(list(_config_fields().items())):
+        flag = "--" + name.replace("_", "-")
+        if len(defaults) == 1:
+            default = f"{next(iter(defaults))} only; default {f.default!r}"
+        elif len(set(map(repr, defaults.values()))) == 1:
+            default = f"default {f.default!r}"
+        else:
+            default = "default " + ", ".join(f"{a}: {d!r}" for a, d in defaults.items())
+        help_ = f"{f.metadata['help']} ({default})"
+        if isinstance(f.default, bool):
+            fn = click.option(f"{flag}/--no-{name.replace('_', '-')}", name, default=None, help=help_)(fn)
+        else:
+            typ = click.Choice(f.metadata["choices"]) if f.metadata.get("choices") else type(f.default)
+            fn = click.option(flag, name, type=typ, default=None, help=help_)(fn)
+    return fn
+
+
+def resolve_config(algo: str, toml_path: Path | None, flags: dict):
+    """TOML file first, then flags; a flag of the other algorithm is an error."""
+    from claw_rl.config import CONFIGS, config_from_toml
+
+    cls = CONFIGS[algo]
+    known = attrs.fields_dict(cls)
+    values = dict(config_from_toml(toml_path, algo)) if toml_path else {}
+    for key, val in flags.items():
+        if val is None:
+            continue
+        if key not in known:
+            raise click.UsageError(f"--{key.replace('_', '-')} does not apply to --algo {algo}")
+        values[key] = val
+    return cls.from_dict(values, str(toml_path) if toml_path else "flags")
+
+
+@main.command("train")
+@click.option("--algo", type=click.Choice(["grpo", "ppo"]), required=True, help="Learner algorithm.")
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="HF model directory to start from (not needed with --resume).")
+@click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML config ([grpo] / [ppo] table or flat keys); flags override it.")
+@click.option("--batch-size", type=int, default=0, show_default=True,
+              help="Samples per learner step (0 = the whole file is one step).")
+@click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Continue from a checkpoint directory (a previous run's OUT/checkpoint).")
+@click.option("--start-version", type=int, default=0, show_default=True,
+              help="Policy version of --model (the next saved policy is this + 1).")
+@_config_options
+def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, resume_dir, start_version,
+              **flags) -> None:
+    """Train on tree-packed samples; print one claw.policy/v1 line per update.
+
+    After each step the weights are saved to OUT/policy/vN (HF directory, safetensors), the
+    step's metrics are appended to OUT/metrics.jsonl and the policy record to
+    OUT/policies.jsonl and stdout. OUT/checkpoint holds the learner state for --resume.
+
+    Example:
+
+    \b
+        claw-tree samples --algo grpo calls.jsonl outcomes.jsonl \\
+          | claw-rl train --algo grpo --model runs/tiny --out runs/rl --lr 1e-5 \\
+          | curl -s -X POST localhost:8000/admin/policy -d @-
+    """
+    from claw_rl.config import dump_toml
+    from claw_rl.learner import GRPOLearner, PPOLearner
+    from claw_rl.records import read_samples, write_jsonl
+
+    cls = {"grpo": GRPOLearner, "ppo": PPOLearner}[algo]
+    try:
+        if resume_dir is not None:
+            learner = cls.resume(resume_dir)
+            if any(v is not None for v in flags.values()) or config_path:
+                raise click.UsageError("--resume continues with the checkpoint's config; drop the config flags")
+        else:
+            if model_dir is None:
+                raise click.UsageError("--model is required (or --resume a checkpoint)")
+            config = resolve_config(algo, config_path, flags)
+            learner = cls(config, model_dir, version=start_version)
+        samples = read_samples(samples_path)
+        if not samples:
+            raise click.ClickException(f"{samples_path}: no samples")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
+        size = batch_size if batch_size > 0 else len(samples)
+        n_steps = (len(samples) + size - 1) // size
+        with open(out_dir / "metrics.jsonl", "a") as mfh, open(out_dir / "policies.jsonl", "a") as pfh:
+            for k in range(n_steps):
+                metrics = learner.step(samples[k * size : (k + 1) * size])
+                if learner.rank == 0:
+                    write_jsonl([metrics], mfh)
+                click.echo(f"step {metrics['step']}: loss {metrics['loss']:.4g}  clip {metrics['clip_frac']:.3f}  "
+                           f"mismatch {metrics['mismatch_mean_abs']:.3g}  {metrics['tokens_per_s']:.0f} tok/s",
+                           err=True)
+                policy = learner.save(out_dir / "policy" / f"v{learner.version + 1}")
+                if learner.rank == 0:
+                    write_jsonl([policy], pfh)
+                    write_jsonl([policy], sys.stdout)
+        learner.save_checkpoint(out_dir / "checkpoint")
+    except ClawError as exc:
+        raise _fail(exc) from exc
+
+
+@main.command("values")
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Policy directory; its critic/ subdirectory holds the critic (fresh zero head if absent).")
+@click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
+@click.option("--out", "out_path", default="-", show_default=True, help="Values JSONL file.")
+@click.option("--critic", type=click.Choice(["auto", "head", "model"]), default="auto", show_default=True,
+              help="Critic kind; auto = what MODEL/critic holds (head when there is none).")
+@click.option("--micro-batch-size", type=int, default=4, show_default=True, help="Samples per forward pass.")
+def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> None:
+    """Critic values V(s_i) per packed token, for claw-tree's tree GAE.
+
+    One line per sample: {"sample_id": ..., "values": [...]} aligned with its input_ids;
+    V(s_i) is the value of the prefix before token i (0 for roots).
+
+    Example:
+
+    \b
+        claw-rl values --model runs/rl/policy/v3 --samples s.jsonl > v.jsonl
+        claw-tree samples --algo ppo --values v.jsonl calls.jsonl outcomes.jsonl > ppo.jsonl
+    """
+    from claw_rl.config import PPOConfig
+    from claw_rl.critic import critic_kind
+    from claw_rl.learner import PPOLearner
+    from claw_rl.records import read_samples, write_jsonl
+
+    kind = critic if critic != "auto" else (critic_kind(model_dir) or "head")
+    if critic_kind(model_dir) is None:
+        click.echo(f"{model_dir}: no critic/ yet; using a fresh {kind} critic (values are 0)", err=True)
+    try:
+        learner = PPOLearner(PPOConfig(critic=kind, micro_batch_size=micro_batch_size), model_dir)
+        rows = learner.values(read_samples(samples_path))
+    except ClawError as exc:
+        raise _fail(exc) from exc
+    with click.open_file(out_path, "w") as fh:
+        write_jsonl(rows, fh)
+
+
+@main.command("logprobs")
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="HF model directory the calls were (supposedly) sampled from.")
+@click.option("--calls", "calls_path", default="-", show_default=True, help="claw.call/v1 JSONL file.")
+@click.option("--out", "out_path", default="-", show_default=True, help="Per-call JSONL output.")
+@click.option("--threshold", type=float, default=0.1, show_default=True,
+              help="Count tokens whose |learner - engine| logprob difference exceeds this.")
+@click.option("--temperature", type=float, default=1.0, show_default=True,
+              help="Temperature the engine's logprobs were taken at.")
+def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> None:
+    """Recompute logprobs of recorded completions and compare them with the engine's.
+
+    One line per trainable call: call_id, session, seq, the learner's logprobs of the
+    completion tokens and the mismatch (mean/max abs diff, KL estimates, fraction beyond
+    --threshold). The summary over all calls goes to stderr.
+
+    Example:
+
+        claw-rl logprobs --model runs/tiny --calls runs/calls.jsonl > mismatch.jsonl
+    """
+    from claw_rl.calls import compare, finish_mismatch, iter_call_samples
+    from claw_rl.config import GRPOConfig
+    from claw_rl.learner import GRPOLearner
+    from claw_rl.records import write_jsonl
+
+    try:
+        learner = GRPOLearner(GRPOConfig(temperature=temperature), model_dir)
+        pairs = list(iter_call_samples(calls_path))
+        lps = learner.logprobs([s for _, s in pairs])
+    except ClawError as exc:
+        raise _fail(exc) from exc
+    total = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0}
+    with click.open_file(out_path, "w") as fh:
+        for (row, s), lp in zip(pairs, lps, strict=True):
+            st = compare(s, lp, threshold)
+            for k in total:
+                total[k] = max(total[k], st[k]) if k == "abs_max" else total[k] + st[k]
+            n_p = len(row["prompt_ids"])
+            write_jsonl([{"call_id": row["call_id"], "session": row.get("session"), "seq": row.get("seq"),
+                          "logprobs": lp[n_p:], "mismatch": finish_mismatch(st)}], fh)
+    click.echo(json.dumps({"calls": len(pairs), **finish_mismatch(total)}), err=True)

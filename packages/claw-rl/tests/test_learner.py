@@ -1,0 +1,189 @@
+"""The learners: tree-packed updates equal flat ones, consistency report, staleness, saving,
+checkpoint/resume bit-for-bit, and the critic (value head and separate model)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tree_sample
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from claw_rl import ClawError, GRPOConfig, GRPOLearner, PPOConfig, PPOLearner, Policy
+from claw_rl.packing import path_matrix
+
+PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]  # three paths sharing a 2-token root prefix
+TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]
+
+
+def _tree_and_flat(vocab: int, returns: bool = False):
+    """A branching sample with weights pi_p/T_p, and the same data as one chain per path."""
+    base = tree_sample(PARENT, TRAIN, seed=3, vocab=vocab, returns=returns)
+    paths = path_matrix(PARENT)
+    T = [int(sum(TRAIN[j] for j in np.nonzero(row)[0])) for row in paths]
+    w = [sum(1 / len(paths) / T[p] for p in range(len(paths)) if paths[p, i]) * TRAIN[i] for i in range(len(PARENT))]
+    tree = dict(base, loss_weights=w)
+    flat = []
+    for p, row in enumerate(paths):
+        idx = np.nonzero(row)[0].tolist()
+        n = len(idx)
+        s = {k: [base[k][j] for j in idx] for k in ("input_ids", "trainable", "logprobs", "advantages")}
+        s.update(schema="claw.sample/v1", sample_id=f"path{p}", algo=base["algo"], position_ids=list(range(n)),
+                 parent=list(range(-1, n - 1)), loss_weights=[t / len(paths) / T[p] for t in s["trainable"]])
+        if returns:
+            s["returns"] = [base["returns"][j] for j in idx]
+        flat.append(s)
+    return tree, flat
+
+
+def _grads_after_step(learner, samples):
+    """Run one step with lr ~ 0 and return the summed gradient as the optimizer saw it."""
+    seen = {}
+    orig = learner.optimizer.step
+
+    def capture(*a, **kw):
+        for n, p in learner.model.named_parameters():
+            seen[n] = p.grad.detach().clone()
+        return orig(*a, **kw)
+
+    learner.optimizer.step = capture
+    metrics = learner.step(samples)
+    return seen, metrics
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis_token", "none"])
+def test_tree_packed_gradient_equals_flat_per_path_gradient(tiny, correction):
+    """One tree sample and its paths as separate chains give the same loss and gradient."""
+    cfg = GRPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction=correction, is_cap=1e9, is_min=1e-9)
+    a = GRPOLearner(cfg, tiny)
+    vocab = a.model.config.vocab_size
+    tree, flat = _tree_and_flat(vocab)
+    g_tree, m_tree = _grads_after_step(a, [tree])
+    g_flat, m_flat = _grads_after_step(GRPOLearner(cfg, tiny), flat)
+    assert m_tree["loss"] == pytest.approx(m_flat["loss"], abs=1e-6)
+    worst = max(float((g_tree[n] - g_flat[n]).abs().max()) for n in g_tree)
+    assert worst < 1e-5
+    assert m_tree["tree_token_ratio"] == pytest.approx(sum(len(f["input_ids"]) for f in flat) / len(PARENT))
+
+
+def test_single_path_sample_gives_the_ordinary_loss(tiny):
+    """A chain sample's loss is the plain per-token mean of -A * logp-ratio terms (ratio 1)."""
+    learner = GRPOLearner(GRPOConfig(is_correction="none"), tiny)
+    s = tree_sample([-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size)
+    m = learner.step([s])
+    # at epoch 1 pi_theta = pi_old, so l_i = -A_i and the loss is the mean over the 3 tokens
+    assert m["loss"] == pytest.approx(-sum(s["advantages"]) / 3, abs=1e-6)
+    assert m["clip_frac"] == 0.0 and m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_mismatch_is_zero_for_own_logprobs_and_reported_when_perturbed(tiny):
+    """Engine logprobs equal to the learner's give ~0 mismatch; +0.5 on two tokens is counted."""
+    learner = GRPOLearner(GRPOConfig(lr=1e-9, mismatch_threshold=0.1), tiny)
+    s = tree_sample(PARENT, TRAIN, seed=5, vocab=learner.model.config.vocab_size)
+    own = learner.logprobs([s])[0]
+    m = learner.step([dict(s, logprobs=own)])
+    assert m["mismatch_max_abs"] < 1e-5 and m["mismatch_frac_beyond"] == 0.0
+    assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    bumped = list(own)
+    bumped[2] += 0.5
+    bumped[8] -= 0.5
+    m = learner.step([dict(s, logprobs=bumped)])
+    assert m["mismatch_frac_beyond"] == pytest.approx(2 / sum(TRAIN))
+    assert m["mismatch_max_abs"] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_staleness_is_reported_and_optionally_dropped(tiny):
+    """With the learner at version 3, a version-0 sample is stale (bound 1) and can be dropped."""
+    vocab = 2000
+    fresh = tree_sample([-1, 0, 1], [0, 1, 1], sample_id="fresh", vocab=vocab, versions=[-1, 3, 3])
+    old = tree_sample([-1, 0, 1], [0, 1, 1], sample_id="old", vocab=vocab, versions=[-1, 0, 0])
+    m = GRPOLearner(GRPOConfig(), tiny, version=3).step([fresh, old])
+    assert (m["stale_samples"], m["staleness_max"], m["samples"], m["dropped_stale"]) == (1, 3, 2, 0)
+    m = GRPOLearner(GRPOConfig(drop_stale=True), tiny, version=3).step([fresh, old])
+    assert (m["stale_samples"], m["samples"], m["dropped_stale"]) == (1, 1, 1)
+    with pytest.raises(ClawError, match="stale"):
+        GRPOLearner(GRPOConfig(drop_stale=True), tiny, version=3).step([old])
+
+
+def test_save_writes_an_hf_dir_and_a_policy_record(tiny, tmp_path):
+    """The saved directory loads with AutoModelForCausalLM and holds the new weights."""
+    learner = GRPOLearner(GRPOConfig(lr=1e-3, name="tiny"), tiny)
+    learner.step([tree_sample(PARENT, TRAIN, vocab=2000)])
+    rec = learner.save(tmp_path / "v1")
+    pol = Policy.from_dict(rec)
+    assert (pol.name, pol.version, pol.step) == ("tiny", 1, 1)
+    assert pol.metrics["loss"] == learner.last_metrics["loss"]
+    json.dumps(rec, allow_nan=False)
+    loaded = AutoModelForCausalLM.from_pretrained(pol.path)
+    for (n, p), (_, q) in zip(learner.model.named_parameters(), loaded.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert (tmp_path / "v1" / "tokenizer.json").exists()
+    assert learner.save(tmp_path / "again")["version"] == 1  # unchanged weights keep their version
+    with pytest.raises(ClawError, match="not empty"):
+        learner.step([tree_sample(PARENT, TRAIN, vocab=2000)])
+        learner.save(tmp_path / "v1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "ppo-head", "ppo-model"])
+def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
+    """2 steps straight == 1 step, checkpoint, resume, 1 step: identical weights and optimizer."""
+    if algo == "grpo":
+        cls, cfg = GRPOLearner, GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1)
+    else:
+        cls, cfg = PPOLearner, PPOConfig(lr=1e-3, critic=algo[4:], micro_batch_size=1)
+    batches = [[tree_sample(PARENT, TRAIN, seed=10 * k + j, sample_id=f"{k}-{j}", vocab=2000, returns=True)
+                for j in range(3)] for k in range(2)]
+    if algo == "grpo":
+        batches = [[{**{k: v for k, v in s.items() if k != "returns"}, "algo": "grpo"} for s in b] for b in batches]
+    straight = cls(cfg, tiny)
+    m_a = [straight.step(b) for b in batches]
+    half = cls(cfg, tiny)
+    half.step(batches[0])
+    half.save_checkpoint(tmp_path / "ckpt")
+    resumed = cls.resume(tmp_path / "ckpt")
+    m_b = resumed.step(batches[1])
+    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    if algo != "grpo":
+        for p, q in zip(straight.value_head.parameters(), resumed.value_head.parameters(), strict=True):
+            assert torch.equal(p, q)
+    assert m_a[1]["loss"] == m_b["loss"] and resumed.step_count == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["head", "model"])
+def test_critic_learns_and_round_trips_through_save(tiny, tmp_path, kind):
+    """Value loss falls over steps; the saved critic/ reloads with the same values."""
+    cfg = PPOConfig(lr=1e-4, critic_lr=1e-2, critic=kind, epochs=1, minibatches=1)
+    learner = PPOLearner(cfg, tiny)
+    samples = [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True) for k in range(2)]
+    first = learner.step(samples)["value_loss"]
+    for _ in range(8):
+        last = learner.step(samples)["value_loss"]
+    assert last < 0.5 * first
+    vals = learner.values(samples)
+    assert [len(v["values"]) for v in vals] == [len(PARENT)] * 2 and vals[0]["values"][0] == 0.0
+    rec = learner.save(tmp_path / "p")
+    assert (tmp_path / "p" / "critic" / "value_head.safetensors").exists()
+    assert set(load_file(str(tmp_path / "p" / "model.safetensors"))) == set(
+        load_file(str(tiny / "model.safetensors")))  # the policy dir holds only the policy weights
+    again = PPOLearner(PPOConfig(critic=kind), rec["path"])
+    for a, b in zip(again.values(samples), vals, strict=True):
+        assert a["sample_id"] == b["sample_id"] and a["values"] == pytest.approx(b["values"], abs=1e-6)
+    with pytest.raises(ClawError, match="kind"):
+        PPOLearner(PPOConfig(critic="model" if kind == "head" else "head"), rec["path"])
+
+
+def test_wrong_samples_are_rejected(tiny):
+    """PPO needs returns; GRPO refuses PPO samples; bad trees name the field."""
+    s = tree_sample([-1, 0, 1], [0, 1, 1], vocab=2000)
+    with pytest.raises(ClawError, match="returns"):
+        PPOLearner(PPOConfig(), tiny).step([s])
+    with pytest.raises(ClawError, match="ppo"):
+        GRPOLearner(GRPOConfig(), tiny).step([dict(s, algo="ppo")])
+    with pytest.raises(ClawError, match=r"samples\[0\].*parent\[2\]"):
+        GRPOLearner(GRPOConfig(), tiny).step([dict(s, parent=[-1, 0, 2])])

@@ -1,0 +1,61 @@
+"""Loss equations against hand-computed values on small tensors."""
+
+import math
+
+import pytest
+import torch
+
+from claw_rl import losses
+
+
+def test_ppo_clip_loss_hand_computed():
+    """Ratios inside, above and below the clip range, with positive and negative advantages."""
+    r = torch.tensor([1.0, 1.5, 0.5, 1.5, 0.5])
+    A = torch.tensor([2.0, 1.0, 1.0, -1.0, -1.0])
+    l, clipped = losses.ppo_clip_loss(torch.log(r), torch.zeros(5), A, 0.2, 0.2)
+    # min(rA, clip(r)A): 2 | min(1.5, 1.2)=1.2 | min(0.5, 0.8)=0.5 | min(-1.5,-1.2)=-1.5 | min(-0.5,-0.8)=-0.8
+    assert l.tolist() == pytest.approx([-2.0, -1.2, -0.5, 1.5, 0.8])
+    assert clipped.tolist() == [0, 1, 0, 0, 1]
+
+
+def test_clip_higher_widens_only_the_upper_range():
+    """DAPO clip-higher: eps_high = 0.28 lets r = 1.25 through for a positive advantage."""
+    l, clipped = losses.ppo_clip_loss(torch.log(torch.tensor([1.25, 0.7])), torch.zeros(2),
+                                      torch.tensor([1.0, -1.0]), 0.2, 0.28)
+    assert l.tolist() == pytest.approx([-1.25, 0.8])
+    assert clipped.tolist() == [0, 1]
+
+
+def test_kl_estimators():
+    """k1 = log p - log q; k3 = exp(d) - d - 1 with d = log q - log p, 0 when equal."""
+    lp, lq = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0])
+    assert losses.kl_k1(lp, lq).tolist() == pytest.approx([0.5, 0.0])
+    assert losses.kl_k3(lp, lq).tolist() == pytest.approx([math.exp(-0.5) + 0.5 - 1.0, 0.0])
+
+
+def test_aggregations():
+    """weighted_sum, DAPO token_mean (leaf counts) and Dr. GRPO constant normaliser."""
+    l = torch.tensor([1.0, 2.0, 3.0])
+    w = torch.tensor([0.5, 0.25, 0.25])
+    c = torch.tensor([2.0, 1.0, 1.0])
+    assert float(losses.weighted_sum(l, w)) == pytest.approx(0.5 + 0.5 + 0.75)
+    assert float(losses.token_mean(l, c)) == pytest.approx((2 + 2 + 3) / 4)
+    assert float(losses.constant_sum(l, c, n_traj=2, max_len=10)) == pytest.approx(7 / 20)
+
+
+def test_value_loss_clipping():
+    """The clipped branch wins when the new value moved past the clip range away from R."""
+    v_old, R = torch.tensor([0.0, 0.0]), torch.tensor([1.0, -1.0])
+    v = torch.tensor([0.5, 0.5])
+    # token 0: unclipped (0.5-1)^2 = .25, clipped v=0.2 -> .64 -> max .64 ; token 1: (1.5)^2=2.25 vs (1.2)^2=1.44
+    assert losses.value_loss(v, v_old, R, 0.2).tolist() == pytest.approx([0.32, 1.125])
+    assert losses.value_loss(v, v_old, R, None).tolist() == pytest.approx([0.125, 1.125])
+
+
+def test_explained_variance_and_approx_kl():
+    """Perfect values explain everything; constant returns give nan; identical policies KL 0."""
+    R = torch.tensor([1.0, 2.0, 3.0])
+    assert losses.explained_variance(R, R) == pytest.approx(1.0)
+    assert losses.explained_variance(torch.zeros(3), R) == pytest.approx(0.0)
+    assert math.isnan(losses.explained_variance(R, torch.ones(3)))
+    assert float(losses.approx_kl(torch.tensor([-1.0]), torch.tensor([-1.0]))) == 0.0
