@@ -69,8 +69,8 @@ def run_tool(name: str, args: dict[str, Any], cwd: Path, timeout: float = 120.0)
         return f"error: {type(exc).__name__}: {exc}"
 
 
-def _chat_step(client: httpx.Client, model: str, messages: list, tools: list | None):
-    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 1024}
+def _chat_step(client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int):
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     if tools:
         body["tools"] = tools
     r = client.post("/chat/completions", json=body)
@@ -88,8 +88,8 @@ def _chat_step(client: httpx.Client, model: str, messages: list, tools: list | N
     return msg.get("content") or "", calls, reply
 
 
-def _anthropic_step(client: httpx.Client, model: str, messages: list, tools: list | None):
-    body: dict[str, Any] = {"model": model, "system": SYSTEM, "messages": messages, "max_tokens": 1024}
+def _anthropic_step(client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int):
+    body: dict[str, Any] = {"model": model, "system": SYSTEM, "messages": messages, "max_tokens": max_tokens}
     if tools:
         body["tools"] = tools
     r = client.post("/v1/messages", json=body)
@@ -102,9 +102,12 @@ def _anthropic_step(client: httpx.Client, model: str, messages: list, tools: lis
 
 
 def run_agent(instruction: str, *, api: str, model: str, base_url: str, api_key: str, cwd: Path,
-              max_turns: int = 30, use_tools: bool = True, timeout: float = 600.0,
+              max_turns: int = 30, use_tools: bool = True, timeout: float = 600.0, max_tokens: int = 1024,
               transport: httpx.BaseTransport | None = None) -> tuple[str, int, bool]:
-    """Run the agent loop; returns (final answer text, turns used, whether the turn limit hit)."""
+    """Run the agent loop; returns (final answer text, turns used, whether the turn limit hit).
+
+    Connection failures are retried a few times (a proxy may still be starting).
+    """
     headers = {"authorization": f"Bearer {api_key}"} if api == "chat" else {
         "x-api-key": api_key, "anthropic-version": "2023-06-01"}
     tools = tool_specs(api) if use_tools else None
@@ -114,9 +117,10 @@ def run_agent(instruction: str, *, api: str, model: str, base_url: str, api_key:
         messages = [{"role": "user", "content": instruction}]
     step = _chat_step if api == "chat" else _anthropic_step
     text = ""
+    transport = transport or httpx.HTTPTransport(retries=5)
     with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport) as client:
         for turn in range(1, max_turns + 1):
-            text, calls, reply = step(client, model, messages, tools)
+            text, calls, reply = step(client, model, messages, tools, max_tokens)
             if not calls:
                 return text, turn, False
             messages.append(reply)
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=30)
     ap.add_argument("--no-tools", action="store_true", help="send no tool definitions (plain text)")
     ap.add_argument("--answer-file", help="write the final text answer to this file")
+    ap.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of each model request")
     ap.add_argument("--timeout", type=float, default=600.0, help="HTTP timeout per request, seconds")
     a = ap.parse_args(argv)
     if (a.instruction is None) == (a.instruction_file is None):
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         text, turns, limited = run_agent(instruction, api=a.api, model=a.model, base_url=base_url, api_key=key,
                                          cwd=Path.cwd(), max_turns=a.max_turns, use_tools=not a.no_tools,
-                                         timeout=a.timeout)
+                                         timeout=a.timeout, max_tokens=a.max_tokens)
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         print(f"claw-agent: endpoint failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
