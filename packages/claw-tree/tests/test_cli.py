@@ -104,8 +104,8 @@ def test_ppo_two_step_flow_with_values_file(tmp_path):
     vpath = tmp_path / "values.jsonl"
     vpath.write_text("".join(json.dumps({"sample_id": r["sample_id"], "values": [0.5] * len(r["input_ids"])}) + "\n"
                              for r in rows))
-    second = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "ppo",
-                                       "--values", str(vpath), "--lam", "1.0"])
+    second = CliRunner().invoke(main, ["samples", "--algo", "ppo", "--values", str(vpath), "--lam", "1.0",
+                                       str(cpath), str(opath)])
     assert second.exit_code == 0, second.output
     out = [json.loads(x) for x in second.stdout.splitlines()]
     b = out[1]
@@ -114,6 +114,8 @@ def test_ppo_two_step_flow_with_values_file(tmp_path):
     bad.write_text(json.dumps({"sample_id": rows[0]["sample_id"], "values": [0.0]}) + "\n")
     third = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "ppo", "--values", str(bad)])
     assert third.exit_code != 0 and "values do not match" in third.output
+    twice = CliRunner().invoke(main, ["samples", str(cpath), str(opath), "--outcomes", str(opath)])
+    assert twice.exit_code != 0 and "give the outcomes once" in twice.output
 
 
 def test_show_prints_branches_and_decoded_text(tmp_path):

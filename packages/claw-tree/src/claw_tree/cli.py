@@ -111,8 +111,10 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
 
 @main.command()
 @_CALLS
-@click.option("--outcomes", required=True, type=click.Path(allow_dash=True, dir_okay=False),
-              help="claw.outcome/v1 JSONL (rewards, status, group keys).")
+@click.argument("outcomes_arg", metavar="[OUTCOMES]", required=False, default=None,
+                type=click.Path(allow_dash=True, dir_okay=False))
+@click.option("--outcomes", type=click.Path(allow_dash=True, dir_okay=False), default=None,
+              help="claw.outcome/v1 JSONL (rewards, status, group keys); or give it as 2nd argument.")
 @click.option("--algo", type=click.Choice(ALGOS), default="grpo", show_default=True)
 @click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False),
               help="Where the claw.sample/v1 lines go (default stdout).")
@@ -130,7 +132,7 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
 @click.option("--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline.")
 @click.option("--id-prefix", default=None, help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).")
 @_SKIP
-def samples(calls: str, outcomes: str, algo: str, output: str, group_by: str, no_std: bool,
+def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: str, output: str, group_by: str, no_std: bool,
             path_weighting: str, max_tokens: int | None, values_path: str | None, gamma: float,
             lam: float, baseline: float, id_prefix: str | None, skip_invalid: bool) -> None:
     """Tree-pack rollouts into claw.sample/v1 lines with advantages and exact loss weights.
@@ -142,7 +144,12 @@ def samples(calls: str, outcomes: str, algo: str, output: str, group_by: str, no
     Example:
 
         claw-tree samples calls.jsonl --outcomes outcomes.jsonl --algo grpo > samples.jsonl
+
+        claw-tree samples --algo ppo --values v.jsonl calls.jsonl outcomes.jsonl > ppo.jsonl
     """
+    if (outcomes_arg is None) == (outcomes is None):
+        raise click.UsageError("give the outcomes once: `samples CALLS OUTCOMES` or `--outcomes FILE`")
+    outcomes = outcomes or outcomes_arg
     if calls == "-" and outcomes == "-":
         raise click.UsageError("calls and --outcomes cannot both be stdin")
     forest = _forest(calls, skip_invalid)
