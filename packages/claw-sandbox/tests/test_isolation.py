@@ -1,4 +1,4 @@
-"""What the bwrap sandbox keeps out: host writes, the host's home, other jobs, the network."""
+"""What the sandboxes keep out: host writes, the host's home, other jobs, the network."""
 
 import http.server
 import os
@@ -132,3 +132,18 @@ def test_network_none_and_host(bwrap, tmp_path, servers):
     assert "FAIL" in none["stdout_tail"]
     host = _one(bwrap, job("h", command=py(PROBE) + [url], network={"policy": "host"}), tmp_path)
     assert f"OK hello from {servers[0]}" in host["stdout_tail"]
+
+
+def test_process_backend_relays_the_proxy_port_without_blocking(process, tmp_path, servers):
+    """The process backend cannot isolate: the proxy is relayed to PORT, the rest stays reachable."""
+    proxy_port, other_port = servers
+    inner = _free_port()
+    urls = [f"http://127.0.0.1:{inner}/", f"http://127.0.0.1:{other_port}/"]
+    network = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{proxy_port}", "port": inner}
+    jobs = [job(f"p{i}", command=py(PROBE) + urls, network=network) for i in range(2)]
+    runs = run_jobs(jobs, backend=process, parallel=2, workdir=tmp_path)
+    for run in runs:
+        assert f"{urls[0]} OK hello from {proxy_port}" in run["stdout_tail"], run
+        assert f"{urls[1]} OK hello from {other_port}" in run["stdout_tail"]
+    with socket.socket() as s:  # the shared relay is gone with the last job
+        assert s.connect_ex(("127.0.0.1", inner)) != 0

@@ -121,3 +121,36 @@ def inner_command(port: int, socat: str | None, python: str) -> list[str]:
         'exec "$@"'
     )
     return ["/bin/sh", "-c", script, "claw-net"]
+
+
+_SHARED: dict[int, list] = {}  # loopback port -> [Relay, users, (host, port)]
+
+
+async def acquire_loopback(port: int, host: str, target_port: int) -> None:
+    """Share one host relay 127.0.0.1:port -> host:target_port among the jobs that want it.
+
+    For the `process` backend, which has no namespace of its own: the harness still finds the
+    proxy at the job's `port`. A port already taken by something else is an InfraError.
+    """
+    entry = _SHARED.get(port)
+    if entry is not None:
+        if entry[2] != (host, target_port):
+            raise InfraError(f"127.0.0.1:{port} already relays to {entry[2][0]}:{entry[2][1]}")
+        entry[1] += 1
+        return
+    relay = Relay(host, target_port)
+    try:
+        await relay.start_tcp(port)
+    except OSError as exc:
+        raise InfraError(f"cannot listen on 127.0.0.1:{port} to relay to the proxy: {exc}") from exc
+    _SHARED[port] = [relay, 1, (host, target_port)]
+
+
+async def release_loopback(port: int) -> None:
+    entry = _SHARED.get(port)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _SHARED[port]
+        await entry[0].close()

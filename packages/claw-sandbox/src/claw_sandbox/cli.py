@@ -21,8 +21,10 @@ def _log(msg: str) -> None:
     click.echo(f"claw-sandbox: {msg}", err=True)
 
 
-def _backend(name: str, ro_paths: tuple[str, ...]):
-    options = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
+def _backend(name: str, ro_paths: tuple[str, ...], image: str | None = None):
+    options: dict = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
+    if name == "docker" and image:
+        options["default_image"] = image
     try:
         return get_backend(name, **options)
     except ClawError as exc:
@@ -35,6 +37,11 @@ backend_option = click.option(
     "--backend", "-b", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
     help="auto = bwrap where it works, else process (which does not isolate)",
 )  # fmt: skip
+image_option = click.option(
+    "--image",
+    default=None,
+    help="docker backend: image for jobs that name none (else CLAW_SANDBOX_IMAGE)",
+)
 ro_option = click.option(
     "--ro-path", "ro_paths", multiple=True, metavar="DIR",
     help="host directory to show read-only inside bwrap sandboxes (repeatable), e.g. a venv under /home",
@@ -72,6 +79,7 @@ def main() -> None:
     help="where job directories are made (default: a fresh temp dir)",
 )
 @ro_option
+@image_option
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
@@ -82,7 +90,7 @@ def main() -> None:
 @click.option(
     "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)"
 )
-def run(jobs, out, backend, parallel, retries, workdir, ro_paths, executor, ray_address) -> None:  # fmt: skip
+def run(jobs, out, backend, parallel, retries, workdir, ro_paths, image, executor, ray_address) -> None:  # fmt: skip
     """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
 
     A bad line becomes a `status: error` run naming file, line and field; the other jobs run.
@@ -187,9 +195,10 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
     "--json", "as_json", is_flag=True, help="print the claw.run/v1 record instead of the output"
 )
 @ro_option
+@image_option
 @click.argument("command", nargs=-1, required=True)
 def exec_(backend, timeout_s, network, proxy_url, port, memory_mb, pids, cpus, copy_from, envs, keep,
-          as_json, ro_paths, command) -> None:  # fmt: skip
+          as_json, ro_paths, image, command) -> None:  # fmt: skip
     """Run one command in a fresh sandbox; exit with its exit code (124 on timeout).
 
     Example:
@@ -214,7 +223,7 @@ def exec_(backend, timeout_s, network, proxy_url, port, memory_mb, pids, cpus, c
         job = Job.from_dict(row, "exec")
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
-    sched = Scheduler(_backend(backend, ro_paths), 1, 0, None, _log)
+    sched = Scheduler(_backend(backend, ro_paths, image), 1, 0, None, _log)
 
     async def one() -> dict:
         return [r async for r in sched.stream([job])][0]

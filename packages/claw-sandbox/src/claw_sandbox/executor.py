@@ -37,8 +37,8 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
             await asyncio.to_thread(sandbox.prepare)
         except OSError as exc:
             raise InfraError(f"cannot create the job directory: {exc}") from exc
+        started_sandbox = True  # stop() also cleans up a half-done start()
         await sandbox.start()
-        started_sandbox = True
         fields, out, err = await _steps(job, sandbox)
         collected = await asyncio.to_thread(collect, sandbox.workspace, job.collect)
     except JobError as exc:

@@ -15,11 +15,11 @@ import time
 import uuid
 from pathlib import Path
 
-from claw_sandbox import _cgroup
+from claw_sandbox import _cgroup, _forward
 from claw_sandbox._proc import StepResult, find_marked, killpg, run_step
 from claw_sandbox.backends.base import Backend, Sandbox, argv_of, rlimit_wrap
 from claw_sandbox.errors import InfraError
-from claw_sandbox.records import Command, Job
+from claw_sandbox.records import Command, Job, parse_http_url
 
 MARKER = "CLAW_SANDBOX_TOKEN"
 
@@ -31,8 +31,15 @@ class ProcessSandbox(Sandbox):
         self.inside_tmp = str(self.tmp)
         self.token = uuid.uuid4().hex
         self.cgroup: _cgroup.JobCgroup | None = None
+        self.relay_port: int | None = None
 
     async def start(self) -> None:
+        net = self.job.network
+        if net.policy == "proxy" and net.port is not None:
+            host, port = parse_http_url(net.proxy_url or "")
+            if not (host in ("127.0.0.1", "localhost") and port == net.port):
+                await _forward.acquire_loopback(net.port, host, port)
+                self.relay_port = net.port
         support = self.backend.cgroups
         if support.version is not None:
             try:
@@ -42,8 +49,6 @@ class ProcessSandbox(Sandbox):
 
     def env(self) -> dict[str, str]:
         env = super().env()
-        if self.job.network.policy == "proxy":
-            env["CLAW_PROXY_URL"] = self.job.network.proxy_url or env["CLAW_PROXY_URL"]
         env[MARKER] = self.token
         return env
 
@@ -87,6 +92,9 @@ class ProcessSandbox(Sandbox):
         return result
 
     async def stop(self) -> None:
+        if self.relay_port is not None:
+            await _forward.release_loopback(self.relay_port)
+            self.relay_port = None
         if self.cgroup is not None:
             self.cgroup.destroy()
             self.cgroup = None
@@ -97,7 +105,8 @@ class ProcessBackend(Backend):
     isolates = False
     warning = (
         "backend 'process' does NOT isolate: jobs run as this user, can read and write whatever "
-        "it can and reach any network address (network policies are not enforced)"
+        "it can and reach any network address (network policies are not enforced; with policy "
+        "proxy the proxy is relayed to 127.0.0.1:PORT on the host, nothing is blocked)"
     )
 
     def __init__(self) -> None:
