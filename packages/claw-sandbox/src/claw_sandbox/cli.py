@@ -153,11 +153,10 @@ def _read_jobs(path: str) -> list:
 async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
     progress = None
     if sys.stderr.isatty():
+        from rich.console import Console
         from rich.progress import Progress
 
-        progress = Progress(
-            transient=False, console=None, redirect_stdout=False, redirect_stderr=False
-        )
+        progress = Progress(console=Console(stderr=True), redirect_stdout=False, redirect_stderr=False)
     task = None
     if progress is not None:
         progress.start()
