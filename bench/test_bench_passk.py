@@ -9,7 +9,6 @@ import random
 
 import numpy as np
 import pytest
-
 from claw_bench import pass_at_k, pass_at_k_brute, report
 from claw_bench.passk import bootstrap_mean_ci
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from claw_bench import load_harness, load_suite, plan_jobs, score_runs
 
 SUITE = load_suite("claw-mini")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from click.testing import CliRunner
-
+from claw_bench import load_suite
 from claw_bench.cli import main
+from click.testing import CliRunner
 
 DATA = Path(__file__).parent / "data" / "outcomes_handmade.jsonl"
 
@@ -35,7 +35,8 @@ def test_plan_to_stdout_and_missing_secret(tmp_path):
     args = ["plan", "-s", "claw-toy", "-H", "claw-agent-text", "-n", "2", "--proxy", "http://127.0.0.1:8000"]
     r = _run([*args, "--proxy-secret-file", str(secret)])
     assert r.exit_code == 0, r.output
-    assert [json.loads(x)["schema"] for x in r.stdout.splitlines()] == ["claw.job/v1"] * 8
+    n_tasks = len(load_suite("claw-toy").tasks)
+    assert [json.loads(x)["schema"] for x in r.stdout.splitlines()] == ["claw.job/v1"] * (2 * n_tasks)
     r = _run([*args, "--proxy-secret-file", str(tmp_path / "nope")])
     assert r.exit_code != 0 and "cannot read the proxy secret" in r.output
 

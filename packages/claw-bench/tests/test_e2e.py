@@ -15,11 +15,10 @@ import subprocess
 
 import pytest
 from _bench_schemas import validate
-from click.testing import CliRunner
-from conftest import ModelServer, run_job
-
 from claw_bench import load_suite, read_records, write_records
 from claw_bench.cli import main
+from click.testing import CliRunner
+from conftest import ModelServer, run_job
 
 TASKS = ["csv-to-json-people", "fix-fizzbuzz", "dotenv-update"]
 SUITE = load_suite("claw-mini")

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from claw_bench import TaskError, check_task, load_harbor_task, load_suite
 from claw_bench.harbor import harbor_reward_file
 

@@ -7,11 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from claw_bench import ClawError, pass_at_k, pass_at_k_brute
 from claw_bench.passk import bootstrap_mean_ci, bootstrap_task_ci
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @settings(max_examples=200, deadline=None)

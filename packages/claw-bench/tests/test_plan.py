@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from _bench_schemas import validate
-
 from claw_bench import PlanError, load_harness, load_suite, plan_jobs, verify_token
 from claw_bench.plan import proxy_port, session_id
 

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from claw_bench import ClawError, compare, plot_report, read_records, render_text, report
 
 DATA = Path(__file__).parent / "data" / "outcomes_handmade.jsonl"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from _bench_schemas import validate
-
 from claw_bench import RecordError, score_run, score_runs
 
 META = {"session": "s1", "task": "t", "harness": "h", "sample": 2, "group": "t"}

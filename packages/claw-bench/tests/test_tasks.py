@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from claw_bench import TaskError, builtin_suites, check_task, load_suite, load_task
 from claw_bench.suites import Suite
 from claw_bench.tasks import Script, Task

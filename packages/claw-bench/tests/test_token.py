@@ -7,11 +7,10 @@ import hashlib
 import hmac
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from claw_bench import PlanError, mint_token, verify_token
 from claw_bench.token import read_secret
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def _b64(b: bytes) -> str:
