@@ -173,3 +173,14 @@ def test_responses_function_calls_round_trip(make_server, clients):
     r2 = client.responses.create(model="gpt-5", input=inp, tools=tools)
     assert r2.output_text == "ok"
     _assert_chain([c for c in read_calls(srv.config.record) if c.session == "resp"])
+
+
+def test_stop_sequences_cut_the_answer(make_server, clients):
+    """A stop sequence ends the answer before it; the recorded ids stop at the token holding it."""
+    srv = make_server(["alpha beta STOP gamma delta"])
+    r = clients.openai(srv, "stop").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stop=["STOP"]
+    )
+    assert r.choices[0].message.content == "alpha beta" and r.choices[0].finish_reason == "stop"
+    (call,) = read_calls(srv.config.record)
+    assert call.finish_reason == "stop" and 0 < len(call.completion_ids) < 12

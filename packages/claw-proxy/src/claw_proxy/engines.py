@@ -59,9 +59,13 @@ class Generation:
         self.cancelled = True
 
     async def chunks(self):
+        """Yield lists of (id, logprob); tokens already waiting are merged into one list."""
         while True:
             kind, value = await self._queue.get()
             if kind == "tokens":
+                value = list(value)
+                while not self._queue.empty() and self._queue._queue[0][0] == "tokens":  # noqa: SLF001
+                    value += self._queue.get_nowait()[1]
                 yield value
             elif kind == "policy":
                 self.policy = value

@@ -58,11 +58,16 @@ class Message:
         (`<think>` blocks, thinking blocks) and surrounding whitespace do not count.
         """
         content = self.content
-        if self.role == "assistant":
+        if self.role == "assistant" and "<think>" in content:
             content = _THINK.sub("", content)
-        calls = [[c.name, canonical_json(c.arguments)] for c in self.tool_calls]
-        blob = json.dumps([self.role, content.strip(), calls], ensure_ascii=False)
-        return hashlib.blake2b(blob.encode("utf-8"), digest_size=16).hexdigest()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.role.encode())
+        h.update(b"\x00")
+        h.update(content.strip().encode("utf-8", "surrogatepass"))
+        for c in self.tool_calls:
+            h.update(b"\x00" + c.name.encode("utf-8", "surrogatepass") + b"\x00")
+            h.update(canonical_json(c.arguments).encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
 
 
 @attrs.frozen(kw_only=True)

@@ -194,9 +194,17 @@ class CallWriter:
             shard_path(self.path, self._index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
         )
 
-    def write(self, record: Call | dict) -> None:
-        d = record.to_dict() if isinstance(record, Call) else record
-        line = (json.dumps(d, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+    def write(self, record: Call | dict, prompt_ids_json: str | None = None) -> None:
+        """Append one record. `prompt_ids_json` ("1,2,3") is the prompt ids already serialised:
+        long prompts that extend an earlier call's are not re-encoded from scratch."""
+        d = record.to_dict() if isinstance(record, Call) else dict(record)
+        if prompt_ids_json is None:
+            line = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+        else:
+            d.pop("prompt_ids")
+            head = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+            line = f'{head[:-1]},"prompt_ids":[{prompt_ids_json}]}}'
+        line = (line + "\n").encode("utf-8")
         with self._lock:
             size = os.fstat(self._fd).st_size if self.max_bytes else 0
             if self.max_bytes and size > 0 and size + len(line) > self.max_bytes:

@@ -32,6 +32,17 @@ class Rendered:
     rendered_tokens: int
     parent_call: str | None
     fresh_render_matches: bool | None
+    keys: list[str] = attrs.field(factory=list, repr=False)  # history keys of the request
+    prompt_array: array = attrs.field(factory=lambda: array("q"), repr=False)
+    prompt_json: str = attrs.field(default="", repr=False)  # "1,2,3": the ids as JSON, cached
+
+
+def _ids_json(ids) -> str:
+    return ",".join(map(str, ids))
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a},{b}" if a and b else a or b
 
 
 @attrs.define
@@ -39,6 +50,7 @@ class _Branch:
     call_id: str
     keys: list[str]  # context key, then one key per message, the answer's last
     token_ids: array  # prompt ids + completion ids (8 bytes a token)
+    ids_json: str  # the same ids as JSON text without brackets: records reuse it
     ended_with_eos: bool
 
 
@@ -86,6 +98,9 @@ class Renderer:
             ) from e
 
     def encode(self, text: str) -> list[int]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: same ids, less overhead
+            return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def render_full(self, req: ChatRequest) -> list[int]:
@@ -156,6 +171,9 @@ class PrefixCache:
                     rendered_tokens=len(tail),
                     parent_call=best.call_id,
                     fresh_render_matches=matches,
+                    keys=keys,
+                    prompt_array=best.token_ids + array("q", tail),
+                    prompt_json=_join(best.ids_json, _ids_json(tail)),
                 )
         ids = self.renderer.render_full(req)
         return Rendered(
@@ -164,23 +182,26 @@ class PrefixCache:
             rendered_tokens=len(ids),
             parent_call=None,
             fresh_render_matches=True,
+            keys=keys,
+            prompt_array=array("q", ids),
+            prompt_json=_ids_json(ids),
         )
 
     def remember(
         self,
         session: str,
         call_id: str,
-        req: ChatRequest,
+        rendered: Rendered,
         answer: Answer,
-        prompt_ids: list[int],
         completion_ids: list[int],
     ) -> None:
         """Keep this call so a later request that extends it reuses its tokens."""
         ended = bool(completion_ids) and completion_ids[-1] in self.renderer.eos_ids
         branch = _Branch(
             call_id=call_id,
-            keys=[*self._keys(req), answer.message().key()],
-            token_ids=array("q", prompt_ids) + array("q", completion_ids),
+            keys=[*rendered.keys, answer.message().key()],
+            token_ids=rendered.prompt_array + array("q", completion_ids),
+            ids_json=_join(rendered.prompt_json, _ids_json(completion_ids)),
             ended_with_eos=ended,
         )
         with self._lock:
@@ -200,16 +221,19 @@ class Detokenizer:
     """Turns sampled ids into text deltas without re-decoding the whole completion each step."""
 
     def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            self._decode = lambda ids: backend.decode(ids, skip_special_tokens=False)
+        else:
+            self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         self.ids: list[int] = []
         self._prefix = 0
         self._read = 0
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        dec = self.tokenizer.decode
-        before = dec(self.ids[self._prefix : self._read], skip_special_tokens=False)
-        after = dec(self.ids[self._prefix :], skip_special_tokens=False)
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
         if after.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
         self._prefix, self._read = self._read, len(self.ids)
@@ -217,8 +241,7 @@ class Detokenizer:
 
     def flush(self) -> str:
         """Text still held back at the end (an incomplete UTF-8 sequence is emitted as is)."""
-        dec = self.tokenizer.decode
-        before = dec(self.ids[self._prefix : self._read], skip_special_tokens=False)
-        after = dec(self.ids[self._prefix :], skip_special_tokens=False)
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
         return after[len(before) :]

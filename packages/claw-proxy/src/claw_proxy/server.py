@@ -398,7 +398,7 @@ class _Run:
         self.text, self.reasoning, self.calls = [], [], []
         self.stop_hit = False
         self.deadline = asyncio.get_running_loop().time() + proxy.config.request_timeout
-        self._seen = ""  # decoded text so far, for stop strings
+        self._held = ""  # text held back while it may be the start of a stop sequence
 
     async def next_chunk(self, chunks):
         if self.stop_hit:
@@ -426,10 +426,14 @@ class _Run:
         return evs
 
     def consume(self, chunk) -> list:
-        out: list = []
+        """Take sampled (id, logprob) pairs; return the answer events they complete.
+
+        The text of a whole chunk goes to the parser at once (its result does not depend on
+        how the text is split), so a burst of tokens becomes one delta."""
         if chunk is None or self.stop_hit:
-            return out
+            return []
         stops = self.req.sampling.stop
+        parts: list[str] = []
         for tok, lp in chunk:
             self.ids.append(tok)
             self.logprobs.append(lp)
@@ -437,20 +441,25 @@ class _Run:
                 continue
             delta = self.detok.push(tok)
             if stops and delta:
-                seen = self._seen + delta
-                cut = min((i for i in (seen.find(s) for s in stops) if i >= 0), default=-1)
+                # text that could be the start of a stop sequence is held back until it is not
+                held = self._held + delta
+                cut = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
                 if cut >= 0:
-                    delta = seen[:cut][len(self._seen) :] if cut > len(self._seen) else ""
-                    out += self._events(self.parser.feed(delta))
+                    parts.append(held[:cut])
+                    self._held = ""
                     self.stop_hit = True
                     self.gen.cancel()
                     break
-                self._seen = seen[-max(len(s) for s in stops) * 2 :]
-            out += self._events(self.parser.feed(delta))
-        return out
+                keep = max((k for s in stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
+                parts.append(held[: len(held) - keep])
+                self._held = held[len(held) - keep :]
+                continue
+            parts.append(delta)
+        text = "".join(parts)
+        return self._events(self.parser.feed(text)) if text else []
 
     def finish_events(self) -> list:
-        rest = "" if self.stop_hit else self.detok.flush()
+        rest = "" if self.stop_hit else self._held + self.detok.flush()
         evs = self.parser.feed(rest) if rest else []
         return self._events(evs + self.parser.finish())
 
@@ -515,7 +524,7 @@ class _Run:
             response=body if proxy.config.record_bodies else None,
         )
         if proxy.writer:
-            proxy.writer.write(call)
+            proxy.writer.write(call, prompt_ids_json=r.prompt_json)
         proxy.stats["calls_recorded"] += 1
         proxy.stats["prompt_tokens"] += answer.prompt_tokens
         proxy.stats["completion_tokens"] += answer.completion_tokens
@@ -523,7 +532,7 @@ class _Run:
         proxy.stats["rendered_tokens"] += r.rendered_tokens
         self.state.calls += 1
         proxy.caches[self.engine.tokenizer_dir].remember(
-            self.session, self.call_id, self.req, answer, self.gen_req.prompt_ids, self.ids
+            self.session, self.call_id, self.rendered, answer, self.ids
         )
 
 
