@@ -3,8 +3,10 @@
 Run: .venvs/claw-proxy/bin/python -m pytest bench/test_proxy_latency.py --benchmark-only -s
 
 Two servers on loopback, each its own process, both uvicorn + Starlette:
-- "direct": a fake zero-latency engine that streams a fixed 8-token chat completion (the same
-  SSE chunks the proxy sends), i.e. what a client pays for the HTTP stack alone;
+- "direct": a fake zero-latency engine that streams a fixed chat completion with the same SSE
+  frames the proxy sends for it (role chunk, content, finish chunk, [DONE]; a zero-latency
+  engine's tokens arrive at once, so the proxy sends them as one content delta), i.e. what a
+  client pays for the HTTP stack alone;
 - "proxy": `claw-proxy serve --engine scripted:...`, which for the same answer authenticates
   the session token, parses the request, renders and tokenizes the prompt (with prefix
   reuse), runs the engine, detokenizes and parses the sampled ids, streams the SSE answer and
@@ -53,8 +55,7 @@ FAKE_ENGINE = textwrap.dedent('''
         body = json.loads(await request.body())
         async def gen():
             yield chunk({"role": "assistant", "content": ""})
-            for p in PIECES:
-                yield chunk({"content": p})
+            yield chunk({"content": "".join(PIECES)})
             yield chunk({}, "stop")
             yield "data: [DONE]\\n\\n"
         return StreamingResponse(gen(), media_type="text/event-stream")
