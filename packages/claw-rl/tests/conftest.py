@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from claw_rl import init_tiny
 from claw_rl.records import Sample
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from click.testing import CliRunner
-
 from claw_rl import ConfigError, GRPOConfig, PPOConfig
 from claw_rl.cli import main
 from claw_rl.config import config_from_toml, dump_toml
+from click.testing import CliRunner
 
 
 @pytest.mark.parametrize("cls", [GRPOConfig, PPOConfig])

@@ -4,8 +4,13 @@ import math
 
 import pytest
 import torch
-
-from claw_rl.consistency import finish_mismatch, mis_sequence_keep, mis_token_mask, mismatch_stats, tis_weights
+from claw_rl.consistency import (
+    finish_mismatch,
+    mis_sequence_keep,
+    mis_token_mask,
+    mismatch_stats,
+    tis_weights,
+)
 from claw_rl.packing import path_matrix
 
 

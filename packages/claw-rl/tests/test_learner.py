@@ -8,12 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from claw_rl import ClawError, GRPOConfig, GRPOLearner, Policy, PPOConfig, PPOLearner
+from claw_rl.packing import path_matrix
 from conftest import tree_sample
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-
-from claw_rl import ClawError, GRPOConfig, GRPOLearner, PPOConfig, PPOLearner, Policy
-from claw_rl.packing import path_matrix
 
 PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]  # three paths sharing a 2-token root prefix
 TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]

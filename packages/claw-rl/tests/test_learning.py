@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import allowed, chain_ppo_sample, group_sample, grpo_advantages, sample_group
-
 from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner
+from toy import allowed, chain_ppo_sample, group_sample, grpo_advantages, sample_group
 
 PROMPTS = [[5, 17, 29, 33], [8, 44, 90, 12]]
 G, T = 8, 8

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from claw_rl import losses
 
 
@@ -12,17 +11,17 @@ def test_ppo_clip_loss_hand_computed():
     """Ratios inside, above and below the clip range, with positive and negative advantages."""
     r = torch.tensor([1.0, 1.5, 0.5, 1.5, 0.5])
     A = torch.tensor([2.0, 1.0, 1.0, -1.0, -1.0])
-    l, clipped = losses.ppo_clip_loss(torch.log(r), torch.zeros(5), A, 0.2, 0.2)
+    lt, clipped = losses.ppo_clip_loss(torch.log(r), torch.zeros(5), A, 0.2, 0.2)
     # min(rA, clip(r)A): 2 | min(1.5, 1.2)=1.2 | min(0.5, 0.8)=0.5 | min(-1.5,-1.2)=-1.5 | min(-0.5,-0.8)=-0.8
-    assert l.tolist() == pytest.approx([-2.0, -1.2, -0.5, 1.5, 0.8])
+    assert lt.tolist() == pytest.approx([-2.0, -1.2, -0.5, 1.5, 0.8])
     assert clipped.tolist() == [0, 1, 0, 0, 1]
 
 
 def test_clip_higher_widens_only_the_upper_range():
     """DAPO clip-higher: eps_high = 0.28 lets r = 1.25 through for a positive advantage."""
-    l, clipped = losses.ppo_clip_loss(torch.log(torch.tensor([1.25, 0.7])), torch.zeros(2),
+    lt, clipped = losses.ppo_clip_loss(torch.log(torch.tensor([1.25, 0.7])), torch.zeros(2),
                                       torch.tensor([1.0, -1.0]), 0.2, 0.28)
-    assert l.tolist() == pytest.approx([-1.25, 0.8])
+    assert lt.tolist() == pytest.approx([-1.25, 0.8])
     assert clipped.tolist() == [0, 1]
 
 
@@ -35,12 +34,12 @@ def test_kl_estimators():
 
 def test_aggregations():
     """weighted_sum, DAPO token_mean (leaf counts) and Dr. GRPO constant normaliser."""
-    l = torch.tensor([1.0, 2.0, 3.0])
+    lt = torch.tensor([1.0, 2.0, 3.0])
     w = torch.tensor([0.5, 0.25, 0.25])
     c = torch.tensor([2.0, 1.0, 1.0])
-    assert float(losses.weighted_sum(l, w)) == pytest.approx(0.5 + 0.5 + 0.75)
-    assert float(losses.token_mean(l, c)) == pytest.approx((2 + 2 + 3) / 4)
-    assert float(losses.constant_sum(l, c, n_traj=2, max_len=10)) == pytest.approx(7 / 20)
+    assert float(losses.weighted_sum(lt, w)) == pytest.approx(0.5 + 0.5 + 0.75)
+    assert float(losses.token_mean(lt, c)) == pytest.approx((2 + 2 + 3) / 4)
+    assert float(losses.constant_sum(lt, c, n_traj=2, max_len=10)) == pytest.approx(7 / 20)
 
 
 def test_value_loss_clipping():

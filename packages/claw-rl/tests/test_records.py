@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tree_sample
-
 from claw_rl import Policy, RecordError, Sample, read_samples
+from conftest import tree_sample
 
 
 def _file(tmp_path, lines):

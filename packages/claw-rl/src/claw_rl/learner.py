@@ -25,10 +25,14 @@ from claw_rl import _dist, losses
 from claw_rl._learner_io import LearnerIO
 from claw_rl.config import GRPOConfig, PPOConfig
 from claw_rl.consistency import (
-    finish_mismatch, mis_sequence_keep, mis_token_mask, mismatch_stats, tis_weights,
+    finish_mismatch,
+    mis_sequence_keep,
+    mis_token_mask,
+    mismatch_stats,
+    tis_weights,
 )
 from claw_rl.errors import ClawError
-from claw_rl.forward import backbone_hidden, token_logprobs, values_per_token
+from claw_rl.forward import backbone_hidden, token_logprobs
 from claw_rl.packing import Batch, leaf_counts, pack, path_matrix, to_device
 from claw_rl.records import Sample, as_samples
 
@@ -247,13 +251,13 @@ class _Learner(LearnerIO):
             w_total = sum(sum(s.loss_weights) for s in all_samples)
             w_mb = sum(sum(s.loss_weights) for s in mb_samples)
             scale = w_total / w_mb if w_mb > 0 else 0.0
-            return lambda l, tok: losses.weighted_sum(l, tok["w"]) * scale
+            return lambda lt, tok: losses.weighted_sum(lt, tok["w"]) * scale
         counts = [leaf_counts(s.parent) for s in mb_samples]
         c_mb = sum(float((cnt * np.asarray(s.trainable)).sum()) for cnt, s in zip(counts, mb_samples, strict=True))
         if agg == "token_mean":
-            return lambda l, tok: losses.token_mean(l, tok["c"]) * (float(tok["c"].sum()) / max(c_mb, 1.0))
+            return lambda lt, tok: losses.token_mean(lt, tok["c"]) * (float(tok["c"].sum()) / max(c_mb, 1.0))
         n_traj = sum(float(cnt[np.asarray(s.parent) == -1].sum()) for cnt, s in zip(counts, mb_samples, strict=True))
-        return lambda l, tok: losses.constant_sum(l, tok["c"], max(n_traj, 1.0), float(c.constant_len))
+        return lambda lt, tok: losses.constant_sum(lt, tok["c"], max(n_traj, 1.0), float(c.constant_len))
 
     def _minibatch(self, mb_samples: list[Sample], mine: list[int], samples: list[Sample],
                    old: dict, acc: dict) -> None:

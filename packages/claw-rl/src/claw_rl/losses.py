@@ -50,24 +50,24 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def weighted_sum(l: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def weighted_sum(lt: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """sum_i w_i l_i. With claw-tree's loss weights this is the mean over trajectories of the
     per-trajectory mean token loss, exactly, although shared tokens appear once."""
-    return (w * l).sum()
+    return (w * lt).sum()
 
 
-def token_mean(l: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+def token_mean(lt: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """DAPO token-level mean: sum_i c_i l_i / sum_i c_i, c_i = paths through token i.
 
     A token shared by c paths stands for c tokens of the flat batch, so this equals the mean
     over all trajectory tokens of the flat (per-path) batch. Trajectory weights are ignored.
     """
-    return (c * l).sum() / c.sum().clamp(min=1.0)
+    return (c * lt).sum() / c.sum().clamp(min=1.0)
 
 
-def constant_sum(l: torch.Tensor, c: torch.Tensor, n_traj: float, max_len: float) -> torch.Tensor:
+def constant_sum(lt: torch.Tensor, c: torch.Tensor, n_traj: float, max_len: float) -> torch.Tensor:
     """Dr. GRPO: sum_i c_i l_i / (n_traj * max_len), a constant normaliser (no length bias)."""
-    return (c * l).sum() / (n_traj * max_len)
+    return (c * lt).sum() / (n_traj * max_len)
 
 
 def value_loss(v: torch.Tensor, v_old: torch.Tensor, R: torch.Tensor, clip: float | None) -> torch.Tensor:

@@ -190,7 +190,7 @@ def _open(path: str | Path) -> tuple[TextIO, str, bool]:
     if str(path) == "-":
         return sys.stdin, "<stdin>", False
     try:
-        return open(path, encoding="utf-8"), str(path), True
+        return open(path, encoding="utf-8"), str(path), True  # noqa: SIM115 (closed by iter_jsonl)
     except OSError as exc:
         raise RecordError(f"{path}: cannot open ({exc.strerror})") from exc
 
