@@ -83,7 +83,7 @@ def sized(request):
 def test_build_throughput(benchmark, sized):
     """build_forest over the corpus (numpy path): flat tokens per second."""
     n, calls, flat = sized
-    forest = benchmark.pedantic(build_forest, args=(calls,), rounds=3, iterations=1)
+    forest = benchmark.pedantic(build_forest, args=(calls,), rounds=5, iterations=1)
     stats = forest_stats(forest)
     assert stats["branch_reasons"]["root"] == n and stats["branch_reasons"]["context"] == n
     assert stats["branch_reasons"]["output"] == n
