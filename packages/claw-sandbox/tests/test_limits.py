@@ -52,3 +52,19 @@ def test_cpu_limit_throttles(backend, tmp_path):
     )
     share = float(run["stdout_tail"])
     assert share < 0.45, share
+
+
+def test_memory_rlimit_fallback_without_cgroups(tmp_path):
+    """Without a writable cgroup tree the memory limit still holds, as an address-space rlimit."""
+    from claw_sandbox import _cgroup
+    from claw_sandbox.backends.process import ProcessBackend
+
+    backend = ProcessBackend()
+    backend.cgroups = _cgroup.CgroupSupport(None, reason="disabled for this test")
+    (run,) = run_jobs(
+        [job("hog", command=MEMORY_HOG, limits={"memory_mb": 128})],
+        backend=backend,
+        workdir=tmp_path,
+    )
+    assert run["exit_code"] != 0 and "allocated" not in run["stdout_tail"]
+    assert "MemoryError" in run["stderr_tail"]

@@ -156,7 +156,9 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        progress = Progress(console=Console(stderr=True), redirect_stdout=False, redirect_stderr=False)
+        progress = Progress(
+            console=Console(stderr=True), redirect_stdout=False, redirect_stderr=False
+        )
     task = None
     if progress is not None:
         progress.start()

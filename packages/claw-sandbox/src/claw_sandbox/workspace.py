@@ -60,27 +60,39 @@ def copy_into(src: str, dest: Path, where: str) -> None:
         shutil.copytree(path, dest, symlinks=True, dirs_exist_ok=True)
     elif path.is_file() and tarfile.is_tarfile(path):
         with tarfile.open(path) as tar:
-            for member in tar.getmembers():
-                if member.name.startswith("/") or ".." in Path(member.name).parts:
-                    raise JobError(
-                        f"{where}: copy_from: tarball member {member.name!r} escapes the workspace"
-                    )
-                if member.isdev():
-                    raise JobError(
-                        f"{where}: copy_from: tarball member {member.name!r} is a device"
-                    )
-            if not hasattr(tarfile, "data_filter"):
-                raise JobError(
-                    f"{where}: copy_from: tarballs need Python >= 3.11.4 (tarfile filters)"
-                )
-            try:
-                tar.extractall(dest, filter="data")  # refuses links pointing outside, too
-            except tarfile.FilterError as exc:
-                raise JobError(f"{where}: copy_from: {exc}") from None
+            members = tar.getmembers()
+            for member in members:
+                _check_member(member, where)
+            if hasattr(tarfile, "data_filter"):
+                try:
+                    tar.extractall(dest, filter="data")
+                except tarfile.FilterError as exc:
+                    raise JobError(f"{where}: copy_from: {exc}") from None
+            else:  # Python < 3.11.4: the checks above stand in for the data filter
+                for member in members:
+                    member.mode &= 0o777 if member.isdir() else 0o755
+                    member.uid = member.gid = 0
+                tar.extractall(dest, members=members, numeric_owner=True)
     elif not path.exists():
         raise JobError(f"{where}: copy_from: {src!r} does not exist")
     else:
         raise JobError(f"{where}: copy_from: {src!r} is neither a directory nor a tarball")
+
+
+def _check_member(member: tarfile.TarInfo, where: str) -> None:
+    """Refuse tarball members that would land, or point, outside the workspace, and devices."""
+    parts = Path(member.name).parts
+    if member.name.startswith("/") or ".." in parts:
+        raise JobError(f"{where}: copy_from: tarball member {member.name!r} escapes the workspace")
+    if member.isdev() or member.isfifo():
+        raise JobError(f"{where}: copy_from: tarball member {member.name!r} is a device or fifo")
+    if member.issym() or member.islnk():
+        base = os.path.dirname(member.name) if member.issym() else ""
+        target = os.path.normpath(os.path.join(base, member.linkname))
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            raise JobError(
+                f"{where}: copy_from: tarball link {member.name!r} points outside the workspace"
+            )
 
 
 def build_workspace(ws: Path, files: dict[str, str], copy_from: str | None, where: str) -> None:

@@ -113,7 +113,7 @@ class BwrapSandbox(Sandbox):
                     seen.add(str(parent))
                     args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", p, p]
-        args += ["--chdir", INNER_WORKSPACE]
+        args += ["--remount-ro", "/", "--chdir", INNER_WORKSPACE]  # bwrap's root tmpfs, too
         inner = argv_of(command)
         if self.relay is not None:
             inner = (
