@@ -55,11 +55,21 @@ def fake_vllm(seen: list):
         seen.append(await request.json())
         return JSONResponse({"ok": True})
 
+    async def admin(request):
+        body = await request.body()
+        seen.append((request.url.path, dict(request.query_params), json.loads(body) if body else None))
+        return JSONResponse({})
+
+    reload_routes = [
+        Route(p, admin, methods=["POST"])
+        for p in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume")
+    ]
     return Starlette(
         routes=[
             Route("/v1/models", models),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
+            *reload_routes,
         ]
     )
 
@@ -100,9 +110,20 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
         and seen[2]["model"] == "tiny-v2"
     )
     assert list(read_calls(srv.config.record))[-1].policy == {"name": "tiny", "version": 2}
-    full = {**pol, "path": str(TINY)}
-    r = httpx.post(srv.url + "/admin/policy", json=full, headers=h)
-    assert r.status_code == 501 and "weight" in r.json()["error"]["message"]
+    # an HF directory goes through vLLM's weight-reload routes, then requests use the base model
+    del seen[:]
+    full = {**pol, "version": 3, "path": str(TINY)}
+    assert httpx.post(srv.url + "/admin/policy", json=full, headers=h).status_code == 200
+    assert seen == [
+        ("/pause", {"mode": "wait"}, None),
+        ("/collective_rpc", {}, {"method": "reload_weights", "kwargs": {"weights_path": str(TINY)}}),
+        ("/reset_prefix_cache", {}, None),
+        ("/update_weight_version", {}, {"new_version": "3"}),
+        ("/resume", {}, None),
+    ]
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "third"}])
+    assert seen[-1]["model"] == "tiny"
+    assert list(read_calls(srv.config.record))[-1].policy == {"name": "tiny", "version": 3}
 
 
 def fake_openai(seen: list):

@@ -172,6 +172,10 @@ class VLLMEngine(Engine):
         self._client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
         self._model: str | None = None
         self._lora: str | None = None
+        self._reload_lock = asyncio.Lock()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._in_flight = 0
 
     async def _served_model(self) -> str:
         if self._model is None:
@@ -189,6 +193,8 @@ class VLLMEngine(Engine):
         return gen
 
     async def _run(self, req: GenRequest, gen: Generation) -> None:
+        await self._idle.wait()  # a reload in progress: this request goes out on the new weights
+        self._in_flight += 1
         try:
             model = await self._served_model()
             policy = dict(self.policy)
@@ -222,23 +228,54 @@ class VLLMEngine(Engine):
             gen.put_nowait("error", e)
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
             gen.put_nowait("error", EngineError(f"vLLM request failed: {type(e).__name__}: {e}"))
+        finally:
+            self._in_flight -= 1
 
     async def load_policy(self, policy: Policy) -> None:
-        """Load a LoRA adapter directory as the new policy (`/v1/load_lora_adapter`)."""
-        if not (Path(policy.path) / "adapter_config.json").exists():
-            raise EngineError(
-                f"{policy.path} is not a LoRA adapter; full-weight reload through vLLM needs its "
-                "weight-transfer API, which this engine does not drive: restart vLLM on the new weights",
-                status=501,
-            )
-        name = f"{policy.name}-v{policy.version}"
-        r = await self._client.post(
-            "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": policy.path}
-        )
+        """Load new weights into the running vLLM.
+
+        An HF directory goes through vLLM's weight-reload routes (the server must run with
+        ``VLLM_SERVER_DEV_MODE=1``): ``/pause?mode=wait`` (requests in flight finish on the old
+        weights), ``/collective_rpc`` ``reload_weights``, ``/reset_prefix_cache``,
+        ``/update_weight_version``, ``/resume``. A LoRA adapter directory (with
+        ``adapter_config.json``) is loaded with ``/v1/load_lora_adapter`` instead. Requests
+        that arrive meanwhile wait and are sent, and recorded, with the new version."""
+        async with self._reload_lock:
+            self._idle.clear()
+            try:
+                await self._wait_in_flight()
+                if (Path(policy.path) / "adapter_config.json").exists():
+                    name = f"{policy.name}-v{policy.version}"
+                    await self._admin("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": policy.path})
+                    self._lora = name
+                else:
+                    await self._admin("POST", "/pause", params={"mode": "wait"})
+                    try:
+                        await self._admin("POST", "/collective_rpc",
+                                          json={"method": "reload_weights", "kwargs": {"weights_path": policy.path}})
+                        await self._admin("POST", "/reset_prefix_cache")
+                        await self._admin("POST", "/update_weight_version", json={"new_version": str(policy.version)})
+                    finally:
+                        await self._admin("POST", "/resume")
+                    self._lora = None
+                self.policy = {"name": policy.name, "version": policy.version}
+            finally:
+                self._idle.set()
+
+    async def _admin(self, method: str, path: str, **kw) -> None:
+        try:
+            r = await self._client.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise EngineError(f"vLLM {path} failed: {e}") from e
+        if r.status_code == 404:
+            raise EngineError(f"vLLM has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 to reload weights",
+                              status=501)
         if r.status_code >= 400:
-            raise EngineError(f"vLLM refused the adapter: {r.status_code} {r.text[:300]}")
-        self._lora = name
-        self.policy = {"name": policy.name, "version": policy.version}
+            raise EngineError(f"vLLM {path} answered {r.status_code}: {r.text[:300]}")
+
+    async def _wait_in_flight(self) -> None:
+        while self._in_flight:
+            await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
         await self._client.aclose()
