@@ -30,14 +30,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from claw_proxy import mint_token
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "fixtures" / "tiny-qwen3"
 ANSWER = "The file hello.txt now contains hi."
 
-FAKE_ENGINE = textwrap.dedent('''
+FAKE_ENGINE = textwrap.dedent("""
     import json, sys, time
     import uvicorn
     from starlette.applications import Starlette
@@ -66,7 +65,7 @@ FAKE_ENGINE = textwrap.dedent('''
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/healthz", health)])
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
-''')
+""")
 
 
 def _port() -> int:
@@ -94,14 +93,29 @@ def servers():
 
     tok = AutoTokenizer.from_pretrained(str(TINY))
     ids = tok.encode(ANSWER, add_special_tokens=False)
-    pieces = [tok.decode(ids[: i + 1])[len(tok.decode(ids[:i])):] for i in range(len(ids))]
+    pieces = [tok.decode(ids[: i + 1])[len(tok.decode(ids[:i])) :] for i in range(len(ids))]
     (tmp / "engine.py").write_text(FAKE_ENGINE)
     p1, p2 = _port(), _port()
     direct = subprocess.Popen([sys.executable, str(tmp / "engine.py"), str(p1), json.dumps(pieces)])
-    proxy = subprocess.Popen([sys.executable, "-c", "from claw_proxy.cli import main; main()", "serve",
-                              "--engine", f"scripted:{tmp / 'script.jsonl'}", "--tokenizer", str(TINY),
-                              "--port", str(p2), "--secret-file", str(tmp / "secret"),
-                              "--record", str(tmp / "calls.jsonl")], stderr=subprocess.DEVNULL)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from claw_proxy.cli import main; main()",
+            "serve",
+            "--engine",
+            f"scripted:{tmp / 'script.jsonl'}",
+            "--tokenizer",
+            str(TINY),
+            "--port",
+            str(p2),
+            "--secret-file",
+            str(tmp / "secret"),
+            "--record",
+            str(tmp / "calls.jsonl"),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     urls = {"direct": f"http://127.0.0.1:{p1}", "proxy": f"http://127.0.0.1:{p2}"}
     try:
         for u in urls.values():
@@ -114,15 +128,24 @@ def servers():
 
 
 def _body(i: int) -> dict:
-    return {"model": "gpt-4o", "stream": True,
-            "messages": [{"role": "system", "content": "You are a coding agent."},
-                         {"role": "user", "content": f"create a file hello.txt containing hi ({i})"}]}
+    return {
+        "model": "gpt-4o",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": f"create a file hello.txt containing hi ({i})"},
+        ],
+    }
 
 
 def _one(client: httpx.Client, url: str, key: str, i: int) -> float:
     t0 = time.perf_counter()
-    with client.stream("POST", url + "/v1/chat/completions", json=_body(i),
-                       headers={"authorization": f"Bearer {key}"}) as r:
+    with client.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        json=_body(i),
+        headers={"authorization": f"Bearer {key}"},
+    ) as r:
         for line in r.iter_lines():
             if line == "data: [DONE]":
                 break
@@ -144,8 +167,10 @@ def test_added_latency_one_stream(benchmark, servers):
 
     times = benchmark.pedantic(run, rounds=1, iterations=1)
     d, p = (statistics.median(times[k][20:]) * 1e3 for k in ("direct", "proxy"))
-    print(f"\n1 stream, {n_tokens}-token answers: direct p50 {d:.2f} ms, proxy p50 {p:.2f} ms, "
-          f"added {p - d:.2f} ms (target < 1 ms)")
+    print(
+        f"\n1 stream, {n_tokens}-token answers: direct p50 {d:.2f} ms, proxy p50 {p:.2f} ms, "
+        f"added {p - d:.2f} ms (target < 1 ms)"
+    )
     benchmark.extra_info.update(direct_p50_ms=d, proxy_p50_ms=p, added_ms=p - d)
 
 
@@ -155,13 +180,19 @@ def test_throughput_64_streams(benchmark, servers):
 
     async def load(url: str, streams: int = 64, per_stream: int = 8) -> float:
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=streams)) as c:
+
             async def worker(w):
                 for i in range(per_stream):
                     key = mint_token(f"tp{w}", "bench-secret")
-                    async with c.stream("POST", url + "/v1/chat/completions", json=_body(i),
-                                        headers={"authorization": f"Bearer {key}"}) as r:
+                    async with c.stream(
+                        "POST",
+                        url + "/v1/chat/completions",
+                        json=_body(i),
+                        headers={"authorization": f"Bearer {key}"},
+                    ) as r:
                         async for _ in r.aiter_lines():
                             pass
+
             t0 = time.perf_counter()
             await asyncio.gather(*(worker(w) for w in range(streams)))
             return streams * per_stream / (time.perf_counter() - t0)
@@ -170,6 +201,8 @@ def test_throughput_64_streams(benchmark, servers):
         return {name: asyncio.run(load(urls[name])) for name in ("direct", "proxy")}
 
     rps = benchmark.pedantic(run, rounds=1, iterations=1)
-    print(f"\n64 streams: direct {rps['direct']:.0f} req/s, proxy {rps['proxy']:.0f} req/s "
-          f"(ratio {rps['proxy'] / rps['direct']:.2f})")
+    print(
+        f"\n64 streams: direct {rps['direct']:.0f} req/s, proxy {rps['proxy']:.0f} req/s "
+        f"(ratio {rps['proxy'] / rps['direct']:.2f})"
+    )
     benchmark.extra_info.update(direct_rps=rps["direct"], proxy_rps=rps["proxy"])

@@ -312,3 +312,40 @@ def test_policy_reload_keeps_in_flight_requests_on_old_weights(tmp_path):
     n = len(new.prompt_ids)
     want = [float(logp[n - 1 + i, t]) for i, t in enumerate(new.completion_ids)]
     assert max(abs(a - b) for a, b in zip(want, new.completion_logprobs, strict=True)) < 1e-4
+
+
+class _Flaky(Engine):
+    """Sends one token, then fails (or hangs when `hang`)."""
+
+    spec = "flaky"
+
+    def __init__(self, tokenizer_dir, hang=False):
+        super().__init__()
+        self.tokenizer_dir = tokenizer_dir
+        self.hang = hang
+
+    def generate(self, req):
+        gen = Generation()
+        gen.put_nowait("policy", {"name": "flaky", "version": 0})
+        gen.put_nowait("tokens", [(30, -0.1)])
+        if not self.hang:
+            asyncio.get_running_loop().call_later(0.05, gen.put_nowait, "error", EngineError("lost the GPU"))
+        return gen
+
+
+def test_engine_failure_mid_stream_and_timeout(make_server):
+    """A stream whose engine fails mid-way ends with the API's error event; a generation that
+    exceeds the request timeout gets 504; neither is recorded."""
+    srv = make_server(request_timeout=0.5)
+    srv.proxy.policy_engine = _Flaky(str(TINY))
+    r = _post(srv, "/v1/messages", {**ANTH, "stream": True}, key=token("m"))
+    assert r.status_code == 200
+    assert "event: message_start" in r.text and "event: error" in r.text and "lost the GPU" in r.text
+    assert "message_stop" not in r.text
+    r = _post(srv, "/v1/chat/completions", {**CHAT, "stream": True}, key=token("m"))
+    assert '"error"' in r.text and r.text.rstrip().endswith("data: [DONE]")
+    srv.proxy.policy_engine = _Flaky(str(TINY), hang=True)
+    r = _post(srv, "/v1/chat/completions", CHAT, key=token("m"))
+    assert r.status_code == 504 and "did not finish within 0.5 s" in r.json()["error"]["message"]
+    assert srv.proxy.writer.written == 0
+    assert srv.proxy.sessions["m"].in_flight == 0

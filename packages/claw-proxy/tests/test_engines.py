@@ -57,12 +57,20 @@ def fake_vllm(seen: list):
 
     async def admin(request):
         body = await request.body()
-        seen.append((request.url.path, dict(request.query_params), json.loads(body) if body else None))
+        seen.append(
+            (request.url.path, dict(request.query_params), json.loads(body) if body else None)
+        )
         return JSONResponse({})
 
     reload_routes = [
         Route(p, admin, methods=["POST"])
-        for p in ("/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume")
+        for p in (
+            "/pause",
+            "/collective_rpc",
+            "/reset_prefix_cache",
+            "/update_weight_version",
+            "/resume",
+        )
     ]
     return Starlette(
         routes=[
@@ -116,7 +124,11 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     assert httpx.post(srv.url + "/admin/policy", json=full, headers=h).status_code == 200
     assert seen == [
         ("/pause", {"mode": "wait"}, None),
-        ("/collective_rpc", {}, {"method": "reload_weights", "kwargs": {"weights_path": str(TINY)}}),
+        (
+            "/collective_rpc",
+            {},
+            {"method": "reload_weights", "kwargs": {"weights_path": str(TINY)}},
+        ),
         ("/reset_prefix_cache", {}, None),
         ("/update_weight_version", {}, {"new_version": "3"}),
         ("/resume", {}, None),

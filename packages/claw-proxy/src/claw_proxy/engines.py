@@ -246,15 +246,29 @@ class VLLMEngine(Engine):
                 await self._wait_in_flight()
                 if (Path(policy.path) / "adapter_config.json").exists():
                     name = f"{policy.name}-v{policy.version}"
-                    await self._admin("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": policy.path})
+                    await self._admin(
+                        "POST",
+                        "/v1/load_lora_adapter",
+                        json={"lora_name": name, "lora_path": policy.path},
+                    )
                     self._lora = name
                 else:
                     await self._admin("POST", "/pause", params={"mode": "wait"})
                     try:
-                        await self._admin("POST", "/collective_rpc",
-                                          json={"method": "reload_weights", "kwargs": {"weights_path": policy.path}})
+                        await self._admin(
+                            "POST",
+                            "/collective_rpc",
+                            json={
+                                "method": "reload_weights",
+                                "kwargs": {"weights_path": policy.path},
+                            },
+                        )
                         await self._admin("POST", "/reset_prefix_cache")
-                        await self._admin("POST", "/update_weight_version", json={"new_version": str(policy.version)})
+                        await self._admin(
+                            "POST",
+                            "/update_weight_version",
+                            json={"new_version": str(policy.version)},
+                        )
                     finally:
                         await self._admin("POST", "/resume")
                     self._lora = None
@@ -268,8 +282,10 @@ class VLLMEngine(Engine):
         except httpx.HTTPError as e:
             raise EngineError(f"vLLM {path} failed: {e}") from e
         if r.status_code == 404:
-            raise EngineError(f"vLLM has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 to reload weights",
-                              status=501)
+            raise EngineError(
+                f"vLLM has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 to reload weights",
+                status=501,
+            )
         if r.status_code >= 400:
             raise EngineError(f"vLLM {path} answered {r.status_code}: {r.text[:300]}")
 

@@ -450,7 +450,9 @@ class _Run:
                     self.stop_hit = True
                     self.gen.cancel()
                     break
-                keep = max((k for s in stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0)
+                keep = max(
+                    (k for s in stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0
+                )
                 parts.append(held[: len(held) - keep])
                 self._held = held[len(held) - keep :]
                 continue
