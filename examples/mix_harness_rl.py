@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+import transformers
 
 import claw_bench
 import claw_proxy
@@ -54,6 +55,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4, help="rollouts per (task, harness) per step")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--engine", default="transformers", help="'transformers' (in-process, on the policy dir) or vllm:URL")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer + chat template dir for a vllm: engine (default: --model)")
     p.add_argument("--backend", default="auto", help="claw-sandbox backend: auto, bwrap, docker, process")
     p.add_argument("--parallel", type=int, default=4, help="sandbox jobs at once")
     p.add_argument("--max-new-tokens", type=int, default=24, help="proxy cap on tokens per model call")
@@ -196,6 +198,7 @@ def summarise(step: int, outcomes: list[dict], trained: dict, policy: dict, seco
 def main(argv: list[str] | None = None, log=None) -> list[dict]:
     args = options(argv)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    transformers.utils.logging.disable_progress_bar()  # weight loading/saving bars every step are noise
     run = args.run_dir.resolve()
     args.run_dir = run
     prepare_run_dir(args)
@@ -216,7 +219,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     tasks = [t for t in suite.tasks if not args.task or t.id in args.task]
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
     engine = f"transformers:{serving['path']}" if args.engine == "transformers" else args.engine
-    config = claw_proxy.ProxyConfig(engine=engine, secret=secret, admin_token=admin, record=str(run / "calls.jsonl"),
+    tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start_model)
+    config = claw_proxy.ProxyConfig(engine=engine, tokenizer=tokenizer, secret=secret, admin_token=admin, record=str(run / "calls.jsonl"),
                                     policy_name="policy", max_tokens_cap=args.max_new_tokens,
                                     default_max_tokens=args.max_new_tokens)
     with claw_proxy.ProxyServer(config) as proxy, httpx.Client(base_url=proxy.url, timeout=600) as admin_api:
