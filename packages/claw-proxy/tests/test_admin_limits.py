@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-import torch
 from claw_proxy import ProxyConfig, ProxyServer, mint_token, read_calls
 from claw_proxy.engines import Engine, Generation
 from claw_proxy.errors import EngineError
@@ -258,6 +257,7 @@ def test_admin_sessions_stats_and_routes(tmp_path, make_server):
 def test_policy_reload_keeps_in_flight_requests_on_old_weights(tmp_path):
     """POST /admin/policy swaps weights: a stream in flight finishes and is recorded on the old
     version; the next call is recorded with the new version and the new weights' logprobs."""
+    torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
     new_dir = tmp_path / "v1"
@@ -329,7 +329,9 @@ class _Flaky(Engine):
         gen.put_nowait("policy", {"name": "flaky", "version": 0})
         gen.put_nowait("tokens", [(30, -0.1)])
         if not self.hang:
-            asyncio.get_running_loop().call_later(0.05, gen.put_nowait, "error", EngineError("lost the GPU"))
+            asyncio.get_running_loop().call_later(
+                0.05, gen.put_nowait, "error", EngineError("lost the GPU")
+            )
         return gen
 
 
@@ -340,7 +342,9 @@ def test_engine_failure_mid_stream_and_timeout(make_server):
     srv.proxy.policy_engine = _Flaky(str(TINY))
     r = _post(srv, "/v1/messages", {**ANTH, "stream": True}, key=token("m"))
     assert r.status_code == 200
-    assert "event: message_start" in r.text and "event: error" in r.text and "lost the GPU" in r.text
+    assert (
+        "event: message_start" in r.text and "event: error" in r.text and "lost the GPU" in r.text
+    )
     assert "message_stop" not in r.text
     r = _post(srv, "/v1/chat/completions", {**CHAT, "stream": True}, key=token("m"))
     assert '"error"' in r.text and r.text.rstrip().endswith("data: [DONE]")

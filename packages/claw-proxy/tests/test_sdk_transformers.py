@@ -7,14 +7,18 @@ import json
 
 import httpx
 import pytest
-import torch
 from claw_proxy import read_calls
 from conftest import ADMIN, TINY, TOOLS
-from transformers import AutoModelForCausalLM
+
+torch = pytest.importorskip(
+    "torch", reason="the transformers engine needs claw-proxy[transformers]"
+)
 
 
 @pytest.fixture(scope="module")
 def model():
+    from transformers import AutoModelForCausalLM
+
     m = AutoModelForCausalLM.from_pretrained(str(TINY), dtype=torch.float32)
     m.eval()
     return m

@@ -173,3 +173,12 @@ def test_parser_result_does_not_depend_on_how_text_is_split(cuts):
     cuts = sorted(set(cuts))
     pieces = [SAMPLE[a:b] for a, b in zip([0, *cuts], [*cuts, len(SAMPLE)], strict=True)]
     assert _run_parser(pieces) == _run_parser([SAMPLE])
+
+
+def test_import_does_not_pull_in_torch():
+    """Only the transformers engine needs torch: importing the package does not load it."""
+    import subprocess
+    import sys
+
+    code = "import sys, claw_proxy; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
