@@ -33,7 +33,9 @@ def _job(i: int = 0) -> Job:
     return Job.from_dict({"schema": "claw.job/v1", "job_id": f"t{i}", "command": ["true"]})
 
 
-def _compare(benchmark, backend, raw_argv: list[str], label: str) -> tuple[float, float]:
+def _compare(
+    benchmark, backend, raw_argv: list[str], label: str, same_argv: list[str] | None = None
+):
     root = Path(tempfile.mkdtemp(prefix="claw-bench-"))
     if hasattr(backend, "hide"):
         backend.hide(str(root))
@@ -43,7 +45,7 @@ def _compare(benchmark, backend, raw_argv: list[str], label: str) -> tuple[float
         run, _ = loop.run_until_complete(execute_job(_job(), backend, root))
         assert run.status == "ok" and run.exit_code == 0, run
 
-    raw, mine = [], []
+    raw, mine, same = [], [], []
     for _ in range(3):  # warm-up
         subprocess.run(raw_argv, check=True)
         ours()
@@ -54,6 +56,10 @@ def _compare(benchmark, backend, raw_argv: list[str], label: str) -> tuple[float
         t = time.perf_counter()
         ours()
         mine.append(time.perf_counter() - t)
+        if same_argv:
+            t = time.perf_counter()
+            subprocess.run(same_argv, check=True)
+            same.append(time.perf_counter() - t)
     benchmark.pedantic(ours, rounds=10, iterations=1)
     loop.close()
     shutil.rmtree(root, ignore_errors=True)
@@ -62,6 +68,11 @@ def _compare(benchmark, backend, raw_argv: list[str], label: str) -> tuple[float
                                  "overhead_ms": round(m - r, 2), "ratio": round(m / r, 2)})  # fmt: skip
     print(f"\n{label}: raw p50 {r:.2f} ms, backend p50 {m:.2f} ms, overhead {m - r:+.2f} ms, ratio {m / r:.2f}x",
           file=sys.stderr)  # fmt: skip
+    if same:
+        sm = _p50_ms(same)
+        benchmark.extra_info["same_argv_p50_ms"] = round(sm, 2)
+        print(f"{label}: the backend's own bwrap argv, run raw: p50 {sm:.2f} ms "
+              f"(orchestration {m - sm:+.2f} ms, extra hardening {sm - r:+.2f} ms)", file=sys.stderr)  # fmt: skip
     return r, m
 
 
@@ -72,7 +83,11 @@ def test_bwrap_overhead_vs_raw_bwrap(benchmark):
         pytest.skip(backend.unavailable())
     raw = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
            *backend.base_args, "--", "/bin/true"]  # fmt: skip
-    r, m = _compare(benchmark, backend, raw, "bwrap")
+    sandbox = backend.sandbox(_job(), Path(tempfile.mkdtemp(prefix="claw-bench-argv-")) / "j")
+    sandbox.prepare()
+    args, inner = sandbox._argv(["/bin/true"])
+    r, m = _compare(benchmark, backend, raw, "bwrap", same_argv=[*args, "--", *inner])
+    sandbox.remove()
     RESULTS["bwrap_overhead_ms"] = m - r
 
 

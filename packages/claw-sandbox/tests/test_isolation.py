@@ -51,6 +51,17 @@ def test_host_home_and_secrets_are_not_readable(bwrap, tmp_path):
         assert out[2] != "0" and "SHADOW" not in run["stdout_tail"]
 
 
+def test_host_sockets_are_out_of_reach(bwrap, tmp_path):
+    """The docker socket and the rest of /run are not inside the sandbox."""
+    run = _one(
+        bwrap,
+        job("s", command="ls -A /run /var/run; test -e /var/run/docker.sock && echo REACHABLE"),
+        tmp_path,
+    )
+    assert "REACHABLE" not in run["stdout_tail"]
+    assert "docker.sock" not in run["stdout_tail"]
+
+
 def test_other_jobs_workspaces_are_invisible(bwrap, tmp_path):
     """A job cannot find another running job's files, neither in /tmp nor under the work dir."""
     secret = f"secret-{uuid.uuid4().hex}"

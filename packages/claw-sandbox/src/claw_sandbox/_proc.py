@@ -66,6 +66,7 @@ async def run_step(
     timeout_s: float,
     output_bytes: int,
     kill_tree: Callable[[int], None],
+    kill_is_quick: bool = False,
     merge_stderr: bool = False,
     pass_fds: Sequence[int] = (),
     stdin: bytes | None = None,
@@ -73,8 +74,8 @@ async def run_step(
     """Start `argv` in a new session, wait at most `timeout_s`, then kill everything it left.
 
     `kill_tree(pid)` must kill the step's whole process tree (namespace, cgroup, or process group
-    plus stragglers); it runs in a worker thread both after a timeout and after a normal exit, so
-    no orphan or daemon of the step survives it.
+    plus stragglers); it runs both after a timeout and after a normal exit (in a worker thread,
+    unless `kill_is_quick` and the step ended by itself), so no orphan or daemon survives it.
     """
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -107,7 +108,10 @@ async def run_step(
     except asyncio.CancelledError:
         await asyncio.shield(asyncio.to_thread(kill_tree, proc.pid))
         raise
-    await asyncio.to_thread(kill_tree, proc.pid)
+    if kill_is_quick and not timed_out:
+        kill_tree(proc.pid)
+    else:
+        await asyncio.to_thread(kill_tree, proc.pid)
     if timed_out:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), 10)

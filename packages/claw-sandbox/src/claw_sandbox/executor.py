@@ -34,13 +34,17 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
     try:
         backend.check_job(job)
         try:
-            await asyncio.to_thread(sandbox.prepare)
+            if job.copy_from:  # copying a tree may take a while: keep the event loop free
+                await asyncio.to_thread(sandbox.prepare)
+            else:  # a few inline files: cheaper than a thread hop
+                sandbox.prepare()
         except OSError as exc:
             raise InfraError(f"cannot create the job directory: {exc}") from exc
         started_sandbox = True  # stop() also cleans up a half-done start()
         await sandbox.start()
         fields, out, err = await _steps(job, sandbox)
-        collected = await asyncio.to_thread(collect, sandbox.workspace, job.collect)
+        if job.collect:
+            collected = await asyncio.to_thread(collect, sandbox.workspace, job.collect)
     except JobError as exc:
         fields["error"] = str(exc)
     except BaseException:

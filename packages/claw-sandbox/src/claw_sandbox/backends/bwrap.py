@@ -148,7 +148,8 @@ class BwrapSandbox(Sandbox):
         try:
             result = await run_step(
                 argv, env=env, cwd="/", timeout_s=timeout_s, output_bytes=self.job.limits.output_bytes,
-                kill_tree=self._kill_tree, merge_stderr=merge_stderr, pass_fds=(status_w,),
+                kill_tree=self._kill_tree,
+                kill_is_quick=self.cgroup is None, merge_stderr=merge_stderr, pass_fds=(status_w,),
             )  # fmt: skip
         finally:
             os.close(status_w)
