@@ -3,6 +3,7 @@
 import http.server
 import os
 import socket
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -158,3 +159,20 @@ def test_process_backend_relays_the_proxy_port_without_blocking(process, tmp_pat
         assert f"{urls[1]} OK hello from {other_port}" in run["stdout_tail"]
     with socket.socket() as s:  # the shared relay is gone with the last job
         assert s.connect_ex(("127.0.0.1", inner)) != 0
+
+
+def test_hidden_venv_with_editable_source_is_bound_back(bwrap, tmp_path):
+    """A venv under a hidden directory (here /tmp) runs inside, editable sources included."""
+    venv = tmp_path / "venv"
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(os.path.realpath(sys.executable))}\n")
+    src = tmp_path / "project" / "src"
+    src.mkdir(parents=True)
+    (src / "claw_probe_mod.py").write_text("X = 'editable source visible'\n")
+    (site / "_claw_probe.pth").write_text(f"{src}\n")
+    cmd = [str(venv / "bin" / "python"), "-c", "import claw_probe_mod; print(claw_probe_mod.X)"]
+    run = _one(bwrap, job("v", command=cmd), tmp_path)
+    assert run["stdout_tail"] == "editable source visible\n", run

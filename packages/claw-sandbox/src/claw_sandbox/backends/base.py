@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import abc
+import ast
 import contextlib
+import functools
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -141,26 +144,46 @@ class Backend(abc.ABC):
 
 
 def venv_paths(command: Command) -> list[str]:
-    """Directories a command's interpreter needs: its venv and the venv's base installation."""
+    """Directories a command's interpreter needs: the runner's and the command's venv, their base
+    installations and the source directories of editable installs in them."""
     if isinstance(command, str):
         try:
             words = shlex.split(command)
         except ValueError:
-            return []
+            words = []
         first = words[0] if words else ""
     else:
         first = command[0]
-    paths = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    paths = [*_venv_closure(sys.prefix), sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
     if first.startswith("/"):
         for parent in Path(first).parents:
-            cfg = parent / "pyvenv.cfg"
-            if cfg.is_file():
-                paths.append(str(parent))
-                for line in cfg.read_text(errors="replace").splitlines():
-                    key, _, value = line.partition("=")
-                    if key.strip() == "home" and value.strip():
-                        paths.append(str(Path(value.strip()).parent))
+            if (parent / "pyvenv.cfg").is_file():
+                paths += _venv_closure(str(parent))
                 break
-        real = os.path.realpath(first)
-        paths.append(os.path.dirname(real))
+        paths.append(os.path.dirname(os.path.realpath(first)))
     return paths
+
+
+@functools.lru_cache(maxsize=64)
+def _venv_closure(prefix: str) -> tuple[str, ...]:
+    """A venv, its base Python (`home` in pyvenv.cfg) and its editable sources (.pth, finders)."""
+    root = Path(prefix)
+    out = [str(root)]
+    cfg = root / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                out.append(str(Path(value.strip()).parent))
+    for site in root.glob("lib/python*/site-packages"):
+        for pth in site.glob("*.pth"):
+            for line in pth.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if line.startswith("/") and os.path.isdir(line):
+                    out.append(line)
+        for finder in site.glob("__editable__*finder.py"):
+            match = re.search(r"^MAPPING\s*(?::[^=]*)?=\s*(\{.*?\})\s*$", finder.read_text(errors="replace"), re.M | re.S)
+            if match:
+                with contextlib.suppress(ValueError, SyntaxError):
+                    out += [v for v in ast.literal_eval(match.group(1)).values() if isinstance(v, str)]
+    return tuple(out)
