@@ -1,12 +1,16 @@
 """claw-agent through the real claw-proxy CLI (scripted engine on the tiny fixture tokenizer), when installed.
 
 Skipped unless `claw-proxy` is on PATH and the repository's tiny model fixture is present: the
-packages never import each other, so this check shells out, like an integrator would.
+packages never import each other, so this check shells out, like an integrator would. The real
+harnesses (Claude Code, OpenClaw, Codex, mini-swe-agent) run only with CLAW_BENCH_REAL_HARNESSES=1
+and when installed; each gets a scripted answer in its own tool vocabulary (data/harness-scripts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -32,11 +36,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def proxy(tmp_path, secret_file):
-    script = tmp_path / "script.jsonl"
-    script.write_text("\n".join(json.dumps({"text": t}) for t in [
-        '<tool_call>\n{"name": "bash", "arguments": {"command": "echo working"}}\n</tool_call>', "hello"]) + "\n")
+SCRIPTS = Path(__file__).parent / "data" / "harness-scripts"
+AGENT_SCRIPT = ['<tool_call>\n{"name": "bash", "arguments": {"command": "echo working"}}\n</tool_call>', "hello"]
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, script: Path, secret_file: Path):
+    """Run `claw-proxy serve` with a scripted engine; yield (url, calls file)."""
     port = _free_port()
     log = (tmp_path / "proxy.log").open("w")
     proc = subprocess.Popen(["claw-proxy", "serve", "--engine", f"scripted:{script}", "--tokenizer", str(FIXTURE),
@@ -60,9 +66,15 @@ def proxy(tmp_path, secret_file):
         log.close()
 
 
-def test_claw_agent_through_the_proxy(tmp_path, proxy):
+def test_claw_agent_through_the_proxy(tmp_path, secret_file):
     """Tool call parsed by the proxy, run by claw-agent; final answer scored by the toy verifier; calls recorded."""
-    url, calls = proxy
+    script = tmp_path / "script.jsonl"
+    script.write_text("".join(json.dumps({"text": t}) + "\n" for t in AGENT_SCRIPT))
+    with serve(tmp_path, script, secret_file) as (url, calls):
+        _agent_jobs(tmp_path, url, calls)
+
+
+def _agent_jobs(tmp_path, url, calls):
     task = load_suite("claw-toy").get("toy-hello")
     jobs = plan_jobs([task], [load_harness("claw-agent-chat"), load_harness("claw-agent-anthropic")], samples=1,
                      proxy_url=url, secret=SECRET, run_id="px")
@@ -70,3 +82,24 @@ def test_claw_agent_through_the_proxy(tmp_path, proxy):
     assert [(o["status"], o["passed"], o["reward"]) for o in outcomes] == [("ok", True, 1.0)] * 2
     sessions = {json.loads(x)["session"] for x in calls.read_text().splitlines()}
     assert sessions == {j["meta"]["session"] for j in jobs}
+
+
+@pytest.mark.skipif(os.environ.get("CLAW_BENCH_REAL_HARNESSES") != "1",
+                    reason="set CLAW_BENCH_REAL_HARNESSES=1 to run installed real harnesses (minutes)")
+@pytest.mark.parametrize("harness", ["claude-code", "openclaw-chat", "openclaw-anthropic", "openclaw-responses",
+                                     "codex", "mini-swe-agent"])
+def test_real_harness_adapter_through_the_proxy(tmp_path, secret_file, harness):
+    """A real harness, run by its adapter's command against the proxy, executes the scripted tool call."""
+    h = load_harness(harness)
+    if not h.installed():
+        pytest.skip(f"{harness} is not installed (needs {', '.join(h.requires)} on PATH)")
+    script = SCRIPTS / f"{harness.split('-')[0] if harness.startswith('openclaw') else harness}.jsonl"
+    task = load_suite("claw-mini").get("csv-filter-region")
+    with serve(tmp_path, script, secret_file) as (url, calls):
+        [job] = plan_jobs([task], [h], samples=1, proxy_url=url, secret=SECRET, run_id="real")
+        (tmp_path / "home").mkdir()
+        job["env"]["HOME"] = str(tmp_path / "home")
+        run = run_job(job, tmp_path / "sb")
+    [o] = score_runs([run])
+    assert (o["status"], o["passed"], o["reward"]) == ("ok", True, 1.0), run["stderr_tail"]
+    assert job["meta"]["session"] in {json.loads(x)["session"] for x in calls.read_text().splitlines()}
