@@ -92,7 +92,9 @@ def parse(body: dict) -> ChatRequest:
         api=NAME,
         model=model,
         messages=tuple(msgs),
-        tools=parse_tools(body["tools"]) if body.get("tools") else (),
+        tools=parse_tools(body["tools"])
+        if body.get("tools") and body.get("tool_choice") != "none"
+        else (),
         sampling=sampling_from(body, ("max_completion_tokens", "max_tokens"), "stop"),
         stream=bool(optional(body, "stream", bool)),
         include_usage=bool(opts.get("include_usage")),

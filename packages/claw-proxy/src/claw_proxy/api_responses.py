@@ -130,7 +130,9 @@ def parse(body: dict) -> ChatRequest:
         api=NAME,
         model=model,
         messages=tuple(msgs),
-        tools=parse_tools(body["tools"]) if body.get("tools") else (),
+        tools=parse_tools(body["tools"])
+        if body.get("tools") and body.get("tool_choice") != "none"
+        else (),
         sampling=sampling_from(body, "max_output_tokens", None),
         stream=bool(optional(body, "stream", bool)),
         include_usage=True,

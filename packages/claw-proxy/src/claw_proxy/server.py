@@ -256,9 +256,7 @@ class Proxy:
             chunks = gen.chunks()
             first = await run.next_chunk(chunks)  # errors before any token become a proper 5xx
         except BaseException:
-            state.in_flight -= 1
-            if run.gen is not None:
-                run.gen.cancel()
+            run.close()
             raise
         if not req.stream:
             try:
@@ -271,15 +269,15 @@ class Proxy:
                 run.record(answer, body)
                 return JSONResponse(body)
             finally:
-                state.in_flight -= 1
-                gen.cancel()
+                run.close()
         stream = api.Stream(
             id=resp_id, model=req.model, include_usage=req.include_usage, **_extra(api, req, True)
         )
         if api is api_anthropic:
             stream.prompt_tokens = len(rendered.prompt_ids)
-        return StreamingResponse(
+        return _ClosingStream(
             self._stream(run, stream, first, chunks),
+            on_close=run.close,
             media_type="text/event-stream",
             headers={"cache-control": "no-cache"},
         )
@@ -314,8 +312,7 @@ class Proxy:
             for frame in stream.finish(answer):
                 yield frame
         finally:
-            run.state.in_flight -= 1
-            run.gen.cancel()
+            run.close()
 
     # --- the app ----------------------------------------------------------------------------
 
@@ -369,6 +366,21 @@ async def _iterate(run, chunks):
         yield chunk
 
 
+class _ClosingStream(StreamingResponse):
+    """A streaming response that releases its call even when the body is never iterated
+    (a client gone before the first byte)."""
+
+    def __init__(self, content, *, on_close, **kw) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
 class _Run:
     """One call in progress: sampled ids -> text deltas -> answer events -> record."""
 
@@ -391,6 +403,7 @@ class _Run:
         self.renderer, self.session, self.state, self.seq = renderer, session, state, seq
         self.call_id, self.started, self.rendered = call_id, started, rendered
         self.gen = None
+        self._closed = False
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.detok = Detokenizer(renderer.tokenizer)
@@ -399,6 +412,14 @@ class _Run:
         self.stop_hit = False
         self.deadline = asyncio.get_running_loop().time() + proxy.config.request_timeout
         self._held = ""  # text held back while it may be the start of a stop sequence
+
+    def close(self) -> None:
+        """Release the session's in-flight slot and stop the engine (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.state.in_flight -= 1
+            if self.gen is not None:
+                self.gen.cancel()
 
     async def next_chunk(self, chunks):
         if self.stop_hit:
