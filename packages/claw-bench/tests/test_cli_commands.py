@@ -33,8 +33,9 @@ def test_plan_to_stdout_and_missing_secret(tmp_path):
     secret = tmp_path / "s"
     secret.write_text("k")
     args = ["plan", "-s", "claw-toy", "-H", "claw-agent-text", "-n", "2", "--proxy", "http://127.0.0.1:8000"]
-    r = _run([*args, "--proxy-secret-file", str(secret)])
+    r = _run([*args, "--proxy-secret-file", str(secret), "--memory-mb", "512", "--pids", "64"])
     assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[0])["limits"] == {"memory_mb": 512, "pids": 64}
     n_tasks = len(load_suite("claw-toy").tasks)
     assert [json.loads(x)["schema"] for x in r.stdout.splitlines()] == ["claw.job/v1"] * (2 * n_tasks)
     r = _run([*args, "--proxy-secret-file", str(tmp_path / "nope")])

@@ -31,6 +31,15 @@ def test_pass_at_k_per_harness_matches_hand_computation():
             assert cell["lo"] <= cell["value"] <= cell["hi"]
     assert rows["openclaw-chat"]["infra_errors"] == 1 and rows["openclaw-chat"]["samples"] == 20
     assert rows["claw-agent-chat"]["tasks"] == 5
+    assert math.isclose(rows["openclaw-chat"]["pass_rate"], 0.65) and math.isclose(rows["claw-agent-chat"]["mean_reward"], 0.55)
+
+
+def test_not_scorable_outcomes_are_counted_apart():
+    """not_scorable outcomes neither pass nor fail; they are counted in their own column."""
+    rows = read_records(DATA, "claw.outcome/v1")
+    rows.append(dict(rows[0], session="x", status="not_scorable", reward=None, passed=None))
+    h = {r["harness"]: r for r in report(rows)["harnesses"]}["claw-agent-chat"]
+    assert (h["not_scorable"], h["infra_errors"], h["samples"]) == (1, 0, 20)
 
 
 def test_default_ks_and_per_task_rows():

@@ -91,12 +91,17 @@ def harnesses(as_json: bool) -> None:
 @click.option("--run-id", help="prefix of session ids (default: random)")
 @click.option("--model", help="model name the harnesses ask for (default: each adapter's)")
 @click.option("--install", is_flag=True, help="install the harness in each job's setup")
-@click.option("--group-by", type=click.Choice(GROUP_BY), default="task", show_default=True)
+@click.option("--group-by", type=click.Choice(GROUP_BY), default="task", show_default=True,
+              help="group key for group-relative advantages")
+@click.option("--memory-mb", type=click.IntRange(1), help="job limit: memory")
+@click.option("--pids", type=click.IntRange(1), help="job limit: processes")
+@click.option("--cpus", type=click.FloatRange(0, min_open=True), help="job limit: CPUs")
 @click.option("--output", "-o", default="-", show_default=True, help="jobs JSONL file")
 @_errors
 def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: str, proxy_secret_file: str,
          task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
-         install: bool, group_by: str, output: str) -> None:
+         install: bool, group_by: str, memory_mb: int | None, pids: int | None, cpus: float | None,
+         output: str) -> None:
     """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
 
     Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
@@ -109,7 +114,8 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: st
             _log(f"warning: harness {h.name} is not installed here (needs {', '.join(h.requires)}); "
                  "pass --install to install it in each job")
     jobs = plan_jobs(list(s.tasks), hs, samples=samples, proxy_url=proxy_url, secret=read_secret(proxy_secret_file),
-                     run_id=run_id, model=model, install=install, group_by=group_by)
+                     run_id=run_id, model=model, install=install, group_by=group_by,
+                     limits={k: v for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus)) if v is not None})
     n = write_records(output, jobs)
     _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} samples")
 

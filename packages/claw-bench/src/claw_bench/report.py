@@ -28,24 +28,27 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
     """
     by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     errors: dict[str, int] = defaultdict(int)
+    unscorable: dict[str, int] = defaultdict(int)
     for o in outcomes:
         if o.get("status") == "ok" and isinstance(o.get("passed"), bool):
             by_pair[(o["harness"], o["task"])].append(o)
+        elif o.get("status") == "not_scorable":
+            unscorable[o["harness"]] += 1
         else:
             errors[o["harness"]] += 1
-    if not by_pair and not errors:
+    if not by_pair and not errors and not unscorable:
         raise ClawError("no outcomes to report")
     nmax = max((len(v) for v in by_pair.values()), default=1)
     ks = sorted(set(ks or ([1, nmax] if nmax > 1 else [1])))
     if any(k < 1 for k in ks):
         raise ClawError(f"k must be >= 1, got {ks}")
     tasks_rows = []
-    per_h: dict[str, dict[str, Any]] = defaultdict(lambda: {"values": defaultdict(list), "rewards": [], "n": 0})
+    per_h: dict[str, dict[str, Any]] = defaultdict(lambda: {"values": defaultdict(list), "rewards": [], "n": 0, "c": 0})
     for (h, t), rows in sorted(by_pair.items()):
         res = np.array([bool(r["passed"]) for r in rows], dtype=int)
         rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
         n, c = int(res.size), int(res.sum())
-        row: dict[str, Any] = {"harness": h, "task": t, "n": n, "passed": c,
+        row: dict[str, Any] = {"harness": h, "task": t, "n": n, "passed": c, "pass_rate": c / n,
                                "mean_reward": float(np.mean(rewards)) if rewards else None}
         for k in ks:
             if k <= n:
@@ -54,12 +57,14 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
                 per_h[h]["values"][k].append(v)
         per_h[h]["rewards"].extend(rewards)
         per_h[h]["n"] += n
+        per_h[h]["c"] += c
         tasks_rows.append(row)
     harness_rows = []
-    for h in sorted(set(per_h) | set(errors)):
+    for h in sorted(set(per_h) | set(errors) | set(unscorable)):
         d = per_h[h]
         hrow: dict[str, Any] = {"harness": h, "tasks": sum(1 for (hh, _) in by_pair if hh == h), "samples": d["n"],
-                                "infra_errors": errors.get(h, 0),
+                                "infra_errors": errors.get(h, 0), "not_scorable": unscorable.get(h, 0),
+                                "pass_rate": d["c"] / d["n"] if d["n"] else None,
                                 "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None}
         for k in ks:
             vals = np.array(d["values"].get(k, []))
@@ -92,8 +97,10 @@ def render_text(rep: dict[str, Any], *, per_task: bool = True) -> str:
     """The report as plain-text tables (percentages, CI in brackets)."""
     ks = rep["ks"]
     conf = int(round(100 * rep["confidence"]))
-    head = ["harness", "tasks", "samples", "infra_err", "reward", *[f"pass@{k} ({conf}% CI)" for k in ks]]
-    rows = [[h["harness"], str(h["tasks"]), str(h["samples"]), str(h["infra_errors"]), _fmt_r(h["mean_reward"]),
+    head = ["harness", "tasks", "samples", "infra_err", "unscored", "reward", "pass_rate",
+            *[f"pass@{k} ({conf}% CI)" for k in ks]]
+    rows = [[h["harness"], str(h["tasks"]), str(h["samples"]), str(h["infra_errors"]), str(h["not_scorable"]),
+             _fmt_r(h["mean_reward"]), _fmt_r(h["pass_rate"]),
              *[_fmt(h.get(f"pass@{k}")) for k in ks]] for h in rep["harnesses"]]
     out = [_table(head, rows)]
     if per_task and rep["tasks"]:
