@@ -44,13 +44,13 @@ def cgroups():
 
 
 def alive_with(token: str) -> list[int]:
-    """Pids whose command line contains token."""
+    """Pids whose command line (arguments joined by spaces) contains token."""
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
+                    if token.encode() in f.read().replace(b"\0", b" "):
                         found.append(int(entry.name))
             except OSError:
                 pass

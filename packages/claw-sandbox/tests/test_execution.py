@@ -1,6 +1,8 @@
 """The job lifecycle on every local backend: workspace, setup, command, verify, collect, cleanup."""
 
 import os
+import signal
+import subprocess
 import uuid
 
 import pytest
@@ -87,6 +89,16 @@ def test_timeout_kills_the_whole_tree_including_daemons(backend, tmp_path):
     assert run["status"] == "timeout" and run["exit_code"] is None
     assert run["verify"]["passed"], "verify still judges the final state after a timeout"
     assert alive_with(f"sleep {token}") == []
+
+
+def test_orphan_detector_sees_a_daemon_outside_any_sandbox():
+    """Control for the two tests above: the same daemonizing command, unsandboxed, survives."""
+    token = f"{uuid.uuid4().int % 10**6}.75"
+    subprocess.run(["bash", "-c", f"(setsid sleep {token} >/dev/null 2>&1 &)"], check=True)
+    pids = alive_with(f"sleep {token}")
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    assert len(pids) == 1
 
 
 def test_daemon_left_by_a_finished_command_is_killed(backend, tmp_path):

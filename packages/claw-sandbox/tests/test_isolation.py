@@ -168,7 +168,9 @@ def test_hidden_venv_with_editable_source_is_bound_back(bwrap, tmp_path):
     site.mkdir(parents=True)
     (venv / "bin").mkdir()
     (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
-    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(os.path.realpath(sys.executable))}\n")
+    (venv / "pyvenv.cfg").write_text(
+        f"home = {os.path.dirname(os.path.realpath(sys.executable))}\n"
+    )
     src = tmp_path / "project" / "src"
     src.mkdir(parents=True)
     (src / "claw_probe_mod.py").write_text("X = 'editable source visible'\n")

@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
-from claw_sandbox import InfraError, arun_jobs, run_jobs
+import pytest
+from claw_sandbox import InfraError, JobsFileError, arun_jobs, run_jobs
 from claw_sandbox.backends.process import ProcessBackend, ProcessSandbox
-from conftest import job
+from conftest import alive_with, job
 
 
 class FlakyBackend(ProcessBackend):
@@ -138,3 +140,32 @@ def test_second_writer_on_the_same_file_is_refused(process, tmp_path):
         else:
             raise AssertionError("the locked file was written")
     assert Path(out).read_text() == ""
+
+
+def test_duplicate_job_ids_are_refused_before_anything_runs(process, tmp_path):
+    """The API refuses two jobs with one id, like the CLI does for a jobs file."""
+    with pytest.raises(JobsFileError, match=r"job #2: job_id 'a' already used by job #1"):
+        run_jobs([job("a"), job("a")], backend=process, workdir=tmp_path)
+
+
+def test_sigterm_kills_and_removes_running_sandboxes(tmp_path):
+    """SIGTERM to the runner kills every running job's tree and removes its directory."""
+    token = f"{uuid.uuid4().int % 10**6}.25"
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(
+        "".join(json.dumps(job(f"j{i}", command=f"sleep {token}")) + "\n" for i in range(2))
+    )
+    workdir = tmp_path / "w"
+    cmd = [sys.executable, "-m", "claw_sandbox", "run", str(jobs), "-o", str(tmp_path / "runs.jsonl"),
+           "--backend", "process", "--parallel", "2", "--workdir", str(workdir)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(alive_with(f"sleep {token}")) < 2:
+        time.sleep(0.02)
+    assert len(alive_with(f"sleep {token}")) == 2, "the jobs did not start"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "rerun with the same -o to resume" in err
+    assert alive_with(f"sleep {token}") == []
+    assert os.listdir(workdir) == []

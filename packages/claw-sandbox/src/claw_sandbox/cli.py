@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -136,6 +137,12 @@ def run(jobs, out, backend, parallel, retries, workdir, ro_paths, image, executo
         asyncio.run(_drive(sched, items, None if out == "-" else out))
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        _log(
+            "interrupted: running sandboxes were killed and removed; rerun with the same -o to resume"
+        )
+        _log(sched.summary(time.monotonic() - started))
+        sys.exit(130)
     _log(sched.summary(time.monotonic() - started))
 
 
@@ -151,6 +158,8 @@ def _read_jobs(path: str) -> list:
 
 
 async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
+    # SIGTERM: cancel like Ctrl-C, so every sandbox is killed and its directory removed
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     progress = None
     if sys.stderr.isatty():
         from rich.console import Console

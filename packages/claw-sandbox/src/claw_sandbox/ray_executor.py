@@ -19,7 +19,14 @@ from pathlib import Path
 
 from claw_sandbox.errors import ClawError
 from claw_sandbox.records import BadLine, Job
-from claw_sandbox.scheduler import JobLike, Scheduler, _as_job, _error_run, _open_resumable
+from claw_sandbox.scheduler import (
+    JobLike,
+    Scheduler,
+    _as_job,
+    _error_run,
+    _open_resumable,
+    check_unique,
+)
 
 
 def run_one_on_node(job_row: dict, backend: str, retries: int, options: dict) -> dict:
@@ -63,6 +70,7 @@ def run_on_ray(
         raise ClawError("--executor ray needs Ray: pip install 'claw-sandbox[ray]'") from None
     log = log or (lambda m: None)
     items = [_as_job(j, i) for i, j in enumerate(jobs, start=1)]
+    check_unique(items)
     fd, done = (None, set())
     if out is not None:
         fd, done = _open_resumable(Path(out), log)

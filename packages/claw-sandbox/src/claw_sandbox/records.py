@@ -243,9 +243,9 @@ class Job:
         verify = d.get("verify")
         base = base_dir or Path.cwd()
         copy_from = _get(ws, "copy_from", str, where, "workspace/copy_from")
-        verify_rec = Verify.from_dict(verify, where) if verify is not None else None
         if verify is not None and not isinstance(verify, dict):
             raise _fail(where, "verify", "expected an object or null")
+        verify_rec = Verify.from_dict(verify, where) if verify is not None else None
         if verify_rec is not None and verify_rec.copy_from:
             verify_rec = attrs.evolve(verify_rec, copy_from=str(base / verify_rec.copy_from))
         return cls(

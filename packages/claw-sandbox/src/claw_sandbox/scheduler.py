@@ -46,6 +46,17 @@ def _as_job(item: JobLike, index: int) -> Job | BadLine:
                        error=str(exc), meta=meta)  # fmt: skip
 
 
+def check_unique(items: list[Job | BadLine]) -> None:
+    """Job ids are the resume key: two jobs with one id would make the runs file ambiguous."""
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items, start=1):
+        if item.job_id in seen:
+            raise JobsFileError(
+                f"job #{i}: job_id {item.job_id!r} already used by job #{seen[item.job_id]}"
+            )
+        seen[item.job_id] = i
+
+
 def _error_run(
     job_id: str, error: str, backend: str, meta: dict, status: str = "error", attempts: int = 1
 ) -> Run:
@@ -98,6 +109,7 @@ class Scheduler:
     ) -> AsyncIterator[dict]:
         """Yield `claw.run/v1` dicts in completion order; append them to `out` when given."""
         items = [_as_job(j, i) for i, j in enumerate(jobs, start=1)]
+        check_unique(items)
         done: set[str] = set()
         fd = None
         if out is not None:

@@ -154,7 +154,11 @@ def venv_paths(command: Command) -> list[str]:
         first = words[0] if words else ""
     else:
         first = command[0]
-    paths = [*_venv_closure(sys.prefix), sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    paths = [
+        *_venv_closure(sys.prefix),
+        sys.base_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    ]
     if first.startswith("/"):
         for parent in Path(first).parents:
             if (parent / "pyvenv.cfg").is_file():
@@ -182,8 +186,14 @@ def _venv_closure(prefix: str) -> tuple[str, ...]:
                 if line.startswith("/") and os.path.isdir(line):
                     out.append(line)
         for finder in site.glob("__editable__*finder.py"):
-            match = re.search(r"^MAPPING\s*(?::[^=]*)?=\s*(\{.*?\})\s*$", finder.read_text(errors="replace"), re.M | re.S)
+            match = re.search(
+                r"^MAPPING\s*(?::[^=]*)?=\s*(\{.*?\})\s*$",
+                finder.read_text(errors="replace"),
+                re.M | re.S,
+            )
             if match:
                 with contextlib.suppress(ValueError, SyntaxError):
-                    out += [v for v in ast.literal_eval(match.group(1)).values() if isinstance(v, str)]
+                    out += [
+                        v for v in ast.literal_eval(match.group(1)).values() if isinstance(v, str)
+                    ]
     return tuple(out)

@@ -199,6 +199,7 @@ class BwrapBackend(Backend):
         env_paths = tuple(p for p in os.environ.get("CLAW_SANDBOX_RO_PATHS", "").split(":") if p)
         self.ro_paths = (*ro_paths, *env_paths)
         self.base_args = root_binds()
+        self.hidden: set[str] = set()
         for h in hide:
             self.base_args += ["--tmpfs", h]
         self._reason: str | None | bool = False
@@ -206,7 +207,8 @@ class BwrapBackend(Backend):
     def hide(self, path: str) -> None:
         """Hide a host directory (e.g. the one holding every job directory) behind an empty tmpfs."""
         path = os.path.realpath(path)
-        if not path.startswith(tuple(f"/{h}/" for h in HIDDEN)):
+        if not path.startswith(tuple(f"/{h}/" for h in HIDDEN)) and path not in self.hidden:
+            self.hidden.add(path)
             self.base_args += ["--tmpfs", path]
 
     def unavailable(self) -> str | None:
