@@ -4,12 +4,14 @@ pi) replayed through the proxy: each renders, answers and is recorded."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from claw_proxy import api_anthropic, api_chat, api_responses, read_calls
 from claw_proxy.render import Renderer
-from conftest import HARNESS_REQUESTS, TINY, token, tool_call_text
+from conftest import HARNESS_REQUESTS, ROOT, TINY, token, tool_call_text
 
 FIXTURES = sorted(HARNESS_REQUESTS.glob("*.json"))
 _API = {
@@ -78,6 +80,9 @@ def test_fixtures_replayed_through_the_proxy(make_server):
             assert (r.json()["choices"][0]["finish_reason"] == "tool_calls") == first_turn
     calls = list(read_calls(srv.config.record))
     assert len(calls) == len(FIXTURES)
+    schema = json.loads((ROOT / "formats" / "claw.call.v1.schema.json").read_text())
+    for line in Path(srv.config.record).read_text().splitlines():
+        jsonschema.validate(json.loads(line), schema)
     for c in calls:
         assert (
             c.prompt_ids
