@@ -147,3 +147,18 @@ def test_suite_directory_duplicate_ids_and_selection(tmp_path):
         MINI.select(["nope"])
     with pytest.raises(TaskError, match="unknown suite"):
         load_suite("no-such-suite")
+
+
+def test_planted_files_cannot_fake_a_pass():
+    """Reward hacks fail: a planted reward file, modules planted beside the verifier, a module exiting 0 on import."""
+    plant = Script(name="solution.sh", interpreter="bash", text=(
+        "mkdir -p .claw_verify\n"
+        "echo '{\"all\": 1.0}' > .claw_verify/reward.json\n"
+        "printf 'import sys\\nsys.exit(0)\\n' > .claw_verify/json.py\n"
+        "printf 'import os\\nos._exit(0)\\n' > fizzbuzz.py\n"))
+    base = MINI.get("fix-fizzbuzz")
+    t = Task(id=base.id, instruction=base.instruction, workspace=base.workspace, verify=base.verify,
+             hidden=base.hidden, solution=plant)
+    r = check_task(t, "solution")
+    assert r["passed"] is False and r["reward"] == 0.0, r
+    assert r["scores"] == {"hidden_tests": 0.0}

@@ -80,9 +80,15 @@ class Task:
         return files
 
     def verify_command(self) -> str:
-        """The bash command the sandbox runs (in the workspace) to verify the final state."""
-        return (f"CLAW_VERIFY_DIR={VERIFY_DIR} CLAW_REWARD_FILE={self.reward_file} "
-                + self.verify.command(f"{VERIFY_DIR}/{self.verify.name}"))
+        """The bash command the sandbox runs (in the workspace) to verify the final state.
+
+        A reward file the agent may have planted is removed first, and Python verifiers run
+        isolated (``-I``: neither the script's directory nor PYTHON* variables reach sys.path),
+        so modules planted next to the verifier cannot replace the ones it imports.
+        """
+        script = f"{VERIFY_DIR}/{self.verify.name}"
+        run = f"python3 -I {script}" if self.verify.interpreter == "python3" else self.verify.command(script)
+        return f"rm -f {self.reward_file} && CLAW_VERIFY_DIR={VERIFY_DIR} CLAW_REWARD_FILE={self.reward_file} {run}"
 
     def to_dict(self) -> dict[str, Any]:
         """A summary dict (what `claw-bench tasks --json` prints); file contents are left out."""

@@ -38,7 +38,8 @@ def hidden_test(name):
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONDONTWRITEBYTECODE": "1"}
     p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=30, env=env)
     print(p.stdout[-1500:] + p.stderr[-1500:])
-    return p.returncode == 0
+    # the last line must be the hidden test's own sentinel: a module that exits early cannot fake it
+    return p.returncode == 0 and p.stdout.rstrip().endswith("claw-hidden-tests-passed-5e1f")
 
 
 check("hidden_tests", lambda: hidden_test("hidden_test.py"))

@@ -10,4 +10,4 @@ Path(p).write_text('customer,amount\n"Quote ""Q"" Inc",2\nB,3\n"Quote ""Q"" Inc"
 assert totals(p) == {'Quote "Q" Inc': 2.25, "B": 3.0, "a,b,c": 1.0}, totals(p)
 Path(p).write_text("customer,amount\n")
 assert totals(p) == {}
-print("hidden ok")
+print("claw-hidden-tests-passed-5e1f")

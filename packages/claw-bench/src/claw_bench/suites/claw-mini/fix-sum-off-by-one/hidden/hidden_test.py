@@ -8,4 +8,4 @@ except ValueError:
     pass
 else:
     raise AssertionError("mean([]) must raise ValueError")
-print("hidden ok")
+print("claw-hidden-tests-passed-5e1f")
