@@ -103,7 +103,7 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     assert call.prompt_ids == seen[0]["prompt"] and call.completion_ids == ANSWER
     assert call.completion_logprobs == [-0.1 * (k + 1) for k in range(len(ANSWER))]
     assert seen[0]["model"] == "tiny" and seen[0]["temperature"] == 0.5 and seen[0]["top_p"] == 0.9
-    assert seen[0]["seed"] == 3 and seen[0]["return_token_ids"] is True and seen[0]["logprobs"] == 0
+    assert seen[0]["seed"] == 3 and seen[0]["return_token_ids"] is True and seen[0]["logprobs"] == 1
     assert call.engine == "vllm:http://vllm.test" and call.sampling["temperature"] == 0.5
     # a LoRA adapter directory is loaded as the new policy
     adapter = tmp_path / "lora"

@@ -204,8 +204,7 @@ class VLLMEngine(Engine):
                 "max_tokens": req.max_tokens,
                 "temperature": req.temperature,
                 "top_p": req.top_p,
-                "top_k": req.top_k or -1,
-                "logprobs": 0,
+                "logprobs": 1,
                 "return_token_ids": True,
                 "skip_special_tokens": False,
                 "stop_token_ids": list(req.stop_ids),
@@ -213,6 +212,8 @@ class VLLMEngine(Engine):
             }
             if req.seed is not None:
                 body["seed"] = req.seed
+            if req.top_k:
+                body["top_k"] = req.top_k
             r = await self._client.post("/v1/completions", json=body)
             if r.status_code >= 400:
                 raise EngineError(f"vLLM answered {r.status_code}: {r.text[:300]}")
