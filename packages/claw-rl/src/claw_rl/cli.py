@@ -119,19 +119,23 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
     After each step the weights are saved to OUT/policy/vN (HF directory, safetensors), the
     step's metrics are appended to OUT/metrics.jsonl and the policy record to
     OUT/policies.jsonl and stdout. OUT/checkpoint holds the learner state for --resume.
+    Under torchrun every rank reads the same file; rank 0 writes.
 
     Example:
 
     \b
-        claw-tree samples --algo grpo calls.jsonl outcomes.jsonl \\
-          | claw-rl train --algo grpo --model runs/tiny --out runs/rl --lr 1e-5 \\
-          | curl -s -X POST localhost:8000/admin/policy -d @-
+        claw-tree samples calls.jsonl --outcomes outcomes.jsonl --algo grpo \\
+          | claw-rl train --algo grpo --model runs/tiny --out runs/rl --lr 1e-5
+
+        torchrun --nproc_per_node 2 $(which claw-rl) train --algo ppo ...
     """
+    from claw_rl._dist import init_from_env
     from claw_rl.config import dump_toml
     from claw_rl.learner import GRPOLearner, PPOLearner
     from claw_rl.records import read_samples, write_jsonl
 
     cls = {"grpo": GRPOLearner, "ppo": PPOLearner}[algo]
+    rank, _ = init_from_env()  # a no-op outside torchrun
     try:
         if resume_dir is not None:
             learner = cls.resume(resume_dir)
@@ -145,22 +149,23 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
         samples = read_samples(samples_path)
         if not samples:
             raise click.ClickException(f"{samples_path}: no samples")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
         size = batch_size if batch_size > 0 else len(samples)
         n_steps = (len(samples) + size - 1) // size
-        with open(out_dir / "metrics.jsonl", "a") as mfh, open(out_dir / "policies.jsonl", "a") as pfh:
-            for k in range(n_steps):
-                metrics = learner.step(samples[k * size : (k + 1) * size])
-                if learner.rank == 0:
-                    write_jsonl([metrics], mfh)
+        if rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
+        for k in range(n_steps):
+            metrics = learner.step(samples[k * size : (k + 1) * size])
+            policy = learner.save(out_dir / "policy" / f"v{learner.version + 1}")
+            if rank == 0:
+                with open(out_dir / "metrics.jsonl", "a") as fh:
+                    write_jsonl([metrics], fh)
+                with open(out_dir / "policies.jsonl", "a") as fh:
+                    write_jsonl([policy], fh)
+                write_jsonl([policy], sys.stdout)
                 click.echo(f"step {metrics['step']}: loss {metrics['loss']:.4g}  clip {metrics['clip_frac']:.3f}  "
                            f"mismatch {metrics['mismatch_mean_abs']:.3g}  {metrics['tokens_per_s']:.0f} tok/s",
                            err=True)
-                policy = learner.save(out_dir / "policy" / f"v{learner.version + 1}")
-                if learner.rank == 0:
-                    write_jsonl([policy], pfh)
-                    write_jsonl([policy], sys.stdout)
         learner.save_checkpoint(out_dir / "checkpoint")
     except ClawError as exc:
         raise _fail(exc) from exc

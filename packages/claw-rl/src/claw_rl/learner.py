@@ -50,6 +50,15 @@ def load_policy(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     return model
 
 
+def _default_device(world: int) -> str:
+    """cuda (cuda:LOCAL_RANK under torchrun) when a GPU is visible, else cpu."""
+    import os
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if world > 1 else "cuda"
+
+
 class _Learner(LearnerIO):
     """Shared machinery; see :class:`GRPOLearner` and :class:`PPOLearner`."""
 
@@ -61,7 +70,7 @@ class _Learner(LearnerIO):
         self.model_dir = Path(model_dir)
         self.origin_dir = Path(origin_dir) if origin_dir else self.model_dir
         self.rank, self.world = _dist.world()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device or _default_device(self.world))
         self.dtype = _DTYPES[config.dtype]
         torch.manual_seed(config.seed)
         self.model = load_policy(self.model_dir, self.dtype).to(self.device)
