@@ -1,6 +1,7 @@
 """Limits hold without harming the runner or the jobs running next to the offender."""
 
 import os
+import subprocess
 
 import pytest
 from claw_sandbox import run_jobs
@@ -68,3 +69,19 @@ def test_memory_rlimit_fallback_without_cgroups(tmp_path):
     )
     assert run["exit_code"] != 0 and "allocated" not in run["stdout_tail"]
     assert "MemoryError" in run["stderr_tail"]
+
+
+def test_groups_of_a_dead_runner_are_swept(cgroups):
+    """Job cgroups left by a runner killed with SIGKILL are removed the next time one starts."""
+    from claw_sandbox import _cgroup
+    from claw_sandbox.records import Limits
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()  # a pid that is surely dead now
+    group = _cgroup.JobCgroup.create(cgroups, Limits(pids=8), "sweeptest")
+    stale = [d.with_name(d.name.replace(f"-{os.getpid()}-", f"-{proc.pid}-")) for d in group.dirs]
+    for d, s in zip(group.dirs, stale, strict=True):
+        d.rename(s)
+    assert all(s.exists() for s in stale)
+    assert _cgroup.sweep_stale(cgroups) >= len(stale)
+    assert not any(s.exists() for s in stale)

@@ -67,7 +67,7 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
                 None,
                 reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)})",
             )
-        return CgroupSupport(2, (base,), "cgroup v2")
+        return _swept(CgroupSupport(2, (base,), "cgroup v2"))
     bases = []
     for ctl in V1_CONTROLLERS:
         mount = ROOT / ctl
@@ -82,7 +82,41 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
                 None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)"
             )
         bases.append(base)
-    return CgroupSupport(1, tuple(bases), "cgroup v1")
+    return _swept(CgroupSupport(1, tuple(bases), "cgroup v1"))
+
+
+def _swept(support: CgroupSupport) -> CgroupSupport:
+    sweep_stale(support)
+    return support
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(support: CgroupSupport) -> int:
+    """Remove job groups left by runners that died (killed with SIGKILL); returns how many."""
+    removed = 0
+    for base in support.base:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(base):
+                parts = entry.name.rsplit("-", 2)
+                if not entry.is_dir() or len(parts) != 3 or not parts[1].isdigit():
+                    continue
+                if _pid_alive(int(parts[1])):
+                    continue
+                group = JobCgroup(support, [Path(entry.path)])
+                group.kill_all(deadline_s=1.0)
+                with contextlib.suppress(OSError):
+                    os.rmdir(entry.path)
+                    removed += 1
+    return removed
 
 
 @attrs.define
@@ -94,7 +128,7 @@ class JobCgroup:
 
     @classmethod
     def create(cls, support: CgroupSupport, limits: Limits, tag: str) -> JobCgroup:
-        name = f"{tag[:40]}-{uuid.uuid4().hex[:10]}"
+        name = f"{tag[:40]}-{os.getpid()}-{uuid.uuid4().hex[:10]}"  # runner pid: see sweep_stale
         dirs = [b / name for b in support.base]
         for d in dirs:
             d.mkdir()
