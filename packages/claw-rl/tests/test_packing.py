@@ -11,6 +11,8 @@ from claw_rl.learner import load_policy
 from claw_rl.packing import ancestor_matrix, leaf_counts, pack, path_matrix
 from claw_rl.records import Sample
 from conftest import random_tree, tree_sample
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # the worked example of docs/formats.md: a b c d e, paths a-b-c and a-b-d-e
 PARENT = [-1, 0, 1, 1, 3]
@@ -71,3 +73,25 @@ def test_tree_forward_equals_per_path_forward(tiny, seed):
         assert set(got) == set(ref)
         worst = max(worst, max(abs(got[j] - ref[j]) for j in ref))
     assert worst < 1e-5, worst
+
+
+@st.composite
+def forests(draw):
+    n = draw(st.integers(1, 40))
+    return [-1] + [draw(st.integers(-1, i - 1)) for i in range(1, n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(forests())
+def test_mask_counts_and_paths_agree_with_a_naive_walk(parent):
+    """Ancestors by walking parent pointers; leaf counts = rows of the path matrix through i."""
+    A = ancestor_matrix(parent)
+    for i in range(len(parent)):
+        anc, j = {i}, parent[i]
+        while j >= 0:
+            anc.add(j)
+            j = parent[j]
+        assert set(np.nonzero(A[i])[0].tolist()) == anc
+    P = path_matrix(parent)
+    assert (P.sum(0) == leaf_counts(parent)).all()
+    assert all(P[p, np.nonzero(P[p])[0].max()] for p in range(len(P)))  # each path ends at its leaf

@@ -252,14 +252,16 @@ class _Learner(LearnerIO):
 
     def _extra_metrics(self, samples: list[Sample], old: dict, metrics: dict) -> None: ...
 
-    def _aggregator(self, mb_samples: list[Sample], all_samples: list[Sample]):
+    def _aggregator(self, mb_samples: list[Sample]):
         """Scalar aggregation of per-token losses, normalised over the whole minibatch (all ranks)."""
         c = self.config
         agg = getattr(c, "loss_agg", "weights")
         if agg == "weights":
-            w_total = sum(sum(s.loss_weights) for s in all_samples)
+            # sum_i w_i l_i over the minibatch, over the weights' sum: exactly claw-tree's
+            # per-trajectory mean for a whole `claw-tree samples` output (weights sum to 1),
+            # and the mean over its own trajectories for any slice of one (--batch-size).
             w_mb = sum(sum(s.loss_weights) for s in mb_samples)
-            scale = w_total / w_mb if w_mb > 0 else 0.0
+            scale = 1.0 / w_mb if w_mb > 0 else 0.0
             return lambda lt, tok: losses.weighted_sum(lt, tok["w"]) * scale
         counts = [leaf_counts(s.parent) for s in mb_samples]
         c_mb = sum(float((cnt * np.asarray(s.trainable)).sum()) for cnt, s in zip(counts, mb_samples, strict=True))
@@ -271,7 +273,7 @@ class _Learner(LearnerIO):
     def _minibatch(self, mb_samples: list[Sample], mine: list[int], samples: list[Sample],
                    old: dict, acc: dict) -> None:
         c = self.config
-        agg = self._aggregator(mb_samples, samples)
+        agg = self._aggregator(mb_samples)
         mine_samples = [samples[k] for k in mine]
         pos = 0
         for batch in self._micro(mine_samples):
