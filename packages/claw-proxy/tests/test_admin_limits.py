@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from claw_proxy import ProxyConfig, ProxyServer, mint_token, read_calls
+from claw_proxy import ProxyConfig, ProxyServer, api_chat, mint_token, read_calls
 from claw_proxy.engines import Engine, Generation
 from claw_proxy.errors import EngineError
 from conftest import ADMIN, SECRET, TINY, token
@@ -353,3 +353,15 @@ def test_engine_failure_mid_stream_and_timeout(make_server):
     assert r.status_code == 504 and "did not finish within 0.5 s" in r.json()["error"]["message"]
     assert srv.proxy.writer.written == 0
     assert srv.proxy.sessions["m"].in_flight == 0
+
+
+def test_prompt_over_the_context_is_refused_and_max_tokens_fit_the_context(make_server):
+    """A prompt longer than the engine's context gets 400; otherwise max tokens shrink to fit."""
+    srv = make_server(["a b c d e f g h i j k l m n o p q r s t u v w x y z"])
+    n = len(srv.proxy.renderers[str(TINY)].render_full(api_chat.parse(CHAT)))
+    srv.proxy.policy_engine.max_context = n + 4
+    r = _post(srv, "/v1/chat/completions", {**CHAT, "max_tokens": 100}, key=token("ctx"))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    srv.proxy.policy_engine.max_context = n
+    r = _post(srv, "/v1/chat/completions", CHAT, key=token("ctx2"))
+    assert r.status_code == 400 and f"the prompt has {n} tokens" in r.json()["error"]["message"]

@@ -78,6 +78,7 @@ class TransformersEngine(Engine):
         self.policy = {"name": policy_name, "version": version}
         self._current = (_load(directory, dtype), dict(self.policy))
         self.pad_id = self._current[0].config.pad_token_id or 0
+        self.max_context = getattr(self._current[0].config, "max_position_embeddings", None)
         self._jobs: queue.Queue = queue.Queue()
         self.batches = 0
         self.batched_rows = 0

@@ -87,6 +87,7 @@ class Engine:
     spec = ""
     trainable = True
     tokenizer_dir: str | None = None
+    max_context: int | None = None  # prompt + completion tokens the model takes, when known
 
     def __init__(self) -> None:
         self.policy = {"name": "policy", "version": 0}

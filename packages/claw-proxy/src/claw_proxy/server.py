@@ -178,8 +178,18 @@ class Proxy:
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
         return body
 
-    def _gen_request(self, req: ChatRequest, prompt_ids: list[int], stop_ids) -> GenRequest:
+    def _gen_request(
+        self, req: ChatRequest, prompt_ids: list[int], stop_ids, max_context: int | None = None
+    ) -> GenRequest:
         c, s = self.config, req.sampling
+        max_tokens = min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap)
+        if max_context:
+            if len(prompt_ids) >= max_context:
+                raise RequestError(
+                    f"the prompt has {len(prompt_ids)} tokens; the model's context is {max_context}",
+                    "messages",
+                )
+            max_tokens = min(max_tokens, max_context - len(prompt_ids))
         temperature = (
             c.default_temperature
             if s.temperature is None
@@ -187,7 +197,7 @@ class Proxy:
         )
         return GenRequest(
             prompt_ids=prompt_ids,
-            max_tokens=min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap),
+            max_tokens=max_tokens,
             temperature=temperature,
             top_p=1.0 if s.top_p is None else s.top_p,
             top_k=s.top_k or 0,
@@ -226,7 +236,9 @@ class Proxy:
         renderer = cache.renderer
         started = time.time()
         rendered = cache.render(session, req)
-        gen_req = self._gen_request(req, rendered.prompt_ids, renderer.eos_ids)
+        gen_req = self._gen_request(
+            req, rendered.prompt_ids, renderer.eos_ids, getattr(engine, "max_context", None)
+        )
         seq, state.seq = state.seq, state.seq + 1
         call_id = f"call-{uuid.uuid4().hex}"
         resp_id = {
