@@ -130,8 +130,9 @@ def test_multi_turn_with_tool_results_reuses_prefix(tiny_server, model, clients)
     _check_logprobs(model, calls[-1])
 
 
-def test_concurrent_requests_are_batched(tiny_server, clients):
-    """Concurrent sessions are answered together: fewer engine batches than requests."""
+def test_concurrent_requests_are_batched(tiny_server, clients, model):
+    """Concurrent sessions are answered together: fewer engine batches than requests, and the
+    logprobs of rows of different prompt lengths (left-padded together) match a forward pass."""
     admin = {"authorization": f"Bearer {ADMIN}"}
     before = httpx.get(tiny_server.url + "/admin/stats", headers=admin).json()["engines"]
     before = next(iter(before.values()))
@@ -139,7 +140,9 @@ def test_concurrent_requests_are_batched(tiny_server, clients):
     def one(i):
         c = cs[i]
         return c.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=24
+            model="m",
+            messages=[{"role": "user", "content": f"q{i} " + "word " * (3 * i)}],
+            max_tokens=24,
         )
 
     cs = [clients.openai(tiny_server, f"conc{i}") for i in range(8)]
@@ -151,6 +154,9 @@ def test_concurrent_requests_are_batched(tiny_server, clients):
     )
     assert after["batched_rows"] - before["batched_rows"] == 8
     assert after["batches"] - before["batches"] < 8
+    for i in range(8):
+        (call,) = _calls(tiny_server, f"conc{i}")
+        _check_logprobs(model, call)
 
 
 def test_record_bodies_kept(tiny_server):

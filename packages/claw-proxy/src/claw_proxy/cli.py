@@ -79,6 +79,26 @@ def main() -> None:
     default=None,
     help="environment variable holding a passthrough upstream key",
 )
+@click.option(
+    "--tool-parser",
+    default="hermes",
+    show_default=True,
+    help="how sampled text becomes tool calls (hermes = Qwen3 <tool_call> JSON)",
+)
+@click.option(
+    "--max-batch",
+    default=16,
+    show_default=True,
+    type=int,
+    help="transformers engine: rows per batch",
+)
+@click.option(
+    "--batch-wait",
+    default=0.005,
+    show_default=True,
+    type=float,
+    help="transformers engine: seconds to gather a batch",
+)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(
     engine,
@@ -100,6 +120,9 @@ def serve(
     record_bodies,
     drift_check_tokens,
     upstream_key_env,
+    tool_parser,
+    max_batch,
+    batch_wait,
     log_level,
 ):
     """Serve the OpenAI and Anthropic APIs on a policy engine, recording every call.
@@ -134,6 +157,9 @@ def serve(
             record_bodies=record_bodies,
             drift_check_tokens=drift_check_tokens,
             upstream_api_key=os.environ.get(upstream_key_env) if upstream_key_env else None,
+            parser=tool_parser,
+            max_batch=max_batch,
+            batch_wait=batch_wait,
         )
         click.echo(f"claw-proxy: serving {engine} on http://{host}:{port}", err=True)
         run(config, host=host, port=port, log_level=log_level)

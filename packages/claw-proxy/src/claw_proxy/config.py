@@ -76,3 +76,7 @@ class ProxyConfig:
             raise ConfigError("max token limits must be >= 1")
         if self.session_concurrency < 1:
             raise ConfigError("session_concurrency must be >= 1")
+        from claw_proxy.toolparse import PARSERS
+
+        if self.parser not in PARSERS:
+            raise ConfigError(f"unknown tool-call parser {self.parser!r}; known: {sorted(PARSERS)}")
