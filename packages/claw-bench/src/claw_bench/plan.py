@@ -89,13 +89,15 @@ def plan_jobs(
                         "run_id": run_id, "api": h.api}
                 if task.pass_threshold is not None:
                     meta["pass_threshold"] = task.pass_threshold
+                if isinstance(task.meta.get("judge"), dict):
+                    meta["judge"] = task.meta["judge"]  # the rubric, for claw-bench score's judge step
                 job: dict[str, Any] = {
                     "schema": JOB, "job_id": session, "workspace": {"files": files}, "setup": setup,
                     "command": command, "env": env, "timeout_s": task.timeout_s,
                     "network": {"policy": "proxy", "proxy_url": proxy_url.rstrip("/"), "port": port},
                     "verify": {"command": task.verify_command(), "timeout_s": task.verify_timeout_s,
                                "files": task.verify_files(), "reward_file": task.reward_file},
-                    "collect": [task.reward_file], "meta": meta,
+                    "collect": [task.reward_file, *task.meta.get("collect", [])], "meta": meta,
                 }
                 if task.image:
                     job["image"] = task.image

@@ -178,11 +178,11 @@ def plot_report(rep: dict[str, Any], path: str, *, other: dict[str, Any] | None 
             x = np.arange(len(harnesses)) + (j - (len(reports) - 1) / 2) * width
             ax.bar(x, vals, width, yerr=np.vstack([lo, hi]), capsize=3, label=label or None)
         ax.set_xticks(np.arange(len(harnesses)), harnesses, rotation=20, ha="right")
-        ax.set_ylim(0, 100)
+        ax.set_ylim(0, 110)
         ax.set_ylabel(f"pass@{k} (%)")
         ax.set_title(f"pass@{k}, {int(round(100 * rep['confidence']))}% bootstrap CI")
         if other is not None:
-            ax.legend()
+            ax.legend(loc="upper center", ncol=2, fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -18,6 +18,8 @@ from typing import Any
 
 from claw_bench.check import parse_reward
 from claw_bench.errors import RecordError
+from claw_bench.loaders._common import checker_details
+from claw_bench.loaders.judge import Judge, apply_judge
 from claw_bench.records import OUTCOME
 
 
@@ -38,8 +40,13 @@ def _reward_from_collected(run: dict[str, Any]) -> tuple[float | None, dict[str,
     return None, {}
 
 
-def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str = "run") -> dict[str, Any]:
-    """The claw.outcome/v1 dict of one claw.run/v1 dict (see the module docstring for the rules)."""
+def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str = "run",
+              judge: Judge | None = None) -> dict[str, Any]:
+    """The claw.outcome/v1 dict of one claw.run/v1 dict (see the module docstring for the rules).
+
+    Runs whose meta carries a ``judge`` rubric (PinchBench llm_judge / hybrid, ClawGym hybrid)
+    go through ``judge`` (claw_bench.loaders.judge): without one they are ``not_scorable``.
+    """
     meta = run.get("meta") or {}
     if not isinstance(meta, dict):
         raise RecordError(f"{where}: field 'meta' must be an object")
@@ -85,6 +92,7 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
         out["error"] = f"verifier reward {reward!r} is not a number in [0, 1]"
         return out
     details.update(subs)
+    details.update(checker_details(run))
     if isinstance(verify.get("output"), str) and verify["output"]:
         details["verify_output"] = verify["output"][-2000:]
     thr = threshold if threshold is not None else meta.get("pass_threshold")
@@ -93,10 +101,13 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
     if status == "timeout":
         details["agent_timed_out"] = True
     out["details"] = details
+    if isinstance(meta.get("judge"), dict):
+        out = apply_judge(out, run, meta["judge"], judge, threshold)
     return out
 
 
-def score_runs(runs: Iterable[dict[str, Any]], *, threshold: float | None = None) -> list[dict[str, Any]]:
+def score_runs(runs: Iterable[dict[str, Any]], *, threshold: float | None = None,
+               judge: Judge | None = None) -> list[dict[str, Any]]:
     """claw.outcome/v1 dicts for claw.run/v1 dicts, in order; errors name the record's index."""
-    return [score_run(r, threshold=threshold, where=f"run #{i + 1} ({r.get('job_id', '?')})")
+    return [score_run(r, threshold=threshold, where=f"run #{i + 1} ({r.get('job_id', '?')})", judge=judge)
             for i, r in enumerate(runs)]

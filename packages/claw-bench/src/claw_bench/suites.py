@@ -9,6 +9,7 @@ import attrs
 
 from claw_bench.errors import TaskError
 from claw_bench.harbor import is_harbor_task, load_harbor_task
+from claw_bench.loaders import LoadOptions, detect_layout, load_public
 from claw_bench.tasks import Task, load_task
 
 
@@ -54,23 +55,37 @@ def load_any_task(path: str | Path) -> Task:
     raise TaskError(f"{path}: not a task directory (need task.toml + verify script, or instruction.md + tests/)")
 
 
-def load_suite(name_or_path: str | Path) -> Suite:
+def _load_entry(path: Path, options: LoadOptions | None) -> list[Task]:
+    """A claw task directory, or a public-layout task path (ClawGym, PinchBench, Harbor; see loaders)."""
+    if path.is_dir() and (path / "task.toml").is_file() and not is_harbor_task(path):
+        return [load_task(path)]
+    if detect_layout(path):
+        return load_public(path, options)
+    return [load_any_task(path)]
+
+
+def load_suite(name_or_path: str | Path, options: LoadOptions | None = None) -> Suite:
     """Load a built-in suite by name (``claw-mini``, ``claw-toy``) or a directory of tasks.
 
-    A directory is either one task or holds one task per sub-directory (claw or Harbor layout,
-    mixed freely). Task ids must be unique; every task is validated.
+    A directory is either one task or holds one task per sub-directory (claw, Harbor or ClawGym
+    layout, mixed freely) and PinchBench ``.md`` / ClawGym ``.jsonl`` files; a path may also be
+    one such file. ``options`` tune the public layouts (threshold, workspace remap, checker
+    timeout). Task ids must be unique; every task is validated.
     """
     s = str(name_or_path)
     path = Path(s)
     if s in builtin_suites() and not path.exists():
         path = _builtin_root() / s
-    if not path.is_dir():
+    if path.is_file() and detect_layout(path):
+        tasks = load_public(path, options)
+    elif not path.is_dir():
         raise TaskError(f"unknown suite {s!r}: not a directory and not one of {builtin_suites()}")
-    if (path / "task.toml").is_file() or is_harbor_task(path):
-        tasks = [load_any_task(path)]
+    elif (path / "task.toml").is_file() or is_harbor_task(path) or detect_layout(path):
+        tasks = _load_entry(path, options)
     else:
-        subdirs = [p for p in sorted(path.iterdir()) if p.is_dir() and not p.name.startswith(("_", "."))]
-        tasks = [load_any_task(p) for p in subdirs]
+        entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(("_", "."))
+                   and (p.is_dir() or detect_layout(p))]
+        tasks = [t for p in entries for t in _load_entry(p, options)]
     if not tasks:
         raise TaskError(f"suite {s}: {path} holds no task directories")
     seen: dict[str, str] = {}

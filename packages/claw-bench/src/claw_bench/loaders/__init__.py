@@ -1,0 +1,68 @@
+"""Loaders of public task suites, as published, into claw-bench's Task model.
+
+- ClawGym-Bench / ClawGym training tasks: directories with ``data_entry.json`` or a JSONL file
+  (:mod:`claw_bench.loaders.clawgym`),
+- PinchBench task Markdown files (:mod:`claw_bench.loaders.pinchbench`),
+- Harbor / Terminal-Bench 2 task directories (:mod:`claw_bench.loaders.harbor_tb`),
+
+plus the optional LLM judge (:mod:`claw_bench.loaders.judge`) and transcripts for checkers built
+from claw-proxy's call records (:mod:`claw_bench.loaders.transcript`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from claw_bench.errors import TaskError
+from claw_bench.harbor import is_harbor_task
+from claw_bench.loaders._common import LoadOptions
+from claw_bench.loaders.clawgym import is_clawgym_task, load_clawgym_jsonl, load_clawgym_task
+from claw_bench.loaders.harbor_tb import load_harbor_tb_task
+from claw_bench.loaders.judge import Judge, JudgeError, apply_judge
+from claw_bench.loaders.pinchbench import is_pinchbench_file, load_pinchbench_task
+from claw_bench.tasks import Task
+
+LAYOUTS = ("clawgym", "clawgym-jsonl", "pinchbench", "harbor")
+
+
+def detect_layout(path: str | Path) -> str | None:
+    """The public layout of one task path (see LAYOUTS), or None when it is none of them."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix == ".jsonl":
+            return "clawgym-jsonl"
+        return "pinchbench" if is_pinchbench_file(path) else None
+    if is_clawgym_task(path):
+        return "clawgym"
+    if is_harbor_task(path):
+        return "harbor"
+    return None
+
+
+def load_public(path: str | Path, opts: LoadOptions | None = None) -> list[Task]:
+    """The tasks of one public-layout path: a task directory, a PinchBench .md or a ClawGym .jsonl."""
+    layout = detect_layout(path)
+    if layout == "clawgym":
+        return [load_clawgym_task(path, opts)]
+    if layout == "clawgym-jsonl":
+        return load_clawgym_jsonl(path, opts)
+    if layout == "pinchbench":
+        return [load_pinchbench_task(path, opts)]
+    if layout == "harbor":
+        return [load_harbor_tb_task(path, opts)]
+    raise TaskError(f"{path}: not a public task (expected data_entry.json, instruction.md + tests/, "
+                    "a PinchBench .md with front matter, or a ClawGym .jsonl)")
+
+
+def load_public_dir(path: str | Path, opts: LoadOptions | None = None) -> list[Task]:
+    """Every public task under a directory: the directory itself, its entries, or its ``tasks/``."""
+    path = Path(path)
+    if detect_layout(path):
+        return load_public(path, opts)
+    root = path / "tasks" if (path / "tasks").is_dir() and not any(detect_layout(p) for p in path.iterdir()) else path
+    entries = [p for p in sorted(root.iterdir()) if not p.name.startswith(("_", ".")) and detect_layout(p)]
+    return [t for p in entries for t in load_public(p, opts)]
+
+
+__all__ = ["LAYOUTS", "Judge", "JudgeError", "LoadOptions", "apply_judge", "detect_layout", "load_clawgym_jsonl",
+           "load_clawgym_task", "load_harbor_tb_task", "load_pinchbench_task", "load_public", "load_public_dir"]

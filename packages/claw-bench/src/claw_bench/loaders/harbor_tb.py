@@ -1,0 +1,94 @@
+"""Harbor / Terminal-Bench 2 tasks with continuous rewards and the Docker image of their Dockerfile.
+
+Extends claw_bench.harbor (which reads instruction.md, task.toml, tests/, solution/ and
+rewrites ``/tests/`` and ``/logs/verifier/`` to paths inside the hidden verify folder): the
+verify step becomes a bash runner (task images need not have Python) that
+
+- runs ``tests/test.sh`` with ``[verifier].env`` and kills it at ``[verifier] timeout_sec``,
+- takes the reward from ``logs/verifier/reward.txt`` (one number) or ``reward.json`` (numeric
+  keys: named sub-scores, reward = their mean), and counts a missing reward as 0,
+- records why in ``.claw_verify/details.json`` (timeout, exit code, missing reward).
+
+The image: ``[environment] docker_image`` when set, else a tag derived from the Dockerfile's
+content (``claw-harbor/<task>:<sha12>``), built by the command in ``task.meta["docker_build"]``
+(the Docker backend never pulls or builds by itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from claw_bench.errors import TaskError
+from claw_bench.harbor import is_harbor_task, load_harbor_task
+from claw_bench.loaders._common import DETAILS_FILE, VERIFY_MARGIN_S, LoadOptions
+from claw_bench.tasks import REWARD_FILE, Script, Task
+
+_RUNNER = r"""#!/bin/bash
+# claw-bench's Harbor verify runner: runs tests/test.sh, turns reward.txt / reward.json into the reward.
+V="${CLAW_VERIFY_DIR:-.claw_verify}"; L="$V/logs/verifier"; R="${CLAW_REWARD_FILE:-$V/reward.json}"
+mkdir -p "$L"; rm -f "$L/reward.txt" "$L/reward.json"
+__ENV__
+timeout -s KILL __TIMEOUT__ bash "$V/tests/test.sh"; code=$?
+reason=""
+if [ "$code" = 137 ]; then reason="tests/test.sh killed at its timeout (__TIMEOUT__s)"; fi
+if [ -z "$reason" ] && [ -s "$L/reward.txt" ]; then tr -d ' \t\r\n' < "$L/reward.txt" > "$R"
+elif [ -z "$reason" ] && [ -s "$L/reward.json" ]; then cp "$L/reward.json" "$R"
+else echo 0 > "$R"; [ -n "$reason" ] || reason="no reward: tests/test.sh (exit $code) wrote neither reward.txt nor reward.json"
+fi
+timed_out=false; [ "$code" = 137 ] && timed_out=true
+if [ -n "$reason" ]; then
+  echo "reward 0 ($reason)"
+  r="\"$(printf '%s' "$reason" | sed 's/\\/\\\\/g; s/"/\\"/g')\""
+else r=null; fi
+printf '{"checker_exit_code": %s, "checker_timed_out": %s, "reason": %s}\n' "$code" "$timed_out" "$r" > "__DETAILS__"
+exit "$code"
+"""
+
+
+def _toml(task_dir: Path) -> dict[str, Any]:
+    p = task_dir / "task.toml"
+    if not p.is_file():
+        return {}
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{p}: invalid TOML: {exc}") from exc
+
+
+def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -> Task:
+    """A Harbor / Terminal-Bench 2 task directory as a Task with the continuous-reward runner."""
+    opts = opts or LoadOptions()
+    task_dir = Path(task_dir)
+    if not is_harbor_task(task_dir):
+        raise TaskError(f"{task_dir}: not a Harbor task (needs instruction.md and tests/)")
+    base = load_harbor_task(task_dir)
+    meta = _toml(task_dir)
+    vtable = meta.get("verifier") if isinstance(meta.get("verifier"), dict) else {}
+    env = vtable.get("env", {})
+    if not isinstance(env, dict):
+        raise TaskError(f"{task_dir / 'task.toml'}: field [verifier] env must be a table")
+    timeout = opts.checker_timeout_s or base.verify_timeout_s
+    exports = "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if str(k).isidentifier())
+    text = (_RUNNER.replace("__TIMEOUT__", f"{timeout:g}").replace("__ENV__", exports)
+            .replace("__DETAILS__", DETAILS_FILE))
+    hidden = {k: v for k, v in base.hidden.items()}
+    hidden["tests/test.sh"] = base.verify.text
+    task_meta = dict(base.meta)
+    image = base.image
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    if dockerfile.is_file():
+        digest = hashlib.sha256(dockerfile.read_bytes()).hexdigest()[:12]
+        if image is None:
+            image = f"claw-harbor/{base.id.lower()}:{digest}"
+        task_meta["docker_build"] = f"docker build -t {image} {shlex.quote(str(dockerfile.parent))}"
+    task_meta["collect"] = [DETAILS_FILE]
+    return attrs.evolve(base, verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
+                        hidden=hidden, reward_file=REWARD_FILE, verify_timeout_s=timeout + VERIFY_MARGIN_S,
+                        pass_threshold=opts.pass_threshold, image=image, meta=task_meta)
+

@@ -1,0 +1,172 @@
+"""The LLM judge: rubric + instruction + final workspace files -> a score in [0, 1] and the raw answer.
+
+Off unless configured. It calls any OpenAI-chat-compatible endpoint (``api="openai"``: POST
+``{base_url}/chat/completions``, base URL with ``/v1`` as in OPENAI_BASE_URL) or
+Anthropic-compatible one (``api="anthropic"``: POST ``{base_url}/v1/messages``), directly or
+through claw-proxy's passthrough engine.
+
+``claw-bench score`` applies it to every outcome whose run meta carries a ``judge`` spec (set by
+the PinchBench llm_judge / hybrid and ClawGym hybrid loaders): reward = w_auto x automated +
+w_judge x judge. Without a judge such outcomes are ``not_scorable`` (never failed); a judge that
+cannot be reached or answers without a score makes the outcome ``infra_error`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import attrs
+import httpx
+
+from claw_bench.errors import ClawError
+
+APIS = ("openai", "anthropic")
+HIDDEN_PREFIXES = (".claw_verify/", ".claw_harness/", ".claw_setup/")
+MAX_FILE_CHARS = 20_000
+MAX_TOTAL_CHARS = 120_000
+SYSTEM = ("You are a strict, fair grader of an AI agent's work. You are given the task the agent "
+          "was asked to do, a grading rubric and the files of its final workspace. Judge only "
+          "what the files show. Answer with one JSON object and nothing after it: "
+          '{"score": <number from 0 to 1>, "reasoning": "<one short paragraph>"}.')
+_SCORE_RE = re.compile(r'"?score"?\s*[:=]\s*"?(-?\d+(?:\.\d+)?)\s*(/\s*(\d+(?:\.\d+)?))?')
+
+
+class JudgeError(ClawError):
+    """The judge could not be asked or its answer holds no score in [0, 1]."""
+
+
+def parse_score(text: str) -> float:
+    """The score in [0, 1] of a judge's answer: its last JSON object with "score", else "score: X"."""
+    for m in reversed(list(re.finditer(r"\{[^{}]*\}", text, re.S))):
+        try:
+            obj = json.loads(m.group(0))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and "score" in obj:
+            v = obj["score"]
+            if isinstance(v, str):
+                try:
+                    v = float(v)
+                except ValueError:
+                    continue
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1:
+                return float(v)
+            raise JudgeError(f"judge score {v!r} is not a number in [0, 1]")
+    found = _SCORE_RE.findall(text)
+    if found:
+        num, _, den = found[-1]
+        v = float(num) / float(den) if den else float(num)
+        if 0 <= v <= 1:
+            return v
+        raise JudgeError(f"judge score {v!r} is not a number in [0, 1]")
+    raise JudgeError(f"the judge's answer holds no score: {text[:200]!r}")
+
+
+def judge_prompt(instruction: str, rubric: str, files: dict[str, str]) -> str:
+    """The user message: the task, the rubric, then the workspace files (each and all truncated)."""
+    parts, total = [], 0
+    for path in sorted(files):
+        body = files[path]
+        if len(body) > MAX_FILE_CHARS:
+            body = body[:MAX_FILE_CHARS] + f"\n[... {len(files[path]) - MAX_FILE_CHARS} more characters cut]"
+        if total + len(body) > MAX_TOTAL_CHARS:
+            parts.append(f"[{len(files) - len(parts)} more files left out: the prompt is full]")
+            break
+        total += len(body)
+        parts.append(f"=== {path} ===\n{body}")
+    listing = "\n\n".join(parts) if parts else "(the workspace is empty)"
+    return (f"# Task given to the agent\n\n{instruction.strip()}\n\n# Rubric\n\n{rubric.strip()}\n\n"
+            f"# Final workspace files\n\n{listing}\n\nGrade the work against the rubric. Reply with the JSON object.")
+
+
+def workspace_files(collected: dict[str, Any] | None) -> dict[str, str]:
+    """The agent's files among a run's collected files (the verify and harness folders left out)."""
+    return {k: v for k, v in (collected or {}).items()
+            if isinstance(v, str) and not k.startswith(HIDDEN_PREFIXES) and not k.startswith("reward/")}
+
+
+@attrs.frozen(kw_only=True)
+class Judge:
+    """An OpenAI- or Anthropic-compatible endpoint used as the rubric judge."""
+
+    base_url: str
+    model: str
+    api: str = "openai"
+    api_key: str | None = None
+    timeout_s: float = 120.0
+    max_tokens: int = 1024
+    transport: httpx.BaseTransport | None = attrs.field(default=None, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.api not in APIS:
+            raise JudgeError(f"judge api must be one of {APIS}, got {self.api!r}")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise JudgeError(f"judge URL {self.base_url!r}: expected http(s)://HOST[:PORT][/v1]")
+
+    def ask(self, prompt: str) -> str:
+        """The judge's raw text answer to ``prompt`` (JudgeError naming the request on failure)."""
+        base = self.base_url.rstrip("/")
+        if self.api == "openai":
+            url = f"{base}/chat/completions"
+            body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
+                                    "messages": [{"role": "system", "content": SYSTEM},
+                                                 {"role": "user", "content": prompt}]}
+            headers = {"authorization": f"Bearer {self.api_key or 'none'}"}
+        else:
+            url = f"{base.removesuffix('/v1')}/v1/messages"
+            body = {"model": self.model, "max_tokens": self.max_tokens, "temperature": 0, "system": SYSTEM,
+                    "messages": [{"role": "user", "content": prompt}]}
+            headers = {"x-api-key": self.api_key or "none", "anthropic-version": "2023-06-01"}
+        try:
+            with httpx.Client(transport=self.transport, timeout=self.timeout_s) as client:
+                r = client.post(url, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise JudgeError(f"judge request POST {url} failed: {type(exc).__name__}: {exc}") from exc
+        if r.status_code != 200:
+            raise JudgeError(f"judge request POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            data = r.json()
+            if self.api == "openai":
+                return str(data["choices"][0]["message"]["content"] or "")
+            return "".join(b.get("text", "") for b in data["content"] if b.get("type") == "text")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise JudgeError(f"judge response of POST {url} is not a {self.api} reply: {r.text[:300]}") from exc
+
+    def grade(self, *, instruction: str, rubric: str, files: dict[str, str]) -> tuple[float, str]:
+        """(score in [0, 1], raw answer) for one rollout's final workspace."""
+        raw = self.ask(judge_prompt(instruction, rubric, files))
+        return parse_score(raw), raw
+
+
+def apply_judge(out: dict[str, Any], run: dict[str, Any], spec: dict[str, Any], judge: Judge | None,
+                threshold: float | None) -> dict[str, Any]:
+    """Fold the judge into a scored claw.outcome/v1 dict (see the module docstring); returns it."""
+    if out.get("status") != "ok":
+        return out
+    details = out.setdefault("details", {})
+    grading = spec.get("grading", "hybrid")
+    weights = spec.get("weights") or {}
+    w_auto, w_judge = float(weights.get("automated", 0.0)), float(weights.get("llm_judge", 1.0))
+    automated = details.get("automated_score", out.get("reward"))
+    details["grading"] = grading
+    if judge is None:
+        out.update(status="not_scorable", reward=None, passed=None,
+                   error=f"task needs an LLM judge (grading {grading}) and none is configured "
+                         "(claw-bench score --judge-url URL --judge-model NAME)")
+        return out
+    try:
+        score, raw = judge.grade(instruction=str(spec.get("instruction", "")), rubric=str(spec.get("rubric", "")),
+                                 files=workspace_files(run.get("collected")))
+    except JudgeError as exc:
+        out.update(status="infra_error", reward=None, passed=None, error=str(exc))
+        return out
+    details.update(judge_score=score, judge_raw=raw[-4000:], judge_model=judge.model)
+    auto = float(automated) if isinstance(automated, int | float) and w_auto > 0 else 0.0
+    reward = min(1.0, max(0.0, w_auto * auto + w_judge * score))
+    out["reward"] = reward
+    thr = threshold if threshold is not None else (run.get("meta") or {}).get("pass_threshold")
+    out["passed"] = bool(reward >= thr) if isinstance(thr, int | float) else reward >= 1.0
+    return out
