@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -95,7 +96,9 @@ def test_orphan_detector_sees_a_daemon_outside_any_sandbox():
     """Control for the two tests above: the same daemonizing command, unsandboxed, survives."""
     token = f"{uuid.uuid4().int % 10**6}.75"
     subprocess.run(["bash", "-c", f"(setsid sleep {token} >/dev/null 2>&1 &)"], check=True)
-    pids = alive_with(f"sleep {token}")
+    deadline = time.monotonic() + 5
+    while not (pids := alive_with(f"sleep {token}")) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the detached child may not have exec'd sleep yet
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     assert len(pids) == 1

@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +63,19 @@ def root_binds() -> list[str]:
     return args
 
 
+def _is_ns_init(pid: int) -> bool:
+    """Whether a host pid is pid 1 of a child pid namespace (as a bwrap sandbox's init is)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    ids = line.split()[1:]
+                    return len(ids) >= 2 and ids[-1] == "1"
+    except OSError:
+        return False
+    return False
+
+
 class BwrapSandbox(Sandbox):
     inside_workspace = INNER_WORKSPACE
     inside_tmp = "/tmp"
@@ -70,6 +86,7 @@ class BwrapSandbox(Sandbox):
         self.owner = backend.owner
         self.cgroup: _cgroup.JobCgroup | None = None
         self.relay: _forward.Relay | None = None
+        self._status, self._status_fd = b"", -1
 
     async def start(self) -> None:
         if self.job.limits.any() and self.backend.cgroups.version is not None:
@@ -133,6 +150,33 @@ class BwrapSandbox(Sandbox):
         killpg(pid)  # the bwrap monitor; --die-with-parent takes the namespace down with it
         if self.cgroup is not None:
             self.cgroup.kill_all()
+        self._await_namespace_end()
+
+    def _read_status(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self._status_fd, 65536):
+                self._status += chunk
+
+    def _await_namespace_end(self) -> None:
+        """Wait until the sandbox's pid 1 has exited, i.e. the kernel has killed everything in
+        its pid namespace. bwrap's monitor reports the command's exit before that happens."""
+        self._read_status()
+        match = re.search(rb'"child-pid":\s*(\d+)', self._status)
+        if not match or not hasattr(os, "pidfd_open"):
+            return
+        pid = int(match.group(1))
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return  # already gone
+        try:
+            if not _is_ns_init(pid):
+                return  # the pid was reused: not ours
+            if not select.select([pidfd], [], [], 2.0)[0]:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                select.select([pidfd], [], [], 5.0)
+        finally:
+            os.close(pidfd)
 
     async def run(
         self, command: Command, *, timeout_s: float, merge_stderr: bool = False
@@ -145,6 +189,8 @@ class BwrapSandbox(Sandbox):
         env = self.env()
         if self.relay is not None and not self.backend.socat:
             env["CLAW_FORWARDER"] = _forward.PY_FORWARDER
+        self._status, self._status_fd = b"", status_r
+        os.set_blocking(status_r, False)
         try:
             result = await run_step(
                 argv, env=env, cwd="/", timeout_s=timeout_s, output_bytes=self.job.limits.output_bytes,
@@ -153,13 +199,9 @@ class BwrapSandbox(Sandbox):
             )  # fmt: skip
         finally:
             os.close(status_w)
-            os.set_blocking(status_r, False)
-            status = b""
-            with contextlib.suppress(BlockingIOError, OSError):
-                while chunk := os.read(status_r, 65536):
-                    status += chunk
+            self._read_status()
             os.close(status_r)
-        if b"child-pid" not in status and not result.timed_out:
+        if b"child-pid" not in self._status and not result.timed_out:
             text = (result.stderr or result.stdout).strip().splitlines()
             raise InfraError(
                 f"bwrap could not start the sandbox: {text[-1] if text else 'no message'}"
