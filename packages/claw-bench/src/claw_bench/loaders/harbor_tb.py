@@ -37,7 +37,10 @@ __ENV__
 timeout -s KILL __TIMEOUT__ bash "$V/tests/test.sh"; code=$?
 reason=""
 if [ "$code" = 137 ]; then reason="tests/test.sh killed at its timeout (__TIMEOUT__s)"; fi
-if [ -z "$reason" ] && [ -s "$L/reward.txt" ]; then tr -d ' \t\r\n' < "$L/reward.txt" > "$R"
+if [ -z "$reason" ] && [ -s "$L/reward.txt" ]; then
+  v=$(tr -d ' \t\r\n' < "$L/reward.txt")
+  if printf '%s' "$v" | grep -Eqx '(0|1|0?\.[0-9]+|0\.[0-9]*|1\.0*)'; then printf '%s\n' "$v" > "$R"
+  else echo 0 > "$R"; reason="reward.txt is not a number in [0, 1]: $(printf '%s' "$v" | head -c 80)"; fi
 elif [ -z "$reason" ] && [ -s "$L/reward.json" ]; then cp "$L/reward.json" "$R"
 else echo 0 > "$R"; [ -n "$reason" ] || reason="no reward: tests/test.sh (exit $code) wrote neither reward.txt nor reward.json"
 fi
