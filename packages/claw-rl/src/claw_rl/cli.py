@@ -249,3 +249,7 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
             write_jsonl([{"call_id": row["call_id"], "session": row.get("session"), "seq": row.get("seq"),
                           "logprobs": lp[n_p:], "mismatch": finish_mismatch(st)}], fh)
     click.echo(json.dumps({"calls": len(pairs), **finish_mismatch(total)}), err=True)
+
+
+if __name__ == "__main__":
+    main()
