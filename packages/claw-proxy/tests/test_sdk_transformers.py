@@ -165,3 +165,58 @@ def test_record_bodies_kept(tiny_server):
     assert c.request["stream"] is True
     assert c.response["object"] == "chat.completion"
     json.dumps(c.to_dict())
+
+
+@pytest.mark.slow
+def test_requests_join_a_running_batch(tmp_path, model):
+    """Continuous batching: short requests sent while a long one decodes join its batch, finish
+    first, and every row's logprobs (merged, left-padded, trimmed caches) match a forward pass."""
+    from claw_proxy import ProxyConfig, ProxyServer, mint_token
+    from conftest import SECRET
+
+    cfg = ProxyConfig(
+        engine=f"transformers:{TINY}",
+        secret=SECRET,
+        admin_token=ADMIN,
+        record=str(tmp_path / "calls.jsonl"),
+        max_tokens_cap=600,
+    )
+    with ProxyServer(cfg) as srv, httpx.Client(base_url=srv.url, timeout=120) as h:
+
+        def ask(session, text, n, stream=False):
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": n,
+                "stream": stream,
+                "temperature": 0.0
+                if stream
+                else 1.0,  # the long one is greedy: deterministic length
+            }
+            return h.build_request(
+                "POST",
+                "/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {mint_token(session, SECRET)}"},
+            )
+
+        r = h.send(ask("long", "tell a long story", 300, stream=True), stream=True)
+        try:
+            lines = r.iter_lines()
+            next(lines)
+            with cf.ThreadPoolExecutor(4) as pool:
+                short = list(
+                    pool.map(
+                        lambda i: h.send(ask(f"short{i}", "q " * (2 + 5 * i), 6)).status_code,
+                        range(4),
+                    )
+                )
+            rest = list(lines)
+        finally:
+            r.close()
+        assert short == [200] * 4 and "data: [DONE]" in rest
+    calls = {c.session: c for c in read_calls(cfg.record)}
+    assert all(calls[f"short{i}"].ended_at < calls["long"].ended_at for i in range(4))
+    assert len(calls["long"].completion_ids) == 300  # still decoding when the short ones were done
+    for c in calls.values():
+        _check_logprobs(model, c)

@@ -5,7 +5,9 @@ The worker takes the first waiting request, collects more for `batch_wait` secon
 each row with its own temperature / top-p / top-k / seed and its own stop. Every sampled id is
 pushed to its request as soon as it is sampled (real streaming) with the raw log-softmax of
 the logits at temperature 1 (the distribution the learner recomputes), whatever the sampling
-temperature was. Requests arriving during a batch wait for the next one.
+temperature was. Between steps, finished rows leave the batch and requests that arrived join
+it (continuous batching: their prompts are prefilled and their KV caches left-padded into the
+running one), as long as the weights have not changed since the batch started.
 
 `load_policy` loads new weights beside the old ones and swaps them between batches: a batch
 in flight finishes on the weights it started with and reports that version.
@@ -166,53 +168,143 @@ class TransformersEngine(Engine):
                 job.generator.seed()
         return int(torch.multinomial(probs, 1, generator=job.generator))
 
-    def _run(self, model, batch: list[_Job]) -> None:
+    def _prefill(self, model, jobs: list[_Job]):
+        """Left-padded forward pass over new prompts: (cache, mask, last positions, logits)."""
         import torch
 
-        B = len(batch)
-        L = max(len(j.req.prompt_ids) for j in batch)
+        B = len(jobs)
+        L = max(len(j.req.prompt_ids) for j in jobs)
         ids = torch.full((B, L), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, L), dtype=torch.long)
-        for i, j in enumerate(batch):
+        for i, j in enumerate(jobs):
             p = j.req.prompt_ids
             ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, L - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        active = [True] * B
-        counts = [0] * B
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        return _cache_of(out), mask, pos[:, -1:], out.logits[:, -1, :].float()
+
+    def _admit(self, model, room: int) -> list[_Job]:
+        """Requests waiting now that can join the running batch (same weights, room left)."""
+        new: list[_Job] = []
+        while len(new) < room and self._current[0] is model:
+            try:
+                j = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if j is None:
+                self._jobs.put(None)
+                break
+            if not j.gen.cancelled:
+                new.append(j)
+        return new
+
+    def _run(self, model, batch: list[_Job]) -> None:
+        """Decode `batch` step by step. Between steps, finished rows leave the batch and waiting
+        requests join it (continuous batching), when the KV cache's layout allows it. Jobs
+        that join are appended to `batch`."""
+        import torch
+
+        rows = list(batch)
+        policy = dict(self._current[1]) if self._current[0] is model else None
         with torch.inference_mode():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-            past = _cache_of(out)
-            logits = out.logits[:, -1, :].float()
+            past, mask, pos, logits = self._prefill(model, rows)
+            counts = [0] * len(rows)
+            growable = _layers(past) is not None
             while True:
                 logp = torch.log_softmax(logits, dim=-1)
-                nxt = []
-                for i, j in enumerate(batch):
-                    if not active[i]:
-                        nxt.append(self.pad_id)
-                        continue
+                nxt, keep = [], []
+                for i, j in enumerate(rows):
                     if j.gen.cancelled:
-                        active[i] = False
                         j.gen.put("end", None)
-                        nxt.append(self.pad_id)
                         continue
                     tok = self._sample(logits[i], j)
                     j.gen.put("tokens", [(tok, float(logp[i, tok]))])
                     counts[i] += 1
                     if tok in j.req.stop_ids or counts[i] >= j.req.max_tokens:
-                        active[i] = False
                         j.gen.put("end", "stop" if tok in j.req.stop_ids else "length")
+                        continue
                     nxt.append(tok)
-                if not any(active):
+                    keep.append(i)
+                new = self._admit(model, self.max_batch - len(keep)) if growable and policy else []
+                if not keep and not new:
                     return
-                mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=-1)
-                pos = pos[:, -1:] + 1
-                out = model(
-                    input_ids=torch.tensor(nxt, dtype=torch.long)[:, None],
-                    attention_mask=mask,
-                    position_ids=pos,
-                    use_cache=True,
-                    **{_cache_arg(model): past},
-                )
-                past = _cache_of(out)
-                logits = out.logits[:, -1, :].float()
+                if keep:
+                    if len(keep) < len(rows):
+                        idx = torch.tensor(keep, dtype=torch.long)
+                        _select(past, idx)
+                        mask, pos = mask[idx], pos[idx]
+                        rows, counts = [rows[i] for i in keep], [counts[i] for i in keep]
+                    mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=-1)
+                    pos = pos + 1
+                    out = model(
+                        input_ids=torch.tensor(nxt, dtype=torch.long)[:, None],
+                        attention_mask=mask,
+                        position_ids=pos,
+                        use_cache=True,
+                        **{_cache_arg(model): past},
+                    )
+                    past = _cache_of(out)
+                    logits = out.logits[:, -1, :].float()
+                    mask, past = _trim(mask, past)
+                if new:
+                    for j in new:
+                        j.gen.put("policy", dict(policy))
+                    batch.extend(new)
+                    past2, mask2, pos2, logits2 = self._prefill(model, new)
+                    if keep:
+                        past, mask = _merge(past, mask, past2, mask2)
+                        pos, logits = torch.cat([pos, pos2]), torch.cat([logits, logits2])
+                        rows, counts = rows + new, counts + [0] * len(new)
+                    else:
+                        past, mask, pos, logits = past2, mask2, pos2, logits2
+                        rows, counts = new, [0] * len(new)
+
+
+def _layers(cache):
+    """The (keys, values) holders of a KV cache, or None for a layout this engine cannot edit."""
+    layers = getattr(cache, "layers", None)
+    if layers and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+        return layers
+    return None
+
+
+def _select(cache, idx) -> None:
+    for layer in _layers(cache) or ():
+        layer.keys, layer.values = layer.keys[idx], layer.values[idx]
+    if _layers(cache) is None:
+        cache.batch_select_indices(idx)
+
+
+def _pad_left(t, n: int):
+    import torch
+
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[-2] = n
+    return torch.cat([t.new_zeros(shape), t], dim=-2)
+
+
+def _merge(cache, mask, cache2, mask2):
+    """Stack two batches' caches and masks, left-padding the shorter in time."""
+    import torch
+
+    T1, T2 = mask.shape[1], mask2.shape[1]
+    T = max(T1, T2)
+    for a, b in zip(_layers(cache), _layers(cache2), strict=True):
+        a.keys = torch.cat([_pad_left(a.keys, T - T1), _pad_left(b.keys, T - T2)], dim=0)
+        a.values = torch.cat([_pad_left(a.values, T - T1), _pad_left(b.values, T - T2)], dim=0)
+    pad = lambda m, n: torch.cat([m.new_zeros((m.shape[0], n)), m], dim=1)  # noqa: E731
+    return cache, torch.cat([pad(mask, T - T1), pad(mask2, T - T2)], dim=0)
+
+
+def _trim(mask, cache):
+    """Drop time columns that are padding for every row (left over from rows that left)."""
+    lead = int((mask.cumsum(-1) == 0).sum(-1).min())
+    layers = _layers(cache)
+    if lead == 0 or layers is None:
+        return mask, cache
+    for layer in layers:
+        layer.keys, layer.values = layer.keys[..., lead:, :], layer.values[..., lead:, :]
+    return mask[:, lead:], cache
