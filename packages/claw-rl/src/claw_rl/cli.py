@@ -154,7 +154,15 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
-        for k in range(n_steps):
+        steps = range(n_steps)
+        if rank == 0 and sys.stderr.isatty() and n_steps > 1:
+            try:
+                from tqdm import tqdm  # comes with transformers; no bar without it
+            except ImportError:
+                pass
+            else:
+                steps = tqdm(steps, desc="claw-rl train", unit="step", file=sys.stderr)
+        for k in steps:
             metrics = learner.step(samples[k * size : (k + 1) * size])
             policy = learner.save(out_dir / "policy" / f"v{learner.version + 1}")
             if rank == 0:
