@@ -39,7 +39,9 @@ reason=""
 if [ "$code" = 137 ]; then reason="tests/test.sh killed at its timeout (__TIMEOUT__s)"; fi
 if [ -z "$reason" ] && [ -s "$L/reward.txt" ]; then
   v=$(tr -d ' \t\r\n' < "$L/reward.txt")
-  if printf '%s' "$v" | grep -Eqx '(0|1|0?\.[0-9]+|0\.[0-9]*|1\.0*)'; then printf '%s\n' "$v" > "$R"
+  if printf '%s' "$v" | grep -Eqx '([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?' \
+     && awk -v x="$v" 'BEGIN { exit !(x + 0 >= 0 && x + 0 <= 1) }'; then
+    awk -v x="$v" 'BEGIN { printf "%.10g\n", x + 0 }' > "$R"
   else echo 0 > "$R"; reason="reward.txt is not a number in [0, 1]: $(printf '%s' "$v" | head -c 80)"; fi
 elif [ -z "$reason" ] && [ -s "$L/reward.json" ]; then cp "$L/reward.json" "$R"
 else echo 0 > "$R"; [ -n "$reason" ] || reason="no reward: tests/test.sh (exit $code) wrote neither reward.txt nor reward.json"
