@@ -25,31 +25,36 @@ def fake_vllm(seen: list):
     async def completions(request):
         body = await request.json()
         seen.append(body)
-        assert all(isinstance(i, int) for i in body["prompt"])
+        assert all(isinstance(i, int) for i in body["prompt"]) and body["stream"] is True
         ids = ANSWER[: body["max_tokens"]]
         lps = [-0.1 * (k + 1) for k in range(len(ids))]
-        return JSONResponse(
-            {
-                "id": "cmpl-1",
-                "object": "text_completion",
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": "hello from vllm",
-                        "token_ids": ids,
-                        "prompt_token_ids": body["prompt"],
-                        "logprobs": {
-                            "tokens": [str(i) for i in ids],
-                            "token_logprobs": lps,
-                            "top_logprobs": None,
-                            "text_offset": [0] * len(ids),
-                        },
-                        "finish_reason": "stop" if len(ids) == len(ANSWER) else "length",
-                    }
-                ],
-            }
-        )
+        finish = "stop" if len(ids) == len(ANSWER) else "length"
+
+        async def sse():
+            # like vLLM: one chunk per token (the first also carries the prompt ids), then [DONE]
+            for k, (i, lp) in enumerate(zip(ids, lps, strict=True)):
+                choice = {
+                    "index": 0,
+                    "text": "x",
+                    "token_ids": [i],
+                    "logprobs": {
+                        "tokens": [str(i)],
+                        "token_logprobs": [lp],
+                        "top_logprobs": [{}],
+                        "text_offset": [0],
+                    },
+                    "finish_reason": finish if k == len(ids) - 1 else None,
+                }
+                if k == 0:
+                    choice["prompt_token_ids"] = body["prompt"]
+                yield (
+                    "data: "
+                    + json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [choice]})
+                    + "\n\n"
+                )
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
 
     async def load_lora(request):
         seen.append(await request.json())

@@ -157,7 +157,8 @@ class ScriptedEngine(Engine):
 
 
 class VLLMEngine(Engine):
-    """A vLLM OpenAI-compatible server, driven token-in/token-out through `/v1/completions`."""
+    """A vLLM OpenAI-compatible server, driven token-in/token-out through `/v1/completions`
+    (streamed: each chunk's `token_ids` and `logprobs.token_logprobs` go on as they come)."""
 
     def __init__(
         self,
@@ -210,22 +211,36 @@ class VLLMEngine(Engine):
                 "skip_special_tokens": False,
                 "stop_token_ids": list(req.stop_ids),
                 "include_stop_str_in_output": True,
+                "stream": True,
             }
             if req.seed is not None:
                 body["seed"] = req.seed
             if req.top_k:
                 body["top_k"] = req.top_k
-            r = await self._client.post("/v1/completions", json=body)
-            if r.status_code >= 400:
-                raise EngineError(f"vLLM answered {r.status_code}: {r.text[:300]}")
-            choice = r.json()["choices"][0]
-            ids = choice["token_ids"]
-            lps = choice["logprobs"]["token_logprobs"]
-            if len(ids) != len(lps):
-                raise EngineError("vLLM returned token ids and logprobs of different lengths")
             gen.put_nowait("policy", policy)
-            gen.put_nowait("tokens", [(int(i), float(lp)) for i, lp in zip(ids, lps, strict=True)])
-            gen.put_nowait("end", choice.get("finish_reason"))
+            finish = None
+            async with self._client.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code >= 400:
+                    raise EngineError(f"vLLM answered {r.status_code}: {(await r.aread())[:300]!r}")
+                async for line in r.aiter_lines():
+                    if gen.cancelled:
+                        break  # closing the stream makes vLLM abort the request
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue
+                    for choice in json.loads(line[5:])["choices"]:
+                        ids = choice.get("token_ids") or []
+                        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                        if len(ids) != len(lps):
+                            raise EngineError(
+                                "vLLM returned token ids and logprobs of different lengths"
+                            )
+                        if ids:
+                            gen.put_nowait(
+                                "tokens",
+                                [(int(i), float(lp)) for i, lp in zip(ids, lps, strict=True)],
+                            )
+                        finish = choice.get("finish_reason") or finish
+            gen.put_nowait("end", finish)
         except EngineError as e:
             gen.put_nowait("error", e)
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
