@@ -186,3 +186,18 @@ def test_wrong_samples_are_rejected(tiny):
         GRPOLearner(GRPOConfig(), tiny).step([dict(s, algo="ppo")])
     with pytest.raises(ClawError, match=r"samples\[0\].*parent\[2\]"):
         GRPOLearner(GRPOConfig(), tiny).step([dict(s, parent=[-1, 0, 2])])
+
+
+@pytest.mark.parametrize("agg", ["weights", "token_mean", "constant"])
+def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
+    """KL to the reference is 0 on step 1 and > 0 once the policy moved; every option runs."""
+    cfg = GRPOConfig(lr=1e-3, kl_coef=0.5, kl_estimator="k3", entropy_coef=0.01, is_correction="mis_sequence",
+                     is_min=1e-3, is_cap=1e3, loss_agg=agg, constant_len=8)
+    learner = GRPOLearner(cfg, tiny)
+    s = tree_sample(PARENT, TRAIN, seed=2, vocab=learner.model.config.vocab_size)
+    s = dict(s, logprobs=learner.logprobs([s])[0])
+    first = learner.step([s])
+    second = learner.step([s])
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-9) and second["kl_ref"] > 0
+    assert second["is_weight_mean"] < 1.0 or second["mismatch_max_abs"] > 0  # pi_old moved off the engine
+    assert all(v is None or np.isfinite(v) for v in second.values() if isinstance(v, float))
