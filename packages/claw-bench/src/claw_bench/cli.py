@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -14,6 +15,8 @@ from claw_bench import __version__
 from claw_bench.check import check_task
 from claw_bench.errors import ClawError
 from claw_bench.harnesses import list_harnesses, load_harness
+from claw_bench.loaders import Judge, LoadOptions
+from claw_bench.loaders.judge import APIS as JUDGE_APIS
 from claw_bench.plan import GROUP_BY, plan_jobs
 from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
 from claw_bench.report import compare, plot_report, render_compare, render_text, report
@@ -96,18 +99,28 @@ def harnesses(as_json: bool) -> None:
 @click.option("--memory-mb", type=click.IntRange(1), help="job limit: memory")
 @click.option("--pids", type=click.IntRange(1), help="job limit: processes")
 @click.option("--cpus", type=click.FloatRange(0, min_open=True), help="job limit: CPUs")
+@click.option("--pass-threshold", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="public suites (ClawGym, PinchBench, Harbor): passed = reward >= THRESHOLD")
+@click.option("--workspace-dir", help="public suites: fixed path the workspace is mounted at, given to checkers "
+              "(default: remap the task's mount dir to the real workspace)")
+@click.option("--checker-timeout", type=click.FloatRange(0, min_open=True),
+              help="public suites: seconds before a checker is killed (scores 0) [default: 120]")
 @click.option("--output", "-o", default="-", show_default=True, help="jobs JSONL file")
 @_errors
 def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: str, proxy_secret_file: str,
          task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
          install: bool, group_by: str, memory_mb: int | None, pids: int | None, cpus: float | None,
-         output: str) -> None:
+         pass_threshold: float, workspace_dir: str | None, checker_timeout: float | None, output: str) -> None:
     """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
 
     Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
     --proxy http://127.0.0.1:8000 --proxy-secret-file secret.txt | claw-sandbox run > runs.jsonl
+
+    SUITE may also be a public suite as published: ClawGym-Bench task directories or JSONL,
+    PinchBench tasks/ Markdown, Harbor / Terminal-Bench 2 task directories.
     """
-    s = load_suite(suite).select(list(task_ids) or None, list(tags) or None)
+    options = LoadOptions(pass_threshold=pass_threshold, workspace_dir=workspace_dir, checker_timeout_s=checker_timeout)
+    s = load_suite(suite, options).select(list(task_ids) or None, list(tags) or None)
     hs = [load_harness(h) for h in harness_names]
     for h in hs:
         if not h.installed() and not install:
@@ -124,19 +137,40 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: st
 @click.argument("runs", default="-")
 @click.option("--threshold", type=click.FloatRange(0, 1), help="passed = reward >= THRESHOLD (default: verifier exit code, or the task's pass_threshold)")
 @click.option("--output", "-o", default="-", show_default=True, help="outcomes JSONL file")
+@click.option("--judge-url", help="LLM judge base URL for rubric-graded tasks (OpenAI: with /v1; Anthropic: without)")
+@click.option("--judge-model", help="model name the judge is asked for")
+@click.option("--judge-api", type=click.Choice(JUDGE_APIS), default="openai", show_default=True)
+@click.option("--judge-key-env", metavar="VAR", help="environment variable holding the judge's API key")
 @_errors
-def score(runs: str, threshold: float | None, output: str) -> None:
+def score(runs: str, threshold: float | None, output: str, judge_url: str | None, judge_model: str | None,
+          judge_api: str, judge_key_env: str | None) -> None:
     """Score claw.run/v1 records into claw.outcome/v1 records (infra errors stay infra_error).
 
+    Tasks graded by an LLM rubric (PinchBench llm_judge / hybrid, ClawGym hybrid) are scored
+    with --judge-url; without it they are not_scorable.
     Example: claw-sandbox run jobs.jsonl | claw-bench score > outcomes.jsonl
+
+    Example: claw-bench score runs.jsonl --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-4o-mini
+    --judge-key-env OPENAI_API_KEY > outcomes.jsonl
     """
+    judge = None
+    if judge_url:
+        if not judge_model:
+            raise click.UsageError("--judge-url needs --judge-model")
+        key = os.environ.get(judge_key_env) if judge_key_env else None
+        if judge_key_env and key is None:
+            raise click.UsageError(f"--judge-key-env {judge_key_env}: the variable is not set")
+        judge = Judge(base_url=judge_url, model=judge_model, api=judge_api, api_key=key)
+
     def gen():
         for i, r in enumerate(iter_records(runs, RUN), start=1):
-            yield score_run(r, threshold=threshold, where=f"{'<stdin>' if runs == '-' else runs}:{i}")
+            yield score_run(r, threshold=threshold, where=f"{'<stdin>' if runs == '-' else runs}:{i}", judge=judge)
     outs = list(gen())
     write_records(output, outs)
     ok = sum(o["status"] == "ok" for o in outs)
-    _log(f"scored {len(outs)} runs: {sum(bool(o['passed']) for o in outs)} passed, {ok} scored, {len(outs) - ok} infra errors")
+    unscorable = sum(o["status"] == "not_scorable" for o in outs)
+    _log(f"scored {len(outs)} runs: {sum(bool(o['passed']) for o in outs)} passed, {ok} scored, "
+         f"{len(outs) - ok - unscorable} infra errors, {unscorable} not scorable (need --judge-url)")
 
 
 @main.command(name="report")
@@ -146,18 +180,22 @@ def score(runs: str, threshold: float | None, output: str) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="also draw the report to FILE.png (needs claw-bench[plot])")
 @click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
 @click.option("--no-tasks", is_flag=True, help="leave out the per-task table")
+@click.option("--threshold", "thresholds", type=click.FloatRange(0, 1), multiple=True,
+              help="also show the pass rate as reward >= T (repeatable, e.g. --threshold 0.5 --threshold 1)")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--rounds", type=click.IntRange(100, 100000), default=2000, show_default=True, help="bootstrap rounds")
 @click.option("--seed", type=int, default=0, show_default=True)
 @_errors
 def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: str | None, as_json: bool,
-            no_tasks: bool, confidence: float, rounds: int, seed: int) -> None:
+            no_tasks: bool, thresholds: tuple[float, ...], confidence: float, rounds: int, seed: int) -> None:
     """Pass@1 and unbiased Pass@k per harness and per task, with bootstrap confidence intervals.
 
     Example: claw-bench report outcomes.jsonl -k 1 -k 4 --compare baseline.jsonl --plot passk.png
+
+    Example: claw-bench report outcomes.jsonl --threshold 0.5 --threshold 1.0
     """
     opts = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
-    rep = report(read_records(outcomes, OUTCOME), **opts)
+    rep = report(read_records(outcomes, OUTCOME), **opts, thresholds=list(thresholds) or None)
     base = None
     if other:
         base = report(read_records(other, OUTCOME), **{**opts, "ks": rep["ks"]})

@@ -18,13 +18,15 @@ def _cell(value: float, lo: float, hi: float) -> dict[str, float]:
 
 
 def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, confidence: float = 0.95,
-           rounds: int = 2000, seed: int = 0) -> dict[str, Any]:
+           rounds: int = 2000, seed: int = 0, thresholds: list[float] | None = None) -> dict[str, Any]:
     """Pass@k per harness and per (harness, task), with percentile-bootstrap confidence intervals.
 
     Scored outcomes (status ok) count; infra errors and unscorable ones are counted apart and
     never as failures. Per harness, Pass@k is the mean over tasks of the unbiased per-task
     estimate, over the tasks with at least k scored samples; its CI resamples tasks. Per task,
     the CI resamples that task's samples. ``ks`` defaults to 1 and the largest sample count.
+    ``thresholds`` adds, per harness and task, the pass rate re-judged from the continuous
+    reward as ``reward >= t`` (``pass_rate@t``), beside the recorded ``passed`` rate.
     """
     by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     errors: dict[str, int] = defaultdict(int)
@@ -50,6 +52,8 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
         n, c = int(res.size), int(res.sum())
         row: dict[str, Any] = {"harness": h, "task": t, "n": n, "passed": c, "pass_rate": c / n,
                                "mean_reward": float(np.mean(rewards)) if rewards else None}
+        for thr in thresholds or []:
+            row[f"pass_rate@{thr:g}"] = float(np.mean([x >= thr for x in rewards])) if rewards else None
         for k in ks:
             if k <= n:
                 v = pass_at_k(n, c, k)
@@ -66,6 +70,8 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
                                 "infra_errors": errors.get(h, 0), "not_scorable": unscorable.get(h, 0),
                                 "pass_rate": d["c"] / d["n"] if d["n"] else None,
                                 "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None}
+        for thr in thresholds or []:
+            hrow[f"pass_rate@{thr:g}"] = float(np.mean([x >= thr for x in d["rewards"]])) if d["rewards"] else None
         for k in ks:
             vals = np.array(d["values"].get(k, []))
             if vals.size:
@@ -73,7 +79,8 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
                     vals, rounds=rounds, confidence=confidence, seed=seed))
                 hrow[f"pass@{k}"]["tasks"] = int(vals.size)
         harness_rows.append(hrow)
-    return {"ks": ks, "confidence": confidence, "rounds": rounds, "harnesses": harness_rows, "tasks": tasks_rows}
+    return {"ks": ks, "confidence": confidence, "rounds": rounds, "harnesses": harness_rows, "tasks": tasks_rows,
+            "thresholds": [float(t) for t in thresholds or []]}
 
 
 def _fmt(cell: dict[str, float] | None) -> str:
@@ -97,16 +104,17 @@ def render_text(rep: dict[str, Any], *, per_task: bool = True) -> str:
     """The report as plain-text tables (percentages, CI in brackets)."""
     ks = rep["ks"]
     conf = int(round(100 * rep["confidence"]))
-    head = ["harness", "tasks", "samples", "infra_err", "unscored", "reward", "pass_rate",
+    thr = [f"pass_rate@{t:g}" for t in rep.get("thresholds", [])]
+    head = ["harness", "tasks", "samples", "infra_err", "unscored", "reward", "pass_rate", *thr,
             *[f"pass@{k} ({conf}% CI)" for k in ks]]
     rows = [[h["harness"], str(h["tasks"]), str(h["samples"]), str(h["infra_errors"]), str(h["not_scorable"]),
-             _fmt_r(h["mean_reward"]), _fmt_r(h["pass_rate"]),
+             _fmt_r(h["mean_reward"]), _fmt_r(h["pass_rate"]), *[_fmt_r(h.get(c)) for c in thr],
              *[_fmt(h.get(f"pass@{k}")) for k in ks]] for h in rep["harnesses"]]
     out = [_table(head, rows)]
     if per_task and rep["tasks"]:
-        head = ["harness", "task", "n", "passed", "reward", *[f"pass@{k}" for k in ks]]
+        head = ["harness", "task", "n", "passed", "reward", *thr, *[f"pass@{k}" for k in ks]]
         rows = [[t["harness"], t["task"], str(t["n"]), str(t["passed"]), _fmt_r(t["mean_reward"]),
-                 *[_fmt(t.get(f"pass@{k}")) for k in ks]] for t in rep["tasks"]]
+                 *[_fmt_r(t.get(c)) for c in thr], *[_fmt(t.get(f"pass@{k}")) for k in ks]] for t in rep["tasks"]]
         out.append(_table(head, rows))
     return "\n\n".join(out) + "\n"
 
