@@ -6,7 +6,6 @@ record writer and the session table; `Proxy.app` is the Starlette app that uvico
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import json
 import time
@@ -16,10 +15,11 @@ from contextlib import asynccontextmanager
 import attrs
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from claw_proxy import api_anthropic, api_chat, api_responses
+from claw_proxy._call import ClosingStream, Run, extra, iterate
 from claw_proxy.config import ProxyConfig, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
 from claw_proxy.errors import (
@@ -28,15 +28,13 @@ from claw_proxy.errors import (
     ConfigError,
     EngineError,
     LimitError,
-    NotFoundError,
     RecordError,
     RequestError,
 )
-from claw_proxy.messages import Answer, ChatRequest, ReasoningDelta, TextDelta, ToolCallEvent
-from claw_proxy.records import Call, CallWriter, Policy
-from claw_proxy.render import Detokenizer, PrefixCache, Renderer
+from claw_proxy.messages import ChatRequest
+from claw_proxy.records import CallWriter, Policy
+from claw_proxy.render import PrefixCache, Renderer
 from claw_proxy.tokens import token_from_headers, verify_token
-from claw_proxy.toolparse import make_parser
 
 
 @attrs.define
@@ -248,7 +246,7 @@ class Proxy:
         }[api.NAME]
         resp_id += uuid.uuid4().hex[:24]
         state.in_flight += 1
-        run = _Run(
+        run = Run(
             self,
             api,
             engine,
@@ -273,21 +271,21 @@ class Proxy:
         if not req.stream:
             try:
                 events = run.consume(first)
-                async for chunk in _iterate(run, chunks):
+                async for chunk in iterate(run, chunks):
                     events += run.consume(chunk)
                 events += run.finish_events()
                 answer = run.answer()
-                body = api.response(answer, id=resp_id, model=req.model, **_extra(api, req))
+                body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
                 run.record(answer, body)
                 return JSONResponse(body)
             finally:
                 run.close()
         stream = api.Stream(
-            id=resp_id, model=req.model, include_usage=req.include_usage, **_extra(api, req, True)
+            id=resp_id, model=req.model, include_usage=req.include_usage, **extra(api, req)
         )
         if api is api_anthropic:
             stream.prompt_tokens = len(rendered.prompt_ids)
-        return _ClosingStream(
+        return ClosingStream(
             self._stream(run, stream, first, chunks),
             on_close=run.close,
             media_type="text/event-stream",
@@ -302,7 +300,7 @@ class Proxy:
                 for frame in stream.event(ev):
                     yield frame
             try:
-                async for chunk in _iterate(run, chunks):
+                async for chunk in iterate(run, chunks):
                     for ev in run.consume(chunk):
                         for frame in stream.event(ev):
                             yield frame
@@ -318,7 +316,7 @@ class Proxy:
             run.record(
                 answer,
                 run.api.response(
-                    answer, id=stream.id, model=run.req.model, **_extra(run.api, run.req)
+                    answer, id=stream.id, model=run.req.model, **extra(run.api, run.req)
                 ),
             )
             for frame in stream.finish(answer):
@@ -366,211 +364,6 @@ class Proxy:
             self.writer.close()
 
 
-def _extra(api, req: ChatRequest, stream: bool = False) -> dict:
-    return {"body": req.body} if api is api_responses else {}
-
-
-async def _iterate(run, chunks):
-    while True:
-        chunk = await run.next_chunk(chunks)
-        if chunk is None:
-            return
-        yield chunk
-
-
-class _ClosingStream(StreamingResponse):
-    """A streaming response that releases its call even when the body is never iterated
-    (a client gone before the first byte)."""
-
-    def __init__(self, content, *, on_close, **kw) -> None:
-        super().__init__(content, **kw)
-        self._on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-class _Run:
-    """One call in progress: sampled ids -> text deltas -> answer events -> record."""
-
-    def __init__(
-        self,
-        proxy,
-        api,
-        engine,
-        req,
-        gen_req,
-        renderer,
-        session,
-        state,
-        seq,
-        call_id,
-        started,
-        rendered,
-    ):
-        self.proxy, self.api, self.engine, self.req, self.gen_req = proxy, api, engine, req, gen_req
-        self.renderer, self.session, self.state, self.seq = renderer, session, state, seq
-        self.call_id, self.started, self.rendered = call_id, started, rendered
-        self.gen = None
-        self._closed = False
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.detok = Detokenizer(renderer.tokenizer)
-        self.parser = make_parser(proxy.config.parser, id_prefix=api.CALL_ID_PREFIX)
-        self.text, self.reasoning, self.calls = [], [], []
-        self.stop_hit = False
-        self.deadline = asyncio.get_running_loop().time() + proxy.config.request_timeout
-        self._held = ""  # text held back while it may be the start of a stop sequence
-
-    def close(self) -> None:
-        """Release the session's in-flight slot and stop the engine (idempotent)."""
-        if not self._closed:
-            self._closed = True
-            self.state.in_flight -= 1
-            if self.gen is not None:
-                self.gen.cancel()
-
-    async def next_chunk(self, chunks):
-        if self.stop_hit:
-            return None
-        try:
-            async with asyncio.timeout_at(self.deadline):
-                return await anext(chunks)
-        except StopAsyncIteration:
-            return None
-        except TimeoutError:
-            self.gen.cancel()
-            raise EngineError(
-                f"the engine did not finish within {self.proxy.config.request_timeout:g} s",
-                status=504,
-            ) from None
-
-    def _events(self, evs: list) -> list:
-        for ev in evs:
-            if isinstance(ev, TextDelta):
-                self.text.append(ev.text)
-            elif isinstance(ev, ReasoningDelta):
-                self.reasoning.append(ev.text)
-            elif isinstance(ev, ToolCallEvent):
-                self.calls.append(ev.call)
-        return evs
-
-    def consume(self, chunk) -> list:
-        """Take sampled (id, logprob) pairs; return the answer events they complete.
-
-        The text of a whole chunk goes to the parser at once (its result does not depend on
-        how the text is split), so a burst of tokens becomes one delta."""
-        if chunk is None or self.stop_hit:
-            return []
-        stops = self.req.sampling.stop
-        parts: list[str] = []
-        for tok, lp in chunk:
-            self.ids.append(tok)
-            self.logprobs.append(lp)
-            if tok in self.gen_req.stop_ids:
-                continue
-            delta = self.detok.push(tok)
-            if stops and delta:
-                # text that could be the start of a stop sequence is held back until it is not
-                held = self._held + delta
-                cut = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
-                if cut >= 0:
-                    parts.append(held[:cut])
-                    self._held = ""
-                    self.stop_hit = True
-                    self.gen.cancel()
-                    break
-                keep = max(
-                    (k for s in stops for k in range(1, len(s)) if held.endswith(s[:k])), default=0
-                )
-                parts.append(held[: len(held) - keep])
-                self._held = held[len(held) - keep :]
-                continue
-            parts.append(delta)
-        text = "".join(parts)
-        return self._events(self.parser.feed(text)) if text else []
-
-    def finish_events(self) -> list:
-        rest = "" if self.stop_hit else self._held + self.detok.flush()
-        evs = self.parser.feed(rest) if rest else []
-        return self._events(evs + self.parser.finish())
-
-    def answer(self) -> Answer:
-        if self.calls:
-            finish = "tool_calls"
-        elif (
-            self.stop_hit
-            or (self.ids and self.ids[-1] in self.gen_req.stop_ids)
-            or self.gen.finish == "stop"
-        ):
-            finish = "stop"
-        elif len(self.ids) >= self.gen_req.max_tokens:
-            finish = "length"
-        else:
-            finish = "stop"
-        return Answer(
-            text="".join(self.text),
-            reasoning="".join(self.reasoning),
-            tool_calls=tuple(self.calls),
-            finish_reason=finish,
-            prompt_tokens=len(self.gen_req.prompt_ids),
-            completion_tokens=len(self.ids),
-        )
-
-    def record(self, answer: Answer, body: dict) -> None:
-        proxy, r = self.proxy, self.rendered
-        call = Call(
-            call_id=self.call_id,
-            session=self.session,
-            seq=self.seq,
-            api=self.api.NAME,
-            model=self.req.model,
-            policy=self.gen.policy or dict(self.engine.policy),
-            engine=self.engine.spec,
-            trainable=self.engine.trainable,
-            prompt_ids=self.gen_req.prompt_ids,
-            completion_ids=self.ids,
-            completion_logprobs=self.logprobs,
-            prefix={
-                "reused_tokens": r.reused_tokens,
-                "rendered_tokens": r.rendered_tokens,
-                "parent_call": r.parent_call,
-                "fresh_render_matches": r.fresh_render_matches,
-            },
-            finish_reason=answer.finish_reason,
-            sampling={
-                "temperature": self.gen_req.temperature,
-                "top_p": self.gen_req.top_p,
-                "top_k": self.gen_req.top_k,
-                "max_tokens": self.gen_req.max_tokens,
-                "seed": self.gen_req.seed,
-            },
-            usage={
-                "prompt_tokens": answer.prompt_tokens,
-                "completion_tokens": answer.completion_tokens,
-            },
-            started_at=self.started,
-            ended_at=time.time(),
-            tags=dict(self.state.tags),
-            request=self.req.body if proxy.config.record_bodies else None,
-            response=body if proxy.config.record_bodies else None,
-        )
-        if proxy.writer:
-            proxy.writer.write(call, prompt_ids_json=r.prompt_json)
-        proxy.stats["calls_recorded"] += 1
-        proxy.stats["prompt_tokens"] += answer.prompt_tokens
-        proxy.stats["completion_tokens"] += answer.completion_tokens
-        proxy.stats["reused_tokens"] += r.reused_tokens
-        proxy.stats["rendered_tokens"] += r.rendered_tokens
-        self.state.calls += 1
-        proxy.caches[self.engine.tokenizer_dir].remember(
-            self.session, self.call_id, self.rendered, answer, self.ids
-        )
-
-
 def error_response(api, e: ClawError) -> JSONResponse:
     """An error in the shape of the API that was called."""
     status = getattr(e, "status", 500)
@@ -595,4 +388,4 @@ def error_response(api, e: ClawError) -> JSONResponse:
     )
 
 
-__all__ = ["Proxy", "error_response", "NotFoundError"]
+__all__ = ["Proxy", "error_response"]
