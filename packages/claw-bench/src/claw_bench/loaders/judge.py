@@ -31,7 +31,7 @@ SYSTEM = ("You are a strict, fair grader of an AI agent's work. You are given th
           "was asked to do, a grading rubric and the files of its final workspace. Judge only "
           "what the files show. Answer with one JSON object and nothing after it: "
           '{"score": <number from 0 to 1>, "reasoning": "<one short paragraph>"}.')
-_SCORE_RE = re.compile(r'"?score"?\s*[:=]\s*"?(-?\d+(?:\.\d+)?)\s*(/\s*(\d+(?:\.\d+)?))?')
+_SCORE_RE = re.compile(r'"?score"?\s*[:=]\s*"?(-?\d+(?:\.\d+)?)\s*(/\s*(\d+(?:\.\d+)?))?', re.I)
 
 
 class JudgeError(ClawError):
