@@ -8,6 +8,7 @@ workspace, the sandboxed `true`, cleanup, and the run record.
 """
 
 import asyncio
+import os
 import shutil
 import statistics
 import subprocess
@@ -34,9 +35,14 @@ def _job(i: int = 0) -> Job:
 
 
 def _compare(
-    benchmark, backend, raw_argv: list[str], label: str, same_argv: list[str] | None = None
+    benchmark,
+    backend,
+    raw_argv: list[str],
+    label: str,
+    same_argv: list[str] | None = None,
+    where: str | None = None,
 ):
-    root = Path(tempfile.mkdtemp(prefix="claw-bench-"))
+    root = Path(tempfile.mkdtemp(prefix="claw-bench-", dir=where))
     if hasattr(backend, "hide"):
         backend.hide(str(root))
     loop = asyncio.new_event_loop()
@@ -76,8 +82,16 @@ def _compare(
     return r, m
 
 
-def test_bwrap_overhead_vs_raw_bwrap(benchmark):
-    """The bwrap backend's trivial job versus `bwrap` with the same namespaces running `true`."""
+WORKDIRS = {"tmpdir": None, "tmpfs": "/dev/shm"}
+
+
+@pytest.mark.parametrize("workdir", list(WORKDIRS))
+def test_bwrap_overhead_vs_raw_bwrap(benchmark, workdir):
+    """The bwrap backend's trivial job versus `bwrap` with the same namespaces running `true`,
+    with job directories in the temp dir (disk) and on tmpfs (what the sandbox itself costs)."""
+    where = WORKDIRS[workdir]
+    if where and not os.access(where, os.W_OK):
+        pytest.skip(f"{where} is not writable")
     backend = make_backend("bwrap")
     if backend.unavailable():
         pytest.skip(backend.unavailable())
@@ -86,14 +100,20 @@ def test_bwrap_overhead_vs_raw_bwrap(benchmark):
     sandbox = backend.sandbox(_job(), Path(tempfile.mkdtemp(prefix="claw-bench-argv-")) / "j")
     sandbox.prepare()
     args, inner = sandbox._argv(["/bin/true"])
-    r, m = _compare(benchmark, backend, raw, "bwrap", same_argv=[*args, "--", *inner])
+    r, m = _compare(
+        benchmark, backend, raw, f"bwrap ({workdir})", same_argv=[*args, "--", *inner], where=where
+    )
     sandbox.remove()
     RESULTS["bwrap_overhead_ms"] = m - r
 
 
-def test_process_overhead_vs_raw_subprocess(benchmark):
+@pytest.mark.parametrize("workdir", list(WORKDIRS))
+def test_process_overhead_vs_raw_subprocess(benchmark, workdir):
     """The process backend's trivial job versus a plain subprocess `true`."""
-    _compare(benchmark, make_backend("process"), ["/bin/true"], "process")
+    where = WORKDIRS[workdir]
+    if where and not os.access(where, os.W_OK):
+        pytest.skip(f"{where} is not writable")
+    _compare(benchmark, make_backend("process"), ["/bin/true"], f"process ({workdir})", where=where)
 
 
 def test_docker_overhead_vs_docker_run(benchmark):

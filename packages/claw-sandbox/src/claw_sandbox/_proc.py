@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -38,16 +39,6 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")
 
 
-async def _pump(stream: asyncio.StreamReader | None, tail: _Tail) -> None:
-    if stream is None:
-        return
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            return
-        tail.add(chunk)
-
-
 def exit_status(returncode: int) -> int:
     """Shell convention: a process killed by signal N exits 128+N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -69,20 +60,22 @@ async def run_step(
     kill_is_quick: bool = False,
     merge_stderr: bool = False,
     pass_fds: Sequence[int] = (),
-    stdin: bytes | None = None,
 ) -> StepResult:
     """Start `argv` in a new session, wait at most `timeout_s`, then kill everything it left.
 
     `kill_tree(pid)` must kill the step's whole process tree (namespace, cgroup, or process group
     plus stragglers); it runs both after a timeout and after a normal exit (in a worker thread,
     unless `kill_is_quick` and the step ended by itself), so no orphan or daemon survives it.
+
+    The exit is watched through a pidfd in the event loop (no thread per process; a waitpid
+    thread where pidfds do not exist) and the pipes are read by the loop itself.
     """
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             env=env,
             cwd=cwd,
             start_new_session=True,
@@ -90,35 +83,40 @@ async def run_step(
         )
     except OSError as exc:
         raise InfraError(f"cannot start {argv[0]!r}: {exc}") from exc
+    loop = asyncio.get_running_loop()
     out, err = _Tail(output_bytes), _Tail(output_bytes)
-    pumps = [
-        asyncio.ensure_future(_pump(proc.stdout, out)),
-        asyncio.ensure_future(_pump(proc.stderr, err)),
-    ]
-    if stdin is not None and proc.stdin is not None:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-        proc.stdin.close()
+    watched: list[int] = []
+    eofs = [_watch_pipe(loop, proc.stdout, out, watched)]
+    if proc.stderr is not None:
+        eofs.append(_watch_pipe(loop, proc.stderr, err, watched))
+    exited = _watch_exit(loop, proc, watched)
     timed_out = False
     try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
-    except TimeoutError:
-        timed_out = True
-    except asyncio.CancelledError:
-        await asyncio.shield(asyncio.to_thread(kill_tree, proc.pid))
-        raise
-    if kill_is_quick and not timed_out:
-        kill_tree(proc.pid)
-    else:
-        await asyncio.to_thread(kill_tree, proc.pid)
-    if timed_out:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 10)
-    # leftovers holding the pipes open are dead now; give the readers a moment, then stop them
-    _done, pending = await asyncio.wait(pumps, timeout=2)
-    for p in pending:
-        p.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), timeout_s)
+        except TimeoutError:
+            timed_out = True
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.to_thread(kill_tree, proc.pid))
+            raise
+        if kill_is_quick and not timed_out:
+            kill_tree(proc.pid)
+        else:
+            await asyncio.to_thread(kill_tree, proc.pid)
+        if timed_out:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(exited), 10)
+        # leftovers holding the pipes open are dead now; give the readers a moment, then stop
+        await asyncio.wait(eofs, timeout=2)
+    finally:
+        for fd in watched:
+            loop.remove_reader(fd)
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+        if proc.returncode is None and exited.done():
+            proc.wait()
+        _close_pidfd(exited)
     code = proc.returncode
     return StepResult(
         exit_code=None if timed_out or code is None else exit_status(code),
@@ -127,6 +125,64 @@ async def run_step(
         stderr=err.text(),
         pid=proc.pid,
     )
+
+
+def _watch_pipe(
+    loop: asyncio.AbstractEventLoop, pipe, tail: _Tail, watched: list[int]
+) -> asyncio.Future:
+    """Read a child's pipe into `tail` from the event loop; the future is done at EOF."""
+    fd = pipe.fileno()
+    os.set_blocking(fd, False)
+    eof = loop.create_future()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            tail.add(chunk)
+        else:
+            loop.remove_reader(fd)
+            if not eof.done():
+                eof.set_result(None)
+
+    loop.add_reader(fd, readable)
+    watched.append(fd)
+    return eof
+
+
+def _watch_exit(
+    loop: asyncio.AbstractEventLoop, proc: subprocess.Popen, watched: list[int]
+) -> asyncio.Future:
+    """A future done when the child exits: a pidfd in the loop, else a thread doing waitpid."""
+    exited = loop.create_future()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fut = asyncio.ensure_future(asyncio.to_thread(proc.wait))
+        fut.add_done_callback(lambda _f: exited.done() or exited.set_result(None))
+        return exited
+
+    def gone() -> None:
+        loop.remove_reader(pidfd)
+        proc.wait()  # reap: returns at once
+        if not exited.done():
+            exited.set_result(None)
+
+    exited.pidfd = pidfd  # type: ignore[attr-defined]
+    loop.add_reader(pidfd, gone)
+    watched.append(pidfd)
+    return exited
+
+
+def _close_pidfd(exited: asyncio.Future) -> None:
+    pidfd = getattr(exited, "pidfd", None)
+    if pidfd is not None:
+        with contextlib.suppress(OSError):
+            os.close(pidfd)
 
 
 def find_marked(marker: bytes) -> list[int]:

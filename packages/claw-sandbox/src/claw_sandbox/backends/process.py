@@ -71,11 +71,11 @@ class ProcessSandbox(Sandbox):
         self, command: Command, *, timeout_s: float, merge_stderr: bool = False
     ) -> StepResult:
         argv = argv_of(command)
-        if self.backend.setpriv:  # the step's main process dies with the runner
-            argv = [self.backend.setpriv, "--pdeathsig", "KILL", *argv]
-        if self.cgroup is not None:
+        if self.cgroup is not None:  # a runner killed with SIGKILL: the next one sweeps the group
             argv = self.cgroup.wrap(argv)
         else:
+            if self.backend.setpriv:  # the step's main process dies with the runner
+                argv = [self.backend.setpriv, "--pdeathsig", "KILL", *argv]
             argv = rlimit_wrap(self.job.limits, argv)
         result = await run_step(
             argv, env=self.env(), cwd=str(self.workspace), timeout_s=timeout_s,
