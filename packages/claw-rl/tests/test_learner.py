@@ -188,6 +188,7 @@ def test_wrong_samples_are_rejected(tiny):
         GRPOLearner(GRPOConfig(), tiny).step([dict(s, parent=[-1, 0, 2])])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", ["weights", "token_mean", "constant"])
 def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
     """KL to the reference is 0 on step 1 and > 0 once the policy moved; every option runs."""
