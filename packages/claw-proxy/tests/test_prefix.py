@@ -184,3 +184,23 @@ def test_stop_sequences_cut_the_answer(make_server, clients):
     assert r.choices[0].message.content == "alpha beta" and r.choices[0].finish_reason == "stop"
     (call,) = read_calls(srv.config.record)
     assert call.finish_reason == "stop" and 0 < len(call.completion_ids) < 12
+
+
+def test_main_chain_survives_many_interleaved_side_calls(make_server, clients):
+    """A sub-agent making many calls between two main-agent turns does not push the main
+    agent's last call out of the session's memory: the next main turn still reuses it."""
+    srv = make_server(["ok"])
+    client = clients.openai(srv, "subagents")
+    main = [{"role": "user", "content": "main task"}]
+    client.chat.completions.create(model="opus", messages=main)
+    main += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    sub = [{"role": "user", "content": "sub-agent task"}]
+    for i in range(60):
+        client.chat.completions.create(model="haiku", messages=sub)
+        sub += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"step {i}"}]
+    client.chat.completions.create(model="opus", messages=main)
+    calls = [c for c in read_calls(srv.config.record) if c.session == "subagents"]
+    assert calls[-1].prefix["parent_call"] == calls[0].call_id
+    assert all(
+        c.prefix["parent_call"] == p.call_id for p, c in zip(calls[1:-2], calls[2:-1], strict=True)
+    )

@@ -52,6 +52,7 @@ class _Branch:
     token_ids: array  # prompt ids + completion ids (8 bytes a token)
     ids_json: str  # the same ids as JSON text without brackets: records reuse it
     ended_with_eos: bool
+    superseded: bool = False  # a later call of the session extends this one
 
 
 class Renderer:
@@ -130,7 +131,7 @@ class PrefixCache:
         self,
         renderer: Renderer,
         drift_check_tokens: int = 16384,
-        branches_per_session: int = 16,
+        branches_per_session: int = 32,
         max_sessions: int = 10000,
     ) -> None:
         self.renderer = renderer
@@ -207,8 +208,16 @@ class PrefixCache:
         with self._lock:
             branches = self._sessions.setdefault(session, [])
             self._sessions.move_to_end(session)
+            n = len(branch.keys)
+            for b in branches:
+                if len(b.keys) < n and branch.keys[: len(b.keys)] == b.keys:
+                    b.superseded = True
             branches.append(branch)
-            del branches[: -self.branches_per_session]
+            # over capacity: forget superseded calls first (oldest first), so the tips of every
+            # line of conversation (main agent, sub-agents, side calls) stay reusable
+            while len(branches) > self.branches_per_session:
+                old = next((i for i, b in enumerate(branches) if b.superseded), 0)
+                del branches[old]
             while len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
 
