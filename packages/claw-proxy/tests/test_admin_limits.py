@@ -365,3 +365,24 @@ def test_prompt_over_the_context_is_refused_and_max_tokens_fit_the_context(make_
     srv.proxy.policy_engine.max_context = n
     r = _post(srv, "/v1/chat/completions", CHAT, key=token("ctx2"))
     assert r.status_code == 400 and f"the prompt has {n} tokens" in r.json()["error"]["message"]
+
+
+def test_scripted_engine_policy_reload(make_server, tmp_path):
+    """The scripted engine takes POST /admin/policy too: a script file swaps the answers."""
+    srv = make_server(["old answer"])
+    new = tmp_path / "v2.jsonl"
+    new.write_text(json.dumps({"text": "new answer"}) + "\n")
+    pol = {"schema": "claw.policy/v1", "name": "scripted", "version": 2, "path": str(new)}
+    assert _post(srv, "/admin/policy", pol, **ADMIN_H).json()["policy"] == {
+        "name": "scripted",
+        "version": 2,
+    }
+    r = _post(srv, "/v1/messages", ANTH, key=token("sr"))
+    assert r.json()["content"][0]["text"] == "new answer"
+    (call,) = read_calls(srv.config.record)
+    assert call.policy == {"name": "scripted", "version": 2}
+    bad = _post(srv, "/admin/policy", {**pol, "path": str(tmp_path / "missing")}, **ADMIN_H)
+    assert (
+        bad.status_code == 400
+        and "neither a script file nor a directory" in bad.json()["error"]["message"]
+    )

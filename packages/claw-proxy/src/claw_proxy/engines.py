@@ -138,6 +138,18 @@ class ScriptedEngine(Engine):
             raise ConfigError(f"{path}: the script has no answers")
         self._ids = [self._encode(d["text"]) + [eos_id] for d in self.lines]
 
+    async def load_policy(self, policy: Policy) -> None:
+        """A new version: a JSONL script file replaces the answers; a directory (an HF model the
+        script stands in for) keeps them. Either way later calls carry the new version."""
+        if Path(policy.path).is_file():
+            fresh = ScriptedEngine(policy.path, self._encode, self._eos, policy.name)
+            self.lines, self._ids = fresh.lines, fresh._ids
+        elif not Path(policy.path).is_dir():
+            raise EngineError(
+                f"policy path {policy.path} is neither a script file nor a directory", status=400
+            )
+        self.policy = {"name": policy.name, "version": policy.version}
+
     def _pick(self, req: GenRequest) -> list[int]:
         from fnmatch import fnmatch
 
