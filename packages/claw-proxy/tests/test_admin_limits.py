@@ -244,6 +244,7 @@ def test_admin_sessions_stats_and_routes(tmp_path, make_server):
     assert _post(srv, "/v1/messages", ANTH, key=token("r1")).status_code == 401
     assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "policy"
     assert httpx.get(srv.url + "/healthz").json()["ok"] is True
+    assert httpx.get(srv.url + "/v1/models/claude-opus-4-1").json()["id"] == "claude-opus-4-1"
     r = _post(
         srv,
         "/v1/messages/count_tokens",

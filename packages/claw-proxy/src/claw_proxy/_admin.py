@@ -46,6 +46,20 @@ def routes(proxy) -> list[Route]:
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    async def model(request):
+        """Any name is served (unmatched names go to the policy), so any name exists."""
+        name = request.path_params["model"]
+        return JSONResponse(
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "claw-proxy",
+                "type": "model",
+                "display_name": name,
+            }
+        )
+
     async def count_tokens(request):
         """Anthropic token counting: the prompt rendered in full (not a model call, not recorded)."""
         try:
@@ -146,6 +160,7 @@ def routes(proxy) -> list[Route]:
     return [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/admin/policy", policy, methods=["POST"]),
         Route("/admin/sessions/{session}/close", close, methods=["POST"]),
