@@ -204,3 +204,32 @@ def test_fixed_workspace_dir_is_used_by_checkers_and_instruction(tmp_path):
     # the default remaps the mount dir to wherever the workspace is: the reference passes in a temp dir
     assert run_task(default, tmp_path, solution(default))["reward"] == 1.0
     assert attrs.evolve(default).pass_threshold == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+def test_through_claw_sandbox(tmp_path):
+    """Every fixture through the real claw-sandbox CLI: the listing agent sees no checker files, the reference scores 1.0."""
+    import subprocess
+
+    from claw_bench import read_records, write_records
+
+    jobs = []
+    for d in SUITES.values():
+        for task in load_suite(d).tasks:
+            for mode, cmd in (("list", "ls -laR > listing.txt"), ("ref", solution(task))):
+                job = plan_jobs([task], [agent(tmp_path)], samples=1, proxy_url="http://127.0.0.1:9", secret=SECRET,
+                                run_id=mode)[0]
+                job.update(command=cmd, network={"policy": "none"})
+                job["collect"].append("listing.txt")
+                jobs.append(job)
+    write_records(tmp_path / "jobs.jsonl", jobs)
+    subprocess.run(["claw-sandbox", "run", str(tmp_path / "jobs.jsonl"), "-o", str(tmp_path / "runs.jsonl")],
+                   check=True, timeout=600)
+    for run in read_records(tmp_path / "runs.jsonl", "claw.run/v1"):
+        out = score_run(run, judge=fixed_judge(1.0) if run["meta"].get("judge") else None)
+        if run["meta"]["run_id"] == "ref":
+            assert (out["status"], out["reward"], out["passed"]) == ("ok", 1.0, True), (run["job_id"], out)
+        else:
+            listing = run["collected"]["listing.txt"]
+            assert not any(h in listing for h in ("reward", "tests", ".claw_verify", "check.py", "grade.py")), listing

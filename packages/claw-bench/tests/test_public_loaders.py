@@ -38,7 +38,7 @@ def test_clawgym_hybrid_task_carries_the_judge_rubric():
     assert "### clarity (file: output/actions.md)" in j["rubric"] and "- 0.5: items present but vague" in j["rubric"]
     assert json.loads(t.verify_files()[".claw_verify/runner.json"])["command"] == \
         "python3 reward/check.py /root/.openclaw/workspace"
-    assert "**" in t.meta["collect"]
+    assert ".claw_verify/judge_files.json" in t.meta["collect"]
 
 
 def test_clawgym_jsonl_form():

@@ -80,4 +80,4 @@ def test_plan_cli_public_options(tmp_path, secret_file):
     cfg = json.loads(jobs[0]["verify"]["files"][".claw_verify/runner.json"])
     assert (cfg["timeout_s"], cfg["workspace_dir"], cfg["threshold"]) == (7.0, "/ws", 0.5)
     hybrid = next(j for j in jobs if j["meta"]["task"] == "cg-meeting-notes")
-    assert hybrid["meta"]["judge"]["weights"]["llm_judge"] == 0.3 and "**" in hybrid["collect"]
+    assert hybrid["meta"]["judge"]["weights"]["llm_judge"] == 0.3 and ".claw_verify/judge_files.json" in hybrid["collect"]

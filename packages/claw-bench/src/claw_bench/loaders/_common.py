@@ -12,6 +12,8 @@ from claw_bench.tasks import VERIFY_DIR, Script
 
 RUNNER_NAME = "runner.py"
 DETAILS_FILE = f"{VERIFY_DIR}/details.json"
+#: the agent's files, snapshotted by the runner for the LLM judge (collected with the run)
+JUDGE_FILES = f"{VERIFY_DIR}/judge_files.json"
 DEFAULT_CHECKER_TIMEOUT_S = 120.0
 #: seconds the sandbox's verify step gets beyond the checker's own timeout (copying, reporting)
 VERIFY_MARGIN_S = 30.0

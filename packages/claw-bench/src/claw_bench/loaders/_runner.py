@@ -164,6 +164,33 @@ def pinchbench(cfg, ws, res):
     return sum(res["scores"].values()) / len(res["scores"])
 
 
+def snapshot(ws, path, limit=600_000, per_file=100_000):
+    """The agent's text files (for the LLM judge) as one JSON object {path: text}, within ``limit`` chars."""
+    files, total = {}, 0
+    skip = (".claw_verify", ".claw_harness", ".claw_setup", "reward")
+    for dirpath, dirnames, names in os.walk(ws):
+        rel_dir = os.path.relpath(dirpath, ws)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d not in skip]
+        dirnames.sort()
+        for name in sorted(names):
+            rel = os.path.normpath(os.path.join(rel_dir, name)).replace(os.sep, "/")
+            try:
+                with open(os.path.join(dirpath, name), encoding="utf-8") as fh:
+                    text = fh.read(per_file + 1)
+            except (UnicodeDecodeError, OSError):
+                continue
+            if len(text) > per_file:
+                text = text[:per_file] + "\n[... cut]"
+            if total + len(text) > limit:
+                files["[left out]"] = "more files: the snapshot is full"
+                break
+            files[rel] = text
+            total += len(text)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(files, fh)
+
+
 def none(cfg, ws, res):
     """Judge-only tasks: no automated checker; ``claw-bench score`` asks the judge."""
     res["automated_score"] = None
@@ -182,6 +209,8 @@ def main():
         reward = 0.0
         res["reason"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
     res.setdefault("automated_score", reward)
+    if cfg.get("judge_files"):
+        snapshot(ws, os.path.join(VDIR, "judge_files.json"))
     res["checker_s"] = round(time.monotonic() - started, 3)
     os.makedirs(os.path.dirname(REWARD_FILE) or ".", exist_ok=True)
     with open(REWARD_FILE, "w", encoding="utf-8") as fh:

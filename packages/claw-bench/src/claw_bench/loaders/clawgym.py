@@ -32,6 +32,7 @@ from claw_bench.errors import TaskError
 from claw_bench.loaders._common import (
     DEFAULT_CHECKER_TIMEOUT_S,
     DETAILS_FILE,
+    JUDGE_FILES,
     VERIFY_MARGIN_S,
     LoadOptions,
     judge_spec,
@@ -91,13 +92,13 @@ def _build(*, tid: str, query: str, mount: str | None, command: str, workspace: 
     hidden = {f"reward/{k}": v for k, v in reward_files.items()}
     hidden["runner.json"] = runner_config(kind="clawgym", command=command, mount_dir=mount,
                                           workspace_dir=opts.workspace_dir, timeout_s=timeout,
-                                          threshold=opts.pass_threshold)
+                                          threshold=opts.pass_threshold, judge_files=bool(rubric))
     task_meta: dict[str, Any] = {"collect": [DETAILS_FILE], "clawgym": meta, "mount_dir": mount}
     if rubric:
         a, j = HYBRID_WEIGHTS
         task_meta["judge"] = judge_spec(rubric=rubric, instruction=instruction, automated=a, llm_judge=j,
                                         grading="hybrid")
-        task_meta["collect"] = [DETAILS_FILE, "**"]
+        task_meta["collect"] = [DETAILS_FILE, JUDGE_FILES]
     category = meta.get("category") if isinstance(meta, dict) else None
     return Task(id=tid, instruction=instruction.strip() + "\n", workspace=workspace, verify=runner_script(),
                 hidden=hidden, verify_timeout_s=timeout + VERIFY_MARGIN_S, pass_threshold=opts.pass_threshold,

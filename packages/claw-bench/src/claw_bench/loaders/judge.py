@@ -22,6 +22,7 @@ import attrs
 import httpx
 
 from claw_bench.errors import ClawError
+from claw_bench.loaders._common import JUDGE_FILES
 
 APIS = ("openai", "anthropic")
 HIDDEN_PREFIXES = (".claw_verify/", ".claw_harness/", ".claw_setup/")
@@ -83,8 +84,18 @@ def judge_prompt(instruction: str, rubric: str, files: dict[str, str]) -> str:
 
 
 def workspace_files(collected: dict[str, Any] | None) -> dict[str, str]:
-    """The agent's files among a run's collected files (the verify and harness folders left out)."""
-    return {k: v for k, v in (collected or {}).items()
+    """The agent's final files: the runner's snapshot (``judge_files.json``) when the run carries it,
+    else the run's collected files (the verify and harness folders left out)."""
+    collected = collected or {}
+    snap = collected.get(JUDGE_FILES)
+    if isinstance(snap, str):
+        try:
+            files = json.loads(snap)
+        except json.JSONDecodeError as exc:
+            raise JudgeError(f"{JUDGE_FILES} of the run is not JSON (cut by the sandbox?): {exc}") from exc
+        if isinstance(files, dict):
+            return {str(k): v for k, v in files.items() if isinstance(v, str)}
+    return {k: v for k, v in collected.items()
             if isinstance(v, str) and not k.startswith(HIDDEN_PREFIXES) and not k.startswith("reward/")}
 
 

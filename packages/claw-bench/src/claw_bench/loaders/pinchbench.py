@@ -23,6 +23,7 @@ import yaml
 from claw_bench.errors import TaskError
 from claw_bench.loaders._common import (
     DETAILS_FILE,
+    JUDGE_FILES,
     VERIFY_MARGIN_S,
     LoadOptions,
     judge_spec,
@@ -130,7 +131,8 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
         raise TaskError(f"{where}: field 'timeout_seconds' must be a positive number, got {timeout!r}")
     checker_timeout = opts.checker_timeout_s or 120.0
     hidden = {"runner.json": runner_config(kind="pinchbench" if code else "none", timeout_s=checker_timeout,
-                                           workspace_dir=opts.workspace_dir, threshold=opts.pass_threshold)}
+                                           workspace_dir=opts.workspace_dir, threshold=opts.pass_threshold,
+                                           judge_files=grading != "automated")}
     if code:
         hidden["grade.py"] = code
     meta: dict[str, Any] = {"collect": [DETAILS_FILE], "pinchbench": {k: front[k] for k in ("name", "category") if k in front}}
@@ -149,7 +151,7 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
             raise TaskError(f"{where}: field 'grading_weights' must not be all zero")
         meta["judge"] = judge_spec(rubric=str(rubric), instruction=prompt, automated=a / (a + j),
                                    llm_judge=j / (a + j), grading=grading)
-        meta["collect"] = [DETAILS_FILE, "**"]
+        meta["collect"] = [DETAILS_FILE, JUDGE_FILES]
     category = front.get("category")
     return Task(id=tid, instruction=prompt.strip() + "\n", timeout_s=float(timeout),
                 tags=("pinchbench", *([str(category)] if category else [])),
