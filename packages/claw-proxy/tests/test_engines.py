@@ -92,6 +92,7 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     seen: list = []
     srv = make_server(
         engine="vllm:http://vllm.test",
+        vllm_reload_method="claw_reload_weights",
         tokenizer=str(TINY),
         transport=httpx.ASGITransport(app=fake_vllm(seen)),
     )
@@ -132,7 +133,7 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
         (
             "/collective_rpc",
             {},
-            {"method": "reload_weights", "kwargs": {"weights_path": str(TINY)}},
+            {"method": "claw_reload_weights", "kwargs": {"weights_path": str(TINY)}},
         ),
         ("/reset_prefix_cache", {}, None),
         ("/update_weight_version", {}, {"new_version": "3"}),

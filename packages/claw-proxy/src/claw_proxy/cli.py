@@ -99,6 +99,12 @@ def main() -> None:
     type=float,
     help="transformers engine: seconds to gather a batch",
 )
+@click.option(
+    "--vllm-reload-method",
+    default="reload_weights",
+    show_default=True,
+    help="vllm engines: /collective_rpc method that loads a new policy's weights",
+)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(
     engine,
@@ -123,6 +129,7 @@ def serve(
     tool_parser,
     max_batch,
     batch_wait,
+    vllm_reload_method,
     log_level,
 ):
     """Serve the OpenAI and Anthropic APIs on a policy engine, recording every call.
@@ -160,6 +167,7 @@ def serve(
             parser=tool_parser,
             max_batch=max_batch,
             batch_wait=batch_wait,
+            vllm_reload_method=vllm_reload_method,
         )
         click.echo(f"claw-proxy: serving {engine} on http://{host}:{port}", err=True)
         run(config, host=host, port=port, log_level=log_level)

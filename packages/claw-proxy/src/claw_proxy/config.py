@@ -66,6 +66,9 @@ class ProxyConfig:
     batch_wait: float = 0.005  # transformers engine: seconds to gather a batch
     max_batch: int = 16
     upstream_api_key: str | None = None  # passthrough engines' key for the real endpoint
+    vllm_reload_method: str = (
+        "reload_weights"  # vllm engines: /collective_rpc method for new weights
+    )
 
     def __attrs_post_init__(self) -> None:
         split_spec(self.engine)

@@ -178,10 +178,12 @@ class VLLMEngine(Engine):
         policy_name: str = "policy",
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 600.0,
+        reload_method: str = "reload_weights",
     ) -> None:
         super().__init__()
         self.url = url.rstrip("/")
         self.spec = f"vllm:{self.url}"
+        self.reload_method = reload_method
         self.policy = {"name": policy_name, "version": 0}
         self._client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
         self._model: str | None = None
@@ -265,7 +267,8 @@ class VLLMEngine(Engine):
 
         An HF directory goes through vLLM's weight-reload routes (the server must run with
         ``VLLM_SERVER_DEV_MODE=1``): ``/pause?mode=wait`` (requests in flight finish on the old
-        weights), ``/collective_rpc`` ``reload_weights``, ``/reset_prefix_cache``,
+        weights), ``/collective_rpc`` with `reload_method` (vLLM's ``reload_weights``, or a
+        worker-extension method that also re-ties tied embeddings), ``/reset_prefix_cache``,
         ``/update_weight_version``, ``/resume``. A LoRA adapter directory (with
         ``adapter_config.json``) is loaded with ``/v1/load_lora_adapter`` instead. Requests
         that arrive meanwhile wait and are sent, and recorded, with the new version."""
@@ -288,7 +291,7 @@ class VLLMEngine(Engine):
                             "POST",
                             "/collective_rpc",
                             json={
-                                "method": "reload_weights",
+                                "method": self.reload_method,
                                 "kwargs": {"weights_path": policy.path},
                             },
                         )

@@ -109,7 +109,12 @@ class Proxy:
             engine.tokenizer_dir = c.tokenizer
         elif kind == "vllm":
             self._renderer(c.tokenizer)
-            engine = VLLMEngine(target, policy_name=c.policy_name, transport=self._transport)
+            engine = VLLMEngine(
+                target,
+                policy_name=c.policy_name,
+                transport=self._transport,
+                reload_method=c.vllm_reload_method,
+            )
             engine.tokenizer_dir = c.tokenizer
         else:
             engine = PassthroughEngine(
