@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,9 @@ class LoadOptions:
     assets_dir: str | None = None
 
 
+@functools.cache
 def runner_script() -> Script:
-    """The stdlib-only verifier runner (``_runner.py``) as a task Script."""
+    """The stdlib-only verifier runner (``_runner.py``) as a task Script (read once)."""
     text = (Path(__file__).parent / "_runner.py").read_text(encoding="utf-8")
     return Script(name=RUNNER_NAME, text=text, interpreter="python3")
 
