@@ -52,15 +52,15 @@ def _text(n_words: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] + str(i % 97) for i in range(n_words))
 
 
-async def _call(app, body: bytes, key: str) -> tuple[int, bytes]:
+async def _call(app, body: bytes, key: str, path: str = "/v1/messages") -> tuple[int, bytes]:
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": "/v1/messages",
-        "raw_path": b"/v1/messages",
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"beta=true",
         "root_path": "",
         "headers": [

@@ -178,12 +178,15 @@ def test_added_latency_one_stream(benchmark, servers):
 def test_throughput_64_streams(benchmark, servers):
     urls, n_tokens = servers
 
-    async def load(url: str, streams: int = 64, per_stream: int = 8) -> float:
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=streams)) as c:
+    async def load(url: str, streams: int = 64, per_stream: int = 8) -> tuple[float, float]:
+        lat: list[float] = []
+        limits = httpx.Limits(max_connections=streams)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as c:
 
             async def worker(w):
+                key = mint_token(f"tp{w}", "bench-secret")
                 for i in range(per_stream):
-                    key = mint_token(f"tp{w}", "bench-secret")
+                    t = time.perf_counter()
                     async with c.stream(
                         "POST",
                         url + "/v1/chat/completions",
@@ -192,17 +195,57 @@ def test_throughput_64_streams(benchmark, servers):
                     ) as r:
                         async for _ in r.aiter_lines():
                             pass
+                    lat.append(time.perf_counter() - t)
 
             t0 = time.perf_counter()
             await asyncio.gather(*(worker(w) for w in range(streams)))
-            return streams * per_stream / (time.perf_counter() - t0)
+            return streams * per_stream / (time.perf_counter() - t0), statistics.median(lat) * 1e3
 
     def run():
         return {name: asyncio.run(load(urls[name])) for name in ("direct", "proxy")}
 
-    rps = benchmark.pedantic(run, rounds=1, iterations=1)
+    res = benchmark.pedantic(run, rounds=1, iterations=1)
+    (d_rps, d_p50), (p_rps, p_p50) = res["direct"], res["proxy"]
     print(
-        f"\n64 streams: direct {rps['direct']:.0f} req/s, proxy {rps['proxy']:.0f} req/s "
-        f"(ratio {rps['proxy'] / rps['direct']:.2f})"
+        f"\n64 streams: direct {d_rps:.0f} req/s (p50 {d_p50:.1f} ms), proxy {p_rps:.0f} req/s "
+        f"(p50 {p_p50:.1f} ms); throughput ratio {p_rps / d_rps:.2f}"
     )
-    benchmark.extra_info.update(direct_rps=rps["direct"], proxy_rps=rps["proxy"])
+    benchmark.extra_info.update(
+        direct_rps=d_rps, proxy_rps=p_rps, direct_p50_ms=d_p50, proxy_p50_ms=p_p50
+    )
+
+
+@pytest.mark.benchmark(group="proxy-latency")
+def test_in_process_handling_time(benchmark):
+    """The proxy's own work per streamed call, without the network: the ASGI app driven directly
+    with the same request and a scripted zero-latency engine (p50 wall time per call)."""
+    from claw_proxy import ProxyConfig
+    from claw_proxy.server import Proxy
+    from test_proxy_cpu import _call
+
+    tmp = Path(tempfile.mkdtemp(prefix="claw-proxy-bench-"))
+    (tmp / "script.jsonl").write_text(json.dumps({"text": ANSWER}) + "\n")
+    proxy = Proxy(
+        ProxyConfig(
+            engine=f"scripted:{tmp / 'script.jsonl'}",
+            tokenizer=str(TINY),
+            secret="s",
+            record=str(tmp / "calls.jsonl"),
+        )
+    )
+
+    async def run():
+        times = []
+        for i in range(400):
+            body = json.dumps(_body(i)).encode()
+            key = mint_token(f"k{i}", "s")
+            t0 = time.perf_counter()
+            status, _ = await _call(proxy.app, body, key, path="/v1/chat/completions")
+            times.append(time.perf_counter() - t0)
+            assert status == 200
+        return times
+
+    times = benchmark.pedantic(lambda: asyncio.run(run()), rounds=1, iterations=1)
+    p50 = statistics.median(times[50:]) * 1e3
+    print(f"\nin-process proxy handling, streamed chat call: p50 {p50:.2f} ms")
+    benchmark.extra_info.update(in_process_p50_ms=p50)
