@@ -42,6 +42,16 @@ def collect(ws: Path, globs: list[str]) -> dict[str, str]:
 def run_task(task, tmp_path: Path, command: str, *, judge: Judge | None = None, threshold: float | None = None,
              extra_verify_files: dict[str, str] | None = None, harness: str = "test-agent") -> dict[str, Any]:
     """Plan one job of ``task`` for a test agent running ``command``, run it, score it; the outcome."""
+    run = run_only(task, tmp_path, command, extra_verify_files=extra_verify_files, harness=harness)
+    out = score_run(run, judge=judge, threshold=threshold)
+    validate(out, "outcome")
+    out["_workspace"] = run["_workspace"]
+    return out
+
+
+def run_only(task, tmp_path: Path, command: str, *, extra_verify_files: dict[str, str] | None = None,
+             harness: str = "test-agent") -> dict[str, Any]:
+    """Plan one job of ``task`` for a test agent running ``command`` and run it; the claw.run/v1 dict."""
     job = plan_jobs([task], [agent(tmp_path, harness)], samples=1, proxy_url="http://127.0.0.1:9",
                     secret=SECRET, run_id=f"r{time.monotonic_ns()}")[0]
     job["command"] = command
@@ -51,10 +61,8 @@ def run_task(task, tmp_path: Path, command: str, *, judge: Judge | None = None, 
     run = run_job(job, root)
     run["collected"] = collect(root / job["job_id"], job["collect"])
     validate(run, "run")
-    out = score_run(run, judge=judge, threshold=threshold)
-    validate(out, "outcome")
-    out["_workspace"] = str(root / job["job_id"])
-    return out
+    run["_workspace"] = str(root / job["job_id"])
+    return run
 
 
 def solution(task) -> str:
@@ -192,6 +200,37 @@ def test_transcript_from_proxy_calls_reaches_grade(tmp_path):
     assert with_t["details"]["read_story"] == 1.0 and with_t["details"]["transcript"] == "transcript.json"
     without = run_task(task, tmp_path, solution(task))
     assert "read_story" not in without["details"] and without["details"]["transcript"] == "empty"
+
+
+def test_regrade_hands_the_proxy_transcript_to_grade(tmp_path):
+    """`claw-bench regrade` re-runs grade() on the run's workspace snapshot with the session's calls as transcript."""
+    from claw_bench import read_records, write_records
+    from claw_bench.cli import main
+    from click.testing import CliRunner
+
+    task = load_suite(SUITES["pinchbench"]).get("task_01_word_stats")
+    run = run_only(task, tmp_path, solution(task))
+    run.pop("_workspace")
+    session = run["meta"]["session"]
+    calls = [{"schema": "claw.call/v1", "session": session, "seq": 0, "api": "anthropic.messages",
+              "request": {"system": "You are an agent", "messages": [{"role": "user", "content": "go"}]},
+              "response": {"content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "story.txt"}}]}}]
+    write_records(tmp_path / "runs.jsonl", [run])
+    write_records(tmp_path / "calls.jsonl", calls)
+    r = CliRunner().invoke(main, ["regrade", str(tmp_path / "runs.jsonl"), "--suite", str(SUITES["pinchbench"]),
+                                  "--calls", str(tmp_path / "calls.jsonl"), "-o", str(tmp_path / "regraded.jsonl")])
+    assert r.exit_code == 0, r.output
+    [new] = read_records(tmp_path / "regraded.jsonl", "claw.run/v1")
+    validate(new, "run")
+    out = score_run(new)
+    assert out["details"]["read_story"] == 1.0 and out["reward"] == 1.0 and new["meta"]["regraded"]["transcript_events"] == 3
+    assert score_run(run)["details"]["transcript"] == "empty"
+    calls[0]["response"]["content"][0]["input"] = {"path": "elsewhere.txt"}
+    write_records(tmp_path / "calls.jsonl", calls)
+    CliRunner().invoke(main, ["regrade", str(tmp_path / "runs.jsonl"), "--suite", str(SUITES["pinchbench"]),
+                              "--calls", str(tmp_path / "calls.jsonl"), "-o", str(tmp_path / "regraded.jsonl")])
+    again = score_run(read_records(tmp_path / "regraded.jsonl", "claw.run/v1")[0])
+    assert again["details"]["read_story"] == 0.0 and again["reward"] == pytest.approx(0.75)
 
 
 def test_fixed_workspace_dir_is_used_by_checkers_and_instruction(tmp_path):

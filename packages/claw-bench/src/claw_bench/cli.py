@@ -17,6 +17,7 @@ from claw_bench.errors import ClawError
 from claw_bench.harnesses import list_harnesses, load_harness
 from claw_bench.loaders import Judge, LoadOptions
 from claw_bench.loaders.judge import APIS as JUDGE_APIS
+from claw_bench.loaders.regrade import regrade_run
 from claw_bench.plan import GROUP_BY, plan_jobs
 from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
 from claw_bench.report import compare, plot_report, render_compare, render_text, report
@@ -171,6 +172,39 @@ def score(runs: str, threshold: float | None, output: str, judge_url: str | None
     unscorable = sum(o["status"] == "not_scorable" for o in outs)
     _log(f"scored {len(outs)} runs: {sum(bool(o['passed']) for o in outs)} passed, {ok} scored, "
          f"{len(outs) - ok - unscorable} infra errors, {unscorable} not scorable (need --judge-url)")
+
+
+@main.command()
+@click.argument("runs", default="-")
+@click.option("--suite", "-s", required=True, help="the suite the runs were planned from (name or path)")
+@click.option("--calls", "calls_path", required=True, type=click.Path(dir_okay=False),
+              help="claw-proxy's claw.call/v1 records of these sessions (with raw request/response)")
+@click.option("--output", "-o", default="-", show_default=True, help="runs JSONL file")
+@_errors
+def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
+    """Re-run PinchBench-style checkers with each session's transcript (from the proxy's call records).
+
+    Runs of other tasks pass through unchanged. The checkers run here, on the host, on the
+    snapshot of each run's final workspace.
+    Example: claw-sandbox run jobs.jsonl | claw-bench regrade --suite pinchbench/tasks --calls calls.jsonl
+    | claw-bench score > outcomes.jsonl
+    """
+    s = load_suite(suite)
+    calls = read_records(calls_path, "claw.call/v1")
+    n = 0
+
+    def gen():
+        nonlocal n
+        for r in iter_records(runs, RUN):
+            task_id = (r.get("meta") or {}).get("task")
+            task = next((t for t in s.tasks if t.id == task_id), None)
+            if task is not None and task.source == "pinchbench":
+                n += 1
+                yield regrade_run(r, task, calls)
+            else:
+                yield r
+    write_records(output, gen())
+    _log(f"regraded {n} runs with their transcripts")
 
 
 @main.command(name="report")

@@ -9,7 +9,9 @@ Behavior``, ``## Grading Criteria``, ``## Automated Checks`` (a fenced python bl
 The automated score is the mean of grade()'s values; hybrid = weighted mean with the judge
 (0.5 / 0.5 unless grading_weights says otherwise); llm_judge = the judge alone. grade() runs in
 the verify step (hidden from the agent); it gets the session transcript when the verify step
-finds one (``$CLAW_TRANSCRIPT_FILE`` or ``.claw_verify/transcript.json``), else ``[]``.
+finds one (``$CLAW_TRANSCRIPT_FILE`` or ``.claw_verify/transcript.json``), else ``[]``; the
+runner snapshots the workspace so ``claw-bench regrade`` can re-run grade() with the transcript
+built from claw-proxy's records afterwards.
 """
 
 from __future__ import annotations
@@ -132,10 +134,11 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
     checker_timeout = opts.checker_timeout_s or 120.0
     hidden = {"runner.json": runner_config(kind="pinchbench" if code else "none", timeout_s=checker_timeout,
                                            workspace_dir=opts.workspace_dir, threshold=opts.pass_threshold,
-                                           judge_files=grading != "automated")}
+                                           judge_files=True)}
     if code:
         hidden["grade.py"] = code
-    meta: dict[str, Any] = {"collect": [DETAILS_FILE], "pinchbench": {k: front[k] for k in ("name", "category") if k in front}}
+    # the workspace snapshot serves the judge and `claw-bench regrade` (grade() with the transcript)
+    meta: dict[str, Any] = {"collect": [DETAILS_FILE, JUDGE_FILES], "pinchbench": {k: front[k] for k in ("name", "category") if k in front}}
     for key, name in (("expected_behavior", "expected behavior"), ("grading_criteria", "grading criteria")):
         if sections.get(name):
             meta[key] = sections[name]
@@ -151,7 +154,6 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
             raise TaskError(f"{where}: field 'grading_weights' must not be all zero")
         meta["judge"] = judge_spec(rubric=str(rubric), instruction=prompt, automated=a / (a + j),
                                    llm_judge=j / (a + j), grading=grading)
-        meta["collect"] = [DETAILS_FILE, JUDGE_FILES]
     category = front.get("category")
     return Task(id=tid, instruction=prompt.strip() + "\n", timeout_s=float(timeout),
                 tags=("pinchbench", *([str(category)] if category else [])),
