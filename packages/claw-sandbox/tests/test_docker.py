@@ -120,7 +120,8 @@ def test_docker_limits(docker_backend, tmp_path):
         r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, parallel=3, workdir=tmp_path)
     }
     assert runs["hog"]["exit_code"] == 137 and "memory limit exceeded" in runs["hog"]["error"]
-    assert runs["bomb"]["status"] == "timeout"
+    bomb = runs["bomb"]  # killed at the timeout, or ended early because `sleep` could not fork
+    assert bomb["status"] == "timeout" or "fork" in bomb["stderr_tail"], bomb
     assert runs["neighbour"]["stdout_tail"] == "fine\n"
 
 

@@ -4,6 +4,7 @@ import http.server
 import os
 import socket
 import sys
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -163,7 +164,12 @@ def test_process_backend_relays_the_proxy_port_without_blocking(process, tmp_pat
 
 def test_hidden_venv_with_editable_source_is_bound_back(bwrap, tmp_path):
     """A venv under a hidden directory (here /tmp) runs inside, editable sources included."""
-    venv = tmp_path / "venv"
+    with tempfile.TemporaryDirectory(dir="/tmp") as hidden:  # tmp_path may lie elsewhere
+        _hidden_venv_runs(bwrap, Path(hidden), tmp_path)
+
+
+def _hidden_venv_runs(bwrap, base: Path, tmp_path: Path) -> None:
+    venv = base / "venv"
     site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     site.mkdir(parents=True)
     (venv / "bin").mkdir()
@@ -171,10 +177,10 @@ def test_hidden_venv_with_editable_source_is_bound_back(bwrap, tmp_path):
     (venv / "pyvenv.cfg").write_text(
         f"home = {os.path.dirname(os.path.realpath(sys.executable))}\n"
     )
-    src = tmp_path / "project" / "src"
+    src = base / "project" / "src"
     src.mkdir(parents=True)
     (src / "claw_probe_mod.py").write_text("X = 'editable source visible'\n")
     (site / "_claw_probe.pth").write_text(f"{src}\n")
     cmd = [str(venv / "bin" / "python"), "-c", "import claw_probe_mod; print(claw_probe_mod.X)"]
     run = _one(bwrap, job("v", command=cmd), tmp_path)
-    assert run["stdout_tail"] == "editable source visible\n", run
+    assert run["stdout_tail"] == "editable source visible\n", run["stderr_tail"]

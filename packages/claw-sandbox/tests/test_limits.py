@@ -24,7 +24,8 @@ def test_fork_bomb_is_stopped_by_the_pids_limit(backend, tmp_path):
         backend=backend, parallel=2, workdir=tmp_path / "w",
     )  # fmt: skip
     by_id = {r["job_id"]: r for r in runs}
-    assert by_id["bomb"]["status"] == "timeout"
+    # killed at the timeout, or ended early because even its `sleep` could not fork
+    assert by_id["bomb"]["status"] in ("timeout", "ok")
     assert "pids limit reached (32)" in by_id["bomb"]["error"]
     assert by_id["neighbour"]["status"] == "ok" and by_id["neighbour"]["stdout_tail"] == "fine\n"
     assert os.listdir(tmp_path / "w") == []  # the bomb's sandbox was still torn down
