@@ -8,7 +8,14 @@ from pathlib import Path
 import httpx
 import pytest
 from claw_bench import load_suite
-from claw_bench.loaders.judge import Judge, JudgeError, apply_judge, judge_prompt, parse_score, workspace_files
+from claw_bench.loaders.judge import (
+    Judge,
+    JudgeError,
+    apply_judge,
+    judge_prompt,
+    parse_score,
+    workspace_files,
+)
 from test_public_e2e import PUBLIC, run_task, solution
 
 PB = PUBLIC / "pinchbench" / "tasks"

@@ -23,6 +23,7 @@ holds {"scores", "reason", "checker_exit_code", "checker_timed_out", "automated_
 Exit code 0 when reward >= threshold, else 1.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -63,10 +64,8 @@ def run(argv, timeout_s, env=None):
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         out, err = proc.communicate()
         return None, out, err
 
@@ -128,10 +127,8 @@ def clawgym(cfg, ws, res):
         raise ValueError("checker printed nothing (the last stdout line must be a reward in [0, 1])")
     for ln in lines:
         if ln.startswith("{"):
-            try:
+            with contextlib.suppress(ValueError):  # not a dict of sub-scores: the last line decides
                 res["scores"] = scores_of(json.loads(ln), "checker")
-            except ValueError:
-                pass
     try:
         value = float(lines[-1])
     except ValueError:
