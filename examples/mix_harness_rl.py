@@ -30,14 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-import transformers
-
 import claw_bench
 import claw_proxy
 import claw_rl
 import claw_sandbox
 import claw_tree
+import httpx
+import transformers
 
 DEFAULT_HARNESSES = ["claw-agent-text", "claw-agent-text-anthropic"]
 

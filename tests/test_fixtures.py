@@ -2,9 +2,8 @@
 
 from pathlib import Path
 
-from click.testing import CliRunner
-
 from claw_rl.cli import main as claw_rl
+from click.testing import CliRunner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-qwen3"
 

@@ -1,10 +1,9 @@
 """Every command of the CLI answers --help; --version prints the package version."""
 
 import click
-from click.testing import CliRunner
-
 from claw_rl import __version__
 from claw_rl.cli import main
+from click.testing import CliRunner
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):

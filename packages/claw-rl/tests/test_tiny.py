@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from claw_rl import ClawError, TinySpec, init_tiny
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TOOLS = [
     {

@@ -22,7 +22,7 @@ from claw_rl.errors import ClawError
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 - a word list reads best as prose
     "the a an and or of to in on for with from by as is are was be this that it file files "
     "read write create list move rename copy delete line lines text json csv yaml config report "
     "data value values key keys name names id date total count sum mean sort by order column row "
@@ -109,8 +109,9 @@ def build_tokenizer(spec: TinySpec):
     return fast
 
 
-def init_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
+def init_tiny(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
     """Write a random-weight Qwen3 model and its tokenizer to ``out_dir``; return the path."""
+    spec = spec or TinySpec()
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
