@@ -96,6 +96,7 @@ def test_layout_detection_and_mixed_suite(tmp_path):
     assert {t.pass_threshold for t in s.tasks if t.source != "claw"} == {0.5}
     assert [t.id for t in load_suite(CG / "clawgym_tasks.jsonl").tasks] == ["cg-jsonl-wordcount", "clawgym_tasks-0002"]
     assert len(load_public_dir(PUBLIC / "pinchbench")) == 3
+    assert [t.id for t in load_suite(PUBLIC / "pinchbench").tasks] == [t.id for t in load_suite(PB).tasks]
 
 
 def _copy(tmp_path: Path, src: Path) -> Path:

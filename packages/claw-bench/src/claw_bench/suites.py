@@ -9,7 +9,7 @@ import attrs
 
 from claw_bench.errors import TaskError
 from claw_bench.harbor import is_harbor_task, load_harbor_task
-from claw_bench.loaders import LoadOptions, detect_layout, load_public
+from claw_bench.loaders import LoadOptions, detect_layout, load_public, load_public_dir
 from claw_bench.tasks import Task, load_task
 
 
@@ -82,6 +82,8 @@ def load_suite(name_or_path: str | Path, options: LoadOptions | None = None) -> 
         raise TaskError(f"unknown suite {s!r}: not a directory and not one of {builtin_suites()}")
     elif (path / "task.toml").is_file() or is_harbor_task(path) or detect_layout(path):
         tasks = _load_entry(path, options)
+    elif (path / "tasks").is_dir() and any(detect_layout(p) == "pinchbench" for p in (path / "tasks").iterdir()):
+        tasks = load_public_dir(path, options)  # a PinchBench checkout: tasks/*.md next to assets/
     else:
         entries = [p for p in sorted(path.iterdir()) if not p.name.startswith(("_", "."))
                    and (p.is_dir() or detect_layout(p))]
