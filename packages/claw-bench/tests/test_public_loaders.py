@@ -76,6 +76,7 @@ def test_harbor_tb2_gets_continuous_reward_runner_and_image():
     assert "timeout -s KILL 30 " in files[".claw_verify/harbor_verify.sh"]
     assert t.image.startswith("claw-harbor/tb-fix-config:") and t.meta["docker_build"].startswith(f"docker build -t {t.image} ")
     assert (t.timeout_s, t.difficulty, t.pass_threshold) == (120.0, "easy", 1.0)
+    assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512}
 
 
 def test_layout_detection_and_mixed_suite(tmp_path):

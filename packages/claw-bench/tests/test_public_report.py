@@ -79,5 +79,9 @@ def test_plan_cli_public_options(tmp_path, secret_file):
     assert len(jobs) == 4 and {j["meta"]["pass_threshold"] for j in jobs} == {0.5}
     cfg = json.loads(jobs[0]["verify"]["files"][".claw_verify/runner.json"])
     assert (cfg["timeout_s"], cfg["workspace_dir"], cfg["threshold"]) == (7.0, "/ws", 0.5)
+    r = CliRunner().invoke(main, ["plan", "--suite", str(PUBLIC / "harbor"), "--harness", "claw-agent-chat",
+                                  "--proxy", "http://127.0.0.1:8000", "--proxy-secret-file", str(secret_file), "--cpus", "2"])
+    [tb] = [json.loads(ln) for ln in r.output.splitlines() if ln.startswith("{")]
+    assert tb["limits"] == {"cpus": 2.0, "memory_mb": 512} and tb["image"].startswith("claw-harbor/tb-fix-config:")
     hybrid = next(j for j in jobs if j["meta"]["task"] == "cg-meeting-notes")
     assert hybrid["meta"]["judge"]["weights"]["llm_judge"] == 0.3 and ".claw_verify/judge_files.json" in hybrid["collect"]

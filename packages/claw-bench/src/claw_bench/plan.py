@@ -101,7 +101,8 @@ def plan_jobs(
                 }
                 if task.image:
                     job["image"] = task.image
-                if limits:
-                    job["limits"] = dict(limits)
+                task_limits = task.meta.get("limits") if isinstance(task.meta.get("limits"), dict) else {}
+                if limits or task_limits:
+                    job["limits"] = {**task_limits, **(limits or {})}  # plan's flags override the task's
                 jobs.append(job)
     return jobs

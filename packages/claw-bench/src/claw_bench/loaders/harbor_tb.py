@@ -9,7 +9,8 @@ verify step becomes a bash runner (task images need not have Python) that
   keys: named sub-scores, reward = their mean), and counts a missing reward as 0,
 - records why in ``.claw_verify/details.json`` (timeout, exit code, missing reward).
 
-The image: ``[environment] docker_image`` when set, else a tag derived from the Dockerfile's
+``[environment] cpus`` / ``memory_mb`` become the job's limits. The image: ``[environment]
+docker_image`` when set, else a tag derived from the Dockerfile's
 content (``claw-harbor/<task>:<sha12>``), built by the command in ``task.meta["docker_build"]``
 (the Docker backend never pulls or builds by itself).
 """
@@ -93,6 +94,16 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
             image = f"claw-harbor/{base.id.lower()}:{digest}"
         task_meta["docker_build"] = f"docker build -t {image} {shlex.quote(str(dockerfile.parent))}"
     task_meta["collect"] = [DETAILS_FILE]
+    etable = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
+    limits: dict[str, Any] = {}
+    for key, name, kind in (("cpus", "cpus", float), ("memory_mb", "memory_mb", int)):
+        v = etable.get(key)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                raise TaskError(f"{task_dir / 'task.toml'}: field [environment] {key} must be a positive number, got {v!r}")
+            limits[name] = kind(v)
+    if limits:
+        task_meta["limits"] = limits  # job limits (plan --cpus / --memory-mb override them)
     return attrs.evolve(base, verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
                         hidden=hidden, reward_file=REWARD_FILE, verify_timeout_s=timeout + VERIFY_MARGIN_S,
                         pass_threshold=opts.pass_threshold, image=image, meta=task_meta)
