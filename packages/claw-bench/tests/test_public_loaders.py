@@ -84,6 +84,8 @@ def test_layout_detection_and_mixed_suite(tmp_path):
     assert [detect_layout(p) for p in (CG / "cg-csv-totals", CG / "clawgym_tasks.jsonl", PB / "task_03_haiku.md", TB)] == \
         ["clawgym", "clawgym-jsonl", "pinchbench", "harbor"]
     assert detect_layout(PUBLIC / "README.md") is None and detect_layout(PUBLIC) is None
+    (tmp_path / "outcomes.jsonl").write_text('{"schema": "claw.outcome/v1", "session": "s"}\n')
+    assert detect_layout(tmp_path / "outcomes.jsonl") is None
     shutil.copytree(CG, tmp_path / "suite")
     shutil.copytree(TB, tmp_path / "suite" / "tb-fix-config")
     shutil.copy(PB / "task_02_release_note.md", tmp_path / "suite")
@@ -178,3 +180,10 @@ def test_clawgym_jsonl_bad_lines(tmp_path):
             load_public(j)
     with pytest.raises(TaskError, match=r"not a public task"):
         load_public(tmp_path)
+
+
+def test_load_options_are_validated():
+    """Out-of-range thresholds, relative workspace dirs and non-positive timeouts are refused."""
+    for bad in ({"pass_threshold": 1.5}, {"workspace_dir": "relative/ws"}, {"checker_timeout_s": 0}):
+        with pytest.raises(ValueError):
+            LoadOptions(**bad)

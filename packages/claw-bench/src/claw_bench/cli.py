@@ -120,6 +120,8 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: st
     SUITE may also be a public suite as published: ClawGym-Bench task directories or JSONL,
     PinchBench tasks/ Markdown, Harbor / Terminal-Bench 2 task directories.
     """
+    if workspace_dir is not None and not workspace_dir.startswith("/"):
+        raise click.BadParameter(f"{workspace_dir!r} must be an absolute path", param_hint="--workspace-dir")
     options = LoadOptions(pass_threshold=pass_threshold, workspace_dir=workspace_dir, checker_timeout_s=checker_timeout)
     s = load_suite(suite, options).select(list(task_ids) or None, list(tags) or None)
     hs = [load_harness(h) for h in harness_names]

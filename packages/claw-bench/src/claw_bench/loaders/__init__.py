@@ -11,6 +11,7 @@ from claw-proxy's call records (:mod:`claw_bench.loaders.transcript`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from claw_bench.errors import TaskError
@@ -30,13 +31,24 @@ def detect_layout(path: str | Path) -> str | None:
     path = Path(path)
     if path.is_file():
         if path.suffix == ".jsonl":
-            return "clawgym-jsonl"
+            return "clawgym-jsonl" if _looks_like_clawgym_jsonl(path) else None
         return "pinchbench" if is_pinchbench_file(path) else None
     if is_clawgym_task(path):
         return "clawgym"
     if is_harbor_task(path):
         return "harbor"
     return None
+
+
+def _looks_like_clawgym_jsonl(path: Path) -> bool:
+    """False only when the first line is a JSON object of another kind (e.g. claw records)."""
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        first = next((ln for ln in fh if ln.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return True  # let the loader name the bad line
+    return not isinstance(row, dict) or "schema" not in row or "prompt" in row or "hook_code" in row
 
 
 def load_public(path: str | Path, opts: LoadOptions | None = None) -> list[Task]:

@@ -36,9 +36,12 @@ class LoadOptions:
       to the tasks directory, then the task file's directory).
     """
 
-    pass_threshold: float = 1.0
-    workspace_dir: str | None = None
-    checker_timeout_s: float | None = None
+    pass_threshold: float = attrs.field(default=1.0, validator=attrs.validators.and_(
+        attrs.validators.ge(0.0), attrs.validators.le(1.0)))
+    workspace_dir: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.matches_re(r"/.*")))
+    checker_timeout_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.gt(0.0)))
     assets_dir: str | None = None
 
 
