@@ -65,7 +65,8 @@ def row(name: str, e: dict) -> list[str]:
         _yes(e.get("streaming")) if e.get("streaming") is not None else "-",
         f"{e.get('tool_calls', 0)} executed" if e.get("tool_calls") is not None else "-",
         "-" if subs is None else f"yes ({subs} branch{'es' if subs != 1 else ''})",
-        ("pass" if e.get("passed") else "FAIL") + f" ({e.get('requests', '?')} requests, "
+        ("pass" if e.get("passed") else f"known issue: {e['known_issue']}" if e.get("known_issue") else "FAIL")
+        + f" ({e.get('requests', '?')} requests, "
         f"{e.get('calls', '?')} records, {e.get('seconds', 0):.0f} s)",
     ]
 

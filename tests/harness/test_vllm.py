@@ -83,6 +83,25 @@ def max_logprob_diff(calls: list[dict], reference: Reference) -> float:
     return worst
 
 
+def retokenize_drift(calls: list[dict]) -> str:
+    """How many sampled completions would come back as other ids if their text were re-tokenized.
+
+    This is the drift prefix reuse avoids: a harness sends the answer back as text, and
+    encoding that text again need not give the sampled ids (a false fork in the tree).
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(TINY))
+    differ = 0
+    for c in calls:
+        ids = c["completion_ids"]
+        if ids and ids[-1] == tok.eos_token_id:
+            ids = ids[:-1]
+        if tok.encode(tok.decode(ids), add_special_tokens=False) != ids:
+            differ += 1
+    return f"{differ} of {len(calls)} sampled completions"
+
+
 def test_sdk_clients_through_vllm(proxy, vllm_url, reference):
     """openai chat (plain, streamed), Responses and anthropic Messages through the proxy on vLLM."""
     import anthropic
@@ -117,7 +136,7 @@ def test_sdk_clients_through_vllm(proxy, vllm_url, reference):
         "api": "chat, Responses, Messages", "streaming": True, "requests": len(calls), "calls": len(calls),
         "passed": diff <= LOGPROB_TOL and [p["kind"] for p in pairs] == ["extends"], "seconds": round(seconds, 1),
         "vllm": {"max_abs_logprob_diff_vs_transformers": f"{diff:.2e}", "tolerance": f"{LOGPROB_TOL:.0e}",
-                 "server_ready_s": round(vllm_url[1], 1)},
+                 "server_ready_s": round(vllm_url[1], 1), "retokenize_differs": retokenize_drift(calls)},
     })
     assert [p["kind"] for p in pairs] == ["extends"], pairs
     assert diff <= LOGPROB_TOL, f"vLLM logprobs differ from transformers by {diff:.3g} > {LOGPROB_TOL}"
@@ -183,6 +202,7 @@ def test_plain_reload_weights_with_tied_embeddings(proxy, tmp_path):
     record("vllm-reload-plain", {
         "label": "policy reload: vLLM's plain reload_weights (tied embeddings)", "version": "vllm " + _vllm_version(),
         "api": "chat", "requests": 1, "calls": 1, "passed": new_diff <= LOGPROB_TOL, "seconds": round(seconds, 1),
+        "known_issue": "" if new_diff <= LOGPROB_TOL else "vLLM leaves the tied LM head on the old weights (xfail)",
         "vllm": {"timings": timings, "max_abs_logprob_diff_new_weights": f"{new_diff:.2e}"},
     })
     assert timings["weight_version"] == "2"
@@ -220,7 +240,8 @@ def test_real_harness_through_vllm(vllm_url, tmp_path):
         "passed": o.run.get("exit_code") == 0 and len(o.calls) == len(api_requests) > 0 and ok_logprobs
         and diff <= LOGPROB_TOL,
         "vllm": {"max_abs_logprob_diff_vs_transformers": f"{diff:.2e} (first call, {first_len} prompt tokens)",
-                 "weights": "eos-leaning copy loaded with claw_reload_weights"},
+                 "weights": "eos-leaning copy loaded with claw_reload_weights",
+                 "retokenize_differs": retokenize_drift(o.calls)},
     })
     assert o.run.get("status") == "ok" and o.run.get("exit_code") == 0, o.run.get("stderr_tail", "")[-2000:]
     assert len(o.calls) == len(api_requests) > 0
