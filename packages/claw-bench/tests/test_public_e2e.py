@@ -142,6 +142,20 @@ def test_crashing_or_garbage_checker_scores_zero_with_reason(tmp_path, check_py,
     assert re.search(reason, out["details"]["reason"], re.S), out["details"]
 
 
+def test_clawgym_checker_with_only_grade_is_called_with_empty_transcript(tmp_path):
+    """A ClawGym check.py that only defines grade(transcript, workspace_path) is called as grade([], workspace)."""
+    d = tmp_path / "cg-grade-only"
+    shutil.copytree(SUITES["clawgym"] / "cg-csv-totals", d)
+    (d / "reward" / "reward.sh").unlink()
+    check = d / "reward" / "check.py"
+    check.write_text(check.read_text().split('if __name__ == "__main__":')[0])
+    task = load_public(d)[0]
+    assert json.loads(task.verify_files()[".claw_verify/runner.json"])["grade_file"] == "reward/check.py"
+    assert run_task(task, tmp_path, "true")["reward"] == 0.0
+    good = run_task(task, tmp_path, solution(task))
+    assert good["reward"] == 1.0 and good["details"]["summary_top_region"] == 1.0
+
+
 def test_hanging_checker_is_killed_at_its_timeout(tmp_path):
     """A checker that hangs (and leaves a child behind) is killed at the checker timeout: reward 0, reason recorded."""
     d = _broken(tmp_path, "hangs", "import subprocess, time\nsubprocess.Popen(['sleep', '120'])\ntime.sleep(120)\n")

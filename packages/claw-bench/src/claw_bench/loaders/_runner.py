@@ -110,6 +110,8 @@ def clawgym(cfg, ws, res):
     mount = cfg.get("mount_dir")
     if mount and mount != workspace:
         remap(dst, mount.rstrip("/"), workspace.rstrip("/"))
+    if cfg.get("grade_file"):  # a checker with grade(transcript, workspace_path) and no entry point
+        return call_grade(cfg, os.path.join(ws, cfg["grade_file"]), empty_transcript(), workspace, res, dst)
     command = cfg["command"]
     if mount and mount != workspace:
         command = command.replace(mount.rstrip("/"), workspace.rstrip("/"))
@@ -140,15 +142,29 @@ def clawgym(cfg, ws, res):
     return value
 
 
+def empty_transcript():
+    path = os.path.join(VDIR, "empty_transcript.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("[]")
+    return path
+
+
 def pinchbench(cfg, ws, res):
     transcript = os.environ.get("CLAW_TRANSCRIPT_FILE") or os.path.join(VDIR, "transcript.json")
     if not os.path.isfile(transcript):
-        transcript = os.path.join(VDIR, "empty_transcript.json")
-        with open(transcript, "w", encoding="utf-8") as fh:
-            fh.write("[]")
+        transcript = empty_transcript()
     res["transcript"] = os.path.basename(transcript) if "empty" not in transcript else "empty"
-    argv = [sys.executable, "-I", "-c", GRADE_DRIVER, os.path.join(VDIR, "grade.py"), transcript, cfg.get("workspace_dir") or ws]
-    code, out, err = run(argv, cfg["timeout_s"])
+    return call_grade(cfg, os.path.join(VDIR, "grade.py"), transcript, cfg.get("workspace_dir") or ws, res)
+
+
+def call_grade(cfg, grade_file, transcript, workspace, res, cleanup=None):
+    """Run grade(transcript, workspace) from grade_file in a fresh interpreter; the mean of its dict."""
+    argv = [sys.executable, "-I", "-c", GRADE_DRIVER, grade_file, transcript, workspace]
+    try:
+        code, out, err = run(argv, cfg["timeout_s"])
+    finally:
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
     res.update(checker_exit_code=code, checker_timed_out=code is None, checker_output=(out + err)[-2000:])
     if code is None:
         raise ValueError(f"grade() killed at its timeout ({cfg['timeout_s']:g}s)")

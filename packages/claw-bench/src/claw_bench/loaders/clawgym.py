@@ -7,7 +7,8 @@ A task directory::
                            "metadata": {"category", "grading_type", optional "rule", "rules"}}
       input_files/...     the mock workspace, copied as-is into the workspace
       reward/reward.sh    the verifier entry point; the LAST stdout line is the reward in [0, 1]
-      reward/check.py     the checker (`python3 reward/check.py WORKSPACE`)
+      reward/check.py     the checker (`python3 reward/check.py WORKSPACE`; one that only defines
+                          PinchBench's grade(transcript, workspace_path) is called as grade([], WS))
 
 The JSONL form holds one task a line: ``prompt``, ``hook_code`` (the verifier command, such as
 ``python3 reward/test.py /root/.openclaw/workspace``), ``input_files: [{file_path, content}]``
@@ -76,7 +77,8 @@ def _rubric(rules: Any, where: str) -> str | None:
             "in [0, 1].\n\n" + "\n\n".join(parts))
 
 
-def _build(*, tid: str, query: str, mount: str | None, command: str, workspace: dict[str, str],
+def _build(*, tid: str, query: str, mount: str | None, command: str, grade_file: str | None = None,
+           workspace: dict[str, str],
            reward_files: dict[str, str], meta: dict[str, Any], rules: Any, where: str, path: str,
            opts: LoadOptions) -> Task:
     if not isinstance(query, str) or not query.strip():
@@ -90,7 +92,7 @@ def _build(*, tid: str, query: str, mount: str | None, command: str, workspace: 
     timeout = opts.checker_timeout_s or DEFAULT_CHECKER_TIMEOUT_S
     rubric = _rubric(rules, where)
     hidden = {f"reward/{k}": v for k, v in reward_files.items()}
-    hidden["runner.json"] = runner_config(kind="clawgym", command=command, mount_dir=mount,
+    hidden["runner.json"] = runner_config(kind="clawgym", command=command, grade_file=grade_file, mount_dir=mount,
                                           workspace_dir=opts.workspace_dir, timeout_s=timeout,
                                           threshold=opts.pass_threshold, judge_files=bool(rubric))
     task_meta: dict[str, Any] = {"collect": [DETAILS_FILE], "clawgym": meta, "mount_dir": mount}
@@ -125,16 +127,20 @@ def load_clawgym_task(task_dir: str | Path, opts: LoadOptions | None = None) -> 
     if mount is not None and (not isinstance(mount, str) or not mount.startswith("/")):
         raise TaskError(f"{where}: field 'input_mount_dir' must be an absolute path, got {mount!r}")
     reward = read_text_tree(task_dir / "reward", what=f"task {tid}")
+    grade_file = None
     if "reward.sh" in reward:
         command = "bash reward/reward.sh"
     elif "check.py" in reward:
         command = f"python3 reward/check.py {mount or DEFAULT_MOUNT}"
+        text = reward["check.py"]
+        if "def grade(" in text and "__main__" not in text and "sys.argv" not in text:
+            grade_file = "reward/check.py"  # PinchBench signature only: called as grade([], workspace)
     else:
         raise TaskError(f"task {tid} ({task_dir}): missing checker: expected reward/reward.sh or reward/check.py")
     meta = entry.get("metadata") or {}
     if not isinstance(meta, dict):
         raise TaskError(f"{where}: field 'metadata' must be an object")
-    return _build(tid=tid, query=entry.get("user_query"), mount=mount, command=command,  # type: ignore[arg-type]
+    return _build(tid=tid, query=entry.get("user_query"), mount=mount, command=command, grade_file=grade_file,  # type: ignore[arg-type]
                   workspace=read_text_tree(task_dir / "input_files", what=f"task {tid}"), reward_files=reward,
                   meta=meta, rules=meta.get("rules", entry.get("rules")), where=where, path=str(task_dir), opts=opts)
 
