@@ -92,3 +92,15 @@ def test_copy_from_rejects_tarball_link_to_the_host(tmp_path):
     with pytest.raises(JobError, match="copy_from"):
         copy_into(str(tar), tmp_path / "ws", "job 'x'")
     assert not (tmp_path / "ws" / "etc-link").is_symlink()
+
+
+def test_job_directory_leaves_room_for_the_proxy_socket():
+    """A 128-character job id still gives a proxy socket path under the AF_UNIX limit (107 bytes)."""
+    from pathlib import Path
+
+    from claw_sandbox.executor import jobdir_for
+
+    root = Path("/tmp/claw-sandbox-abcdefgh")
+    sock = jobdir_for(root, "s" * 128) / "run" / "proxy.sock"
+    assert len(str(sock).encode()) <= 107
+    assert jobdir_for(root, "a/b c").name.startswith("a_b_c-")
