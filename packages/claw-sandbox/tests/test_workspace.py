@@ -104,3 +104,13 @@ def test_job_directory_leaves_room_for_the_proxy_socket():
     sock = jobdir_for(root, "s" * 128) / "run" / "proxy.sock"
     assert len(str(sock).encode()) <= 107
     assert jobdir_for(root, "a/b c").name.startswith("a_b_c-")
+
+
+def test_collect_glob_matching_directories_returns_only_files(tmp_path):
+    """`**` matches directories too; they are skipped, the files under them collected."""
+    from claw_sandbox.workspace import collect
+
+    (tmp_path / "out" / "deep").mkdir(parents=True)
+    (tmp_path / "out" / "deep" / "a.txt").write_text("a")
+    (tmp_path / "top.txt").write_text("t")
+    assert collect(tmp_path, ["**"]) == {"out/deep/a.txt": "a", "top.txt": "t"}

@@ -127,9 +127,10 @@ def read_inside(root: Path, rel: str, limit: int = COLLECT_FILE_BYTES) -> bytes 
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, fifo, device: not collected
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
         return f.read(limit)
 
 
