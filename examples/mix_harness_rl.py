@@ -55,6 +55,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--engine", default="transformers", help="'transformers' (in-process, on the policy dir) or vllm:URL")
     p.add_argument("--tokenizer", type=Path, help="tokenizer + chat template dir for a vllm: engine (default: --model)")
+    p.add_argument("--vllm-reload-method", default="claw_reload_weights",
+                   help="vLLM worker method that loads new weights (examples/gpu/claw_vllm_worker.py)")
     p.add_argument("--backend", default="auto", help="claw-sandbox backend: auto, bwrap, docker, process")
     p.add_argument("--parallel", type=int, default=4, help="sandbox jobs at once")
     p.add_argument("--max-new-tokens", type=int, default=24, help="proxy cap on tokens per model call")
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
     engine = f"transformers:{serving['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start_model)
-    config = claw_proxy.ProxyConfig(engine=engine, tokenizer=tokenizer, secret=secret, admin_token=admin, record=str(run / "calls.jsonl"),
+    config = claw_proxy.ProxyConfig(engine=engine, tokenizer=tokenizer, secret=secret,
+                                    vllm_reload_method=args.vllm_reload_method, admin_token=admin, record=str(run / "calls.jsonl"),
                                     policy_name="policy", max_tokens_cap=args.max_new_tokens,
                                     default_max_tokens=args.max_new_tokens)
     with claw_proxy.ProxyServer(config) as proxy, httpx.Client(base_url=proxy.url, timeout=600) as admin_api:

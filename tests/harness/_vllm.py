@@ -51,7 +51,7 @@ def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny"):
             "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port),
             "--worker-extension-cls", "claw_vllm_worker.ClawWorkerExtension"]
-    here = str(Path(__file__).resolve().parent)
+    here = str(Path(__file__).resolve().parents[2] / "examples" / "gpu")  # claw_vllm_worker.py
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1",
                PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p))
     with log.open("w") as out:

@@ -8,7 +8,7 @@ embedding, so every logprob afterwards is wrong (the new body with the old head)
 extension reloads, then re-ties the head to the new embedding and re-runs its weight
 processing. Start the server with it on PYTHONPATH:
 
-    PYTHONPATH=tests/harness VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server \\
+    PYTHONPATH=examples/gpu VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server \\
         --worker-extension-cls claw_vllm_worker.ClawWorkerExtension ...
     POST /collective_rpc {"method": "claw_reload_weights", "kwargs": {"weights_path": DIR}}
 
