@@ -65,7 +65,7 @@ def test_tree_packed_gradient_equals_flat_per_path_gradient(tiny, correction):
     assert m_tree["loss"] == pytest.approx(m_flat["loss"], abs=1e-6)
     worst = max(float((g_tree[n] - g_flat[n]).abs().max()) for n in g_tree)
     assert worst < 1e-5
-    assert m_tree["tree_token_ratio"] == pytest.approx(sum(len(f["input_ids"]) for f in flat) / len(PARENT))
+    assert m_tree["dedup_factor"] == pytest.approx(sum(len(f["input_ids"]) for f in flat) / len(PARENT))
 
 
 def test_single_path_sample_gives_the_ordinary_loss(tiny):

@@ -33,7 +33,7 @@ def test_grpo_raises_reward_on_tree_packed_groups(tiny, tmp_path):
                                       G * len(PROMPTS), learner.version))
         m = learner.step(batch)
         assert m["mismatch_max_abs"] < 1e-4  # the sampler is the learner's own model
-        assert m["tree_token_ratio"] > 1.3  # the prompt is shared by 8 paths
+        assert m["dedup_factor"] > 1.3  # the prompt is shared by 8 paths
         learner.save(tmp_path / f"v{step + 1}")
         curve.append(float(torch.cat(rewards).mean()))
     start, end = sum(curve[:3]) / 3, sum(curve[-3:]) / 3

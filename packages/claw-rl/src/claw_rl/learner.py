@@ -238,7 +238,7 @@ class _Learner(LearnerIO):
         adv = torch.tensor([a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t])
         wall = time.perf_counter() - t0
         metrics.update(samples=len(samples), tokens=packed, trainable_tokens=int(n_tok),
-                       tree_token_ratio=flat / max(packed, 1), tokens_per_s=packed / wall, step_time_s=wall,
+                       dedup_factor=flat / max(packed, 1), tokens_per_s=packed / wall, step_time_s=wall,
                        adv_mean=float(adv.mean()) if adv.numel() else 0.0,
                        zero_adv_frac=float((adv == 0).float().mean()) if adv.numel() else 0.0)
         self.step_count += 1
