@@ -88,8 +88,10 @@ def test_readme_python_snippets_run(package, scratch):
     for i, block in enumerate(blocks):
         work = scratch / f"py-{package}-{i}"
         work.mkdir()
-        for name in ("tests", "formats", "calls.jsonl", "outcomes.jsonl", "runs"):
+        for name in ("tests", "formats", "calls.jsonl", "outcomes.jsonl"):
             (work / name).symlink_to(scratch / name)
+        (work / "runs").mkdir()  # own outputs: the shell test may have written runs/rl already
+        (work / "runs" / "tiny").symlink_to(scratch / "runs" / "tiny")
         r = subprocess.run([sys.executable, "-c", prelude + block], cwd=work, env=_env(), capture_output=True,
                            text=True, timeout=600)
         assert r.returncode == 0, f"{package}/README.md python block {i} failed:\n{r.stderr[-2000:]}"

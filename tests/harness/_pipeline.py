@@ -151,7 +151,10 @@ def run_case(case: Case, workdir: Path, backend: str = "auto", timeout_s: float 
         env = dict(os.environ, PATH=f"{TOOLS_BIN}{os.pathsep}{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
         runs_file = workdir / "runs.jsonl"
         _cli([str(BIN / "claw-sandbox"), "run", str(jobs_file), "-o", str(runs_file), "--backend", backend,
-              "--parallel", "1", "--retries", "0"],
+              "--parallel", "1", "--retries", "0",
+              # the harnesses live in the checkout (.tools, .venvs): keep it visible wherever it is
+              # cloned, also under /tmp or a home directory, which bwrap hides
+              "--ro-path", str(ROOT)],
              env=env, timeout=timeout_s + 120)
         requests = list(tap.requests)
     seconds = time.monotonic() - t0

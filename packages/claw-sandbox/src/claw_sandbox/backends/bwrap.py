@@ -119,15 +119,20 @@ class BwrapSandbox(Sandbox):
             for f in ("/run/systemd/resolve",):
                 args += ["--ro-bind-try", f, f]
         hidden_roots = tuple(f"/{h}" for h in HIDDEN)
-        seen = set()
-        for p in [*venv_paths(command), *self.backend.ro_paths]:
-            p = os.path.normpath(p)
-            if p in seen or not p.startswith(hidden_roots) or not os.path.exists(p):
+        bound: set[str] = set()
+        made: set[str] = set()
+        # parents before children, so a bound directory never hides a bind inside it
+        wanted = sorted({os.path.normpath(p) for p in [*venv_paths(command), *self.backend.ro_paths]},
+                        key=lambda p: (p.count("/"), p))
+        for p in wanted:
+            if not p.startswith(hidden_roots) or not os.path.exists(p):
                 continue
-            seen.add(p)
+            if any(p == b or p.startswith(b + "/") for b in bound):
+                continue  # already visible through a bound parent
+            bound.add(p)
             for parent in reversed(Path(p).parents[:-2]):  # bwrap would make them 0700
-                if str(parent) not in seen:
-                    seen.add(str(parent))
+                if str(parent) not in made:
+                    made.add(str(parent))
                     args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", p, p]
         args += ["--remount-ro", "/", "--chdir", INNER_WORKSPACE]  # bwrap's root tmpfs, too
