@@ -43,6 +43,22 @@ def cgroups():
     return support
 
 
+def running_argv(argv: list[str]) -> list[int]:
+    """Pids whose argv is exactly `argv` (the program name compared by its basename)."""
+    want = [os.path.basename(argv[0]).encode(), *(a.encode() for a in argv[1:])]
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    got = f.read().rstrip(b"\0").split(b"\0")
+            except OSError:
+                continue
+            if got and [os.path.basename(got[0]), *got[1:]] == want:
+                found.append(int(entry.name))
+    return found
+
+
 def alive_with(token: str) -> list[int]:
     """Pids whose command line (arguments joined by spaces) contains token."""
     found = []

@@ -150,8 +150,11 @@ def test_docker_network_proxy_only(docker_backend, tmp_path):
         cmd = (f"wget -q -O- http://127.0.0.1:18080/ | head -n 1; "
                f"wget -q -O- http://127.0.0.1:{port}/ 2>/dev/null || echo blocked")  # fmt: skip
         net = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{port}", "port": 18080}
-        (run,) = run_jobs([job("net", image=IMAGE, command=cmd, network=net)], backend=docker_backend,
-                          workdir=tmp_path / "w")  # fmt: skip
+        (run,) = run_jobs(
+            [job("net", image=IMAGE, command=cmd, network=net)],
+            backend=docker_backend,
+            workdir=tmp_path / ("d" * 60) / ("e" * 60),
+        )  # deeper than AF_UNIX allows
     finally:
         server.kill()
         server.wait()

@@ -129,9 +129,9 @@ def test_network_proxy_reaches_only_the_proxy(bwrap, tmp_path, servers):
     urls = [f"http://127.0.0.1:{inner}/", f"http://127.0.0.1:{other_port}/",
             f"http://127.0.0.1:{proxy_port}/", "http://10.0.0.1/", "http://1.1.1.1/"]  # fmt: skip
     network = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{proxy_port}", "port": inner}
-    run = _one(
-        bwrap, job("net", command=py(PROBE) + urls, network=network, env={"X": "1"}), tmp_path
-    )
+    # a work directory deeper than an AF_UNIX path may be long (107 bytes): the socket still binds
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    run = _one(bwrap, job("net", command=py(PROBE) + urls, network=network, env={"X": "1"}), deep)
     lines = dict(line.split(" ", 1) for line in run["stdout_tail"].splitlines())
     assert lines[urls[0]] == f"OK hello from {proxy_port}", run
     for url in urls[1:]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from claw_sandbox import InfraError, JobsFileError, arun_jobs, run_jobs
 from claw_sandbox.backends.process import ProcessBackend, ProcessSandbox
-from conftest import alive_with, job
+from conftest import alive_with, job, running_argv
 
 
 class FlakyBackend(ProcessBackend):
@@ -159,10 +159,15 @@ def test_sigterm_kills_and_removes_running_sandboxes(tmp_path):
     cmd = [sys.executable, "-m", "claw_sandbox", "run", str(jobs), "-o", str(tmp_path / "runs.jsonl"),
            "--backend", "process", "--parallel", "2", "--workdir", str(workdir)]  # fmt: skip
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(alive_with(f"sleep {token}")) < 2:
+    # count the `sleep` processes themselves: a shell on its way to exec them matches the
+    # token too, and a count that includes it can drop between two looks
+    deadline = time.monotonic() + 60
+    while len(sleeping := running_argv(["sleep", token])) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert len(alive_with(f"sleep {token}")) == 2, "the jobs did not start"
+    if len(sleeping) < 2:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the jobs did not start: {sleeping}; runner stderr: {err}")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err

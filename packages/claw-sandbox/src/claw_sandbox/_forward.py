@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from pathlib import Path
 
 from claw_sandbox.errors import InfraError
@@ -86,10 +87,24 @@ class Relay:
             task.add_done_callback(self.tasks.discard)
 
     async def start_unix(self, path: Path) -> None:
+        """Listen on the unix socket `path`, however long the path is.
+
+        AF_UNIX paths end at 107 bytes and job directories below a deep work directory pass
+        that; binding through ``/proc/self/fd/N/`` of the directory keeps the name short.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.server = await asyncio.start_unix_server(self._handle, path=str(path))
+            dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                sock.bind(f"/proc/self/fd/{dirfd}/{path.name}")
+            finally:
+                os.close(dirfd)
             os.chmod(path, 0o666)
+            sock.listen(128)
+            sock.setblocking(False)
+            self.server = await asyncio.start_unix_server(self._handle, sock=sock)
         except OSError as exc:
+            sock.close()
             raise InfraError(f"cannot create the proxy socket {path}: {exc}") from exc
 
     async def start_tcp(self, port: int) -> None:

@@ -15,8 +15,7 @@ from claw_sandbox.workspace import collect, parse_reward, read_inside
 
 
 def jobdir_for(root: Path, job_id: str) -> Path:
-    # Short: the proxy's unix socket lives below it (`run/proxy.sock`), and AF_UNIX paths end
-    # at 107 bytes; the uuid keeps directories of jobs with the same prefix apart.
+    # Readable and bounded; the uuid keeps directories of jobs with the same prefix apart.
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job_id)[:32] or "job"
     return root / f"{safe}-{uuid.uuid4().hex[:8]}"
 

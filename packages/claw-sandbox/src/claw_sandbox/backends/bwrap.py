@@ -122,8 +122,10 @@ class BwrapSandbox(Sandbox):
         bound: set[str] = set()
         made: set[str] = set()
         # parents before children, so a bound directory never hides a bind inside it
-        wanted = sorted({os.path.normpath(p) for p in [*venv_paths(command), *self.backend.ro_paths]},
-                        key=lambda p: (p.count("/"), p))
+        wanted = sorted(
+            {os.path.normpath(p) for p in [*venv_paths(command), *self.backend.ro_paths]},
+            key=lambda p: (p.count("/"), p),
+        )
         for p in wanted:
             if not p.startswith(hidden_roots) or not os.path.exists(p):
                 continue

@@ -149,7 +149,7 @@ class DockerSandbox(Sandbox):
         container.reload()
         pid = container.attrs["State"]["Pid"]
         port = self.job.network.port or 0
-        sock = str(self.jobdir / "run" / "proxy.sock")
+        sock = "proxy.sock"  # relative to the forwarder's cwd: AF_UNIX paths end at 107 bytes
         nsenter = shutil.which("nsenter")
         if not nsenter or os.geteuid() != 0 or not pid:
             raise InfraError("network proxy on docker needs root and nsenter (util-linux)")
@@ -162,7 +162,8 @@ class DockerSandbox(Sandbox):
         else:
             fwd = [sys.executable, "-c", _forward.PY_FORWARDER, str(port), sock]
         proc = subprocess.Popen([nsenter, "-t", str(pid), "-n", *fwd], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                cwd=self.jobdir / "run")  # fmt: skip
         needle = f":{port:04X} 00000000:0000 0A"
         for _ in range(500):
             with contextlib.suppress(OSError):
