@@ -1,7 +1,8 @@
-"""Worker for test_ddp.py: one GRPO and one PPO update on a fixed global batch, then save.
+"""Worker for test_ddp.py: GRPO (with a KL reference) and PPO (value head, and a separate critic
+model) updates on a fixed global batch, a checkpoint and resume in between, then save.
 
 Run as ``python ddp_worker.py MODEL OUT`` (1 process) or under
-``torchrun --nproc_per_node 2 ddp_worker.py MODEL OUT`` (gloo on CPU).
+``torchrun --nproc_per_node 2 ddp_worker.py MODEL OUT [ddp|fsdp]`` (gloo on CPU).
 """
 
 import sys
@@ -17,19 +18,28 @@ PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]
 TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]
 
 
-def main(model: str, out: str) -> None:
+def main(model: str, out: str, parallelism: str = "ddp") -> None:
     rank, world = init_from_env("gloo")
+    o = Path(out)
+    # 5 samples, 1 per micro-batch, 2 minibatches: ranks own unequal shares (FSDP pads)
     rows = [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True) for k in range(5)]
     grpo_rows = [{**{k: v for k, v in r.items() if k != "returns"}, "algo": "grpo"} for r in rows]
-    g = GRPOLearner(GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1, loss_agg="token_mean"), model)
+    g = GRPOLearner(GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1, loss_agg="token_mean",
+                               kl_coef=0.1, parallelism=parallelism), model)
     g.step(grpo_rows)
-    g.save(Path(out) / "grpo")
-    p = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=2), model)
+    g.save_checkpoint(o / "grpo-ckpt")
+    g = GRPOLearner.resume(o / "grpo-ckpt")
+    g.step(grpo_rows[::-1])
+    g.save(o / "grpo")
+    p = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=2, parallelism=parallelism), model)
     m = p.step(rows)
-    p.save(Path(out) / "ppo")
+    p.save(o / "ppo")
+    c = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=1, critic="model", parallelism=parallelism), model)
+    c.step(rows[:3])
+    c.save(o / "ppo-critic-model")
     if rank == 0:
-        (Path(out) / "world").write_text(f"{world} {m['loss']!r}\n")
+        (o / "world").write_text(f"{world} {m['loss']!r}\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -1,8 +1,9 @@
 """Data parallel under torchrun: 2 CPU processes (gloo) give the same update as 1 process on the
-same global batch (GRPO with minibatches, PPO with a value head)."""
+same global batch (GRPO with minibatches, PPO with a value head), model replicated or FSDP-sharded."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -27,33 +28,50 @@ def _run(cmd: list[str]) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def one_process(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    _run([sys.executable, str(WORKER), str(tiny), str(out)])
+    return out
+
+
+SAVED = {
+    "grpo": ["model.safetensors"],
+    "ppo": ["model.safetensors", "critic/value_head.safetensors"],
+    "ppo-critic-model": ["model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors"],
+}
+
+
 @pytest.mark.slow
-def test_two_processes_match_one(tiny, tmp_path):
-    """Weights after one GRPO and one PPO step agree to 1e-6 between world size 1 and 2."""
-    _run([sys.executable, str(WORKER), str(tiny), str(tmp_path / "one")])
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
+    """Weights after GRPO (KL reference, checkpoint + resume between two steps) and PPO (value
+    head; separate critic model) agree to 1e-6 between 1 process and 2, replicated or FSDP."""
+    two = tmp_path / "two"
     _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(tiny),
-          str(tmp_path / "two")])
-    assert (tmp_path / "two" / "world").read_text().split()[0] == "2"
-    for algo in ("grpo", "ppo"):
-        for f in ("model.safetensors", *(["critic/value_head.safetensors"] if algo == "ppo" else [])):
-            a = load_file(str(tmp_path / "one" / algo / f))
-            b = load_file(str(tmp_path / "two" / algo / f))
-            base = load_file(str(tiny / f)) if f == "model.safetensors" else None
+          str(two), parallelism])
+    assert (two / "world").read_text().split()[0] == "2"
+    for run, files in SAVED.items():
+        for f in files:
+            a = load_file(str(one_process / run / f))
+            b = load_file(str(two / run / f))
+            assert a.keys() == b.keys(), (run, f)
             for k in a:
-                assert (a[k] - b[k]).abs().max() < 1e-6, (algo, k)
-            if base is not None:  # and the update is not trivially zero
+                assert (a[k] - b[k]).abs().max() < 1e-6, (run, f, k)
+            if f == "model.safetensors":  # and the update is not trivially zero
+                base = load_file(str(tiny / f))
                 assert max(float((a[k] - base[k]).abs().max()) for k in a) > 1e-4
-    one = float((tmp_path / "one" / "world").read_text().split()[1])
-    two = float((tmp_path / "two" / "world").read_text().split()[1])
-    assert one == pytest.approx(two, abs=1e-6)
+    config = json.loads((two / "grpo" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]  # loadable: not the FSDP wrapper's name
+    one = float((one_process / "world").read_text().split()[1])
+    assert one == pytest.approx(float((two / "world").read_text().split()[1]), abs=1e-6)
 
 
 @pytest.mark.slow
-def test_train_cli_under_torchrun(tiny, tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
     """`torchrun -m claw_rl.cli train` with 2 ranks writes one policy equal to the 1-process one."""
-    import json
-
     from conftest import tree_sample
 
     rows = [tree_sample([-1, 0, 1, 2, 2, 4], [0, 0, 1, 1, 1, 1], seed=k, sample_id=str(k), vocab=2000)
@@ -65,7 +83,7 @@ def test_train_cli_under_torchrun(tiny, tmp_path):
     _run([sys.executable, "-m", "claw_rl.cli", *args, "--out", str(tmp_path / "one")])
     _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "claw_rl.cli", *args,
-          "--out", str(tmp_path / "two")])
+          "--parallelism", parallelism, "--out", str(tmp_path / "two")])
     assert len((tmp_path / "two" / "policies.jsonl").read_text().splitlines()) == 1
     a = load_file(str(tmp_path / "one" / "policy" / "v1" / "model.safetensors"))
     b = load_file(str(tmp_path / "two" / "policy" / "v1" / "model.safetensors"))

@@ -1,5 +1,16 @@
 """Data parallelism under ``torchrun``: ranks own samples k % world == rank, gradients are
-summed (the loss is a weighted sum over the global batch, so a sum is exact, not a mean)."""
+summed (the loss is a weighted sum over the global batch, so a sum is exact, not a mean).
+
+Two ways to hold the model (``parallelism`` in the configs):
+
+* ``ddp`` - every rank holds the whole model and optimizer; gradients are all-reduced here.
+* ``fsdp`` - FSDP2 (``torch.distributed.fsdp.fully_shard``): each decoder layer and the rest
+  of the model are sharded across ranks, so parameters, gradients and AdamW state take 1/world
+  of the memory each; gradients are reduce-scattered (summed, not averaged) by FSDP itself.
+  Every FSDP forward pass is a collective, so ranks must run the same number of them (the
+  learner pads with zero-weight passes). Small replicated modules (the value head) are
+  all-reduced as in ``ddp``.
+"""
 
 from __future__ import annotations
 
@@ -35,12 +46,67 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether a tensor is an FSDP shard (a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard an HF model with FSDP2: one unit per decoder layer, the root holds the rest.
+
+    The layers are found through the model's ``_no_split_modules`` (HF's list of blocks that
+    must stay whole); tied embeddings stay in the root unit, so the tie survives. Gradients are
+    summed over ranks (divide factor 1), matching the learner's global-batch loss.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules()):
+        if module is not model and type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+    for module in model.modules():
+        if hasattr(module, "set_gradient_divide_factor"):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    return model
+
+
+def clip_grads(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm`` and return the norm before clipping.
+
+    Works on a mix of FSDP shards (their squared norms are summed over ranks) and whole tensors
+    (identical on every rank after :func:`sum_grads`).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    sq_sharded = torch.zeros((), dtype=torch.float64)
+    sq_whole = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        if is_sharded(g):
+            local = g.to_local()
+            sq_sharded += torch.linalg.vector_norm(local, dtype=torch.float64).cpu() ** 2
+        else:
+            sq_whole += torch.linalg.vector_norm(g, dtype=torch.float64).cpu() ** 2
+    if any(is_sharded(g) for g in grads):
+        all_reduce_sum(sq_sharded)
+    total = float((sq_sharded + sq_whole).sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return total
+
+
 def sum_grads(params: list[torch.nn.Parameter]) -> None:
-    """Give every parameter a gradient (zeros if unused) and sum them over ranks."""
+    """Give every parameter a gradient (zeros if unused) and sum the whole (not FSDP-sharded)
+    ones over ranks; FSDP has already reduce-scattered the shards."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    if world()[1] > 1:
+    params = [p for p in params if not is_sharded(p)]
+    if world()[1] > 1 and params:
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         off = 0
@@ -55,4 +121,5 @@ def broadcast_params(params: list[torch.nn.Parameter]) -> None:
     if world()[1] > 1:
         with torch.no_grad():
             for p in params:
-                dist.broadcast(p.data, src=0)
+                if not is_sharded(p):  # FSDP shards come from the same weights on every rank
+                    dist.broadcast(p.data, src=0)

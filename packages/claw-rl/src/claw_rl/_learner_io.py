@@ -7,6 +7,12 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 
 from claw_rl import _dist
 from claw_rl.errors import CheckpointError, ClawError
@@ -23,16 +29,36 @@ def copy_tokenizer_files(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+def _full_options() -> StateDictOptions:
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
 class LearnerIO:
     """Mixin of :class:`claw_rl.learner._Learner`: save, save_checkpoint, resume."""
 
-    def _write_model_dir(self, out: Path) -> None:
+    def _gather(self) -> dict[str, dict | None]:
+        """Whole state dicts of the FSDP-sharded modules, on rank 0 (collective; {} without FSDP).
+
+        A tied weight (the LM head sharing the embeddings) is gathered once per name; it is
+        kept under the name ``named_parameters`` gives it, as ``save_pretrained`` expects.
+        """
+        if not self.fsdp:
+            return {}
+        out = {}
+        for name, m in self._trained_modules().items():
+            if m in self._large_modules():
+                full = get_model_state_dict(m, options=_full_options())
+                names = {n for n, _ in m.named_parameters()} | {n for n, _ in m.named_buffers()}
+                out[name] = {k: v for k, v in full.items() if k in names}
+        return out
+
+    def _write_model_dir(self, out: Path, states: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
         copy_tokenizer_files(self.model_dir, out)
-        self.model.save_pretrained(out, safe_serialization=True)
-        self._save_critic(out)
+        self.model.save_pretrained(out, safe_serialization=True, state_dict=states.get("policy"))
+        self._save_critic(out, states)
 
-    def _save_critic(self, out: Path) -> None: ...
+    def _save_critic(self, out: Path, states: dict) -> None: ...
 
     def save(self, out_dir: str | Path) -> dict:
         """Write the current weights as an HF directory and return its ``claw.policy/v1`` dict.
@@ -44,10 +70,11 @@ class LearnerIO:
         if self._dirty:
             self.version += 1
             self._dirty = False
+        if self.rank == 0 and out.exists() and any(out.iterdir()):
+            raise ClawError(f"{out}: directory exists and is not empty; choose a new directory")
+        states = self._gather()
         if self.rank == 0:
-            if out.exists() and any(out.iterdir()):
-                raise ClawError(f"{out}: directory exists and is not empty; choose a new directory")
-            self._write_model_dir(out)
+            self._write_model_dir(out, states)
         if self.world > 1:
             torch.distributed.barrier()
         return Policy.now(name=self.config.name, version=self.version, path=str(out.resolve()),
@@ -56,13 +83,16 @@ class LearnerIO:
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
         """Model (HF dir incl. critic), optimizer, RNG and counters: ``resume`` continues bit-for-bit."""
         d = Path(ckpt_dir)
+        states = self._gather()
+        # keyed by parameter name, whole tensors: resumable with or without FSDP, any world size
+        optim_state = get_optimizer_state_dict(self._module_tree(), self.optimizer, options=_full_options())
         if self.rank == 0:
             tmp = d.with_name(d.name + ".tmp")
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            self._write_model_dir(tmp / "model")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            self._write_model_dir(tmp / "model", states)
+            torch.save(optim_state, tmp / "optimizer.pt")
             torch.save({"generator": self.generator.get_state(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
             state = {
                 "algo": self.algo, "version": self.version, "step_count": self.step_count,
@@ -76,6 +106,10 @@ class LearnerIO:
         if self.world > 1:
             torch.distributed.barrier()
         return d
+
+    def _module_tree(self) -> torch.nn.Module:
+        """One module holding every trained module (names for the optimizer state)."""
+        return torch.nn.ModuleDict(self._trained_modules())
 
     @classmethod
     def resume(cls, ckpt_dir: str | Path, *, device: str | None = None):
@@ -94,7 +128,8 @@ class LearnerIO:
         learner.step_count = state["step_count"]
         learner._dirty = state["dirty"]
         learner.last_metrics = state.get("last_metrics", {})
-        learner.optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location=learner.device))
+        optim_state = torch.load(d / "optimizer.pt", map_location=learner.device)
+        set_optimizer_state_dict(learner._module_tree(), learner.optimizer, optim_state, options=_full_options())
         rng = torch.load(d / "rng.pt")
         learner.generator.set_state(rng["generator"])
         torch.set_rng_state(rng["torch"])

@@ -34,6 +34,8 @@ def _common_checks(c: Any) -> None:
         raise ConfigError(f"need 0 < is_min <= 1 <= is_cap, got is_min={c.is_min}, is_cap={c.is_cap}")
     if c.clip_eps_low < 0 or c.clip_eps_high < 0:
         raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
+    if c.parallelism not in ("ddp", "fsdp"):
+        raise ConfigError(f"parallelism = {c.parallelism!r}; choose ddp or fsdp")
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +72,8 @@ class GRPOConfig:
     temperature: float = _f(1.0, "sampling temperature the engine used (logits are divided by it)")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and initialisation")
+    parallelism: str = _f("ddp", "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
+                          "gradients and optimizer state sharded with FSDP2)", ("ddp", "fsdp"))
 
     def __attrs_post_init__(self) -> None:
         _common_checks(self)
@@ -120,6 +124,8 @@ class PPOConfig:
     temperature: float = _f(1.0, "sampling temperature the engine used (logits are divided by it)")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and the value head")
+    parallelism: str = _f("ddp", "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
+                          "gradients and optimizer state sharded with FSDP2)", ("ddp", "fsdp"))
 
     def __attrs_post_init__(self) -> None:
         _common_checks(self)

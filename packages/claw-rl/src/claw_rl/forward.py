@@ -16,16 +16,28 @@ from claw_rl.packing import Batch
 _CHUNK = 2048  # rows of the LM head evaluated at once
 
 
+def _last_hidden(out) -> torch.Tensor:
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
 def backbone_hidden(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Last hidden states (B, N, H) of ``model``'s backbone under the tree mask."""
+    from torch.distributed.fsdp import FSDPModule
+
     base = getattr(model, "base_model", model)
-    out = base(
-        input_ids=batch.input_ids,
-        attention_mask=batch.mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.mask,
+              "position_ids": batch.position_ids, "use_cache": False}  # fmt: skip
+    if base is model or not isinstance(model, FSDPModule):
+        return _last_hidden(base(**inputs))
+    # FSDP gathers the root's shards (embeddings, tied LM head) in the root's forward: run it,
+    # with the LM head on one position only, and take the backbone's output on the way
+    seen: list[torch.Tensor] = []
+    hook = base.register_forward_hook(lambda _m, _a, out: seen.append(_last_hidden(out)))
+    try:
+        model(**inputs, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return seen[-1]
 
 
 @attrs.frozen

@@ -8,7 +8,8 @@
 One step: (1) drop or report stale samples, (2) recompute pi_old for the recorded tokens and
 compare with the engine's logprobs (mismatch report), (3) importance weights (TIS / MIS),
 (4) ``epochs`` x ``minibatches`` optimizer steps on the clipped loss. Under torchrun each rank
-forwards its share of every minibatch and the gradients are summed (DDP semantics).
+forwards its share of every minibatch and the gradients are summed; the model is replicated
+(``parallelism="ddp"``) or sharded with FSDP2 (``"fsdp"``), see :mod:`claw_rl._dist`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class _Learner(LearnerIO):
         self.origin_dir = Path(origin_dir) if origin_dir else self.model_dir
         self.rank, self.world = _dist.world()
         self.device = torch.device(device or _default_device(self.world))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.fsdp = config.parallelism == "fsdp" and self.world > 1
         self.dtype = _DTYPES[config.dtype]
         torch.manual_seed(config.seed)
         self.model = load_policy(self.model_dir, self.dtype).to(self.device)
@@ -80,6 +84,9 @@ class _Learner(LearnerIO):
         self.last_metrics: dict = {}
         self._dirty = False
         self._init_extra()
+        if self.fsdp:
+            for module in self._large_modules():
+                _dist.fully_shard_model(module)
         _dist.broadcast_params(self._params())
         self.optimizer = torch.optim.AdamW(
             self._param_groups(), betas=(config.adam_beta1, config.adam_beta2),
@@ -95,7 +102,22 @@ class _Learner(LearnerIO):
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self._param_groups() for p in g["params"]]
 
+    def _large_modules(self) -> list[torch.nn.Module]:
+        """The transformers FSDP shards (policy, reference, critic model)."""
+        return [self.model]
+
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        """Every module whose parameters the optimizer updates, by a stable name."""
+        return {"policy": self.model}
+
     def _check_samples(self, samples: list[Sample]) -> None: ...
+
+    def _pad_old(self, batch: Batch, st) -> dict:
+        """Stand-ins for a padding pass's old values (its loss is multiplied by zero)."""
+        d = {"logp_old": st.logprobs.detach(), "is_w": torch.ones_like(st.logprobs.detach())}
+        if getattr(self.config, "kl_coef", 0.0) > 0:
+            d["logp_ref"] = st.logprobs.detach()
+        return d
 
     def _old_extra(self, batch: Batch, hidden: torch.Tensor) -> list[dict]:
         return [{} for _ in batch.samples]
@@ -123,7 +145,32 @@ class _Learner(LearnerIO):
                 for j, v in zip(batch.trainable[k].nonzero().flatten().tolist(), part.tolist(), strict=True):
                     row[j] = v
                 out.append(row)
+        self._reshard()
         return out
+
+    def _reshard(self) -> None:
+        """Free the gathered parameters an FSDP forward without backward leaves behind (the root
+        keeps its own gathered after forward, expecting a backward)."""
+        if self.fsdp:
+            for module in self._large_modules():
+                module.reshard()
+
+    def _micro_step(self, samples: Sequence[Sample], pad_with: Sample):
+        """``(batch, is_padding)`` per micro-batch of this rank's samples.
+
+        Under FSDP each forward pass gathers parameters from every rank, so all ranks run as many
+        passes as the busiest one; the extra ones run on ``pad_with`` and count zero.
+        """
+        mb = self.config.micro_batch_size
+        parts = [samples[lo : lo + mb] for lo in range(0, len(samples), mb)]
+        n = len(parts)
+        if self.fsdp:
+            n = int(_dist.all_reduce_max(torch.tensor([n], dtype=torch.int64))[0])
+        for k in range(n):
+            if k < len(parts):
+                yield to_device(pack(parts[k]), self.device), False
+            else:
+                yield to_device(pack([pad_with]), self.device), True
 
     @staticmethod
     def _split(t: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
@@ -179,17 +226,19 @@ class _Learner(LearnerIO):
         with torch.no_grad():
             own_samples = [samples[k] for k in own]
             pos = 0
-            for batch in self._micro(own_samples):
+            for batch, padding in self._micro_step(own_samples, pad_with=samples[0]):
                 hidden = backbone_hidden(self.model, batch)
                 st = token_logprobs(self.model, hidden, batch, temperature=c.temperature)
+                extra = self._old_extra(batch, hidden)
+                ref = self._ref_logprobs(batch)
+                if padding:
+                    continue
                 ent_sum += float(st.entropy.double().sum())
                 b, i, _ = batch.predictor_index()
                 lp_eng_all = batch.logprobs[b, i]
                 s = mismatch_stats(st.logprobs, lp_eng_all, c.mismatch_threshold)
                 for key in mm:
                     mm[key] = max(mm[key], s[key]) if key == "abs_max" else mm[key] + s[key]
-                extra = self._old_extra(batch, hidden)
-                ref = self._ref_logprobs(batch)
                 for k, (lp, lpe) in enumerate(zip(self._split(st.logprobs, batch),
                                                   self._split(lp_eng_all, batch), strict=True)):
                     d = {"logp_old": lp, "is_w": self._is_weights(lp, lpe, batch.samples[k]), **extra[k]}
@@ -211,7 +260,8 @@ class _Learner(LearnerIO):
         # (4) epochs x minibatches
         acc = {k: 0.0 for k in ("loss", "pg_loss", "kl", "value_loss", "clipped", "tokens",
                                 "approx_kl", "grad_norm", "opt_steps")}
-        params = self._params()
+        self._reshard()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for _ in range(c.epochs):
             perm = torch.randperm(len(samples), generator=self.generator).tolist()
             n_mb = min(c.minibatches, len(samples))
@@ -276,12 +326,16 @@ class _Learner(LearnerIO):
         agg = self._aggregator(mb_samples)
         mine_samples = [samples[k] for k in mine]
         pos = 0
-        for batch in self._micro(mine_samples):
-            ks = mine[pos : pos + len(batch.samples)]
-            pos += len(batch.samples)
-            o = {key: torch.cat([old[k][key] for k in ks]) for key in old[ks[0]]}
+        real_acc = acc
+        for batch, padding in self._micro_step(mine_samples, pad_with=mb_samples[0]):
             hidden = backbone_hidden(self.model, batch)
             st = token_logprobs(self.model, hidden, batch, temperature=c.temperature, with_entropy=False)
+            if padding:  # same passes as a real micro-batch (FSDP's collectives), zero weight
+                o, acc = self._pad_old(batch, st), dict.fromkeys(real_acc, 0.0)
+            else:
+                ks = mine[pos : pos + len(batch.samples)]
+                pos += len(batch.samples)
+                o, acc = {key: torch.cat([old[k][key] for k in ks]) for key in old[ks[0]]}, real_acc
             b, i, p = batch.predictor_index()
             tok = {"w": batch.loss_weights[b, i], "c": batch.leaf_counts[b, i], "A": batch.advantages[b, i]}
             lp = st.logprobs
@@ -299,7 +353,7 @@ class _Learner(LearnerIO):
                 loss = loss + c.kl_coef * kl
                 acc["kl"] += float(kl.detach())
             loss = loss + self._extra_loss(batch, hidden, o, agg, acc)
-            loss.backward()
+            (loss * 0.0 if padding else loss).backward()
             acc["loss"] += float(loss.detach())
             acc["pg_loss"] += float(pg_loss.detach())
             acc["clipped"] += float(clipped.sum())
@@ -309,7 +363,7 @@ class _Learner(LearnerIO):
     def _optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
         _dist.sum_grads(params)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        gn = _dist.clip_grads(params, max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return gn
@@ -330,6 +384,9 @@ class GRPOLearner(_Learner):
         if self.config.kl_coef > 0:
             self.ref_model = load_policy(self.config.ref_model or self.origin_dir, self.dtype).to(self.device)
             self.ref_model.requires_grad_(False)
+
+    def _large_modules(self) -> list[torch.nn.Module]:
+        return [self.model, *([self.ref_model] if self.ref_model is not None else [])]
 
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
         if self.ref_model is None:

@@ -57,13 +57,25 @@ class PPOLearner(_Learner):
     def _critic_modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.critic_model, self.value_head) if m is not None]
 
+    def _large_modules(self) -> list[torch.nn.Module]:
+        return [self.model, *([self.critic_model] if self.critic_model is not None else [])]
+
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        critic_model = {"critic_model": self.critic_model} if self.critic_model is not None else {}
+        return {"policy": self.model, **critic_model, "value_head": self.value_head}
+
+    def _pad_old(self, batch: Batch, st) -> dict:
+        b, i, _ = batch.predictor_index()
+        return {**super()._pad_old(batch, st), "values_old": batch.returns[b, i].float()}
+
     def _param_groups(self) -> list[dict]:
         critic_params = [p for m in self._critic_modules() for p in m.parameters() if p.requires_grad]
         return [*super()._param_groups(), {"params": critic_params, "lr": self.config.critic_lr}]
 
-    def _save_critic(self, out: Path) -> None:
+    def _save_critic(self, out: Path, states: dict) -> None:
         if self.critic_model is not None:
-            self.critic_model.save_pretrained(out / "critic", safe_serialization=True)
+            self.critic_model.save_pretrained(out / "critic", safe_serialization=True,
+                                              state_dict=states.get("critic_model"))
         critic.save_head(self.value_head, out / "critic")
 
     def _check_samples(self, samples: list[Sample]) -> None:
@@ -118,4 +130,5 @@ class PPOLearner(_Learner):
             v = self._values(batch, hidden)
             for k, s in enumerate(batch.samples):
                 out.append({"sample_id": s.sample_id, "values": v[k, : len(s)].tolist()})
+        self._reshard()
         return out
