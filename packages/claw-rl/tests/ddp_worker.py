@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner  # noqa: E402
-from claw_rl._dist import init_from_env  # noqa: E402
+from claw_rl._dist import init_from_env, is_sharded  # noqa: E402
 from conftest import tree_sample  # noqa: E402
 
 PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]
@@ -21,12 +21,15 @@ TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]
 def main(model: str, out: str, parallelism: str = "ddp") -> None:
     rank, world = init_from_env("gloo")
     o = Path(out)
+    o.mkdir(parents=True, exist_ok=True)
     # 5 samples, 1 per micro-batch, 2 minibatches: ranks own unequal shares (FSDP pads)
     rows = [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True) for k in range(5)]
     grpo_rows = [{**{k: v for k, v in r.items() if k != "returns"}, "algo": "grpo"} for r in rows]
     g = GRPOLearner(GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1, loss_agg="token_mean",
                                kl_coef=0.1, parallelism=parallelism), model)
     g.step(grpo_rows)
+    held = sum(p.to_local().numel() if is_sharded(p) else p.numel() for p in g.model.parameters())
+    (o / f"params-rank{rank}").write_text(f"{held} {sum(p.numel() for p in g.model.parameters())}\n")
     g.save_checkpoint(o / "grpo-ckpt")
     g = GRPOLearner.resume(o / "grpo-ckpt")
     g.step(grpo_rows[::-1])

@@ -62,6 +62,12 @@ def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
             if f == "model.safetensors":  # and the update is not trivially zero
                 base = load_file(str(tiny / f))
                 assert max(float((a[k] - base[k]).abs().max()) for k in a) > 1e-4
+    held = [[int(x) for x in (two / f"params-rank{r}").read_text().split()] for r in (0, 1)]
+    total = held[0][1]
+    if parallelism == "fsdp":  # each rank holds its shard of the parameters, together all of them
+        assert held[0][0] + held[1][0] == total and max(held[0][0], held[1][0]) < 0.6 * total
+    else:
+        assert held[0][0] == held[1][0] == total
     config = json.loads((two / "grpo" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]  # loadable: not the FSDP wrapper's name
     one = float((one_process / "world").read_text().split()[1])
