@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from claw_bench import TaskError, check_task, load_harbor_task, load_suite
-from claw_bench.harbor import harbor_reward_file
+from claw_bench.harbor import context_tag, harbor_reward_file
 
 FIXTURE = Path(__file__).parent / "data" / "harbor" / "hello-harbor"
 
@@ -22,6 +22,22 @@ def test_harbor_task_loads_with_its_settings():
     assert set(files) == {".claw_verify/tests/test.sh", ".claw_verify/tests/check_hello.sh", ".claw_verify/logs/verifier/.keep"}
     assert "/tests/" not in files[".claw_verify/tests/test.sh"].replace(".claw_verify/tests/", "")
     assert t.reward_file == harbor_reward_file() and t.meta["dockerfile"].endswith("environment/Dockerfile")
+    assert "docker_context" not in t.meta  # docker_image names the image: nothing to build
+
+
+def test_dockerfile_image_tag_follows_the_environment_content(tmp_path):
+    """Without docker_image the tag hashes environment/: a changed Dockerfile or context file gives a new tag."""
+    d = tmp_path / "My_Task"
+    shutil.copytree(FIXTURE, d)
+    (d / "task.toml").write_text((d / "task.toml").read_text().replace('docker_image = "ubuntu:24.04"\n', ""))
+    t = load_harbor_task(d)
+    assert t.image == context_tag("My_Task", d / "environment") and t.image.startswith("claw-harbor/my-task:")
+    assert t.meta["docker_context"] == str(d / "environment")
+    assert load_harbor_task(d).image == t.image
+    (d / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /srv\n")
+    changed = load_harbor_task(d).image
+    (d / "environment" / "data.txt").write_text("copied in\n")
+    assert len({t.image, changed, load_harbor_task(d).image}) == 3
 
 
 def test_harbor_task_verifies_untouched_fails_solution_passes():

@@ -74,7 +74,7 @@ def test_harbor_tb2_gets_continuous_reward_runner_and_image():
     assert "bash .claw_verify/tests/explain.sh" in files[".claw_verify/tests/test.sh"]
     assert "export EXPECTED_PORT=8080" in files[".claw_verify/harbor_verify.sh"]
     assert "timeout -s KILL 30 " in files[".claw_verify/harbor_verify.sh"]
-    assert t.image.startswith("claw-harbor/tb-fix-config:") and t.meta["docker_build"].startswith(f"docker build -t {t.image} ")
+    assert t.image.startswith("claw-harbor/tb-fix-config:") and t.meta["docker_context"] == str(TB / "environment")
     assert (t.timeout_s, t.difficulty, t.pass_threshold) == (120.0, "easy", 1.0)
     assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512}
 

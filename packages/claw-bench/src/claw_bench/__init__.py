@@ -3,9 +3,17 @@
 from importlib.metadata import version as _version
 
 from claw_bench.check import check_task, parse_reward
-from claw_bench.errors import ClawError, HarnessError, PlanError, RecordError, TaskError
+from claw_bench.errors import (
+    ClawError,
+    DockerError,
+    HarnessError,
+    PlanError,
+    RecordError,
+    TaskError,
+)
 from claw_bench.harbor import load_harbor_task
 from claw_bench.harnesses import Harness, list_harnesses, load_harness
+from claw_bench.images import ImageRow, build_images, list_images
 from claw_bench.loaders import Judge, JudgeError, LoadOptions, detect_layout, load_public
 from claw_bench.passk import pass_at_k, pass_at_k_brute
 from claw_bench.plan import plan_jobs
@@ -18,9 +26,9 @@ from claw_bench.token import mint_token, verify_token
 
 __version__ = _version("claw-bench")
 __all__ = [
-    "ClawError", "Harness", "HarnessError", "Judge", "JudgeError", "LoadOptions", "PlanError", "RecordError",
-    "Suite", "Task", "TaskError", "__version__", "builtin_suites", "check_task", "compare", "detect_layout",
-    "list_harnesses", "load_harbor_task", "load_public",
+    "ClawError", "DockerError", "Harness", "HarnessError", "ImageRow", "Judge", "JudgeError", "LoadOptions", "PlanError", "RecordError",
+    "Suite", "Task", "TaskError", "__version__", "build_images", "builtin_suites", "check_task", "compare", "detect_layout",
+    "list_harnesses", "list_images", "load_harbor_task", "load_public",
     "load_harness", "load_suite", "load_task", "mint_token", "parse_reward", "pass_at_k", "pass_at_k_brute",
     "plan_jobs", "plot_report", "read_records", "render_text", "report", "score_run", "score_runs",
     "verify_token", "write_records",

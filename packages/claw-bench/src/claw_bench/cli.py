@@ -15,6 +15,7 @@ from claw_bench import __version__
 from claw_bench.check import check_task
 from claw_bench.errors import ClawError
 from claw_bench.harnesses import list_harnesses, load_harness
+from claw_bench.images import build_images, list_images
 from claw_bench.loaders import Judge, LoadOptions
 from claw_bench.loaders.judge import APIS as JUDGE_APIS
 from claw_bench.loaders.regrade import regrade_run
@@ -66,6 +67,45 @@ def tasks(suite: str, as_json: bool) -> None:
             click.echo(f"{t.id:32} {t.difficulty or '-':7} {','.join(t.tags)}")
     if not as_json:
         _log(f"{len(s.tasks)} tasks in {s.name}; built-in suites: {', '.join(builtin_suites())}")
+
+
+@main.command()
+@click.argument("suite")
+@click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
+@click.option("--build", is_flag=True, help="build the missing images that have a Dockerfile (docker build)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
+@_errors
+def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) -> None:
+    """List each task's Docker image and whether it is here; --build builds the missing ones.
+
+    A Harbor task's image is its [environment] docker_image, else claw-harbor/<task>:<sha12>, built
+    from its environment/ folder (a changed Dockerfile gives a new tag). Tasks with neither use the
+    default image. Images named by docker_image are never built: docker pull them. Needs the
+    docker CLI and a running engine unless every task uses the default image. Exits 1 when a build
+    failed or an image is still missing after --build.
+
+    Example: claw-bench images tb2-tasks/ --build
+
+    Example: claw-bench images tb2-tasks/ --task fix-git --json | jq -r .image
+    """
+    s = load_suite(suite).select(list(task_ids) or None)
+    rows = build_images(s.tasks, progress=_log) if build else list_images(s.tasks)
+    for r in rows:
+        if as_json:
+            click.echo(dumps(r.to_dict()))
+        else:
+            click.echo(f"{r.task:32} {r.status:8} {r.image or 'default image'}")
+    for r in rows:
+        if r.status == "failed":
+            _log(f"--- {r.task}: docker build -t {r.image} {r.context} failed; its last lines:\n{r.output}")
+    counts = {k: sum(r.status == k for r in rows) for k in ("present", "built", "missing", "failed", "default")}
+    _log(f"{len(rows)} tasks: " + ", ".join(f"{n} {'default image' if k == 'default' else k}"
+                                              for k, n in counts.items() if n))
+    pull = sorted({r.image for r in rows if r.status == "missing" and not r.context and r.image})
+    if pull:
+        _log(f"not built here (named by docker_image): docker pull {' '.join(pull)}")
+    if build and (counts["failed"] or counts["missing"]):
+        sys.exit(1)
 
 
 @main.command()

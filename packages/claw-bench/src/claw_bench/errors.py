@@ -19,3 +19,7 @@ class RecordError(ClawError):
 
 class PlanError(ClawError):
     """Planning jobs failed: bad proxy URL, missing secret, no tasks selected."""
+
+
+class DockerError(ClawError):
+    """The docker CLI is missing or no Docker engine answers it (listing and building task images)."""

@@ -6,7 +6,7 @@ A Harbor task::
       instruction.md          the instruction
       task.toml               [metadata] free-form; [agent] timeout_sec; [verifier] timeout_sec;
                               [environment] docker_image, ...
-      environment/Dockerfile  the image the task runs in (build it yourself, or set docker_image)
+      environment/Dockerfile  the image the task runs in, unless [environment] docker_image names one
       tests/test.sh           the verifier, run after the agent; writes /logs/verifier/reward.txt
       solution/solve.sh       optional reference ("oracle") solution
 
@@ -14,10 +14,16 @@ Harbor runs tests from ``/tests`` and reads the reward from ``/logs/verifier/rew
 Sandboxes here place hidden files inside the workspace, so the importer runs the tests from
 ``.claw_verify/tests`` and points those two absolute paths there: occurrences of ``/tests/``
 and ``/logs/verifier/`` in the test files are rewritten to workspace-relative paths.
+
+The task's image is ``[environment] docker_image`` when set; else, when ``environment/Dockerfile``
+exists, a tag derived from the content of ``environment/`` (``claw-harbor/<task>:<sha12>``, so an
+edited Dockerfile or context file gives a new tag and a stale image is never reused), with
+``task.meta["docker_context"]`` naming the folder to build it from (``claw-bench images --build``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
 from pathlib import Path
@@ -31,6 +37,23 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 def is_harbor_task(path: Path) -> bool:
     """True when ``path`` looks like a Harbor / Terminal-Bench task directory."""
     return (path / "instruction.md").is_file() and (path / "tests").is_dir()
+
+
+def context_tag(task_id: str, context: Path) -> str:
+    """``claw-harbor/<task>:<sha12>``: the first 12 hex digits of a SHA-256 over ``context``'s files.
+
+    Every file's relative path and bytes are hashed, in path order, so any edit to the Dockerfile
+    or to a file it copies changes the tag.
+    """
+    h = hashlib.sha256()
+    for p in sorted(context.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(context).as_posix().encode()
+            h.update(len(rel).to_bytes(4, "big") + rel)
+            data = p.read_bytes()
+            h.update(len(data).to_bytes(8, "big") + data)
+    repo = re.sub(r"[^a-z0-9]+", "-", task_id.lower()).strip("-") or "task"  # a valid Docker repository name
+    return f"claw-harbor/{repo}:{h.hexdigest()[:12]}"
 
 
 def _rewrite(text: str) -> str:
@@ -77,14 +100,21 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     if solve.is_file():
         solution = Script(name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash")
     difficulty = md.get("difficulty")
+    image = env.get("docker_image") if isinstance(env.get("docker_image"), str) else None
+    context = task_dir / "environment"
+    task_meta: dict = {}
+    if (context / "Dockerfile").is_file():
+        task_meta["dockerfile"] = str(context / "Dockerfile")
+        if image is None:
+            image = context_tag(name, context)
+            task_meta["docker_context"] = str(context)
     return Task(
         id=name, instruction=instruction.strip() + "\n", timeout_s=_timeout("agent", 600.0),
         tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
         difficulty=difficulty if difficulty in ("easy", "medium", "hard") else None,
         workspace={}, verify=verify, hidden=hidden, verify_timeout_s=_timeout("verifier", 120.0),
-        solution=solution, reward_file=harbor_reward_file(), image=env.get("docker_image") if isinstance(env.get("docker_image"), str) else None,
-        source="harbor", path=str(task_dir),
-        meta={"dockerfile": str(task_dir / "environment" / "Dockerfile")} if (task_dir / "environment" / "Dockerfile").is_file() else {},
+        solution=solution, reward_file=harbor_reward_file(), image=image, source="harbor", path=str(task_dir),
+        meta=task_meta,
     )
 
 

@@ -9,15 +9,14 @@ verify step becomes a bash runner (task images need not have Python) that
   keys: named sub-scores, reward = their mean), and counts a missing reward as 0,
 - records why in ``.claw_verify/details.json`` (timeout, exit code, missing reward).
 
-``[environment] cpus`` / ``memory_mb`` become the job's limits. The image: ``[environment]
-docker_image`` when set, else a tag derived from the Dockerfile's
-content (``claw-harbor/<task>:<sha12>``), built by the command in ``task.meta["docker_build"]``
-(the Docker backend never pulls or builds by itself).
+``[environment] cpus`` / ``memory_mb`` become the job's limits. The image is the one
+claw_bench.harbor chose: ``[environment] docker_image`` when set, else a tag derived from the
+content of ``environment/`` (``claw-harbor/<task>:<sha12>``) that ``claw-bench images --build``
+builds (the Docker backend never pulls or builds by itself).
 """
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import tomllib
 from pathlib import Path
@@ -86,13 +85,6 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
     hidden = {k: v for k, v in base.hidden.items()}
     hidden["tests/test.sh"] = base.verify.text
     task_meta = dict(base.meta)
-    image = base.image
-    dockerfile = task_dir / "environment" / "Dockerfile"
-    if dockerfile.is_file():
-        digest = hashlib.sha256(dockerfile.read_bytes()).hexdigest()[:12]
-        if image is None:
-            image = f"claw-harbor/{base.id.lower()}:{digest}"
-        task_meta["docker_build"] = f"docker build -t {image} {shlex.quote(str(dockerfile.parent))}"
     task_meta["collect"] = [DETAILS_FILE]
     etable = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
     limits: dict[str, Any] = {}
@@ -106,5 +98,5 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
         task_meta["limits"] = limits  # job limits (plan --cpus / --memory-mb override them)
     return attrs.evolve(base, verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
                         hidden=hidden, reward_file=REWARD_FILE, verify_timeout_s=timeout + VERIFY_MARGIN_S,
-                        pass_threshold=opts.pass_threshold, image=image, meta=task_meta)
+                        pass_threshold=opts.pass_threshold, meta=task_meta)
 
