@@ -106,6 +106,7 @@ def test_plan_run_score_two_harness_kinds(tmp_path, secret_file):
 
 
 @pytest.mark.slow
+@pytest.mark.other_clis
 @pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
 def test_plan_run_score_through_claw_sandbox(tmp_path, secret_file):
     """The same pipeline through the real claw-sandbox CLI (process backend), when installed."""

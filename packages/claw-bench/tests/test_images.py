@@ -108,7 +108,7 @@ def _images(suite_dir: Path) -> dict[str, str]:
 
 
 def _run(*args: str):
-    return CliRunner().invoke(main, ["images", *args])
+    return CliRunner().invoke(main, ["images", "--suite", *args])
 
 
 def test_listing_reports_each_task_image_and_builds_nothing(docker, suite_dir):

@@ -260,6 +260,7 @@ def test_fixed_workspace_dir_is_used_by_checkers_and_instruction(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.other_clis
 @pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
 def test_through_claw_sandbox(tmp_path):
     """Every fixture through the real claw-sandbox CLI: the listing agent sees no checker files, the reference scores 1.0."""

@@ -25,6 +25,7 @@ from conftest import SECRET, run_job
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-qwen3"
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.other_clis,
     pytest.mark.skipif(shutil.which("claw-proxy") is None, reason="claw-proxy CLI not on PATH"),
     pytest.mark.skipif(not FIXTURE.is_dir(), reason="tiny model fixture not in this checkout"),
 ]

@@ -70,7 +70,7 @@ def tasks(suite: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("suite")
+@click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
 @click.option("--build", is_flag=True, help="build the missing images that have a Dockerfile (docker build)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
@@ -84,9 +84,9 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
     docker CLI and a running engine unless every task uses the default image. Exits 1 when a build
     failed or an image is still missing after --build.
 
-    Example: claw-bench images tb2-tasks/ --build
+    Example: claw-bench images -s tb2-tasks/ --build
 
-    Example: claw-bench images tb2-tasks/ --task fix-git --json | jq -r .image
+    Example: claw-bench images -s tb2-tasks/ --task fix-git --json | jq -r .image
     """
     s = load_suite(suite).select(list(task_ids) or None)
     rows = build_images(s.tasks, progress=_log) if build else list_images(s.tasks)
