@@ -137,6 +137,22 @@ def test_keep_failed_keeps_the_sandbox(backend, tmp_path):
     assert (tmp_path / "w" / kept[0] / "ws" / "f").read_text() == "x\n"
 
 
+def test_job_directories_are_removed_whatever_the_job_left(backend, tmp_path):
+    """Nothing left (the quick rmdir path), files in HOME, or a symlink planted in place of HOME:
+    every job directory goes, and the symlink's target is not followed."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("k")
+    runs = run_jobs(
+        [job("none", command="true"), job("files", command='echo x > "$HOME/f"; mkdir -p d/e'),
+         job("link", command=f'rm -r "$HOME" && ln -s {target} "$HOME"')],
+        backend=backend, workdir=tmp_path / "w",
+    )  # fmt: skip
+    assert [r["status"] for r in runs] == ["ok"] * 3 and [r["exit_code"] for r in runs] == [0] * 3
+    assert os.listdir(tmp_path / "w") == []
+    assert (target / "keep.txt").read_text() == "k"
+
+
 def test_env_is_clean_and_job_env_is_set(backend, tmp_path, monkeypatch):
     """The runner's environment does not leak; the job's env and CLAW_* variables are set."""
     monkeypatch.setenv("RUNNER_SECRET", "s3cret")

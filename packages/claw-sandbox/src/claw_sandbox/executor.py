@@ -67,7 +67,7 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
 async def _teardown(sandbox: Sandbox, started: bool, keep: bool) -> None:
     if started:
         await sandbox.stop()
-    if not keep:
+    if not keep and not sandbox.remove_if_untouched():
         await asyncio.to_thread(sandbox.remove)
 
 

@@ -123,6 +123,18 @@ class Sandbox(abc.ABC):
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.jobdir)
 
+    def remove_if_untouched(self) -> bool:
+        """Remove the job directory if it is still the empty skeleton `prepare()` made (a job
+        that left no file behind): a few rmdir calls, cheaper than a thread hop. False when
+        anything is left (rmdir removes only empty directories and follows no symlink); the
+        caller then runs `remove()`, which finishes the job."""
+        try:
+            for d in (self.workspace, self.tmp / "home", self.tmp, self.jobdir):
+                os.rmdir(d)
+        except OSError:
+            return False
+        return True
+
 
 class Backend(abc.ABC):
     """A way to run jobs. `unavailable()` says why it cannot run here (None: it can)."""
@@ -154,11 +166,7 @@ def venv_paths(command: Command) -> list[str]:
         first = words[0] if words else ""
     else:
         first = command[0]
-    paths = [
-        *_venv_closure(sys.prefix),
-        sys.base_prefix,
-        os.path.dirname(os.path.realpath(sys.executable)),
-    ]
+    paths = [*_venv_closure(sys.prefix), sys.base_prefix, _runner_bin_dir()]
     if first.startswith("/"):
         for parent in Path(first).parents:
             if (parent / "pyvenv.cfg").is_file():
@@ -166,6 +174,11 @@ def venv_paths(command: Command) -> list[str]:
                 break
         paths.append(os.path.dirname(os.path.realpath(first)))
     return paths
+
+
+@functools.cache
+def _runner_bin_dir() -> str:
+    return os.path.dirname(os.path.realpath(sys.executable))
 
 
 @functools.lru_cache(maxsize=64)
