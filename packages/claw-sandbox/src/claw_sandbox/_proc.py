@@ -106,8 +106,12 @@ async def run_step(
         if timed_out:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(exited), 10)
-        # leftovers holding the pipes open are dead now; give the readers a moment, then stop
-        await asyncio.wait(eofs, timeout=2)
+        # leftovers holding the pipes open are dead now: read what the pipes still hold without
+        # a trip through the loop, and give a pipe that is still held a moment, then stop
+        for eof in eofs:
+            eof.drain()  # type: ignore[attr-defined]
+        if pending := [eof for eof in eofs if not eof.done()]:
+            await asyncio.wait(pending, timeout=2)
     finally:
         for fd in watched:
             loop.remove_reader(fd)
@@ -130,27 +134,35 @@ async def run_step(
 def _watch_pipe(
     loop: asyncio.AbstractEventLoop, pipe, tail: _Tail, watched: list[int]
 ) -> asyncio.Future:
-    """Read a child's pipe into `tail` from the event loop; the future is done at EOF."""
+    """Read a child's pipe into `tail` from the event loop; the future is done at EOF. Its
+    `drain()` reads what the pipe holds now, up to EOF or until it would block."""
     fd = pipe.fileno()
     os.set_blocking(fd, False)
     eof = loop.create_future()
 
-    def readable() -> None:
+    def readable() -> bool:
+        """Read one chunk; False once the pipe is empty for now or at EOF."""
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             chunk = b""
         if chunk:
             tail.add(chunk)
-        else:
-            loop.remove_reader(fd)
-            if not eof.done():
-                eof.set_result(None)
+            return True
+        loop.remove_reader(fd)
+        if not eof.done():
+            eof.set_result(None)
+        return False
+
+    def drain() -> None:
+        while not eof.done() and readable():
+            pass
 
     loop.add_reader(fd, readable)
     watched.append(fd)
+    eof.drain = drain  # type: ignore[attr-defined]
     return eof
 
 
