@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner  # noqa: E402
-from claw_rl._dist import init_from_env, is_sharded  # noqa: E402
+from claw_rl._dist import init_from_env, is_sharded, shutdown  # noqa: E402
 from conftest import tree_sample  # noqa: E402
 
 PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]
@@ -42,6 +42,7 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     c.save(o / "ppo-critic-model")
     if rank == 0:
         (o / "world").write_text(f"{world} {m['loss']!r}\n")
+    shutdown()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,14 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
     return world()
 
 
+def shutdown() -> None:
+    """End the process group cleanly (every rank); leaving it to interpreter exit can abort a
+    rank ("terminate called without an active exception") while gloo's threads still run."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if world()[1] > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

@@ -129,7 +129,7 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
 
         torchrun --nproc_per_node 2 $(which claw-rl) train --algo ppo ...
     """
-    from claw_rl._dist import init_from_env
+    from claw_rl._dist import init_from_env, shutdown
     from claw_rl.config import dump_toml
     from claw_rl.learner import GRPOLearner, PPOLearner
     from claw_rl.records import read_samples, write_jsonl
@@ -177,6 +177,7 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
         learner.save_checkpoint(out_dir / "checkpoint")
     except ClawError as exc:
         raise _fail(exc) from exc
+    shutdown()
 
 
 @main.command("values")
