@@ -30,7 +30,8 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
     import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+        # on GPUs: NCCL for CUDA tensors (gradients, weights), gloo for the CPU ones (metrics)
+        dist.init_process_group(backend or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"))
     return world()
 
 
@@ -82,6 +83,14 @@ def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squared L2 norms, as a CPU float64 scalar (one device-to-host copy)."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors])
+    return norms.double().pow(2).sum().cpu()
+
+
 def clip_grads(params: list[torch.nn.Parameter], max_norm: float) -> float:
     """Clip the global gradient norm to ``max_norm`` and return the norm before clipping.
 
@@ -89,17 +98,11 @@ def clip_grads(params: list[torch.nn.Parameter], max_norm: float) -> float:
     (identical on every rank after :func:`sum_grads`).
     """
     grads = [p.grad for p in params if p.grad is not None]
-    sq_sharded = torch.zeros((), dtype=torch.float64)
-    sq_whole = torch.zeros((), dtype=torch.float64)
-    for g in grads:
-        if is_sharded(g):
-            local = g.to_local()
-            sq_sharded += torch.linalg.vector_norm(local, dtype=torch.float64).cpu() ** 2
-        else:
-            sq_whole += torch.linalg.vector_norm(g, dtype=torch.float64).cpu() ** 2
-    if any(is_sharded(g) for g in grads):
-        all_reduce_sum(sq_sharded)
-    total = float((sq_sharded + sq_whole).sqrt())
+    shards = [g.to_local() for g in grads if is_sharded(g)]
+    sq = _sq_norm(shards)
+    if shards:
+        all_reduce_sum(sq)
+    total = float((sq + _sq_norm([g for g in grads if not is_sharded(g)])).sqrt())
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
         for g in grads:
