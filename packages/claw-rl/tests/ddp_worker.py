@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner  # noqa: E402
+from claw_rl import ClawError, GRPOConfig, GRPOLearner, PPOConfig, PPOLearner  # noqa: E402
 from claw_rl._dist import init_from_env, is_sharded, shutdown  # noqa: E402
 from conftest import tree_sample  # noqa: E402
 
@@ -40,6 +40,12 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     c = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=1, critic="model", parallelism=parallelism), model)
     c.step(rows[:3])
     c.save(o / "ppo-critic-model")
+    try:  # a taken directory: every rank gets the error, none is left waiting
+        c.save(o / "ppo-critic-model")
+    except ClawError as exc:
+        assert "not empty" in str(exc)
+    else:
+        raise AssertionError("saving into a non-empty directory did not fail")
     if rank == 0:
         (o / "world").write_text(f"{world} {m['loss']!r}\n")
     shutdown()

@@ -124,6 +124,8 @@ def test_save_writes_an_hf_dir_and_a_policy_record(tiny, tmp_path):
     with pytest.raises(ClawError, match="not empty"):
         learner.step([tree_sample(PARENT, TRAIN, vocab=2000)])
         learner.save(tmp_path / "v1")
+    assert learner.version == 1  # the refused save did not take a version number
+    assert learner.save(tmp_path / "v2")["version"] == 2
 
 
 @pytest.mark.slow

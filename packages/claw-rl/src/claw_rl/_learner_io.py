@@ -67,11 +67,14 @@ class LearnerIO:
         rank 0 writes; every rank returns the record.
         """
         out = Path(out_dir)
+        taken = [self.rank == 0 and out.exists() and any(out.iterdir())]
+        if self.world > 1:  # rank 0 decides for all: a rank left waiting in a collective would hang
+            torch.distributed.broadcast_object_list(taken, src=0)
+        if taken[0]:
+            raise ClawError(f"{out}: directory exists and is not empty; choose a new directory")
         if self._dirty:
             self.version += 1
             self._dirty = False
-        if self.rank == 0 and out.exists() and any(out.iterdir()):
-            raise ClawError(f"{out}: directory exists and is not empty; choose a new directory")
         states = self._gather()
         if self.rank == 0:
             self._write_model_dir(out, states)
