@@ -9,6 +9,7 @@ from claw_rl.consistency import (
     mis_sequence_keep,
     mis_token_mask,
     mismatch_stats,
+    path_shares,
     tis_weights,
 )
 from claw_rl.packing import path_matrix
@@ -37,9 +38,26 @@ def test_tis_truncates_and_mis_masks():
 
 
 def test_mis_sequence_on_a_tree():
-    """Path a-b-c kept, path a-b-d-e dropped: shared b keeps path 1's share (1/2)/(1/2 + 1/3)."""
+    """Path a-b-c kept, path a-b-d-e dropped: shared b keeps path 1's share, 1/2 : 1/3 of the
+    weight under 1/T_p shares, 1 : 1 under equal shares."""
     parent = [-1, 0, 1, 1, 3]
     trainable = torch.tensor([0, 1, 1, 1, 1], dtype=torch.bool)
-    log_rho = torch.tensor([0.0, 0.0, 0.0, 3.0, 3.0], dtype=torch.float64)  # path 2 mean = 2.0 -> dropped
-    keep = mis_sequence_keep(log_rho, torch.from_numpy(path_matrix(parent)), trainable, 0.5, 2.0)
+    paths = torch.from_numpy(path_matrix(parent))
+    log_rho = torch.tensor([0.0, 0.0, 0.0, 0.03, 0.03], dtype=torch.float64)  # path 2 mean 0.02 > 0.01
+    keep = mis_sequence_keep(log_rho, paths, trainable, 0.01, path_shares(paths, trainable, "inverse_length"))
     assert keep.tolist() == pytest.approx([1.0, (1 / 2) / (1 / 2 + 1 / 3), 1.0, 0.0, 0.0])
+    keep = mis_sequence_keep(log_rho, paths, trainable, 0.01, path_shares(paths, trainable, "equal"))
+    assert keep.tolist() == pytest.approx([1.0, 0.5, 1.0, 0.0, 0.0])
+    keep = mis_sequence_keep(log_rho, paths, trainable, 0.05, path_shares(paths, trainable, "equal"))
+    assert keep.tolist() == [1.0] * 5  # inside the wider band
+
+
+def test_mis_sequence_band_is_symmetric_in_log_space():
+    """A path drifting by -0.02 per token is dropped like one drifting by +0.02; +-0.005 is kept."""
+    parent = [-1, 0, 1]
+    trainable = torch.tensor([0, 1, 1], dtype=torch.bool)
+    paths = torch.from_numpy(path_matrix(parent))
+    shares = path_shares(paths, trainable, "equal")
+    for drift, kept in ((0.02, 0.0), (-0.02, 0.0), (0.005, 1.0), (-0.005, 1.0)):
+        log_rho = torch.tensor([0.0, drift, drift], dtype=torch.float64)
+        assert mis_sequence_keep(log_rho, paths, trainable, 0.01, shares)[1:].tolist() == [kept, kept]

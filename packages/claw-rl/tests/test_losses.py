@@ -30,6 +30,53 @@ def test_kl_estimators():
     lp, lq = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0])
     assert losses.kl_k1(lp, lq).tolist() == pytest.approx([0.5, 0.0])
     assert losses.kl_k3(lp, lq).tolist() == pytest.approx([math.exp(-0.5) + 0.5 - 1.0, 0.0])
+    assert losses.kl_k3_loss(lp, lq).tolist() == pytest.approx(losses.kl_k3(lp, lq).tolist())
+    assert losses.kl_k2_loss(lp, lq).tolist() == pytest.approx([0.125, 0.0])
+
+
+def _expected_grad(loss_fn, theta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """E_{y ~ pi_theta}[grad loss(log pi(y), log ref(y))], exactly, by summing over the vocabulary."""
+    theta = theta.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    per_y = loss_fn(logp, torch.log_softmax(ref, -1))  # (V,) the loss if y were sampled
+    total = torch.zeros_like(theta)
+    for y in range(len(theta)):
+        (g,) = torch.autograd.grad(per_y[y], theta, retain_graph=True)
+        total += logp[y].exp().detach() * g
+    return total
+
+
+@pytest.mark.parametrize("name", ["kl_k2_loss", "kl_k3_loss"])
+def test_kl_losses_have_the_reverse_kl_gradient(name):
+    """k2 and the corrected k3: expected gradient over y ~ pi = grad KL(pi || ref), exactly."""
+    gen = torch.Generator().manual_seed(0)
+    theta, ref = torch.randn(7, generator=gen, dtype=torch.float64), torch.randn(7, generator=gen, dtype=torch.float64)
+    t = theta.clone().requires_grad_(True)
+    logp, logr = torch.log_softmax(t, -1), torch.log_softmax(ref, -1)
+    (true,) = torch.autograd.grad((logp.exp() * (logp - logr)).sum(), t)
+    got = _expected_grad(getattr(losses, name), theta, ref)
+    assert torch.allclose(got, true, atol=1e-12)
+
+
+def test_k1_and_plain_k3_have_the_wrong_gradient():
+    """k1 as a loss: zero expected gradient; k3 as a loss: the gradient of KL(ref || pi)."""
+    gen = torch.Generator().manual_seed(1)
+    theta, ref = torch.randn(7, generator=gen, dtype=torch.float64), torch.randn(7, generator=gen, dtype=torch.float64)
+    assert torch.allclose(_expected_grad(losses.kl_k1, theta, ref), torch.zeros(7, dtype=torch.float64), atol=1e-12)
+    t = theta.clone().requires_grad_(True)
+    logr = torch.log_softmax(ref, -1)
+    (forward,) = torch.autograd.grad((logr.exp() * (logr - torch.log_softmax(t, -1))).sum(), t)
+    assert torch.allclose(_expected_grad(losses.kl_k3, theta, ref), forward, atol=1e-12)
+
+
+def test_whiten_uses_the_loss_mass():
+    """Weighted moments: a token shared by two paths (q = 2) counts twice, as in the flat batch."""
+    A = torch.tensor([1.0, 3.0])
+    mean, std = losses.whiten(A, torch.tensor([2.0, 1.0]), eps=0.0)
+    flat = torch.tensor([1.0, 1.0, 3.0])
+    assert mean == pytest.approx(float(flat.mean()))
+    assert std == pytest.approx(float(flat.std(unbiased=False)))
+    assert losses.whiten(A, torch.zeros(2)) == (0.0, 1.0)
 
 
 def test_aggregations():
@@ -57,4 +104,4 @@ def test_explained_variance_and_approx_kl():
     assert losses.explained_variance(R, R) == pytest.approx(1.0)
     assert losses.explained_variance(torch.zeros(3), R) == pytest.approx(0.0)
     assert math.isnan(losses.explained_variance(R, torch.ones(3)))
-    assert float(losses.approx_kl(torch.tensor([-1.0]), torch.tensor([-1.0]))) == 0.0
+    assert losses.approx_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).tolist() == [0.0]

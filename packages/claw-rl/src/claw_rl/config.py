@@ -20,6 +20,7 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
 
 
 IS_CHOICES = ("tis", "mis_token", "mis_sequence", "none")
+KL_CHOICES = ("k3", "k2")
 
 
 def _common_checks(c: Any) -> None:
@@ -36,6 +37,8 @@ def _common_checks(c: Any) -> None:
         raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
     if c.parallelism not in ("ddp", "fsdp"):
         raise ConfigError(f"parallelism = {c.parallelism!r}; choose ddp or fsdp")
+    if not c.mis_seq_tol > 0:
+        raise ConfigError(f"mis_seq_tol = {c.mis_seq_tol!r} must be > 0")
 
 
 @attrs.frozen(kw_only=True)
@@ -59,13 +62,17 @@ class GRPOConfig:
                        ("weights", "token_mean", "constant"))
     constant_len: int = _f(1024, "Dr. GRPO's fixed length for loss_agg=constant")
     kl_coef: float = _f(0.0, "weight of the KL penalty to the reference model (0 = off, no ref model)")
-    kl_estimator: str = _f("k3", "KL estimator: k1 or k3", ("k1", "k3"))
+    kl_estimator: str = _f("k3", "KL(pi || ref) penalty: k3 (value k3, gradient of the reverse KL) or k2 "
+                           "(0.5 (log pi - log ref)^2, the same gradient); k1 is refused (zero expected "
+                           "gradient as a loss)", KL_CHOICES)
     ref_model: str = _f("", "reference model directory for the KL term (default: the initial model)")
     entropy_coef: float = _f(0.0, "entropy bonus weight")
     is_correction: str = _f("tis", "training-inference correction: tis, mis_token, mis_sequence, none",
                             IS_CHOICES)
     is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
     is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
+    mis_seq_tol: float = _f(0.01, "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
+                            "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])")
     mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
     max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
     drop_stale: bool = _f(False, "drop stale samples instead of training on them")
@@ -79,8 +86,11 @@ class GRPOConfig:
         _common_checks(self)
         if self.loss_agg not in ("weights", "token_mean", "constant"):
             raise ConfigError(f"loss_agg = {self.loss_agg!r}; choose weights, token_mean or constant")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ConfigError(f"kl_estimator = {self.kl_estimator!r}; choose k1 or k3")
+        if self.kl_estimator == "k1":
+            raise ConfigError("kl_estimator = 'k1': log pi - log ref used as a loss has zero expected gradient "
+                              "(E_pi[grad log pi] = 0), so the penalty would do nothing; choose k3 or k2")
+        if self.kl_estimator not in KL_CHOICES:
+            raise ConfigError(f"kl_estimator = {self.kl_estimator!r}; choose {' or '.join(KL_CHOICES)}")
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config") -> GRPOConfig:
@@ -111,6 +121,8 @@ class PPOConfig:
     critic: str = _f("head", "critic kind: head (value head on the policy) or model (separate model)",
                      ("head", "model"))
     critic_model: str = _f("", "critic backbone directory for critic=model (default: the policy's)")
+    whiten_advantages: bool = _f(True, "whiten the advantages over the batch's trainable tokens (mean 0, std 1, "
+                                 "weighted like the loss); a terminal reward then moves every token")
     vf_coef: float = _f(0.5, "weight of the value loss")
     value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
     entropy_coef: float = _f(0.0, "entropy bonus weight")
@@ -118,6 +130,8 @@ class PPOConfig:
                             IS_CHOICES)
     is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
     is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
+    mis_seq_tol: float = _f(0.01, "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
+                            "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])")
     mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
     max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
     drop_stale: bool = _f(False, "drop stale samples instead of training on them")

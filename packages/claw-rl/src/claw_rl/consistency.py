@@ -9,9 +9,18 @@ engine samples is corrected by rho = pi_old / pi_engine per token:
   efficient RL framework secretly brings you off-policy RL training").
 * :func:`mis_token_mask` - masked importance sampling: drop tokens with rho outside [lo, hi]
   (Liu et al. 2025, "When speed kills stability"; token level).
-* :func:`mis_sequence_keep` - the same on whole trajectories: a path is dropped when its
-  geometric-mean rho leaves [lo, hi]. On a tree a token shared by kept and dropped paths keeps
-  the kept paths' share of its weight (shares are 1/T_p, as in the loss weights).
+* :func:`mis_sequence_keep` - the same on whole trajectories: a path is dropped when the
+  geometric mean of its per-token rho leaves [exp(-tol), exp(tol)]. On a tree a token shared by
+  kept and dropped paths keeps the kept paths' share of its weight (:func:`path_shares`).
+
+The band of sequence MIS. The geometric mean is exp(mean_t log rho_t), and on engine samples
+E[log rho_t] = -KL(pi_engine || pi_old) per token, about -1e-3 for a healthy bf16 engine; its
+noise shrinks as 1/sqrt(T). The token band [0.5, 2] on this mean (|mean log rho| <= 0.69) is
+practically never left, so sequence MIS has its own tolerance, default 0.01 (the band
+[0.990, 1.010], the range verl's geometric rejection sampling is run with): it drops a path
+whose tokens drift by more than 1 % per token on average, which a healthy path of a hundred
+tokens or more does not do, and a path sampled from another policy (a stale or broken engine)
+does.
 """
 
 from __future__ import annotations
@@ -59,19 +68,42 @@ def mis_token_mask(logp_old: torch.Tensor, logp_engine: torch.Tensor, lo: float,
     return ((rho >= lo) & (rho <= hi)).float()
 
 
+def path_shares(paths: torch.Tensor, trainable: torch.Tensor, kind: str) -> torch.Tensor:
+    """u_p (P,): the share of a token's weight that path p holds, up to a per-token constant.
+
+    The packed loss weight of token i is w_i = sum_p u_{p,i}; sequence MIS keeps the kept paths'
+    part of it. ``kind="equal"``: u_p = 1 (every path through a token holds the same share: the
+    count-based aggregators, and claw-tree's ``token`` weighting, where w_i is split equally over
+    its paths). ``kind="inverse_length"``: u_p = 1 / T_p (claw-tree's ``rollout`` and ``path``
+    weightings, w_i = sum_p W_p / T_p with W_p equal for the paths of one rollout).
+    paths: (P, N) bool; trainable: (N,) bool.
+    """
+    if kind == "equal":
+        return torch.ones(paths.shape[0], dtype=torch.float64)
+    if kind == "inverse_length":
+        T = (paths & trainable[None, :]).double().sum(1)
+        return 1.0 / T.clamp(min=1.0)
+    raise ValueError(f"path_shares: kind must be 'equal' or 'inverse_length', got {kind!r}")
+
+
 def mis_sequence_keep(log_rho: torch.Tensor, paths: torch.Tensor, trainable: torch.Tensor,
-                      lo: float, hi: float) -> torch.Tensor:
+                      tol: float, shares: torch.Tensor) -> torch.Tensor:
     """Keep fraction per token (N,) for sequence-level MIS on one tree.
 
+    Path p is kept iff |mean_{t in p, trainable} log rho_t| <= tol, i.e. its geometric-mean rho
+    lies in [exp(-tol), exp(tol)] (Liu et al. 2025, sequence-level masking; the geometric mean
+    as in Zheng et al. 2025, GSPO). keep_i = sum_{p kept, p holds i} u_p / sum_{p holds i} u_p,
+    so that sum_i w_i keep_i l_i equals the flat per-path loss with the dropped paths removed.
+
     log_rho: (N,) log pi_old - log pi_engine, 0 on context; paths: (P, N) bool, path p holds
-    token i; trainable: (N,) bool. A path with no trainable token is kept.
+    token i; trainable: (N,) bool; shares: (P,) u_p from :func:`path_shares`. A path with no
+    trainable token is kept.
     """
     P = paths.double() * trainable.double()  # (P, N) trainable tokens of each path
     T = P.sum(1)  # (P,)
     mean_log_rho = (P @ log_rho.double()) / T.clamp(min=1.0)  # (P,)
-    rho = torch.exp(mean_log_rho)
-    kept = ((rho >= lo) & (rho <= hi)) | (T == 0)  # (P,)
-    share = P / T.clamp(min=1.0)[:, None]  # (P, N) each path's 1/T_p share of a token
+    kept = (mean_log_rho.abs() <= tol) | (T == 0)  # (P,)
+    share = P * shares.double()[:, None]  # (P, N)
     total = share.sum(0)
     keep = (share * kept.double()[:, None]).sum(0) / total.clamp(min=1e-300)
     return torch.where(total > 0, keep, torch.ones_like(keep)).to(log_rho.dtype)

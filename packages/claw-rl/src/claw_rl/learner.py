@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 import numpy as np
 import torch
 
@@ -30,6 +31,7 @@ from claw_rl.consistency import (
     mis_sequence_keep,
     mis_token_mask,
     mismatch_stats,
+    path_shares,
     tis_weights,
 )
 from claw_rl.errors import ClawError
@@ -58,6 +60,40 @@ def _default_device(world: int) -> str:
     if not torch.cuda.is_available():
         return "cpu"
     return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if world > 1 else "cuda"
+
+
+@attrs.frozen
+class _Aggregator:
+    """One minibatch's aggregation of per-token losses l (M,) into a scalar, exact on trees.
+
+    q_i = the token's mass in the flat per-path batch (loss weight, or paths through it); m_i =
+    the MIS keep fraction. ``loss(l, masked=True)`` = sum q m l / sum_minibatch q m (masked
+    tokens leave the denominator) for weights and token_mean, sum c m l / (n_traj L) for
+    constant (Dr. GRPO's constant normaliser); ``mean(x)`` = sum q x / sum_minibatch q, the
+    per-path (flat-batch) mean of a diagnostic. Sums over micro-batches and ranks add up.
+    """
+
+    kind: str  # weights | token_mean | constant
+    full: float  # sum of q over the minibatch's trainable tokens
+    kept: float  # sum of q * m over them
+    n_traj: float
+    constant_len: float
+
+    def tok(self, batch: Batch, keep: torch.Tensor) -> dict:
+        b, i, _ = batch.predictor_index()
+        c = batch.leaf_counts[b, i]
+        return {"q": batch.loss_weights[b, i] if self.kind == "weights" else c, "c": c, "m": keep}
+
+    def loss(self, lt: torch.Tensor, tok: dict, masked: bool = False) -> torch.Tensor:
+        if masked:
+            lt = lt * tok["m"]
+        if self.kind == "constant":
+            return losses.constant_sum(lt, tok["c"], self.n_traj, self.constant_len)
+        denom = self.kept if masked else self.full
+        return losses.weighted_sum(lt, tok["q"]) * (1.0 / denom if denom > 0 else 0.0)
+
+    def mean(self, x: torch.Tensor, tok: dict) -> torch.Tensor:
+        return losses.weighted_sum(x.to(tok["q"].dtype), tok["q"]) * (1.0 / self.full if self.full > 0 else 0.0)
 
 
 class _Learner(LearnerIO):
@@ -114,7 +150,8 @@ class _Learner(LearnerIO):
 
     def _pad_old(self, batch: Batch, st) -> dict:
         """Stand-ins for a padding pass's old values (its loss is multiplied by zero)."""
-        d = {"logp_old": st.logprobs.detach(), "is_w": torch.ones_like(st.logprobs.detach())}
+        ones = torch.ones_like(st.logprobs.detach())
+        d = {"logp_old": st.logprobs.detach(), "is_w": ones, "keep": ones}
         if getattr(self.config, "kl_coef", 0.0) > 0:
             d["logp_ref"] = st.logprobs.detach()
         return d
@@ -190,20 +227,29 @@ class _Learner(LearnerIO):
             samples = [s for s, st in zip(samples, stale, strict=True) if not st]
         return samples
 
-    def _is_weights(self, lp_old: torch.Tensor, lp_eng: torch.Tensor, sample: Sample) -> torch.Tensor:
+    def _is_weights(self, lp_old: torch.Tensor, lp_eng: torch.Tensor,
+                    sample: Sample) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(is_w, keep)`` per trainable token: the TIS weight (1 unless tis) and the MIS keep
+        fraction (1 unless mis_*); masked tokens leave the loss's denominator, weighted ones do not."""
         c = self.config
+        ones = torch.ones_like(lp_old)
         if c.is_correction == "tis":
-            return tis_weights(lp_old, lp_eng, c.is_cap)
+            return tis_weights(lp_old, lp_eng, c.is_cap), ones
         if c.is_correction == "mis_token":
-            return mis_token_mask(lp_old, lp_eng, c.is_min, c.is_cap)
+            return ones, mis_token_mask(lp_old, lp_eng, c.is_min, c.is_cap)
         if c.is_correction == "mis_sequence":
             tr = torch.tensor(sample.trainable, dtype=torch.bool)
             log_rho = torch.zeros(len(sample), dtype=torch.float64)
             log_rho[tr] = (lp_old - lp_eng).double().cpu()
             paths = torch.from_numpy(path_matrix(sample.parent))
-            keep = mis_sequence_keep(log_rho, paths, tr, c.is_min, c.is_cap)
-            return keep[tr].to(lp_old)
-        return torch.ones_like(lp_old)
+            # a shared token's weight is split over its paths as the aggregator's flat batch does:
+            # path counts for token_mean / constant; claw-tree's own split for the loss weights
+            weighted = getattr(c, "loss_agg", "weights") == "weights"
+            split = (sample.tags or {}).get("path_weighting")
+            kind = "inverse_length" if weighted and split in ("rollout", "path") else "equal"
+            keep = mis_sequence_keep(log_rho, paths, tr, c.mis_seq_tol, path_shares(paths, tr, kind))
+            return ones, keep[tr].to(lp_old)
+        return ones, ones
 
     def step(self, samples: Sequence[Sample | dict]) -> dict:
         """One learner update on a batch of samples (every rank passes the same global batch)."""
@@ -241,7 +287,8 @@ class _Learner(LearnerIO):
                     mm[key] = max(mm[key], s[key]) if key == "abs_max" else mm[key] + s[key]
                 for k, (lp, lpe) in enumerate(zip(self._split(st.logprobs, batch),
                                                   self._split(lp_eng_all, batch), strict=True)):
-                    d = {"logp_old": lp, "is_w": self._is_weights(lp, lpe, batch.samples[k]), **extra[k]}
+                    is_w, keep = self._is_weights(lp, lpe, batch.samples[k])
+                    d = {"logp_old": lp, "is_w": is_w, "keep": keep, **extra[k]}
                     if ref is not None:
                         d["logp_ref"] = self._split(ref, batch)[k]
                     old[own[pos + k]] = d
@@ -254,12 +301,24 @@ class _Learner(LearnerIO):
         metrics.update(finish_mismatch(mm))
         n_tok = max(mm["n"], 1.0)
         metrics["entropy"] = float(red[5]) / n_tok
-        is_sum = sum(float(o["is_w"].double().sum()) for o in old.values())
+        is_sum = sum(float((o["is_w"] * o["keep"]).double().sum()) for o in old.values())
         metrics["is_weight_mean"] = float(_dist.all_reduce_sum(torch.tensor([is_sum], dtype=torch.float64))[0]) / n_tok
+        # each sample's mass in the loss (sum of q over its trainable tokens), and what MIS kept of it
+        q = [self._token_mass(s) for s in samples]
+        self._mass = np.array([float(x.sum()) for x in q])
+        kept = torch.zeros(len(samples), dtype=torch.float64)
+        for k, o in old.items():
+            kept[k] = float((torch.from_numpy(q[k]) * o["keep"].double().cpu()).sum())
+        self._kept = _dist.all_reduce_sum(kept).numpy()
+        self._adv_norm = (0.0, 1.0)
+        if getattr(c, "whiten_advantages", False):
+            self._adv_norm = losses.whiten(torch.cat([torch.tensor(s.advantages)[torch.tensor(s.trainable, dtype=torch.bool)]
+                                                      for s in samples]), torch.from_numpy(np.concatenate(q)))
+            metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = self._adv_norm
 
         # (4) epochs x minibatches
-        acc = {k: 0.0 for k in ("loss", "pg_loss", "kl", "value_loss", "clipped", "tokens",
-                                "approx_kl", "grad_norm", "opt_steps")}
+        acc = {k: 0.0 for k in ("loss", "pg_loss", "kl", "value_loss", "clip_frac", "approx_kl",
+                                "grad_norm", "opt_steps")}
         self._reshard()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for _ in range(c.epochs):
@@ -267,17 +326,16 @@ class _Learner(LearnerIO):
             n_mb = min(c.minibatches, len(samples))
             for m in range(n_mb):
                 mb = perm[m * len(samples) // n_mb : (m + 1) * len(samples) // n_mb]
-                self._minibatch([samples[k] for k in mb], [k for k in mb if k % self.world == self.rank],
-                                samples, old, acc)
+                self._minibatch(mb, [k for k in mb if k % self.world == self.rank], samples, old, acc)
                 gn = self._optimizer_step(params)
                 acc["grad_norm"] += gn
                 acc["opt_steps"] += 1
         red = _dist.all_reduce_sum(torch.tensor([acc[k] for k in ("loss", "pg_loss", "kl", "value_loss",
-                                                                  "clipped", "tokens", "approx_kl")],
+                                                                  "clip_frac", "approx_kl")],
                                                 dtype=torch.float64)).tolist()
         n_steps = max(acc["opt_steps"], 1)
-        metrics.update(loss=red[0] / n_steps, pg_loss=red[1] / n_steps, clip_frac=red[4] / max(red[5], 1),
-                       approx_kl=red[6] / max(red[5], 1), grad_norm=acc["grad_norm"] / n_steps)
+        metrics.update(loss=red[0] / n_steps, pg_loss=red[1] / n_steps, clip_frac=red[4] / n_steps,
+                       approx_kl=red[5] / n_steps, grad_norm=acc["grad_norm"] / n_steps)
         if getattr(c, "kl_coef", 0.0) > 0:
             metrics["kl_ref"] = red[2] / n_steps
         if self.algo == "ppo":
@@ -302,28 +360,30 @@ class _Learner(LearnerIO):
 
     def _extra_metrics(self, samples: list[Sample], old: dict, metrics: dict) -> None: ...
 
-    def _aggregator(self, mb_samples: list[Sample]):
-        """Scalar aggregation of per-token losses, normalised over the whole minibatch (all ranks)."""
-        c = self.config
-        agg = getattr(c, "loss_agg", "weights")
-        if agg == "weights":
-            # sum_i w_i l_i over the minibatch, over the weights' sum: exactly claw-tree's
-            # per-trajectory mean for a whole `claw-tree samples` output (weights sum to 1),
-            # and the mean over its own trajectories for any slice of one (--batch-size).
-            w_mb = sum(sum(s.loss_weights) for s in mb_samples)
-            scale = 1.0 / w_mb if w_mb > 0 else 0.0
-            return lambda lt, tok: losses.weighted_sum(lt, tok["w"]) * scale
-        counts = [leaf_counts(s.parent) for s in mb_samples]
-        c_mb = sum(float((cnt * np.asarray(s.trainable)).sum()) for cnt, s in zip(counts, mb_samples, strict=True))
-        if agg == "token_mean":
-            return lambda lt, tok: losses.token_mean(lt, tok["c"]) * (float(tok["c"].sum()) / max(c_mb, 1.0))
-        n_traj = sum(float(cnt[np.asarray(s.parent) == -1].sum()) for cnt, s in zip(counts, mb_samples, strict=True))
-        return lambda lt, tok: losses.constant_sum(lt, tok["c"], max(n_traj, 1.0), float(c.constant_len))
+    def _token_mass(self, sample: Sample) -> np.ndarray:
+        """q per trainable token: its mass in the loss, the loss weight for loss_agg=weights and the
+        number of paths through it (its copies in the flat batch) otherwise."""
+        tr = np.asarray(sample.trainable, dtype=bool)
+        if getattr(self.config, "loss_agg", "weights") == "weights":
+            return np.asarray(sample.loss_weights, dtype=np.float64)[tr]
+        return leaf_counts(sample.parent)[tr]
 
-    def _minibatch(self, mb_samples: list[Sample], mine: list[int], samples: list[Sample],
+    def _aggregator(self, mb: list[int], samples: list[Sample]) -> _Aggregator:
+        """Aggregation of per-token losses, normalised over the whole minibatch (all ranks)."""
+        c = self.config
+        kind = getattr(c, "loss_agg", "weights")
+        n_traj = 0.0
+        if kind == "constant":
+            n_traj = sum(float(leaf_counts(samples[k].parent)[np.asarray(samples[k].parent) == -1].sum()) for k in mb)
+        return _Aggregator(kind=kind, full=float(self._mass[mb].sum()), kept=float(self._kept[mb].sum()),
+                           n_traj=max(n_traj, 1.0), constant_len=float(getattr(c, "constant_len", 1)))
+
+    def _minibatch(self, mb: list[int], mine: list[int], samples: list[Sample],
                    old: dict, acc: dict) -> None:
         c = self.config
-        agg = self._aggregator(mb_samples)
+        agg = self._aggregator(mb, samples)
+        mb_samples = [samples[k] for k in mb]
+        mean_A, std_A = self._adv_norm
         mine_samples = [samples[k] for k in mine]
         pos = 0
         real_acc = acc
@@ -337,28 +397,27 @@ class _Learner(LearnerIO):
                 pos += len(batch.samples)
                 o, acc = {key: torch.cat([old[k][key] for k in ks]) for key in old[ks[0]]}, real_acc
             b, i, p = batch.predictor_index()
-            tok = {"w": batch.loss_weights[b, i], "c": batch.leaf_counts[b, i], "A": batch.advantages[b, i]}
+            tok = agg.tok(batch, o["keep"])
+            A = (batch.advantages[b, i] - mean_A) / std_A
             lp = st.logprobs
-            pg, clipped = losses.ppo_clip_loss(lp, o["logp_old"], tok["A"], c.clip_eps_low, c.clip_eps_high)
-            pg = pg * o["is_w"]
-            pg_loss = agg(pg, tok)
+            pg, clipped = losses.ppo_clip_loss(lp, o["logp_old"], A, c.clip_eps_low, c.clip_eps_high)
+            pg_loss = agg.loss(pg * o["is_w"], tok, masked=True)
             loss = pg_loss
             if c.entropy_coef > 0:
                 logits = self.model.get_output_embeddings()(hidden[b, p]).float() / c.temperature
                 logq = torch.log_softmax(logits, -1)
-                loss = loss - c.entropy_coef * agg(-(logq.exp() * logq).sum(-1), tok)
+                loss = loss - c.entropy_coef * agg.loss(-(logq.exp() * logq).sum(-1), tok)
             if "logp_ref" in o:
-                kl_fn = losses.kl_k3 if c.kl_estimator == "k3" else losses.kl_k1
-                kl = agg(kl_fn(lp, o["logp_ref"]), tok)
+                kl_fn = losses.kl_k3_loss if c.kl_estimator == "k3" else losses.kl_k2_loss
+                kl = agg.loss(kl_fn(lp, o["logp_ref"]), tok)
                 loss = loss + c.kl_coef * kl
                 acc["kl"] += float(kl.detach())
             loss = loss + self._extra_loss(batch, hidden, o, agg, acc)
             (loss * 0.0 if padding else loss).backward()
             acc["loss"] += float(loss.detach())
             acc["pg_loss"] += float(pg_loss.detach())
-            acc["clipped"] += float(clipped.sum())
-            acc["tokens"] += float(lp.numel())
-            acc["approx_kl"] += float(losses.approx_kl(lp.detach(), o["logp_old"]) * lp.numel())
+            acc["clip_frac"] += float(agg.mean(clipped, tok))
+            acc["approx_kl"] += float(agg.mean(losses.approx_kl(lp.detach(), o["logp_old"]), tok))
 
     def _optimizer_step(self, params: list[torch.nn.Parameter]) -> float:
         _dist.sum_grads(params)

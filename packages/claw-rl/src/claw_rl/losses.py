@@ -5,12 +5,24 @@ eps = clip range, w = loss weight of a token, c = number of paths through a toke
 
 Aggregation (how per-token losses l_i become one scalar) is a separate function per choice:
 
-* :func:`weighted_sum` - claw-tree's loss weights: the mean over trajectories of each
-  trajectory's mean token loss (GRPO, Shao et al. 2024, eq. 3). The default; exact on trees.
+* :func:`weighted_sum` - claw-tree's loss weights (each rollout's vote spread over its tokens,
+  or the per-trajectory mean of GRPO, Shao et al. 2024, eq. 3). The default; exact on trees.
 * :func:`token_mean` - DAPO's token-level loss (Yu et al. 2025, eq. 8): every token of every
   trajectory counts once, so long trajectories weigh more.
 * :func:`constant_sum` - Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"):
   sum of token losses over a constant (trajectories x a fixed length), no length bias.
+
+Masked importance sampling multiplies l_i by a keep fraction m_i in [0, 1]; the normalisers of
+:func:`weighted_sum` and :func:`token_mean` then count only the kept mass (sum w_i m_i, sum
+c_i m_i): masked tokens leave the denominator, as in a flat batch whose masked tokens were never
+there. :func:`constant_sum` keeps its constant by definition.
+
+KL penalties to a reference policy (Schulman 2020, "Approximating KL divergence"; Tang & Munos
+2025, "On a few pitfalls in KL divergence gradient estimation for RL"). Used as a loss on
+tokens sampled from pi, an estimator's *gradient* is what matters, not its value:
+k1 = log pi - log ref has zero expected gradient (E_pi[grad log pi] = 0); k3 has the gradient
+of KL(ref || pi), the other direction. :func:`kl_k2_loss` and :func:`kl_k3_loss` both have the
+gradient of KL(pi || ref).
 
 DAPO's clip-higher is :func:`ppo_clip_loss` with ``eps_high > eps_low``.
 """
@@ -37,22 +49,54 @@ def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, A: torch.Tensor,
 
 
 def kl_k1(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """k1 estimator of KL(pi_theta || pi_ref) per token: log pi_theta - log pi_ref (Schulman, 2020)."""
+    """k1 estimate of KL(pi_theta || pi_ref) per token: log pi_theta - log pi_ref (Schulman, 2020).
+
+    Unbiased for the value; as a loss its expected gradient is 0, so it is a diagnostic only.
+    """
     return logp - logp_ref
 
 
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(pi_theta || pi_ref): exp(d) - d - 1, d = log pi_ref - log pi_theta.
+    """k3 estimate of KL(pi_theta || pi_ref) per token: exp(d) - d - 1, d = log pi_ref - log pi_theta.
 
-    Unbiased and always >= 0 (Schulman, "Approximating KL divergence", 2020); GRPO's choice.
+    Unbiased for the value and always >= 0 (Schulman, 2020). Its gradient, (1 - ref/pi) grad log pi,
+    has expectation grad KL(pi_ref || pi_theta) (Tang & Munos 2025, sec. 3): do not minimise it
+    directly, use :func:`kl_k3_loss`.
     """
     d = logp_ref - logp
     return torch.exp(d) - d - 1.0
 
 
+def kl_k2_loss(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """k2 = 0.5 (log pi_theta - log pi_ref)^2 per token, on tokens sampled from pi_theta.
+
+    gradient (log pi_theta - log pi_ref) grad log pi_theta, whose expectation is exactly
+    grad KL(pi_theta || pi_ref) (Schulman 2020; Tang & Munos 2025, sec. 4). The value is a biased
+    (low-variance) estimate of the KL, close to it when the two policies are close.
+    Deviations: (1) per token, the gradient of sum_t KL(pi(.|s_t) || ref(.|s_t)) at the visited
+    states, not of the whole sequence's KL (that needs the KL in the reward); (2) tokens come
+    from pi_old, exact at the first epoch and approximately so later (no ratio correction).
+    """
+    return 0.5 * (logp - logp_ref) ** 2
+
+
+def kl_k3_loss(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """k3 as a differentiable loss with the gradient of KL(pi_theta || pi_ref).
+
+    l = k3 + sg(k3) * (log pi - sg(log pi)): the value is k3 (unbiased, >= 0), and the added
+    score-function term (zero in value) supplies the part of grad E_pi[k3] that comes from the
+    sampling distribution. The gradient, k3 grad log pi + (1 - ref/pi) grad log pi
+    = (log pi - log ref) grad log pi, equals :func:`kl_k2_loss`'s pointwise (Tang & Munos 2025,
+    "On a few pitfalls in KL divergence gradient estimation for RL"). Same deviations as k2.
+    """
+    k3 = kl_k3(logp, logp_ref)
+    return k3 + k3.detach() * (logp - logp.detach())
+
+
 def weighted_sum(lt: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sum_i w_i l_i. With claw-tree's loss weights this is the mean over trajectories of the
-    per-trajectory mean token loss, exactly, although shared tokens appear once."""
+    """sum_i w_i l_i. With claw-tree's loss weights (sum 1 over a batch) this is the batch's loss
+    exactly, although shared tokens appear once: w_i = sum_{p holds i} u_{p,i}, u = the share of
+    path p (see docs/formats.md, Loss weights)."""
     return (w * lt).sum()
 
 
@@ -70,6 +114,25 @@ def constant_sum(lt: torch.Tensor, c: torch.Tensor, n_traj: float, max_len: floa
     return (c * lt).sum() / (n_traj * max_len)
 
 
+def whiten(A: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> tuple[float, float]:
+    """(mean, std) of the advantages A (M,) under token weights q (M,), for A' = (A - mean) / std.
+
+    Advantage normalisation as in PPO implementations (Huang et al. 2022, "The 37 implementation
+    details of PPO", detail 7; verl's masked_whiten). Deviation: the moments are weighted by q,
+    the token's mass in the loss (loss weight or path count), so that they are those of the
+    flat per-path batch and tree packing leaves them unchanged; over the whole batch, not the
+    minibatch. std is the population std plus eps.
+    """
+    q = q.double()
+    total = float(q.sum())
+    if total <= 0:
+        return 0.0, 1.0
+    A = A.double()
+    mean = float((q * A).sum()) / total
+    var = float((q * (A - mean) ** 2).sum()) / total
+    return mean, var**0.5 + eps
+
+
 def value_loss(v: torch.Tensor, v_old: torch.Tensor, R: torch.Tensor, clip: float | None) -> torch.Tensor:
     """Clipped value loss per token: 0.5 max((v - R)^2, (v_old + clip(v - v_old, +-c) - R)^2).
 
@@ -83,9 +146,9 @@ def value_loss(v: torch.Tensor, v_old: torch.Tensor, R: torch.Tensor, clip: floa
 
 
 def approx_kl(logp: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
-    """Mean k3 estimate of KL(pi_old || pi_theta) over tokens sampled from pi_old (a diagnostic)."""
+    """k3 estimate of KL(pi_old || pi_theta) per token sampled from pi_old (a diagnostic, (M,))."""
     d = logp - logp_old
-    return (torch.exp(d) - 1.0 - d).mean() if d.numel() else d.new_zeros(())
+    return torch.exp(d) - 1.0 - d
 
 
 def explained_variance(v: torch.Tensor, R: torch.Tensor) -> float:

@@ -100,8 +100,8 @@ class PPOLearner(_Learner):
         b, i, _ = batch.predictor_index()
         v = self._values(batch, hidden)[b, i]
         R = batch.returns[b, i]
-        tok = {"w": batch.loss_weights[b, i], "c": batch.leaf_counts[b, i]}
-        vl = agg(losses.value_loss(v, old["values_old"], R, c.value_clip if c.value_clip > 0 else None), tok)
+        tok = agg.tok(batch, old["keep"])
+        vl = agg.loss(losses.value_loss(v, old["values_old"], R, c.value_clip if c.value_clip > 0 else None), tok)
         acc["value_loss"] += float(vl.detach())
         return c.vf_coef * vl
 
