@@ -68,12 +68,49 @@ def make_server(tmp_path):
         s.stop()
 
 
+def reference_logprobs(model, call) -> list[float]:
+    """What a call's completion_logprobs must be, from an independent forward pass over its
+    prompt + completion under its recorded `sampling`: 0.0 for greedy tokens (which must be the
+    argmax); otherwise log_softmax(logits / T) over the kept set, renormalised. The kept set is
+    computed here as vLLM does: top_k by the k-th largest value, then top_p by sorting ascending
+    and dropping the tokens whose ascending cumulative probability is <= 1 - top_p."""
+    import torch
+
+    ids = torch.tensor([call.prompt_ids + call.completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double()
+    s = call.sampling
+    t, top_p, top_k = s.get("temperature", 1.0), s.get("top_p", 1.0), s.get("top_k", 0)
+    n = len(call.prompt_ids)
+    out = []
+    for i, tok in enumerate(call.completion_ids):
+        row = logits[n - 1 + i]
+        if t == 0:
+            assert tok == int(row.argmax())
+            out.append(0.0)
+            continue
+        row = row / t
+        if 0 < top_k < row.numel():
+            row = torch.where(row < row.sort(descending=True).values[top_k - 1], -torch.inf, row)
+        if top_p < 1:
+            asc, idx = row.sort()
+            cum = torch.softmax(asc, -1).cumsum(-1)
+            drop = cum <= 1 - top_p
+            drop[-1] = False
+            row = row.clone()
+            row[idx[drop]] = -torch.inf
+        out.append(float(torch.log_softmax(row, -1)[tok]))
+    return out
+
+
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    """One transformers-engine server on the tiny model for a whole test module."""
+    """One transformers-engine server on the tiny model for a whole test module, honouring the
+    requests' sampling settings (tests ask for greedy answers)."""
     d = tmp_path_factory.mktemp("tiny")
     cfg = ProxyConfig(
         engine=f"transformers:{TINY}",
+        sampling="honor",
         secret=SECRET,
         admin_token=ADMIN,
         record=str(d / "calls.jsonl"),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
+import pytest
 from claw_proxy import read_calls
 from claw_proxy.render import Renderer
 from conftest import ADMIN, TINY, token
@@ -16,18 +18,34 @@ R = Renderer(str(TINY))
 ANSWER = R.encode("hello from vllm") + [R.eos_ids[0]]
 
 
-def fake_vllm(seen: list):
-    """Answers like vLLM's OpenAI server: /v1/completions with token-id prompts and return_token_ids."""
+RAW = [-0.1 * (k + 1) for k in range(len(ANSWER))]  # the fake's "raw" logprobs
+
+
+def processed(temperature: float) -> list[float]:
+    """The fake's --logprobs-mode processed_logprobs: its raw logprobs divided by T."""
+    return [lp / temperature for lp in RAW]
+
+
+def fake_vllm(seen: list, logprobs_mode: str | None = "raw_logprobs"):
+    """Answers like vLLM's OpenAI server: /v1/completions with token-id prompts and
+    return_token_ids, /server_info with its --logprobs-mode (None: no such route, as without
+    VLLM_SERVER_DEV_MODE)."""
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def server_info(request):
+        seen.append(("/server_info", dict(request.query_params), None))
+        return JSONResponse({"vllm_config": {"model_config": {"logprobs_mode": logprobs_mode}}})
 
     async def completions(request):
         body = await request.json()
         seen.append(body)
         assert all(isinstance(i, int) for i in body["prompt"]) and body["stream"] is True
         ids = ANSWER[: body["max_tokens"]]
-        lps = [-0.1 * (k + 1) for k in range(len(ids))]
+        t = body["temperature"]
+        lps = processed(t) if logprobs_mode == "processed_logprobs" and t > 0 else RAW
+        lps = lps[: len(ids)]
         finish = "stop" if len(ids) == len(ANSWER) else "length"
 
         async def sse():
@@ -77,8 +95,10 @@ def fake_vllm(seen: list):
             "/resume",
         )
     ]
+    info = [Route("/server_info", server_info)] if logprobs_mode else []
     return Starlette(
         routes=[
+            *info,
             Route("/v1/models", models),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
@@ -87,14 +107,25 @@ def fake_vllm(seen: list):
     )
 
 
+# settings that shape vLLM's sampled distribution, sent so generation_config defaults never apply
+NEUTRAL = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
 def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
-    """The proxy sends prompt ids to vLLM and records exactly the ids and logprobs it returned."""
+    """Under --sampling honor the proxy sends prompt ids and the request's settings to a vLLM in
+    processed_logprobs mode and records exactly the ids and (processed) logprobs it returned."""
     seen: list = []
     srv = make_server(
         engine="vllm:http://vllm.test",
         vllm_reload_method="claw_reload_weights",
         tokenizer=str(TINY),
-        transport=httpx.ASGITransport(app=fake_vllm(seen)),
+        sampling="honor",
+        transport=httpx.ASGITransport(app=fake_vllm(seen, "processed_logprobs")),
     )
     client = clients.openai(srv, "v1")
     r = client.chat.completions.create(
@@ -103,14 +134,22 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
         temperature=0.5,
         top_p=0.9,
         seed=3,
+        extra_body={"top_k": 7},
     )
     assert r.choices[0].message.content == "hello from vllm"
+    assert seen.pop(0) == ("/server_info", {"config_format": "json"}, None)
     (call,) = read_calls(srv.config.record)
     assert call.prompt_ids == seen[0]["prompt"] and call.completion_ids == ANSWER
-    assert call.completion_logprobs == [-0.1 * (k + 1) for k in range(len(ANSWER))]
-    assert seen[0]["model"] == "tiny" and seen[0]["temperature"] == 0.5 and seen[0]["top_p"] == 0.9
-    assert seen[0]["seed"] == 3 and seen[0]["return_token_ids"] is True and seen[0]["logprobs"] == 1
-    assert call.engine == "vllm:http://vllm.test" and call.sampling["temperature"] == 0.5
+    assert call.completion_logprobs == processed(0.5)
+    sent = {k: seen[0][k] for k in ("temperature", "top_p", "top_k", *NEUTRAL)}
+    assert sent == {"temperature": 0.5, "top_p": 0.9, "top_k": 7, **NEUTRAL}
+    assert seen[0]["model"] == "tiny" and seen[0]["seed"] == 3
+    assert seen[0]["return_token_ids"] is True and seen[0]["logprobs"] == 1
+    assert call.engine == "vllm:http://vllm.test"
+    assert call.sampling == {
+        "temperature": 0.5, "top_p": 0.9, "top_k": 7, "forced": False,
+        "max_tokens": seen[0]["max_tokens"], "seed": 3,
+    }
     # a LoRA adapter directory is loaded as the new policy
     adapter = tmp_path / "lora"
     adapter.mkdir()
@@ -142,6 +181,93 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "third"}])
     assert seen[-1]["model"] == "tiny"
     assert list(read_calls(srv.config.record))[-1].policy == {"name": "tiny", "version": 3}
+
+
+def test_vllm_force_sends_neutral_settings_and_records_raw_logprobs(make_server, clients):
+    """Under the default --sampling force, a request at T 0.5 / top_p 0.9 / top_k 7 reaches vLLM at
+    T 1, top_p 1, top_k 0 and is recorded so (forced), with vLLM's raw logprobs."""
+    seen: list = []
+    srv = make_server(
+        engine="vllm:http://vllm.test",
+        tokenizer=str(TINY),
+        transport=httpx.ASGITransport(app=fake_vllm(seen, "raw_logprobs")),
+    )
+    client = clients.openai(srv, "f1")
+    for extra in ({"temperature": 0.5, "top_p": 0.9, "top_k": 7}, {"temperature": 1.0}):
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], extra_body=extra
+        )
+    bodies = [b for b in seen if isinstance(b, dict)]
+    for body in bodies:
+        sent = {k: body[k] for k in ("temperature", "top_p", "top_k", *NEUTRAL)}
+        assert sent == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **NEUTRAL}
+    a, b = read_calls(srv.config.record)
+    assert a.completion_logprobs == RAW and b.completion_logprobs == RAW
+    got = [(c.sampling["temperature"], c.sampling["top_k"], c.sampling["forced"]) for c in (a, b)]
+    assert got == [(1.0, 0, True), (1.0, 0, False)]  # b asked for exactly what force samples with
+
+
+def test_vllm_honor_greedy_records_zero_logprobs(make_server, clients):
+    """A greedy call (temperature 0) under honor is recorded with logprob 0.0 per token (a point
+    mass), whatever vLLM reports for it."""
+    seen: list = []
+    srv = make_server(
+        engine="vllm:http://vllm.test",
+        tokenizer=str(TINY),
+        sampling="honor",
+        transport=httpx.ASGITransport(app=fake_vllm(seen, "processed_logprobs")),
+    )
+    clients.openai(srv, "g1").chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=0.0, top_p=0.5
+    )
+    (call,) = read_calls(srv.config.record)
+    assert seen[-1]["temperature"] == 0.0 and seen[-1]["top_p"] == 1.0
+    assert call.completion_logprobs == [0.0] * len(ANSWER)
+    assert call.sampling["temperature"] == 0.0 and call.sampling["top_p"] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", None, "processed_logits"])
+def test_vllm_honor_refuses_a_vllm_without_processed_logprobs(make_server, clients, mode):
+    """Under honor, a vLLM whose logprobs are not those of the sampled distribution (raw mode, a
+    mode that cannot be read, logits) is refused: the preflight of `serve` raises and each
+    request gets a 500 naming --logprobs-mode processed_logprobs; nothing is recorded."""
+    import asyncio
+
+    import openai
+    from claw_proxy.errors import ConfigError
+
+    seen: list = []
+    srv = make_server(
+        engine="vllm:http://vllm.test",
+        tokenizer=str(TINY),
+        sampling="honor",
+        transport=httpx.ASGITransport(app=fake_vllm(seen, mode)),
+    )
+    engine = srv.proxy.policy_engine
+    with pytest.raises(ConfigError, match="--logprobs-mode processed_logprobs"):
+        asyncio.run(engine.preflight())
+    with pytest.raises(openai.InternalServerError, match="--logprobs-mode processed_logprobs"):
+        clients.openai(srv, "r1").chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=0.6
+        )
+    assert not [b for b in seen if isinstance(b, dict)]  # no completion was asked for
+    assert not Path(srv.config.record).exists() or not list(read_calls(srv.config.record))
+
+
+def test_vllm_force_accepts_raw_or_unreadable_logprobs_mode(make_server):
+    """Under force, raw_logprobs (vLLM's default) and an unreadable mode pass the preflight: at
+    T 1 with no truncation the raw logprobs are those of the sampled distribution."""
+    import asyncio
+
+    for mode in ("raw_logprobs", None):
+        srv = make_server(
+            engine="vllm:http://vllm.test",
+            tokenizer=str(TINY),
+            transport=httpx.ASGITransport(app=fake_vllm([], mode)),
+        )
+        engine = srv.proxy.policy_engine
+        asyncio.run(engine.preflight())
+        assert engine.logprobs_mode == mode
 
 
 def fake_openai(seen: list):

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 from claw_proxy import read_calls
-from conftest import ADMIN, TINY, TOOLS
+from conftest import ADMIN, TINY, TOOLS, reference_logprobs
 
 torch = pytest.importorskip(
     "torch", reason="the transformers engine needs claw-proxy[transformers]"
@@ -29,13 +29,9 @@ def _calls(srv, session):
 
 
 def _check_logprobs(model, call):
-    """Recorded logprobs equal a fresh forward pass over prompt + completion (temperature 1)."""
-    ids = torch.tensor([call.prompt_ids + call.completion_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float()
-    logp = torch.log_softmax(logits, -1)
-    n = len(call.prompt_ids)
-    want = [float(logp[n - 1 + i, t]) for i, t in enumerate(call.completion_ids)]
+    """Recorded logprobs equal a fresh forward pass over prompt + completion under the call's
+    recorded sampling settings."""
+    want = reference_logprobs(model, call)
     assert len(want) == len(call.completion_logprobs) > 0
     assert max(abs(a - b) for a, b in zip(want, call.completion_logprobs, strict=True)) < 1e-4
 

@@ -10,7 +10,7 @@ from starlette.responses import StreamingResponse
 from claw_proxy import api_responses
 from claw_proxy.errors import EngineError
 from claw_proxy.messages import Answer, ChatRequest, ReasoningDelta, TextDelta, ToolCallEvent
-from claw_proxy.records import Call
+from claw_proxy.records import Call, sampling_record
 from claw_proxy.render import Detokenizer
 from claw_proxy.toolparse import make_parser
 
@@ -190,13 +190,14 @@ class Run:
                 "fresh_render_matches": r.fresh_render_matches,
             },
             finish_reason=answer.finish_reason,
-            sampling={
-                "temperature": self.gen_req.temperature,
-                "top_p": self.gen_req.top_p,
-                "top_k": self.gen_req.top_k,
-                "max_tokens": self.gen_req.max_tokens,
-                "seed": self.gen_req.seed,
-            },
+            sampling=sampling_record(
+                self.gen_req.temperature,
+                self.gen_req.top_p,
+                self.gen_req.top_k,
+                self.gen_req.forced,
+                max_tokens=self.gen_req.max_tokens,
+                seed=self.gen_req.seed,
+            ),
             usage={
                 "prompt_tokens": answer.prompt_tokens,
                 "completion_tokens": answer.completion_tokens,

@@ -16,7 +16,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from claw_proxy import api_anthropic, api_chat
 from claw_proxy.errors import EngineError
-from claw_proxy.records import Call
+from claw_proxy.messages import sampling_from
+from claw_proxy.records import Call, sampling_record
 
 _PATHS = {
     "openai.chat": "/v1/chat/completions",
@@ -40,6 +41,21 @@ def _finish(api, answer: dict | None) -> str:
     return "stop"
 
 
+def _sampling(body: dict) -> dict:
+    """What the request asked the upstream for (the proxy forwards it unchanged, whatever
+    `--sampling` says: `forced` is false); settings it did not send are recorded at the APIs'
+    documented defaults (temperature 1, top_p 1, no top_k). The upstream's own logprobs are not
+    recorded (passthrough calls carry no ids)."""
+    s = sampling_from(body, (), None)  # the same checks as a request to a proxy engine
+    return sampling_record(
+        1.0 if s.temperature is None else s.temperature,
+        1.0 if s.top_p is None else s.top_p,
+        s.top_k or 0,
+        False,
+        seed=s.seed,
+    )
+
+
 def _record(proxy, api, engine, body, session, state, seq, started, response: dict) -> None:
     call = Call(
         call_id=f"call-{uuid.uuid4().hex}",
@@ -55,7 +71,7 @@ def _record(proxy, api, engine, body, session, state, seq, started, response: di
         completion_logprobs=[],
         prefix={},
         finish_reason=_finish(api, response),
-        sampling={k: body[k] for k in ("temperature", "top_p", "top_k", "seed") if k in body},
+        sampling=_sampling(body),
         usage={},
         started_at=started,
         ended_at=time.time(),
@@ -71,6 +87,7 @@ def _record(proxy, api, engine, body, session, state, seq, started, response: di
 
 async def forward(proxy, api, engine, request, body: dict, session: str, state):
     started = time.time()
+    _sampling(body)  # a bad temperature / top_p / top_k is refused before going upstream
     seq, state.seq = state.seq, state.seq + 1
     path = _PATHS[api.NAME]
     headers = engine.headers(api.NAME, request.headers)

@@ -3,9 +3,10 @@
 The worker takes the first waiting request, collects more for `batch_wait` seconds (up to
 `max_batch`), left-pads their prompts and decodes them step by step together with a KV cache,
 each row with its own temperature / top-p / top-k / seed and its own stop. Every sampled id is
-pushed to its request as soon as it is sampled (real streaming) with the raw log-softmax of
-the logits at temperature 1 (the distribution the learner recomputes), whatever the sampling
-temperature was. Between steps, finished rows leave the batch and requests that arrived join
+pushed to its request as soon as it is sampled (real streaming) with its logprob under the
+distribution it was drawn from (`sampling_logprobs`: logits / T, top_k, then top_p,
+renormalised; 0.0 for a greedy token), so the record holds the policy that acted, whatever
+settings the call used. Between steps, finished rows leave the batch and requests that arrived join
 it (continuous batching: their prompts are prefilled and their KV caches left-padded into the
 running one), as long as the weights have not changed since the batch started.
 
@@ -46,6 +47,30 @@ def _cache_arg(model) -> str:
 def _cache_of(out):
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def sampling_logprobs(logits, temperature: float, top_p: float = 1.0, top_k: int = 0):
+    """Log-probabilities of the distribution a token is sampled from, for one row of logits.
+
+    ``log_softmax(logits / temperature)`` over the kept set, -inf outside it: the `top_k`
+    largest logits (ties at the k-th kept; 0 = off), then the smallest set of those, largest
+    first, whose probability (at this temperature, renormalised after top_k) reaches `top_p`,
+    i.e. the tokens whose larger-ranked mass is still below `top_p`. This is vLLM's order and
+    rule. temperature > 0 (greedy sampling has no distribution to take logprobs from).
+    logits: (V,) float -> (V,) float
+    """
+    import torch
+
+    scaled = logits.float() / temperature
+    if top_k and 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sp, si = torch.sort(torch.softmax(scaled, dim=-1), descending=True)
+        above = torch.cumsum(sp, dim=-1) - sp  # mass ranked strictly above each token
+        drop = torch.zeros_like(scaled, dtype=torch.bool).scatter_(0, si, above >= top_p)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
 
 
 class _Job:
@@ -143,30 +168,22 @@ class TransformersEngine(Engine):
             self.batches += 1
             self.batched_rows += len(batch)
 
-    def _sample(self, logits, job: _Job):
+    def _sample(self, logits, job: _Job) -> tuple[int, float]:
+        """(token, its logprob under the distribution it was drawn from)."""
         import torch
 
         r = job.req
         if r.temperature == 0:
-            return int(torch.argmax(logits))
-        scaled = logits / r.temperature
-        if r.top_k and 0 < r.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, r.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if r.top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True)
-            cum = torch.cumsum(sp, dim=-1)
-            drop = cum - sp > r.top_p  # keep the smallest set whose mass reaches top_p
-            sp = sp.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, si, sp)
+            return int(torch.argmax(logits)), 0.0
+        logp = sampling_logprobs(logits, r.temperature, r.top_p, r.top_k)
         if job.generator is None:
             job.generator = torch.Generator()
             if r.seed is not None:
                 job.generator.manual_seed(r.seed)
             else:
                 job.generator.seed()
-        return int(torch.multinomial(probs, 1, generator=job.generator))
+        tok = int(torch.multinomial(logp.exp(), 1, generator=job.generator))
+        return tok, float(logp[tok])
 
     def _prefill(self, model, jobs: list[_Job]):
         """Left-padded forward pass over new prompts: (cache, mask, last positions, logits)."""
@@ -212,14 +229,13 @@ class TransformersEngine(Engine):
             counts = [0] * len(rows)
             growable = _layers(past) is not None
             while True:
-                logp = torch.log_softmax(logits, dim=-1)
                 nxt, keep = [], []
                 for i, j in enumerate(rows):
                     if j.gen.cancelled:
                         j.gen.put("end", None)
                         continue
-                    tok = self._sample(logits[i], j)
-                    j.gen.put("tokens", [(tok, float(logp[i, tok]))])
+                    tok, lp = self._sample(logits[i], j)
+                    j.gen.put("tokens", [(tok, lp)])
                     counts[i] += 1
                     if tok in j.req.stop_ids or counts[i] >= j.req.max_tokens:
                         j.gen.put("end", "stop" if tok in j.req.stop_ids else "length")

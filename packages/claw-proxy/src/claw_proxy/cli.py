@@ -105,6 +105,15 @@ def main() -> None:
     show_default=True,
     help="vllm engines: /collective_rpc method that loads a new policy's weights",
 )
+@click.option(
+    "--sampling",
+    type=click.Choice(["force", "honor"]),
+    default="force",
+    show_default=True,
+    help="force: sample every call at temperature 1, top_p 1, no top_k (on-policy for the "
+    "learner); honor: use each request's temperature / top_p / top_k. Either way the records "
+    "hold the settings used and the logprobs of the distribution sampled from",
+)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(
     engine,
@@ -130,6 +139,7 @@ def serve(
     max_batch,
     batch_wait,
     vllm_reload_method,
+    sampling,
     log_level,
 ):
     """Serve the OpenAI and Anthropic APIs on a policy engine, recording every call.
@@ -168,6 +178,7 @@ def serve(
             max_batch=max_batch,
             batch_wait=batch_wait,
             vllm_reload_method=vllm_reload_method,
+            sampling=sampling,
         )
         click.echo(f"claw-proxy: serving {engine} on http://{host}:{port}", err=True)
         run(config, host=host, port=port, log_level=log_level)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from claw_proxy.errors import ConfigError
 
 ENGINE_KINDS = ("transformers", "vllm", "scripted", "passthrough")
+SAMPLING_POLICIES = ("force", "honor")
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's threshold too)
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -51,8 +55,9 @@ class ProxyConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_tokens_cap: int = 4096  # upper bound on any request's max tokens
     default_max_tokens: int = 1024  # when a request does not say
-    max_temperature: float = 2.0
-    default_temperature: float = 1.0
+    sampling: str = "force"  # force: T 1, top_p 1, no top_k for every call; honor: the request's
+    max_temperature: float = 2.0  # honor: cap on a request's temperature
+    default_temperature: float = 1.0  # honor: when a request does not say
     session_concurrency: int = 8  # requests in flight per session; more get 429
     request_timeout: float = 600.0  # seconds for one generation
     record_max_bytes: int | None = None  # shard the records by size
@@ -79,7 +84,37 @@ class ProxyConfig:
             raise ConfigError("max token limits must be >= 1")
         if self.session_concurrency < 1:
             raise ConfigError("session_concurrency must be >= 1")
+        if self.sampling not in SAMPLING_POLICIES:
+            raise ConfigError(f"sampling must be one of {SAMPLING_POLICIES}, got {self.sampling!r}")
+        for name in ("max_temperature", "default_temperature"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         from claw_proxy.toolparse import PARSERS
 
         if self.parser not in PARSERS:
             raise ConfigError(f"unknown tool-call parser {self.parser!r}; known: {sorted(PARSERS)}")
+
+
+def resolve_sampling(config: ProxyConfig, asked) -> tuple[float, float, int, bool]:
+    """(temperature, top_p, top_k, forced) a call samples with, from the request's `asked`
+    settings (`messages.Sampling`, None = not given) under the proxy's sampling policy.
+
+    ``force``: temperature 1, top_p 1, top_k 0 (off) whatever was asked; `forced` is true when
+    the request asked for anything else. ``honor``: the request's settings, the temperature
+    defaulted and capped by the config. A temperature below `GREEDY_BELOW` is greedy: 0.0, with
+    top_p 1 and top_k 0.
+    """
+    if config.sampling == "force":
+        forced = (
+            asked.temperature not in (None, 1.0)
+            or asked.top_p not in (None, 1.0)
+            or asked.top_k not in (None, 0)
+        )
+        return 1.0, 1.0, 0, forced
+    t = config.default_temperature if asked.temperature is None else asked.temperature
+    t = min(t, config.max_temperature)
+    if t < GREEDY_BELOW:
+        return 0.0, 1.0, 0, False  # greedy: top_p / top_k change nothing (vLLM resets them too)
+    top_p = 1.0 if asked.top_p is None else asked.top_p
+    return float(t), float(top_p), asked.top_k or 0, False

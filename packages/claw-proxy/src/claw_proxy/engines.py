@@ -1,8 +1,10 @@
 """Inference engines behind the proxy: one token-in/token-out interface.
 
 An engine continues a list of prompt token ids and reports each sampled id with its logprob
-(the raw log-softmax of the model's logits at temperature 1, whatever temperature was used
-to sample; the sampling parameters are recorded next to them). Specs:
+under the distribution it was sampled from: ``log_softmax(logits / T)``, restricted to the
+top_k tokens, then to the top_p nucleus of what is left, and renormalised (vLLM's order);
+0.0 for a greedy token (T = 0: the distribution is a point mass). The settings are recorded
+next to them (`records.sampling_record`). Specs:
 
 - ``transformers:DIR``  in-process HF model, batched (see `_transformers.py`)
 - ``vllm:URL``          a vLLM OpenAI server; prompt ids to ``/v1/completions``
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 
 import attrs
@@ -32,6 +35,7 @@ class GenRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    forced: bool = False  # --sampling force overrode what the request asked for
     seed: int | None = None
     stop_ids: tuple[int, ...] = ()
     turn: int = 0  # assistant messages already in the conversation (for scripted engines)
@@ -94,6 +98,10 @@ class Engine:
 
     def generate(self, req: GenRequest) -> Generation:
         raise NotImplementedError
+
+    async def preflight(self) -> None:
+        """Checks worth failing a start for (`claw-proxy serve` runs them before serving)."""
+        return None
 
     async def load_policy(self, policy: Policy) -> None:
         raise EngineError(f"engine {self.spec} cannot load new weights", status=501)
@@ -168,9 +176,29 @@ class ScriptedEngine(Engine):
         return gen
 
 
+# what vLLM's `--logprobs-mode` must be for its logprobs to be those of the sampled distribution
+LOGPROBS_MODE_NEEDED = {
+    "force": ("raw_logprobs", "processed_logprobs"),
+    "honor": ("processed_logprobs",),
+}
+
+
 class VLLMEngine(Engine):
     """A vLLM OpenAI-compatible server, driven token-in/token-out through `/v1/completions`
-    (streamed: each chunk's `token_ids` and `logprobs.token_logprobs` go on as they come)."""
+    (streamed: each chunk's `token_ids` and `logprobs.token_logprobs` go on as they come).
+
+    Every setting that shapes the sampled distribution is sent explicitly (temperature, top_p,
+    top_k, and min_p 0, no penalties), so the model's `generation_config.json` defaults, which
+    vLLM applies to settings a request leaves out, never change what is sampled behind the
+    record's back. vLLM reports the logprob of a sampled token according to its server-wide
+    ``--logprobs-mode``: ``raw_logprobs`` (the default) is the log-softmax of the unscaled,
+    untruncated logits, which is the sampled distribution only at temperature 1 with no
+    top_p / top_k, so it is right under ``--sampling force``; ``processed_logprobs`` is taken
+    after temperature and top_k / top_p (renormalised), right under ``--sampling honor``.
+    Before its first request the engine reads the mode from vLLM's ``/server_info`` (a route
+    of ``VLLM_SERVER_DEV_MODE=1``, which weight reloads need anyway) and refuses to serve when
+    it does not fit `sampling`; under ``honor`` a mode it cannot read is refused too.
+    """
 
     def __init__(
         self,
@@ -179,12 +207,17 @@ class VLLMEngine(Engine):
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 600.0,
         reload_method: str = "reload_weights",
+        sampling: str = "force",
     ) -> None:
         super().__init__()
         self.url = url.rstrip("/")
         self.spec = f"vllm:{self.url}"
         self.reload_method = reload_method
+        self.sampling = sampling
+        self.logprobs_mode: str | None = None  # vLLM's --logprobs-mode, once checked
+        self._mode_checked = False
         self.policy = {"name": policy_name, "version": 0}
+        self._transport = transport
         self._client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
         self._model: str | None = None
         self._lora: str | None = None
@@ -203,6 +236,53 @@ class VLLMEngine(Engine):
                 raise EngineError(f"vLLM at {self.url} did not list its model: {e}") from e
         return self._lora or self._model
 
+    async def _read_logprobs_mode(self, client: httpx.AsyncClient) -> str | None:
+        """vLLM's --logprobs-mode from /server_info, or None when vLLM does not say."""
+        try:
+            r = await client.get("/server_info", params={"config_format": "json"})
+        except httpx.HTTPError as e:
+            raise EngineError(f"vLLM at {self.url} is not reachable: {e}") from e
+        if r.status_code != 200:
+            return None
+        try:
+            mode = r.json()["vllm_config"]["model_config"]["logprobs_mode"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return mode if isinstance(mode, str) else None
+
+    def _check_mode(self, mode: str | None) -> None:
+        need = LOGPROBS_MODE_NEEDED[self.sampling]
+        if mode in need or (mode is None and self.sampling == "force"):
+            self.logprobs_mode, self._mode_checked = mode, True
+            return
+        told = (
+            f"it runs with --logprobs-mode {mode}"
+            if mode
+            else "its logprobs mode cannot be read (no /server_info: start it with "
+            "VLLM_SERVER_DEV_MODE=1)"
+        )
+        raise EngineError(
+            f"vLLM at {self.url} cannot serve --sampling {self.sampling}: {told}. The records need "
+            "the logprobs of the distribution each token was sampled from; start vLLM with "
+            f"--logprobs-mode {need[-1]}"
+            + ("" if self.sampling == "force" else ", or run the proxy with --sampling force"),
+            status=500,
+        )
+
+    async def preflight(self) -> None:
+        """Check vLLM's logprobs mode now (an unreachable vLLM is checked at the first request)."""
+        async with httpx.AsyncClient(
+            base_url=self.url, transport=self._transport, timeout=30.0
+        ) as client:
+            try:
+                mode = await self._read_logprobs_mode(client)
+            except EngineError:
+                return
+        try:
+            self._check_mode(mode)
+        except EngineError as e:
+            raise ConfigError(str(e)) from None
+
     def generate(self, req: GenRequest) -> Generation:
         gen = Generation()
         gen.task = asyncio.ensure_future(self._run(req, gen))
@@ -212,6 +292,8 @@ class VLLMEngine(Engine):
         await self._idle.wait()  # a reload in progress: this request goes out on the new weights
         self._in_flight += 1
         try:
+            if not self._mode_checked:
+                self._check_mode(await self._read_logprobs_mode(self._client))
             model = await self._served_model()
             policy = dict(self.policy)
             body = {
@@ -220,6 +302,11 @@ class VLLMEngine(Engine):
                 "max_tokens": req.max_tokens,
                 "temperature": req.temperature,
                 "top_p": req.top_p,
+                "top_k": req.top_k,
+                "min_p": 0.0,
+                "repetition_penalty": 1.0,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
                 "logprobs": 1,
                 "return_token_ids": True,
                 "skip_special_tokens": False,
@@ -229,8 +316,7 @@ class VLLMEngine(Engine):
             }
             if req.seed is not None:
                 body["seed"] = req.seed
-            if req.top_k:
-                body["top_k"] = req.top_k
+            greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
             finish = None
             async with self._client.stream("POST", "/v1/completions", json=body) as r:
@@ -251,7 +337,10 @@ class VLLMEngine(Engine):
                         if ids:
                             gen.put_nowait(
                                 "tokens",
-                                [(int(i), float(lp)) for i, lp in zip(ids, lps, strict=True)],
+                                [
+                                    (int(i), 0.0 if greedy else _logprob(lp))
+                                    for i, lp in zip(ids, lps, strict=True)
+                                ],
                             )
                         finish = choice.get("finish_reason") or finish
             gen.put_nowait("end", finish)
@@ -327,6 +416,13 @@ class VLLMEngine(Engine):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _logprob(value) -> float:
+    lp = float(value)
+    if not math.isfinite(lp):  # vLLM reported a token outside the distribution it sampled from
+        raise EngineError(f"vLLM returned the logprob {value!r} for a sampled token")
+    return lp
 
 
 class PassthroughEngine(Engine):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 
 import attrs
@@ -206,12 +207,14 @@ def sampling_from(
             max_tokens = v
             break
     temperature = optional(body, "temperature", float)
-    if temperature is not None and temperature < 0:
-        raise RequestError("must be >= 0", "temperature")
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise RequestError(f"must be a finite number >= 0, got {temperature!r}", "temperature")
     top_p = optional(body, "top_p", float)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise RequestError("must be in (0, 1]", "top_p")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise RequestError(f"must be a finite number in (0, 1], got {top_p!r}", "top_p")
     top_k = optional(body, "top_k", int)
+    if top_k is not None and top_k < -1:
+        raise RequestError(f"must be >= 0 (0 or -1: off), got {top_k}", "top_k")
     stop: tuple[str, ...] = ()
     if stop_field and body.get(stop_field) is not None:
         raw = body[stop_field]
@@ -223,7 +226,7 @@ def sampling_from(
     return Sampling(
         temperature=None if temperature is None else float(temperature),
         top_p=None if top_p is None else float(top_p),
-        top_k=top_k,
+        top_k=None if top_k is None else max(top_k, 0),
         max_tokens=max_tokens,
         seed=optional(body, "seed", int),
         stop=tuple(s for s in stop if s),

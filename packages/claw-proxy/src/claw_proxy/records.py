@@ -10,6 +10,7 @@ shard by size: ``calls.jsonl``, then ``calls.00001.jsonl``, ``calls.00002.jsonl`
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -52,6 +53,40 @@ def _field(d: dict, name: str, types, where: str, required: bool = True):
 
 def _as_tuple(t):
     return t if isinstance(t, tuple) else (t,)
+
+
+def sampling_record(
+    temperature: float, top_p: float, top_k: int, forced: bool, **extra
+) -> dict:
+    """The `sampling` object of a `claw.call/v1` (its one shape, for every engine):
+    ``{temperature, top_p, top_k, forced}`` the engine sampled with, then `extra` (max_tokens,
+    seed). A value that is not a finite number in range raises `RecordError` (a NaN must never
+    reach a record)."""
+    d = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "forced": forced, **extra}
+    _check_sampling(d, "sampling")
+    if top_k < 0:
+        raise RecordError(f"sampling: field 'sampling.top_k' must be >= 0 (0: off), got {top_k}")
+    d["temperature"], d["top_p"] = float(temperature), float(top_p)
+    return d
+
+
+def _check_sampling(d: dict, where: str) -> None:
+    for name, ok, want in (
+        ("temperature", lambda v: v >= 0, "a finite number >= 0"),
+        ("top_p", lambda v: 0 < v <= 1, "a finite number in (0, 1]"),
+    ):
+        if name in d:
+            v = d[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                math.isfinite(v) and ok(v)
+            ):
+                raise RecordError(f"{where}: field 'sampling.{name}' must be {want}, got {v!r}")
+    if "top_k" in d and (
+        isinstance(d["top_k"], bool) or not isinstance(d["top_k"], int) or d["top_k"] < -1
+    ):  # -1 (off) only in records of older proxies that copied it from a request
+        raise RecordError(f"{where}: field 'sampling.top_k' must be an integer >= 0 (0: off)")
+    if "forced" in d and not isinstance(d["forced"], bool):
+        raise RecordError(f"{where}: field 'sampling.forced' must be a boolean")
 
 
 @attrs.frozen(kw_only=True)
@@ -148,7 +183,7 @@ class Call:
             completion_logprobs=lps,
             prefix=d.get("prefix", {}),
             finish_reason=finish,
-            sampling=d.get("sampling", {}),
+            sampling=_sampling_field(d, where),
             usage=d.get("usage", {}),
             started_at=_field(d, "started_at", (int, float), where),
             ended_at=_field(d, "ended_at", (int, float), where),
@@ -156,6 +191,14 @@ class Call:
             request=d.get("request"),
             response=d.get("response"),
         )
+
+    @property
+    def sampled_with(self) -> tuple[float, float, int]:
+        """(temperature, top_p, top_k) the completion was sampled with; a record without
+        `sampling` (older proxies) means (1.0, 1.0, 0)."""
+        s = self.sampling
+        t, p, k = s.get("temperature", 1.0), s.get("top_p", 1.0), s.get("top_k", 0)
+        return float(t), float(p), max(int(k), 0)
 
     def to_dict(self) -> dict:
         d = {"schema": CALL_SCHEMA}
@@ -165,6 +208,14 @@ class Call:
                 continue
             d[f.name] = v
         return d
+
+
+def _sampling_field(d: dict, where: str) -> dict:
+    s = d.get("sampling", {})
+    if not isinstance(s, dict):
+        raise RecordError(f"{where}: field 'sampling' has the wrong type ({type(s).__name__})")
+    _check_sampling(s, where)
+    return s
 
 
 def shard_path(path: Path, index: int) -> Path:

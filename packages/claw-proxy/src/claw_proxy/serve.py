@@ -16,8 +16,13 @@ from claw_proxy.server import Proxy
 def serve(
     config: ProxyConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning"
 ) -> None:
-    """Serve until interrupted (uvicorn, one process)."""
+    """Serve until interrupted (uvicorn, one process). The engines' preflight checks run first
+    (e.g. a vLLM whose logprobs mode does not fit `--sampling` stops the start)."""
+    import asyncio
+
     proxy = Proxy(config)
+    for engine in proxy.engines.values():
+        asyncio.run(engine.preflight())
     uvicorn.run(proxy.app, host=host, port=port, log_level=log_level, access_log=False)
 
 

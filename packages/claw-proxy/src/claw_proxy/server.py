@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy._call import ClosingStream, Run, extra, iterate
-from claw_proxy.config import ProxyConfig, split_spec
+from claw_proxy.config import ProxyConfig, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
 from claw_proxy.errors import (
     AuthError,
@@ -114,6 +114,7 @@ class Proxy:
                 policy_name=c.policy_name,
                 transport=self._transport,
                 reload_method=c.vllm_reload_method,
+                sampling=c.sampling,
             )
             engine.tokenizer_dir = c.tokenizer
         else:
@@ -193,17 +194,14 @@ class Proxy:
                     "messages",
                 )
             max_tokens = min(max_tokens, max_context - len(prompt_ids))
-        temperature = (
-            c.default_temperature
-            if s.temperature is None
-            else min(s.temperature, c.max_temperature)
-        )
+        temperature, top_p, top_k, forced = resolve_sampling(c, s)  # --sampling force|honor
         return GenRequest(
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             temperature=temperature,
-            top_p=1.0 if s.top_p is None else s.top_p,
-            top_k=s.top_k or 0,
+            top_p=top_p,
+            top_k=top_k,
+            forced=forced,
             seed=s.seed,
             stop_ids=tuple(stop_ids),
             model=req.model,
