@@ -330,6 +330,14 @@ def test_passthrough_forwards_and_records_text_only(make_server, clients):
         and a.response["choices"][0]["message"]["content"] == "real answer"
     )
     assert a.request["messages"][0]["content"] == "hi" and "real " in b.response["sse"]
+    # the sampling recorded is what was sent upstream, unchanged by --sampling force (the default)
+    assert a.sampling == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": False, "seed": None}
+    client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=0.3, top_p=0.5
+    )
+    assert (seen[-1][1]["temperature"], seen[-1][1]["top_p"]) == (0.3, 0.5)
+    c = list(read_calls(srv.config.record))[-1]
+    assert (c.sampling["temperature"], c.sampling["top_p"], c.sampling["forced"]) == (0.3, 0.5, False)
     assert all(
         token("p1") not in json.dumps(h) for h, _ in seen
     )  # the session token is never forwarded
