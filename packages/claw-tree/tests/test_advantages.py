@@ -170,6 +170,17 @@ def test_long_chain_does_not_overflow():
     assert np.allclose(A, 0.95 ** np.arange(n - 1, -1, -1))
 
 
+def test_default_lambda_lets_a_terminal_reward_reach_the_first_token():
+    """Defaults (gamma = lam = 1), V = 0, reward 1 at the end of a 1,000-token chain after a
+    prompt: every token's advantage is 1 (with lam = 0.95 the first would get 0.95^999)."""
+    n_prompt, n = 5, 1005
+    trainable = np.r_[np.zeros(n_prompt, dtype=bool), np.ones(n - n_prompt, dtype=bool)]
+    A, R = gae_on_tree(np.arange(n) - 1, trainable, np.zeros(n), np.r_[np.zeros(n - 1), 1.0])
+    assert np.allclose(A[trainable], 1.0) and np.allclose(R[trainable], 1.0)
+    A95, _ = gae_on_tree(np.arange(n) - 1, trainable, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.95)
+    assert A95[n_prompt] == pytest.approx(0.95**999) and A95[n_prompt] < 1e-20
+
+
 def test_bad_parent_array_is_rejected():
     """A parent that does not precede its child is a clear error."""
     with pytest.raises(ClawError, match="earlier node"):

@@ -1,6 +1,7 @@
 """Every command of the CLI answers --help; --version prints the package version."""
 
 import click
+import pytest
 from claw_tree import __version__
 from claw_tree.cli import main
 from click.testing import CliRunner
@@ -92,7 +93,7 @@ def test_samples_command_writes_valid_lines_and_reports_exclusions(tmp_path):
                                        "--path-weighting", "path"])
     assert [json.loads(x)["sessions"] for x in packed.stdout.splitlines()] == [["a", "b"]]
     assert "excluded c: status infra_error" in result.stderr
-    assert sum(sum(r["loss_weights"]) for r in rows) > 0
+    assert sum(sum(r["loss_weights"]) for r in rows) == pytest.approx(1.0)  # one batch's weights sum to 1
 
 
 def test_ppo_two_step_flow_with_values_file(tmp_path):

@@ -62,10 +62,11 @@ def _packed_loss(samples, loss):
 
 
 @settings(max_examples=120, deadline=None)
-@given(corpora(), st.sampled_from(["rollout", "path"]), st.sampled_from([None, 3, 8, 50]))
+@given(corpora(), st.sampled_from(["token", "rollout", "path"]), st.sampled_from([None, 3, 8, 50]))
 def test_packed_loss_equals_flat_per_trajectory_mean(data, weighting, budget):
-    """sum_i w_i l_i over the batch equals the (rollout- or path-) weighted mean over trajectories
-    of each trajectory's mean trainable-token loss, for any token budget."""
+    """sum_i w_i l_i over the batch equals, for any token budget: the mean over rollouts of each
+    rollout's mean over its distinct trainable tokens (token), or the (rollout- or path-)
+    weighted mean over trajectories of each trajectory's mean trainable-token loss."""
     calls, outcomes = data
     flat = _flat_trajectories(calls)
     per_session = {s: [p for p in paths if any(g for _, g in p)] for s, paths in flat.items()}
@@ -81,6 +82,10 @@ def test_packed_loss_equals_flat_per_trajectory_mean(data, weighting, budget):
     n_paths = sum(len(p) for p in per_session.values())
     want = 0.0
     for paths in per_session.values():
+        if weighting == "token":
+            distinct = {k for p in paths for k, g in p if g}
+            want += sum(loss[k] for k in distinct) / len(distinct) / len(per_session)
+            continue
         for p in paths:
             W = 1 / n_paths if weighting == "path" else 1 / (len(per_session) * len(paths))
             trained = [loss[k] for k, g in p if g]
@@ -134,6 +139,38 @@ def test_single_chain_equals_plain_grpo():
     for s in samples:
         assert s["n_paths"] == 1
         assert s["loss_weights"] == pytest.approx([0, 0, 1 / 12, 1 / 12, 0, 1 / 12])
+
+
+def test_token_weighting_gives_every_sampled_token_of_a_rollout_the_same_weight():
+    """A 20-token main path and three 2-token side calls: by default every trainable token weighs
+    1/26 of the rollout's vote (side calls 6/26); split per path they would carry 3/4 of it."""
+    main = [call("s", 0, [1, 2], list(range(10, 30)))]
+    side = [call("s", k, [1, 3, k], [40 + k, 50 + k], call_id=f"side{k}") for k in (1, 2, 3)]
+    forest = build_forest(main + side)
+    by_token = make_samples(forest, [outcome("s", 1.0)])[0]
+    w = [x for x, t in zip(by_token["loss_weights"], by_token["trainable"], strict=True) if t]
+    assert len(w) == 26 and w == pytest.approx([1 / 26] * 26)
+    assert by_token["tags"]["path_weighting"] == "token"
+    by_path = make_samples(forest, [outcome("s", 1.0)], path_weighting="rollout")[0]
+    side_ids = {41, 42, 43, 51, 52, 53}
+    side_w = sum(x for x, i in zip(by_path["loss_weights"], by_path["input_ids"], strict=True) if i in side_ids)
+    assert side_w == pytest.approx(3 / 4)
+
+
+def test_token_weighting_splits_a_shared_token_over_pieces():
+    """A shared trainable token repeated in two budget pieces keeps its total weight 1/(R U)."""
+    calls = [call("s", 0, [1], [2, 3]), call("s", 1, [1, 2, 3, 4], [5, 6], call_id="x"),
+             call("s", 2, [1, 2, 3, 7], [8, 9], call_id="y")]
+    whole = make_samples(build_forest(calls), [outcome("s", 1.0)])
+    pieces = make_samples(build_forest(calls), [outcome("s", 1.0)], max_tokens=6)
+    assert len(whole) == 1 and len(pieces) == 2
+    for samples in (whole, pieces):
+        total = {}
+        for smp in samples:
+            for key, w in zip(prefix_keys(smp["input_ids"], smp["parent"]), smp["loss_weights"], strict=True):
+                total[key] = total.get(key, 0.0) + w
+        trained = [w for w in total.values() if w > 0]
+        assert len(trained) == 6 and trained == pytest.approx([1 / 6] * 6)
 
 
 def test_paths_are_accepted_for_calls_and_outcomes(tmp_path):

@@ -153,7 +153,7 @@ def gae_on_tree(
     rewards: np.ndarray,
     *,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimation (Schulman et al. 2016, eq. 16) on a token tree.
 
@@ -172,6 +172,14 @@ def gae_on_tree(
     by a uniform random descent from the node; (2) context tokens are not time steps, so gamma
     discounts per generated token only; rewards on context tokens are credited, undiscounted,
     to the preceding action. On a single chain of actions this is exactly the paper's GAE.
+
+    Defaults gamma = lam = 1 (as verl's PPO does for outcome rewards): an agent's reward arrives
+    once, at the end, and must reach its first token. With V = 0 (a fresh value head) and one
+    terminal reward R after T actions, A_t = (gamma * lam)^(T-1-t) * R: with lam = 0.95 the first
+    token of a 1,000-token path gets 0.95^999 R = 5.6e-23 R, i.e. no credit. With lam = 1, A_t =
+    R - V_t (the Monte Carlo return minus the baseline): unbiased, the critic only reduces
+    variance; lower lam (0.95, Schulman et al.'s choice for dense rewards) trades bias for
+    variance once the critic is good.
     """
     act = np.asarray(trainable, dtype=bool)
     V = np.asarray(values, dtype=np.float64)

@@ -121,14 +121,16 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
 @click.option("--group-by", type=click.Choice(GROUP_BY), default="group", show_default=True,
               help="Group key for GRPO/RLOO: the outcome's group, its task, or task+harness.")
 @click.option("--no-std", is_flag=True, help="GRPO: centre only, do not divide by the group std.")
-@click.option("--path-weighting", type=click.Choice(PATH_WEIGHTING), default="rollout", show_default=True,
-              help="rollout: each rollout counts once, its paths share the vote; path: plain mean over paths.")
+@click.option("--path-weighting", type=click.Choice(PATH_WEIGHTING), default="token", show_default=True,
+              help="token: each rollout counts once, spread evenly over its trainable tokens; rollout: each "
+                   "rollout counts once, its paths share the vote equally; path: plain mean over paths.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Pack sessions into samples of at most this many tokens (default: one sample per session).")
 @click.option("--values", "values_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help='PPO: JSONL of {"sample_id": ..., "values": [...]} aligned with the samples of this same command.')
 @click.option("--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token.")
-@click.option("--lam", type=float, default=0.95, show_default=True, help="PPO GAE lambda.")
+@click.option("--lam", type=float, default=1.0, show_default=True,
+              help="PPO GAE lambda (1: a terminal reward reaches every token; see gae_on_tree).")
 @click.option("--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline.")
 @click.option("--id-prefix", default=None, help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).")
 @_SKIP

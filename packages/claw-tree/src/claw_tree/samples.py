@@ -1,19 +1,28 @@
 """Tree-packed training samples (`claw.sample/v1`) with advantages and exact loss weights.
 
-Loss weights. With trajectories p (root-to-leaf paths of the included sessions that hold at
-least one trainable token), n_p trainable tokens on p and path weights W_p summing to 1 over the
-whole batch, the packed weight of a trainable token v is
+Loss weights. With R included rollouts (sessions), trajectories p (root-to-leaf paths of the
+included sessions that hold at least one trainable token) and u_{p,v} >= 0, the share of path p
+in its trainable token v, the packed weight of v is
 
-    w_v = sum_{p containing v} W_p / n_p,
+    w_v = sum_{p containing v} u_{p,v},
 
-so that for any per-token loss l, sum_v w_v l_v = sum_p W_p * mean_{t in p, trainable} l_t:
-the tree-packed loss equals the weighted mean over trajectories of each trajectory's mean token
-loss, exactly, while every shared token is computed once. ``path_weighting`` chooses W_p:
+so that for any per-token loss l, sum_v w_v l_v = sum_p sum_{v in p} u_{p,v} l_v: the loss of
+the flat batch in which every path is its own sequence, exactly, while every shared token is
+computed once. The weights of one batch sum to 1. ``path_weighting`` chooses u:
 
-* ``"rollout"`` (default): W_p = 1 / (R * n_paths(r)). Each included rollout (session) counts
-  once, and its paths share that vote equally — one vote per rollout, however many paths
-  (sub-agents, compactions, side calls) it has. With one path per rollout it is the plain mean.
-* ``"path"``: W_p = 1 / P, the plain mean over all trajectories.
+* ``"token"`` (default): u_{p,v} = 1 / (R * U_r * c_v), U_r = trainable tokens of rollout r,
+  c_v = its paths through v. Each rollout's vote 1/R is spread evenly over the tokens its policy
+  sampled: w_v = 1 / (R * U_r), every trainable token of a rollout weighs the same. Within a
+  rollout this is DAPO's token-level loss (Yu et al. 2025, sec. 3.3: every token counts, so a
+  long trajectory is not diluted per token), across rollouts one vote each (GRPO, Shao et al.
+  2024). Why: a harness's rollout is one main conversation plus side calls (titles, token
+  counts, sub-agents, compactions); splitting the vote per path gives three 10-token side calls
+  75 % of the rollout's weight against a 2,000-token main path, and a one-token retokenization
+  branch can move a turn from 1/7 to 1/2 of the vote. Per token, the work the policy did counts.
+* ``"rollout"``: u_{p,v} = W_p / n_p with W_p = 1 / (R * n_paths(r)), n_p = trainable tokens of
+  p: each rollout counts once and its paths share that vote equally, each path a mean over its
+  tokens (GRPO's per-sequence mean applied per path).
+* ``"path"``: W_p = 1 / P, the plain mean over all trajectories of their mean token loss.
 
 Rollouts whose outcome is not ``ok`` (``infra_error``, ``not_scorable``), sessions without an
 outcome and sessions without trainable tokens are left out and reported in
@@ -46,7 +55,7 @@ log = logging.getLogger("claw_tree")
 
 ALGOS = ("grpo", "ppo", "rloo", "reinforce")
 GROUP_BY = ("group", "task", "task+harness")
-PATH_WEIGHTING = ("rollout", "path")
+PATH_WEIGHTING = ("token", "rollout", "path")
 
 
 @attrs.frozen(kw_only=True)
@@ -151,11 +160,11 @@ def build_samples(
     algo: str = "grpo",
     group_by: str = "group",
     scale_by_std: bool = True,
-    path_weighting: str = "rollout",
+    path_weighting: str = "token",
     max_tokens: int | None = None,
     values: Mapping[str, Any] | Iterable[dict] | None = None,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float = 1.0,
     baseline: float = 0.0,
     id_prefix: str | None = None,
 ) -> SampleBatch:
@@ -219,11 +228,26 @@ def build_samples(
             continue
         included.append((tree, paths, counts))
     n_total_paths = sum(len(p) for _, p, _ in included)
-    coef: dict[int, float] = {}  # trajectory index -> W_p / n_p
-    for _, paths, counts in included:
+    coef: dict[int, float] = {}  # trajectory index -> u_{p,v} (times node_scale[v])
+    node_scale = np.ones(forest.n_nodes)
+    if path_weighting == "token":  # 1 / c_v, c_v = included paths through v
+        through = np.zeros(forest.n_nodes + 1)
+        for _, paths, _ in included:
+            for path in paths:
+                for a, b in path.segments:
+                    through[a] += 1.0
+                    through[b] -= 1.0
+        through = np.cumsum(through)[:-1]
+        node_scale = np.divide(1.0, through, out=np.zeros(forest.n_nodes), where=through > 0)
+    for tree, paths, counts in included:
+        n_trainable = int(forest.trainable[tree.start:tree.stop].sum())
         for path, n_p in zip(paths, counts, strict=True):
-            w = 1.0 / n_total_paths if path_weighting == "path" else 1.0 / (len(included) * len(paths))
-            coef[path.index] = w / n_p
+            if path_weighting == "token":
+                coef[path.index] = 1.0 / (len(included) * n_trainable)
+            elif path_weighting == "path":
+                coef[path.index] = 1.0 / (n_total_paths * n_p)
+            else:
+                coef[path.index] = 1.0 / (len(included) * len(paths) * n_p)
 
     # Plan: pieces (node ids + paths) -> samples (lists of pieces).
     plans: list[list[tuple[Any, np.ndarray, list[Trajectory]]]] = []
@@ -275,7 +299,7 @@ def build_samples(
         loc = np.searchsorted(nodes, np.array(starts))
         np.add.at(diff, loc, cs_)
         np.add.at(diff, loc + np.array(lens), np.negative(cs_))
-        weights = np.where(trainable, np.cumsum(diff)[:n], 0.0)
+        weights = np.where(trainable, np.cumsum(diff)[:n] * node_scale[nodes], 0.0)
         session_index = np.concatenate([np.full(len(nd), k) for k, (_, nd, _) in enumerate(plan)])
         if algo == "ppo":
             advantages, returns = tok_adv[nodes], tok_ret[nodes]
@@ -369,7 +393,7 @@ def sample_rewards(sample: dict) -> np.ndarray:
 
 
 def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterable[dict], *,
-                    gamma: float = 1.0, lam: float = 0.95) -> list[dict]:
+                    gamma: float = 1.0, lam: float = 1.0) -> list[dict]:
     """Fill ``advantages`` and ``returns`` of PPO samples from per-token critic values.
 
     Works on each sample's own tree (``parent``, ``trainable``, ``rewards``); a session split
