@@ -32,7 +32,7 @@ def test_collect_skips_links_outside_and_matches_globs(tmp_path):
     build_workspace(ws, {"out/a.txt": "A", "out/sub/b.txt": "B", "c.log": "C"}, None, "job")
     (ws / "out" / "leak.txt").symlink_to(secret)
     got = collect(ws, ["out/**/*.txt", "*.log"])
-    assert got == {"out/a.txt": "A", "out/sub/b.txt": "B", "c.log": "C"}
+    assert got == ({"out/a.txt": "A", "out/sub/b.txt": "B", "c.log": "C"}, None)
 
 
 def test_copy_from_directory_and_tarball(tmp_path):
@@ -113,4 +113,4 @@ def test_collect_glob_matching_directories_returns_only_files(tmp_path):
     (tmp_path / "out" / "deep").mkdir(parents=True)
     (tmp_path / "out" / "deep" / "a.txt").write_text("a")
     (tmp_path / "top.txt").write_text("t")
-    assert collect(tmp_path, ["**"]) == {"out/deep/a.txt": "a", "top.txt": "t"}
+    assert collect(tmp_path, ["**"]) == ({"out/deep/a.txt": "a", "top.txt": "t"}, None)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -11,7 +13,8 @@ from pathlib import Path
 from claw_sandbox.backends.base import Backend, Sandbox
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Job, Run, VerifyResult
-from claw_sandbox.workspace import collect, parse_reward, read_inside
+from claw_sandbox import _fsat
+from claw_sandbox.workspace import collect, parse_reward, read_file
 
 
 def jobdir_for(root: Path, job_id: str) -> Path:
@@ -45,7 +48,7 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
         await sandbox.start()
         fields, out, err = await _steps(job, sandbox)
         if job.collect:
-            collected = await asyncio.to_thread(collect, sandbox.workspace, job.collect)
+            collected = await _collect(job, sandbox)
     except JobError as exc:
         fields["error"] = str(exc)
     except BaseException:
@@ -62,6 +65,23 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
         collected=collected, backend=backend.name, meta=dict(job.meta), **fields,
     )  # fmt: skip
     return run, str(sandbox.jobdir) if keep else None
+
+
+async def _collect(job: Job, sandbox: Sandbox) -> dict[str, str]:
+    """Collect in a thread; on cancellation (SIGTERM, Ctrl-C) tell the thread to stop, so the
+    interpreter's exit does not wait for a long walk."""
+    stop = threading.Event()
+    try:
+        collected, note = await asyncio.to_thread(
+            collect, sandbox.workspace, job.collect, max_files=job.limits.collect_files,
+            max_bytes=job.limits.collect_bytes, stop=stop,
+        )  # fmt: skip
+    except BaseException:
+        stop.set()
+        raise
+    if note:
+        sandbox.notes.append(note)
+    return collected
 
 
 async def _teardown(sandbox: Sandbox, started: bool, keep: bool) -> None:
@@ -109,12 +129,21 @@ async def _verify(job: Job, sandbox: Sandbox) -> VerifyResult:
     passed = r.exit_code == 0 and not r.timed_out
     reward, details = (1.0 if passed else 0.0), {}
     if job.verify.reward_file:
-        data = read_inside(sandbox.workspace, job.verify.reward_file)
+        rel = job.verify.reward_file
+        try:  # no link is followed: a job-planted `reward -> /host/secret` is not read
+            data: bytes | None = read_file(sandbox.workspace, rel)
+        except FileNotFoundError:
+            data = None  # no reward file: the reward is the verify step's pass/fail
+        except _fsat.NotRegularFile:
+            data, reward, details = None, 0.0, {"reward_file_error": f"{rel}: not a regular file"}
+        except OSError as exc:
+            why = "a symlink on its path" if exc.errno == errno.ELOOP else exc.strerror
+            data, reward, details = None, 0.0, {"reward_file_error": f"{rel}: not read ({why})"}
         if data is not None:
             try:
                 reward, details = parse_reward(data.decode("utf-8", errors="replace"))
             except ValueError as exc:
-                reward, details = 0.0, {"reward_file_error": f"{job.verify.reward_file}: {exc}"}
+                reward, details = 0.0, {"reward_file_error": f"{rel}: {exc}"}
     return VerifyResult(
         exit_code=r.exit_code, passed=passed, reward=reward, details=details, output=r.stdout,
         timed_out=r.timed_out,

@@ -22,6 +22,8 @@ STATUSES = ("ok", "timeout", "error", "infra_error")
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_VERIFY_TIMEOUT_S = 300.0
 DEFAULT_OUTPUT_BYTES = 65536
+DEFAULT_COLLECT_FILES = 1000  # files one job's `collect` returns, at most
+DEFAULT_COLLECT_BYTES = 8 << 20  # bytes one job's `collect` returns in all, at most
 
 Command = str | tuple[str, ...]
 
@@ -82,10 +84,14 @@ class Limits:
     pids: int | None = None
     cpus: float | None = None
     output_bytes: int = DEFAULT_OUTPUT_BYTES
+    collect_files: int = DEFAULT_COLLECT_FILES
+    collect_bytes: int = DEFAULT_COLLECT_BYTES
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Limits:
-        unknown = set(d) - {"memory_mb", "pids", "cpus", "output_bytes"}
+        unknown = set(d) - {
+            "memory_mb", "pids", "cpus", "output_bytes", "collect_files", "collect_bytes"
+        }  # fmt: skip
         if unknown:
             raise _fail(where, "limits", f"unknown field(s) {sorted(unknown)}")
         out = {}
@@ -94,10 +100,12 @@ class Limits:
             ("pids", int),
             ("cpus", (int, float)),
             ("output_bytes", int),
+            ("collect_files", int),
+            ("collect_bytes", int),
         ):
             v = _get(d, key, typ, where, f"limits/{key}")
             if v is not None:
-                if v < (0 if key == "output_bytes" else 1e-9):
+                if v < (0 if key in ("output_bytes", "collect_files", "collect_bytes") else 1e-9):
                     raise _fail(where, f"limits/{key}", f"must be positive, got {v}")
                 out[key] = float(v) if key == "cpus" else v
         return cls(**out)

@@ -1,82 +1,152 @@
 """Host-side workspace handling: build it from a job, place hidden verify files, collect results.
 
 Everything here runs as the runner, possibly root, on a directory the sandboxed code could write
-to. So no path is followed through a symlink the job may have planted: writes replace symlinks
-on the way, reads refuse anything that resolves outside the workspace.
+to. So no path is followed through a symlink the job may have planted: every operation walks
+the tree through directory descriptors opened with O_NOFOLLOW (see `_fsat`); writes replace
+links on the way, reads, collect and chown refuse or skip them.
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
+import functools
 import json
 import math
 import os
-import shutil
 import stat
 import tarfile
-from pathlib import Path
+import threading
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 
+from claw_sandbox import _fsat
 from claw_sandbox.errors import JobError
-from claw_sandbox.records import check_relpath
+from claw_sandbox.records import DEFAULT_COLLECT_BYTES, DEFAULT_COLLECT_FILES, check_relpath
 
 COLLECT_FILE_BYTES = 1 << 20  # a collected file is cut to its first MiB
+COLLECT_MAX_ENTRIES = 100_000  # directory entries looked at by one collect, at most
+COLLECT_MAX_DEPTH = 64  # directories deeper than this are not entered by collect
 
 
-def safe_write(root: Path, rel: str, content: str | bytes, where: str = "workspace") -> Path:
-    """Write `rel` under `root`, creating directories, never following a symlink in the way."""
+def _parts(rel: str) -> list[str]:
+    return [p for p in PurePosixPath(rel).parts if p not in ("", ".")]
+
+
+def safe_write(root: Path, rel: str, content: str | bytes, where: str = "workspace") -> None:
+    """Write `rel` under `root`, creating directories, never following a symlink in the way
+    (a link, file or directory standing where a directory or the file goes is replaced)."""
     check_relpath(rel, where, rel)
-    parts = Path(rel).parts
-    cur = root
-    for part in parts[:-1]:
-        cur = cur / part
-        try:
-            st = os.lstat(cur)
-            if not stat.S_ISDIR(st.st_mode):
-                _remove(cur)
-                os.mkdir(cur)
-        except FileNotFoundError:
-            os.mkdir(cur)
-    target = cur / parts[-1]
-    if os.path.lexists(target):
-        _remove(target)
+    parts = _parts(rel)
+    if not parts:
+        raise JobError(f"{where}: {rel!r}: not a file path")
     data = content.encode() if isinstance(content, str) else content
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return target
-
-
-def _remove(path: Path) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+    root_fd = _fsat.open_root(root)
+    try:
+        _fsat.write_file(root_fd, parts, data)
+    finally:
+        os.close(root_fd)
 
 
 def copy_into(src: str, dest: Path, where: str) -> None:
-    """Copy a host directory or a .tar/.tar.gz/.tgz/.tar.xz/.tar.bz2 tarball into `dest`."""
+    """Copy a host directory or a .tar/.tar.gz/.tgz/.tar.xz/.tar.bz2 tarball into `dest`.
+
+    `dest` may hold what a job left: nothing under it is followed through a link (a link where
+    a directory or file of the source goes is replaced by it).
+    """
     path = Path(src)
     if path.is_dir():
-        shutil.copytree(path, dest, symlinks=True, dirs_exist_ok=True)
+        kind = "dir"
     elif path.is_file() and tarfile.is_tarfile(path):
-        with tarfile.open(path) as tar:
-            members = tar.getmembers()
-            for member in members:
-                _check_member(member, where)
-            if hasattr(tarfile, "data_filter"):
-                try:
-                    tar.extractall(dest, filter="data")
-                except tarfile.FilterError as exc:
-                    raise JobError(f"{where}: copy_from: {exc}") from None
-            else:  # Python < 3.11.4: the checks above stand in for the data filter
-                for member in members:
-                    member.mode &= 0o777 if member.isdir() else 0o755
-                    member.uid = member.gid = 0
-                tar.extractall(dest, members=members, numeric_owner=True)
+        kind = "tar"
     elif not path.exists():
         raise JobError(f"{where}: copy_from: {src!r} does not exist")
     else:
         raise JobError(f"{where}: copy_from: {src!r} is neither a directory nor a tarball")
+    os.makedirs(dest, exist_ok=True)
+    root_fd = _fsat.open_root(dest)
+    try:
+        if kind == "dir":
+            _copy_tree(str(path), root_fd, where)
+        else:
+            _extract_tar(path, root_fd, where)
+    finally:
+        os.close(root_fd)
+
+
+def _copy_tree(src: str, dir_fd: int, where: str) -> None:
+    """Like shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True) with copy2's modes and
+    times, writing only through descriptors opened without following links."""
+    with os.scandir(src) as it:
+        entries = list(it)
+    for entry in entries:
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            _fsat.remove_at(dir_fd, entry.name)
+            os.symlink(os.readlink(entry.path), entry.name, dir_fd=dir_fd)
+        elif stat.S_ISDIR(st.st_mode):
+            sub = _fsat.open_subdir(dir_fd, entry.name, create=True)
+            try:
+                _copy_tree(entry.path, sub, where)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(st.st_mode):
+            out = _fsat.create_file(dir_fd, entry.name, stat.S_IMODE(st.st_mode))
+            try:
+                with open(entry.path, "rb") as fin:
+                    while chunk := fin.read(1 << 20):
+                        _write_all(out, chunk)
+                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                os.close(out)
+        else:
+            raise JobError(f"{where}: copy_from: {entry.path!r} is a device, fifo or socket")
+    st = os.stat(src)
+    os.fchmod(dir_fd, stat.S_IMODE(st.st_mode))
+    os.utime(dir_fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _extract_tar(path: Path, root_fd: int, where: str) -> None:
+    """Extract a tarball member by member through descriptors (the `data` filter's rules:
+    no absolute or `..` names, no links out, no devices; modes lose setuid and group/other
+    write bits); a hard link becomes a copy of its target."""
+    try:
+        with tarfile.open(path) as tar:
+            members = tar.getmembers()
+            for member in members:
+                _check_member(member, where)
+            for member in members:
+                parts = _parts(member.name)
+                if not parts:
+                    continue
+                dfd = _fsat.open_dirs(root_fd, parts[:-1], create=True)
+                try:
+                    name = parts[-1]
+                    if member.isdir():
+                        sub = _fsat.open_subdir(dfd, name, create=True)
+                        os.fchmod(sub, (member.mode & 0o755) | 0o700)
+                        os.close(sub)
+                    elif member.issym():
+                        _fsat.remove_at(dfd, name)
+                        os.symlink(member.linkname, name, dir_fd=dfd)
+                    else:
+                        fin = tar.extractfile(member)
+                        out = _fsat.create_file(dfd, name, (member.mode & 0o755) | 0o600)
+                        try:
+                            while fin is not None and (chunk := fin.read(1 << 20)):
+                                _write_all(out, chunk)
+                            os.utime(out, (member.mtime, member.mtime))
+                        finally:
+                            os.close(out)
+                finally:
+                    os.close(dfd)
+    except (tarfile.TarError, KeyError) as exc:
+        raise JobError(f"{where}: copy_from: {path}: {exc}") from None
 
 
 def _check_member(member: tarfile.TarInfo, where: str) -> None:
@@ -106,49 +176,135 @@ def build_workspace(ws: Path, files: dict[str, str], copy_from: str | None, wher
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
     """Give the sandbox user the workspace (no symlink is followed)."""
-    os.lchown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
+    root_fd = _fsat.open_root(root)
+    try:
+        _fsat.chown_tree(root_fd, uid, gid)
+    finally:
+        os.close(root_fd)
 
 
-def _inside(root: Path, path: str) -> bool:
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    return real == real_root or real.startswith(real_root + os.sep)
+def read_file(root: Path, rel: str, limit: int = COLLECT_FILE_BYTES) -> bytes:
+    """The first `limit` bytes of the regular file `rel` under root, no link followed.
+
+    FileNotFoundError when missing; OSError (ELOOP) when a component is a symlink;
+    _fsat.NotRegularFile for a directory, fifo, socket or device.
+    """
+    root_fd = _fsat.open_root(root)
+    try:
+        return _fsat.read_file(root_fd, _parts(rel), limit)[0]
+    finally:
+        os.close(root_fd)
 
 
 def read_inside(root: Path, rel: str, limit: int = COLLECT_FILE_BYTES) -> bytes | None:
-    """Read a regular file under root, or None if missing or resolving outside the workspace."""
-    full = os.path.join(root, rel)
-    if not _inside(root, full):
-        return None
+    """Like :func:`read_file`, but None for anything but a regular file reached without links."""
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return read_file(root, rel, limit)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, fifo, device: not collected
-        os.close(fd)
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
 
 
-def collect(root: Path, globs: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """Files matching the job's globs (relative to the workspace), as UTF-8 text.
+def collect(
+    root: Path,
+    globs: Sequence[str],
+    *,
+    max_files: int = DEFAULT_COLLECT_FILES,
+    max_bytes: int = DEFAULT_COLLECT_BYTES,
+    stop: threading.Event | None = None,
+) -> tuple[dict[str, str], str | None]:
+    """Regular files matching the job's globs (relative to the workspace), as UTF-8 text, and a
+    note saying why collecting stopped early (None when it did not).
 
-    `**` matches across directories. Files resolving outside the workspace (symlinks) are
-    skipped; files over 1 MiB are cut; undecodable bytes become U+FFFD.
+    `**` matches any number of directories, `*` any name, hidden ones included. No symlink is
+    followed or collected, so a link loop costs nothing. Each file is cut to its first MiB and
+    undecodable bytes become U+FFFD. Collecting stops at `max_files` files, at `max_bytes` bytes
+    in all (the file reaching the cap is cut), after COLLECT_MAX_ENTRIES directory entries, and
+    as soon as `stop` is set (the runner is shutting down).
     """
-    out: dict[str, str] = {}
-    for pattern in globs:
-        for rel in sorted(glob.glob(pattern, root_dir=root, recursive=True, include_hidden=True)):
-            if rel in out:
+    patterns = [tuple(_parts(g)) for g in globs]
+    notes: list[str] = []
+    seen = 0
+
+    def descend(parts: tuple[str, ...]) -> bool:
+        if len(parts) > COLLECT_MAX_DEPTH:
+            too_deep = f"collect: directories deeper than {COLLECT_MAX_DEPTH} not searched"
+            if too_deep not in notes:
+                notes.append(too_deep)
+            return False
+        return any(_may_hold(p, parts) for p in patterns)
+
+    found: list[tuple[int, str, tuple[str, ...]]] = []
+    root_fd = _fsat.open_root(root)
+    try:
+        walker = _fsat.walk(root_fd, descend)
+        try:
+            for _, parts, name, kind in walker:
+                if stop is not None and stop.is_set():
+                    return {}, "collect: interrupted (the runner is stopping)"
+                seen += 1
+                if seen > COLLECT_MAX_ENTRIES:
+                    notes.append(
+                        f"collect: stopped searching after {COLLECT_MAX_ENTRIES} directory entries"
+                    )
+                    break
+                if kind != "file":
+                    continue
+                path = (*parts, name)
+                for i, pattern in enumerate(patterns):
+                    if _match(pattern, path):
+                        found.append((i, "/".join(path), path))
+                        break
+        finally:
+            walker.close()
+        found.sort()
+        out: dict[str, str] = {}
+        total = 0
+        for n, (_, rel, path) in enumerate(found):
+            if stop is not None and stop.is_set():
+                return {}, "collect: interrupted (the runner is stopping)"
+            if len(out) >= max_files:
+                notes.append(
+                    f"collect: stopped at limits/collect_files={max_files} "
+                    f"({len(found) - n} more matching files not collected)"
+                )
+                break
+            room = max_bytes - total
+            try:
+                data, more = _fsat.read_file(root_fd, path, min(COLLECT_FILE_BYTES, room))
+            except OSError:  # swapped for a link, removed, not a regular file
                 continue
-            data = read_inside(root, rel)
-            if data is not None:
-                out[rel] = data.decode("utf-8", errors="replace")
-    return out
+            total += len(data)
+            out[rel] = data.decode("utf-8", errors="replace")
+            if more and room <= COLLECT_FILE_BYTES:
+                notes.append(
+                    f"collect: stopped at limits/collect_bytes={max_bytes} ({rel} cut, "
+                    f"{len(found) - n - 1} more matching files not collected)"
+                )
+                break
+    finally:
+        os.close(root_fd)
+    return out, "; ".join(notes) or None
+
+
+@functools.lru_cache(maxsize=4096)
+def _match(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    """Whether a path (components) matches a glob (components; `**` = any number of them)."""
+    if not pattern:
+        return not path
+    if pattern[0] == "**":
+        return any(_match(pattern[1:], path[k:]) for k in range(len(path) + 1))
+    return bool(path) and fnmatch.fnmatchcase(path[0], pattern[0]) and _match(pattern[1:], path[1:])
+
+
+def _may_hold(pattern: tuple[str, ...], dir_parts: tuple[str, ...]) -> bool:
+    """Whether a file under the directory `dir_parts` could match the glob."""
+    if not dir_parts:
+        return bool(pattern)
+    if not pattern:
+        return False
+    if pattern[0] == "**":
+        return True
+    return fnmatch.fnmatchcase(dir_parts[0], pattern[0]) and _may_hold(pattern[1:], dir_parts[1:])
 
 
 def parse_reward(text: str) -> tuple[float, dict]:
