@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from starlette.requests import Request
@@ -10,6 +9,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from claw_proxy import api_anthropic
+from claw_proxy._jsonbody import loads, read_limited
 from claw_proxy.errors import ClawError, NotFoundError, RecordError, RequestError
 from claw_proxy.records import Policy
 
@@ -23,10 +23,7 @@ def _err(e: ClawError) -> JSONResponse:
 
 
 async def _json(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from e
+    body = loads(await read_limited(request, 1 << 20, 60.0))
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
@@ -66,13 +63,13 @@ def routes(proxy) -> list[Route]:
             proxy.authenticate(request)
             body = await proxy._body(request)
             body.setdefault("max_tokens", 1)
-            req = api_anthropic.parse(body)
+            req = await proxy.offload(api_anthropic.parse, body)
             engine = proxy.route(req.model)
             if engine.tokenizer_dir is None:
                 raise RequestError(
                     "token counting is not available for a passthrough model", "model"
                 )
-            n = len(proxy.renderers[engine.tokenizer_dir].render_full(req))
+            n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
             return JSONResponse({"input_tokens": n})
         except ClawError as e:
             from claw_proxy.server import error_response

@@ -57,7 +57,13 @@ def text_of(content, path: str, allowed=("text", "input_text", "output_text")) -
                 f"{kind} content is not supported: this proxy serves a text-only policy", where
             )
         elif kind == "refusal":
-            out.append(part.get("refusal") or "")
+            refusal = part.get("refusal")
+            if refusal is not None and not isinstance(refusal, str):
+                raise RequestError(
+                    f"a refusal part needs a string 'refusal', got {type(refusal).__name__}",
+                    f"{where}.refusal",
+                )
+            out.append(refusal or "")
         else:
             raise RequestError(f"unsupported content part type {kind!r}", where)
     return "".join(out)

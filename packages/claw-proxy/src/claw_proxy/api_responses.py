@@ -53,6 +53,10 @@ def parse_tools(raw) -> tuple[dict, ...]:
         where = f"tools[{i}]"
         check_type(t, dict, where)
         kind = t.get("type")
+        if not isinstance(kind, str):
+            raise RequestError(
+                f"a tool needs a string 'type', got {type(kind).__name__}", f"{where}.type"
+            )
         if kind == "function":
             tools.append(_function(t, where))
         elif (

@@ -74,6 +74,13 @@ class ProxyConfig:
     vllm_reload_method: str = (
         "reload_weights"  # vllm engines: /collective_rpc method for new weights
     )
+    # --- hardening: limits on what one client can make the proxy hold or do
+    max_prompt_tokens: int = 262144  # a longer rendered prompt gets 413
+    prefix_cache_bytes: int = 1 << 30  # prefix-cache budget; cold sessions are evicted past it
+    cpu_workers: int = 4  # threads that parse, render and tokenise off the event loop
+    header_timeout: float = 10.0  # seconds for a connection to send a request's headers
+    body_timeout: float = 60.0  # seconds the body of a request may go without a byte (408)
+    max_connections: int = 1000  # open connections; past it the oldest idle one is closed
 
     def __attrs_post_init__(self) -> None:
         split_spec(self.engine)
@@ -84,6 +91,11 @@ class ProxyConfig:
             raise ConfigError("max token limits must be >= 1")
         if self.session_concurrency < 1:
             raise ConfigError("session_concurrency must be >= 1")
+        for name in ("max_prompt_tokens", "prefix_cache_bytes", "cpu_workers", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if not (self.header_timeout > 0 and self.body_timeout > 0):
+            raise ConfigError("header_timeout and body_timeout must be > 0 seconds")
         if self.sampling not in SAMPLING_POLICIES:
             raise ConfigError(f"sampling must be one of {SAMPLING_POLICIES}, got {self.sampling!r}")
         for name in ("max_temperature", "default_temperature"):

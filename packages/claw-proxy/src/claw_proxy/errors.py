@@ -47,6 +47,8 @@ class LimitError(ClawError):
         self.retry_after = retry_after
         if status == 413:
             self.kind = "request_too_large"
+        elif status == 408:  # a client too slow to send its request
+            self.kind = "invalid_request_error"
 
 
 class EngineError(ClawError):

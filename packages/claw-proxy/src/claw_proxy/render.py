@@ -100,8 +100,11 @@ class Renderer:
 
     def encode(self, text: str) -> list[int]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:  # the Rust tokenizer directly: same ids, less overhead
-            return backend.encode(text, add_special_tokens=False).ids
+        if backend is not None:
+            # the Rust tokenizer directly: same ids, less overhead. `encode_batch` (unlike
+            # `encode`) releases the GIL while it works, so a long prompt tokenised in a worker
+            # thread does not stall the event loop
+            return backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def render_full(self, req: ChatRequest) -> list[int]:

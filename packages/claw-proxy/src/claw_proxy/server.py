@@ -6,10 +6,11 @@ record writer and the session table; `Proxy.app` is the Starlette app that uvico
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
-import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import attrs
@@ -20,6 +21,7 @@ from starlette.routing import Route
 
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy._call import ClosingStream, Run, extra, iterate
+from claw_proxy._jsonbody import loads, read_limited
 from claw_proxy.config import ProxyConfig, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
 from claw_proxy.errors import (
@@ -56,6 +58,7 @@ class Proxy:
         self.renderers: dict[str, Renderer] = {}
         self.caches: dict[str, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
+        self.workers = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="claw-proxy-cpu")
         self.stats = {
             "requests": 0,
             "calls_recorded": 0,
@@ -157,27 +160,14 @@ class Proxy:
 
     # --- the model APIs -------------------------------------------------------------------
 
+    async def offload(self, fn, *args):
+        """Run CPU work (parsing, rendering, tokenising) on the worker threads, so the event
+        loop keeps answering other requests and /healthz meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
+
     async def _body(self, request: Request) -> dict:
-        limit = self.config.max_body_bytes
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > limit:
-            raise LimitError(
-                f"request body of {length} bytes is over the limit of {limit}", status=413
-            )
-        raw = await request.body()
-        if len(raw) > limit:
-            raise LimitError(
-                f"request body of {len(raw)} bytes is over the limit of {limit}", status=413
-            )
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            detail = (
-                f"{e.msg} at line {e.lineno} column {e.colno}"
-                if isinstance(e, json.JSONDecodeError)
-                else str(e)
-            )
-            raise RequestError(f"the request body is not valid JSON: {detail}") from e
+        raw = await read_limited(request, self.config.max_body_bytes, self.config.body_timeout)
+        body = await self.offload(loads, raw) if len(raw) > 65536 else loads(raw)
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
         return body
@@ -218,7 +208,7 @@ class Proxy:
                 from claw_proxy._passthrough import forward
 
                 return await forward(self, api, engine, request, body, session, state)
-            req = api.parse(body)
+            req = await self.offload(api.parse, body)
             if state.in_flight >= self.config.session_concurrency:
                 raise LimitError(
                     f"session {session} already has {state.in_flight} requests in flight "
@@ -236,10 +226,22 @@ class Proxy:
         cache = self.caches[engine.tokenizer_dir]
         renderer = cache.renderer
         started = time.time()
-        rendered = cache.render(session, req)
-        gen_req = self._gen_request(
-            req, rendered.prompt_ids, renderer.eos_ids, getattr(engine, "max_context", None)
-        )
+        state.in_flight += 1  # held from here: renders in the worker pool count too
+        try:
+            rendered = await self.offload(cache.render, session, req)
+            limit = self.config.max_prompt_tokens
+            if len(rendered.prompt_ids) > limit:
+                raise LimitError(
+                    f"the prompt has {len(rendered.prompt_ids)} tokens, over this proxy's limit "
+                    f"of {limit} (--max-prompt-tokens)",
+                    status=413,
+                )
+            gen_req = self._gen_request(
+                req, rendered.prompt_ids, renderer.eos_ids, getattr(engine, "max_context", None)
+            )
+        except BaseException:
+            state.in_flight -= 1
+            raise
         seq, state.seq = state.seq, state.seq + 1
         call_id = f"call-{uuid.uuid4().hex}"
         resp_id = {
@@ -248,7 +250,6 @@ class Proxy:
             "openai.responses": "resp_",
         }[api.NAME]
         resp_id += uuid.uuid4().hex[:24]
-        state.in_flight += 1
         run = Run(
             self,
             api,
@@ -365,6 +366,7 @@ class Proxy:
             await engine.aclose()
         if self.writer:
             self.writer.close()
+        self.workers.shutdown(wait=False, cancel_futures=True)
 
 
 def error_response(api, e: ClawError) -> JSONResponse:
