@@ -154,3 +154,21 @@ def test_ppo_packed_gradient_equals_flat(tiny, correction, weighting):
     cfg = PPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction=correction, epochs=1, minibatches=1)
     worst, _, _ = _compare(PPOLearner, cfg, tiny, weighting, ppo=True)
     assert worst <= TOL, f"ppo x {correction} ({weighting}): max |g_tree - g_flat| = {worst:.3g}"
+
+
+@pytest.mark.parametrize("agg", ["weights", "token_mean"])
+def test_clip_frac_and_approx_kl_are_per_path(tiny, agg):
+    """After the policy moved (second epoch), clip_frac and approx_kl of the packed batch equal
+    the flat per-path batch's: each token counts with its mass in the loss, not once.
+
+    adam_eps = 1 makes the first update ~ lr * g (not lr * sign g), so the 1e-7 gradient
+    differences between the two runs stay 1e-7 in the weights."""
+    cfg = GRPOConfig(lr=3.0, adam_eps=1.0, max_grad_norm=0.0, epochs=2, is_correction="none", loss_agg=agg)
+    a = GRPOLearner(cfg, tiny)
+    samples = _batch(a.model.config.vocab_size, "rollout", ppo=False)
+    _engine_logprobs(a, samples, seed=1)
+    _, m_tree = _grads(a, samples)
+    _, m_flat = _grads(GRPOLearner(cfg, tiny), _flat(samples))
+    assert 0.05 < m_tree["clip_frac"] < 0.95 and m_tree["approx_kl"] > 1e-3  # the policy moved
+    assert m_tree["clip_frac"] == pytest.approx(m_flat["clip_frac"], abs=1e-6)
+    assert m_tree["approx_kl"] == pytest.approx(m_flat["approx_kl"], rel=1e-4)
