@@ -151,6 +151,7 @@ def routes(proxy) -> list[Route]:
                 "policy": proxy.policy_engine.policy,
                 "engines": engines,
                 "records": proxy.writer.written if proxy.writer else 0,
+                "prefix_cache": {d: c.stats() for d, c in proxy.caches.items()},
             }
         )
 

@@ -54,6 +54,11 @@ class _Branch:
     ended_with_eos: bool
     superseded: bool = False  # a later call of the session extends this one
 
+    @property
+    def nbytes(self) -> int:
+        """What this branch holds in memory, near enough (ids, their JSON, the keys)."""
+        return len(self.token_ids) * 8 + len(self.ids_json) + 90 * len(self.keys) + 300
+
 
 class Renderer:
     """Chat template + tokenizer of one HF directory."""
@@ -128,7 +133,12 @@ class Renderer:
 
 
 class PrefixCache:
-    """Per-session memory of earlier calls, to build prompts by prefix reuse."""
+    """Per-session memory of earlier calls, to build prompts by prefix reuse.
+
+    Memory is bounded by `max_bytes`: sessions are kept in least-recently-used order and the
+    coldest are forgotten first when the branches held pass the budget. A forgotten session
+    loses nothing but speed: its next call is rendered in full, exactly as a fresh one would be.
+    """
 
     def __init__(
         self,
@@ -136,13 +146,29 @@ class PrefixCache:
         drift_check_tokens: int = 16384,
         branches_per_session: int = 32,
         max_sessions: int = 10000,
+        max_bytes: int = 1 << 30,
     ) -> None:
         self.renderer = renderer
         self.drift_check_tokens = drift_check_tokens
         self.branches_per_session = branches_per_session
         self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
         self._sessions: OrderedDict[str, list[_Branch]] = OrderedDict()
         self._lock = threading.Lock()
+        self.nbytes = 0  # bytes held by every branch of every session
+        self.evicted_sessions = 0
+
+    def _drop_session(self, session: str) -> None:
+        self.nbytes -= sum(b.nbytes for b in self._sessions.pop(session))
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "bytes": self.nbytes,
+                "max_bytes": self.max_bytes,
+                "sessions": len(self._sessions),
+                "evicted_sessions": self.evicted_sessions,
+            }
 
     def _keys(self, req: ChatRequest) -> list[str]:
         return [req.context_key(), *(m.key() for m in req.messages)]
@@ -157,6 +183,8 @@ class PrefixCache:
         keys = self._keys(req)
         best = None
         with self._lock:
+            if session in self._sessions:
+                self._sessions.move_to_end(session)  # recently used: evicted last
             for b in self._sessions.get(session, ()):
                 n = len(b.keys)
                 if n < len(keys) and (best is None or n > len(best.keys)) and keys[:n] == b.keys:
@@ -216,17 +244,28 @@ class PrefixCache:
                 if len(b.keys) < n and branch.keys[: len(b.keys)] == b.keys:
                     b.superseded = True
             branches.append(branch)
+            self.nbytes += branch.nbytes
             # over capacity: forget superseded calls first (oldest first), so the tips of every
             # line of conversation (main agent, sub-agents, side calls) stay reusable
             while len(branches) > self.branches_per_session:
                 old = next((i for i, b in enumerate(branches) if b.superseded), 0)
-                del branches[old]
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
+                self.nbytes -= branches.pop(old).nbytes
+            # over budget: forget the coldest sessions, then this session's oldest calls
+            while len(self._sessions) > self.max_sessions or (
+                self.nbytes > self.max_bytes and len(self._sessions) > 1
+            ):
+                self._drop_session(next(iter(self._sessions)))
+                self.evicted_sessions += 1
+            while self.nbytes > self.max_bytes and branches:
+                old = next((i for i, b in enumerate(branches) if b.superseded), 0)
+                self.nbytes -= branches.pop(old).nbytes
+            if not branches:
+                del self._sessions[session]
 
     def forget(self, session: str) -> None:
         with self._lock:
-            self._sessions.pop(session, None)
+            if session in self._sessions:
+                self._drop_session(session)
 
 
 class Detokenizer:

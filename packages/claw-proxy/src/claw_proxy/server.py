@@ -89,7 +89,9 @@ class Proxy:
         if directory not in self.renderers:
             self.renderers[directory] = Renderer(directory)
             self.caches[directory] = PrefixCache(
-                self.renderers[directory], self.config.drift_check_tokens
+                self.renderers[directory],
+                self.config.drift_check_tokens,
+                max_bytes=self.config.prefix_cache_bytes,
             )
         return self.renderers[directory]
 

@@ -1,0 +1,179 @@
+"""Hostile inputs: request shapes that once gave 500, bodies over the limit while they stream,
+oversized prompts, the prefix cache's memory budget, sequence numbers across restarts, slow
+connections."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from claw_proxy import ProxyConfig, read_calls
+from claw_proxy.render import Renderer
+from claw_proxy.server import Proxy
+from conftest import ADMIN, SECRET, TINY, token, write_script
+
+ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
+
+
+def _post(srv, path, raw: bytes, session="s1"):
+    h = {"content-type": "application/json", "x-api-key": token(session)}
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        return c.post(path, content=raw, headers=h)
+
+
+def _chat(content="hi", **extra) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "needle"),
+    [
+        (
+            "/v1/chat/completions",
+            b'{"model":"m","messages":[{"role":"user","content":"a\\ud800b"}]}',
+            "messages[0].content: the request body has a string with a lone UTF-16 surrogate",
+        ),
+        (
+            "/v1/messages",
+            b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"x":'
+            + b"[" * 1000
+            + b"]" * 1000
+            + b"}",
+            "nested too deeply",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model":"m","messages":[{"role":"user","content":"hi"}],"metadata":'
+            + b'{"a":' * 200
+            + b"1"
+            + b"}" * 200
+            + b"}",
+            "nested too deeply",
+        ),
+        (
+            "/v1/responses",
+            json.dumps({"model": "m", "input": "hi", "tools": [{"type": {}}]}).encode(),
+            "tools[0].type: a tool needs a string 'type', got dict",
+        ),
+        (
+            "/v1/chat/completions",
+            json.dumps(
+                {
+                    "model": "m",
+                    "messages": [
+                        {"role": "user", "content": "x"},
+                        {"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]},
+                        {"role": "user", "content": "y"},
+                    ],
+                }
+            ).encode(),
+            "messages[1].content[0].refusal: a refusal part needs a string 'refusal', got int",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model":"m","temperature":NaN,"messages":[{"role":"user","content":"x"}]}',
+            "holds the number NaN",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model":"m","temperature":1e999,"messages":[{"role":"user","content":"x"}]}',
+            "holds the number 1e999",
+        ),
+    ],
+    ids=["surrogate", "deep-1000", "deep-200", "tool-type-object", "refusal-int", "nan", "1e999"],
+)
+def test_former_500s_get_400_and_no_record(make_server, tmp_path, path, raw, needle):
+    """Each request shape that once crashed the handler is a 400 naming the problem."""
+    srv = make_server()
+    r = _post(srv, path, raw)
+    assert r.status_code == 400, r.text
+    assert needle in r.text
+    assert not (tmp_path / "calls.jsonl").exists() or not (tmp_path / "calls.jsonl").read_text()
+
+
+def test_chunked_body_is_refused_as_soon_as_it_passes_the_limit(tmp_path):
+    """A chunked upload gets 413 once it passes --max-body-bytes; the rest is never read."""
+    script = write_script(tmp_path / "s.jsonl", ["hi"])
+    proxy = Proxy(
+        ProxyConfig(
+            engine=f"scripted:{script}", tokenizer=str(TINY), secret=SECRET, max_body_bytes=4096
+        )
+    )
+    received, sent = [], []
+
+    async def receive():
+        received.append(1)
+        return {"type": "http.request", "body": b" " * 1024, "more_body": len(received) < 500_000}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"transfer-encoding", b"chunked"),
+            (b"x-api-key", token("s1").encode()),
+            (b"content-type", b"application/json"),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    asyncio.run(proxy.app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+    assert len(received) <= 6  # 4 KiB in 1 KiB chunks, then the one that passes the limit
+    assert b"over the limit of 4096" in sent[1]["body"]
+    proxy.workers.shutdown()
+
+
+def test_prompt_over_max_prompt_tokens_gets_413(make_server, tmp_path):
+    """A rendered prompt longer than --max-prompt-tokens is refused with 413 and not recorded."""
+    srv = make_server(max_prompt_tokens=200)
+    assert _post(srv, "/v1/chat/completions", _chat("word " * 20)).status_code == 200
+    r = _post(srv, "/v1/chat/completions", _chat("word " * 400), session="s2")
+    assert r.status_code == 413 and "over this proxy's limit of 200" in r.text
+    assert len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
+    with httpx.Client(base_url=srv.url) as c:  # the session's in-flight slot was released
+        sess = c.get("/admin/sessions/s2", headers=ADMIN_H).json()
+    assert sess["in_flight"] == 0
+
+
+def test_prefix_cache_budget_evicts_cold_sessions_without_changing_tokens(make_server, tmp_path):
+    """With a tiny --prefix-cache-bytes, cold sessions are evicted; continuing one re-renders
+    and gets exactly the prompt ids a fresh render gives, while a warm one still reuses."""
+    srv = make_server(["first answer", "second answer"], prefix_cache_bytes=2500)
+    first = [{"role": "user", "content": "hello there"}]
+    for s in ("a", "b", "c", "d"):
+        assert _post(srv, "/v1/chat/completions", _chat("hello there"), session=s).status_code == 200
+    with httpx.Client(base_url=srv.url) as c:
+        cache = c.get("/admin/stats", headers=ADMIN_H).json()["prefix_cache"][str(TINY)]
+    assert cache["evicted_sessions"] >= 1 and cache["bytes"] <= 2500
+    second = [
+        *first,
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "go on"},
+    ]
+    body = json.dumps({"model": "m", "messages": second}).encode()
+    assert _post(srv, "/v1/chat/completions", body, session="a").status_code == 200  # evicted
+    assert _post(srv, "/v1/chat/completions", body, session="d").status_code == 200  # warm
+    calls = {(c.session, c.seq): c for c in read_calls(tmp_path / "calls.jsonl")}
+    from claw_proxy import api_chat
+
+    fresh = Renderer(str(TINY)).render_full(api_chat.parse({"model": "m", "messages": second}))
+    a, d = calls[("a", 1)], calls[("d", 1)]
+    assert a.prefix["parent_call"] is None and a.prefix["reused_tokens"] == 0
+    assert a.prompt_ids == fresh and a.prefix["fresh_render_matches"] is True
+    assert d.prefix["parent_call"] == calls[("d", 0)].call_id and d.prefix["reused_tokens"] > 0
+    d0 = calls[("d", 0)]
+    assert d.prompt_ids[: d.prefix["reused_tokens"]] == d0.prompt_ids + d0.completion_ids
