@@ -77,3 +77,51 @@ def test_doctor_lists_every_backend():
     assert {"bwrap", "docker", "process", "cgroups", "auto"} <= set(rows)
     assert rows["process"]["works"] and "NOT isolate" in rows["process"]["why"]
     assert rows["auto"]["why"].startswith("auto picks ")
+
+
+def _job_line(job_id, command="true", **fields):
+    return json.dumps({"schema": "claw.job/v1", "job_id": job_id, "command": command, **fields})
+
+
+def test_run_refuses_bad_output_paths_before_any_work(tmp_path):
+    """`-o DIR` and `-o missing/dir/file`: one line on stderr, exit 2, no job run."""
+    jobs = tmp_path / "jobs.jsonl"
+    marker = tmp_path / "ran"
+    jobs.write_text(_job_line("a", f"touch {marker}") + "\n")
+    for out in (tmp_path, tmp_path / "missing" / "dir" / "runs.jsonl"):
+        result = CliRunner().invoke(main, ["run", str(jobs), "-o", str(out), "-b", "process"])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.count("\n") == 1 and str(out) in result.stderr
+        assert "Traceback" not in result.output
+    assert not marker.exists()
+
+
+def test_run_retry_errors_reruns_fixed_jobs_and_keeps_one_record_each(tmp_path):
+    """A job that ended in error is skipped on resume, but rerun with --retry-errors after its
+    line is fixed; the runs file then holds one record per job."""
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl"
+    args = ["run", str(jobs), "-o", str(out), "-b", "process", "--workdir", str(tmp_path / "w")]
+    jobs.write_text(_job_line("good") + "\n" + _job_line("bad", timeout_s=-1) + "\n")
+    assert CliRunner().invoke(main, args).exit_code == 0
+    jobs.write_text(_job_line("good") + "\n" + _job_line("bad", ["echo", "fixed"]) + "\n")
+    assert CliRunner().invoke(main, args).exit_code == 0
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["job_id"], r["status"]) for r in first) == [("bad", "error"), ("good", "ok")]
+    result = CliRunner().invoke(main, [*args, "--retry-errors"])
+    assert result.exit_code == 0, result.output
+    rows = {r["job_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert len(out.read_text().splitlines()) == 2 and rows["bad"]["status"] == "ok"
+    assert rows["good"] == next(r for r in first if r["job_id"] == "good")
+    assert rows["bad"]["stdout_tail"] == "fixed\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.jsonl", "runs.jsonl", "w"]
+
+
+def test_run_exits_nonzero_when_no_line_is_a_valid_job(tmp_path):
+    """Every line invalid, or no line at all: the runs are still written, and the exit is 1."""
+    for text in ("{broken\n" + _job_line("x", timeout_s="soon") + "\n", ""):
+        result = CliRunner().invoke(
+            main, ["run", "-b", "process", "--workdir", str(tmp_path)], input=text
+        )
+        assert result.exit_code == 1, result.output
+        assert "no valid job" in result.stderr
+        assert all(json.loads(r)["status"] == "error" for r in result.stdout.splitlines())

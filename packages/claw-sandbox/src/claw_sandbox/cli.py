@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -61,8 +62,14 @@ def main() -> None:
     "--out",
     "-o",
     default="-",
-    type=click.Path(allow_dash=True, dir_okay=False),
+    type=click.Path(allow_dash=True),
     help="runs JSONL; a file is appended to and resumed from (jobs already in it are skipped)",
+)
+@click.option(
+    "--retry-errors",
+    is_flag=True,
+    help="run again the jobs whose run in --out ended in error or infra_error (e.g. after fixing "
+    "their job lines); their old records are dropped from the file",
 )
 @backend_option
 @click.option("--parallel", "-p", default=4, show_default=True, type=click.IntRange(1, 4096))
@@ -91,19 +98,52 @@ def main() -> None:
 @click.option(
     "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)"
 )
-def run(jobs, out, backend, parallel, retries, workdir, ro_paths, image, executor, ray_address) -> None:  # fmt: skip
+def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, image, executor,
+        ray_address) -> None:  # fmt: skip
     """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
 
     A bad line becomes a `status: error` run naming file, line and field; the other jobs run.
+    Exits 1 when the file holds no valid job.
 
     Example:
 
         claw-sandbox run jobs.jsonl -o runs.jsonl --backend bwrap --parallel 8
     """
+    _check_out(out)
     try:
         items = _read_jobs(jobs)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
+    _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
+         ray_address)  # fmt: skip
+    if not any(isinstance(i, Job) for i in items):
+        bad = len(items)
+        raise click.ClickException(
+            f"no valid job in {'stdin' if jobs == '-' else jobs}"
+            + (f" ({bad} invalid line{'s' * (bad != 1)}, recorded as status error)" if bad else "")
+        )
+
+
+def _check_out(out: str) -> None:
+    """The runs file must be `-` or a file in an existing directory: one line and exit 2 before
+    any work otherwise."""
+    if out == "-":
+        return
+    path = Path(out)
+    problem = None
+    if path.is_dir():
+        problem = "is a directory; give a file, e.g. " + str(path / "runs.jsonl")
+    elif not path.parent.is_dir():
+        problem = f"directory {path.parent} does not exist"
+    elif not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        problem = "is not writable"
+    if problem:
+        click.echo(f"Error: --out {out}: {problem}", err=True)
+        sys.exit(2)
+
+
+def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
+         ray_address) -> None:  # fmt: skip
     if executor == "ray":
         from claw_sandbox.ray_executor import run_on_ray
 
@@ -116,7 +156,7 @@ def run(jobs, out, backend, parallel, retries, workdir, ro_paths, image, executo
         try:
             rows = run_on_ray(items, backend=backend, out=None if out == "-" else out, retries=retries,
                               parallel=parallel, address=ray_address, log=_log, ro_paths=ro_paths,
-                              on_run=show)  # fmt: skip
+                              on_run=show, retry_errors=retry_errors)  # fmt: skip
         except ClawError as exc:
             raise click.ClickException(str(exc)) from None
         counts = {
@@ -130,7 +170,8 @@ def run(jobs, out, backend, parallel, retries, workdir, ro_paths, image, executo
         )
         return
     sched = Scheduler(
-        _backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log
+        _backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log,
+        retry_errors=retry_errors,
     )
     started = time.monotonic()
     try:

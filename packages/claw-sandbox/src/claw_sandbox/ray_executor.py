@@ -58,11 +58,13 @@ def run_on_ray(
     log: Callable[[str], None] | None = None,
     ro_paths: tuple[str, ...] = (),
     on_run: Callable[[dict], None] | None = None,
+    retry_errors: bool = False,
 ) -> list[dict]:
     """Run jobs as Ray tasks; return their run dicts in completion order (also appended to `out`).
 
     `address`: a Ray cluster (default: RAY_ADDRESS, else a local Ray started here).
     `parallel`: most tasks in flight at once (default: no cap; Ray queues by CPUs).
+    `retry_errors`: jobs recorded in `out` as error / infra_error run again (old records dropped).
     """
     try:
         import ray
@@ -73,7 +75,9 @@ def run_on_ray(
     check_unique(items)
     fd, done = (None, set())
     if out is not None:
-        fd, done = _open_resumable(Path(out), log)
+        fd, done = _open_resumable(
+            Path(out), log, {j.job_id for j in items} if retry_errors else None
+        )
     started_ray = False
     try:
         if not ray.is_initialized():

@@ -3,7 +3,9 @@
 Results stream in completion order. With an output file, every finished run is appended as one
 `write()` of one line; a rerun reads the file back, cuts a torn last line (the runner was
 killed mid-write), skips every job already recorded and appends the rest, so no job is run
-twice into the file and none is lost.
+twice into the file and none is lost. With `retry_errors`, the records of jobs that ended in
+`error` or `infra_error` are first dropped from the file (an atomic rewrite under the lock), so
+those jobs run again and the file still holds one record per job.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from claw_sandbox.executor import execute_job
 from claw_sandbox.records import BadLine, Job, Run, read_runs
 
 JobLike = Job | BadLine | dict
+RETRY_STATUSES = ("error", "infra_error")  # what `retry_errors` runs again
 
 
 def _as_job(item: JobLike, index: int) -> Job | BadLine:
@@ -78,6 +81,7 @@ class Scheduler:
     skipped: int = 0
     counts: Counter = attrs.field(factory=Counter)
     kept: list[str] = attrs.field(factory=list)
+    retry_errors: bool = False
 
     async def run_one(self, job: Job | BadLine, root: Path) -> Run:
         if isinstance(job, BadLine):
@@ -113,7 +117,8 @@ class Scheduler:
         done: set[str] = set()
         fd = None
         if out is not None:
-            fd, done = _open_resumable(Path(out), self.log)
+            retry = {j.job_id for j in items} if self.retry_errors else None
+            fd, done = _open_resumable(Path(out), self.log, retry)
         try:
             todo = [j for j in items if j.job_id not in done]
             self.total, self.skipped = len(items), len(items) - len(todo)
@@ -181,24 +186,81 @@ class Scheduler:
         return f"{text}; backend {self.backend.name}; {elapsed:.2f}s ({rate:.1f} jobs/s)"
 
 
-def _open_resumable(path: Path, log: Callable[[str], None]) -> tuple[int, set[str]]:
-    """Open the runs file for appending under an exclusive lock; return the ids it records."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise JobsFileError(f"{path}: another claw-sandbox run is writing to this file") from None
+def _open_resumable(
+    path: Path, log: Callable[[str], None], retry: set[str] | None = None
+) -> tuple[int, set[str]]:
+    """Open the runs file for appending under an exclusive lock; return the ids it records.
+
+    retry: job ids whose records of runs that ended in error / infra_error are dropped first
+    (those jobs then run again); records of other jobs are kept whatever their status.
+    """
+    fd = _open_locked(path)
     try:
         rows, good = read_runs(path)
-    except JobsFileError:
+        size = os.fstat(fd).st_size
+        if good < size:
+            log(f"{path}: dropping a torn last line ({size - good} bytes) left by an interrupted run")
+            os.ftruncate(fd, good)
+        if retry:
+            keep = [r for r in rows
+                    if r.get("status") not in RETRY_STATUSES or r["job_id"] not in retry]  # fmt: skip
+            if len(keep) < len(rows):
+                fd = _rewrite_locked(path, fd, keep)
+                log(f"{path}: {len(rows) - len(keep)} runs that ended in an error dropped; "
+                    "their jobs run again")  # fmt: skip
+                rows = keep
+    except BaseException:
         os.close(fd)
         raise
-    size = os.fstat(fd).st_size
-    if good < size:
-        log(f"{path}: dropping a torn last line ({size - good} bytes) left by an interrupted run")
-        os.ftruncate(fd, good)
     return fd, {r["job_id"] for r in rows}
+
+
+def _open_locked(path: Path) -> int:
+    """The runs file, open for appending and exclusively locked (JobsFileError when another run
+    holds it). Opened again if another run replaced the file between our open and lock."""
+    for _ in range(5):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JobsFileError(f"{path}: another claw-sandbox run is writing to this file") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise JobsFileError(f"{path}: the file keeps being replaced while opening it")
+
+
+def _rewrite_locked(path: Path, fd: int, rows: list[dict]) -> int:
+    """Replace the runs file with `rows`, atomically (a kill at any moment leaves the old or the
+    new file whole); the new file is locked before it takes the name, so no other run slips in."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.retry")
+    new = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
+                  os.fstat(fd).st_mode & 0o777)  # fmt: skip
+    try:
+        fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(new, view) :]
+        os.fsync(new)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(new)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    os.close(fd)
+    return new
 
 
 async def arun_jobs(
@@ -210,10 +272,11 @@ async def arun_jobs(
     retries: int = 2,
     workdir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    retry_errors: bool = False,
 ) -> AsyncIterator[dict]:
     """Async variant of :func:`run_jobs`: yields each `claw.run/v1` dict as its job finishes."""
     sched = Scheduler(get_backend(backend), parallel, retries, Path(workdir) if workdir else None,
-                      log or (lambda m: None))  # fmt: skip
+                      log or (lambda m: None), retry_errors=retry_errors)  # fmt: skip
     async for row in sched.stream(jobs, out):
         yield row
 
@@ -236,12 +299,14 @@ def iter_runs(jobs: Iterable[JobLike], **options) -> Iterator[dict]:
 
 def run_jobs(jobs: Iterable[JobLike], *, backend: str | Backend = "auto", parallel: int = 4,
              out: str | Path | None = None, retries: int = 2, workdir: str | Path | None = None,
-             log: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+             log: Callable[[str], None] | None = None,
+             retry_errors: bool = False) -> list[dict]:  # fmt: skip
     """Run `claw.job/v1` dicts (or Jobs) and return their `claw.run/v1` dicts in completion order.
 
     `out` appends every run to a JSONL file and resumes from it (jobs already recorded are
-    skipped). Infrastructure failures are retried `retries` times, then reported as
+    skipped; with `retry_errors`, jobs recorded as error / infra_error run again and their old
+    records are dropped). Infrastructure failures are retried `retries` times, then reported as
     `status: infra_error`.
     """
     return list(iter_runs(jobs, backend=backend, parallel=parallel, out=out, retries=retries,
-                          workdir=workdir, log=log))  # fmt: skip
+                          workdir=workdir, log=log, retry_errors=retry_errors))  # fmt: skip
