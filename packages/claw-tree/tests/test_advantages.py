@@ -10,6 +10,8 @@ from claw_tree import (
     mean_child_recurrence,
     reinforce_advantages,
     rloo_advantages,
+    turn_gae_on_tree,
+    turn_starts,
 )
 from conftest import flat_gae
 from hypothesis import given, settings
@@ -179,6 +181,51 @@ def test_default_lambda_lets_a_terminal_reward_reach_the_first_token():
     assert np.allclose(A[trainable], 1.0) and np.allclose(R[trainable], 1.0)
     A95, _ = gae_on_tree(np.arange(n) - 1, trainable, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.95)
     assert A95[n_prompt] == pytest.approx(0.95**999) and A95[n_prompt] < 1e-20
+
+
+def _turn_gae_loop(act, V, r, gamma, lam):
+    """Reference on one chain: turns are maximal runs of trainable tokens; turn k collects the
+    rewards from its start to the next turn's start; plain GAE over the turns, broadcast."""
+    starts = [t for t in range(len(act)) if act[t] and (t == 0 or not act[t - 1])]
+    if not starts:
+        return np.zeros(len(act))
+    bounds = [*starts[1:], len(act)]
+    rew = [float(np.sum(r[a:b])) for a, b in zip(starts, bounds, strict=True)]
+    # rewards before the first turn have no action to go to
+    A_turn, nxt_A, nxt_V = [0.0] * len(starts), 0.0, 0.0
+    for k in range(len(starts) - 1, -1, -1):
+        delta = rew[k] + gamma * nxt_V - V[starts[k]]
+        A_turn[k] = delta + gamma * lam * nxt_A
+        nxt_A, nxt_V = A_turn[k], V[starts[k]]
+    A = np.zeros(len(act))
+    for k, (a, b) in enumerate(zip(starts, bounds, strict=True)):
+        A[a:b] = np.where(act[a:b], A_turn[k], 0.0)
+    return A
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(-1, 1), st.floats(-1, 1)), min_size=1, max_size=40),
+       st.floats(0.5, 1.0), st.floats(0.0, 1.0))
+def test_turn_gae_on_a_chain_is_gae_over_turns(rows, gamma, lam):
+    """Turn-level GAE on a chain equals a loop over the turns (values read at turn starts)."""
+    act = np.array([a for a, _, _ in rows])
+    act[0] = False  # a root is context
+    V = np.array([v for _, v, _ in rows])
+    r = np.array([x for _, _, x in rows])
+    n = len(rows)
+    A, R = turn_gae_on_tree(np.arange(n) - 1, act, V, r, gamma=gamma, lam=lam)
+    assert np.allclose(A, _turn_gae_loop(act, V, r, gamma, lam))
+    starts = turn_starts(np.arange(n) - 1, act)
+    assert np.allclose(R, np.where(act, A + V[np.maximum(starts, 0)], 0.0))
+
+
+def test_turn_gae_discounts_per_turn():
+    """Three turns of 50 tokens, V = 0, terminal reward 1, lam = 0.9: turn k gets 0.9^(2-k)."""
+    act = np.r_[[False] * 3, [True] * 50, [False] * 2, [True] * 50, [False] * 2, [True] * 50]
+    n = len(act)
+    A, _ = turn_gae_on_tree(np.arange(n) - 1, act, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.9)
+    assert sorted(set(np.round(A[act], 12))) == pytest.approx([0.81, 0.9, 1.0])
+    assert A[3] == pytest.approx(0.81) and A[-1] == pytest.approx(1.0)
 
 
 def test_bad_parent_array_is_rejected():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from claw_tree import (
     BudgetError,
+    ClawError,
     ValuesError,
     build_forest,
     build_samples,
@@ -192,6 +193,23 @@ def test_excluded_rollouts_are_reported_not_trained():
                               "orphan": "no outcome", "nocalls": "no calls"}
     assert batch.rollouts == 3  # ok1, ok2 and nocalls vote in the group statistics
     assert "excluded sessions" in batch.summary()
+
+
+def test_turn_level_gae_through_samples_and_values():
+    """gae_level="turn": V = 0, terminal reward 1, lam = 0.5: the first call's tokens get 0.5, the
+    second call's 1.0; gae_for_samples on the samples gives what build_samples(values=...) gives."""
+    calls = [call("s", 0, [1, 2], [3, 4, 5]), call("s", 1, [1, 2, 3, 4, 5, 6], [7, 8])]
+    forest = build_forest(calls)
+    first = build_samples(forest, [outcome("s", 1.0)], algo="ppo", lam=0.5, gae_level="turn").samples
+    adv = [a for a, t in zip(first[0]["advantages"], first[0]["trainable"], strict=True) if t]
+    assert adv == pytest.approx([0.5, 0.5, 0.5, 1.0, 1.0])
+    values = {first[0]["sample_id"]: [0.1 * i for i in range(len(first[0]["input_ids"]))]}
+    whole = build_samples(forest, [outcome("s", 1.0)], algo="ppo", values=values, lam=0.5, gae_level="turn")
+    again = gae_for_samples(first, values, lam=0.5, gae_level="turn")
+    assert again[0]["advantages"] == pytest.approx(whole.samples[0]["advantages"])
+    assert again[0]["returns"] == pytest.approx(whole.samples[0]["returns"])
+    with pytest.raises(ClawError, match="gae_level"):
+        build_samples(forest, [outcome("s", 1.0)], algo="ppo", gae_level="call")
 
 
 def test_ppo_values_roundtrip_and_match_per_path_gae():

@@ -9,6 +9,8 @@ from claw_tree.advantages import (
     mean_child_recurrence,
     reinforce_advantages,
     rloo_advantages,
+    turn_gae_on_tree,
+    turn_starts,
 )
 from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
 from claw_tree.records import Call, Outcome, ReadResult, read_calls, read_outcomes, write_jsonl
@@ -63,5 +65,7 @@ __all__ = [
     "token_sessions",
     "trajectory_record",
     "trajectory_spans",
+    "turn_gae_on_tree",
+    "turn_starts",
     "write_jsonl",
 ]

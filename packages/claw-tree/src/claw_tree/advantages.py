@@ -195,3 +195,57 @@ def gae_on_tree(
     A = mean_child_recurrence(parent, delta, np.where(act, gamma * lam, 1.0))
     A = np.where(act, A, 0.0)
     return A, np.where(act, A + V, 0.0)
+
+
+def turn_starts(parent: np.ndarray, trainable: np.ndarray) -> np.ndarray:
+    """Index of the first token of each trainable token's turn; -1 at context tokens.
+
+    A turn is a maximal run of trainable tokens down the tree (one call's completion): it starts
+    at a trainable token whose parent is context or a root. parent, trainable: (N,) -> (N,).
+    Vectorised by pointer jumping (log2(longest turn) rounds).
+    """
+    parent = np.asarray(parent, dtype=np.int64)
+    act = np.asarray(trainable, dtype=bool)
+    idx = np.arange(len(parent))
+    inside = act & (parent >= 0) & act[np.maximum(parent, 0)]  # continues its parent's turn
+    owner = np.where(inside, parent, idx)
+    while True:
+        nxt = owner[owner]
+        if np.array_equal(nxt, owner):
+            break
+        owner = nxt
+    return np.where(act, owner, -1)
+
+
+def turn_gae_on_tree(
+    parent: np.ndarray,
+    trainable: np.ndarray,
+    values: np.ndarray,
+    rewards: np.ndarray,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Turn-level GAE on a token tree: one time step per turn (a call's completion), values at
+    call boundaries.
+
+    The turn starting at token s is one action, taken in the state before s, valued V_s:
+        delta_s = r_turn + mean_{next turns} gamma * V_next - V_s,
+        A_s     = delta_s + gamma * lam * mean_{next turns} A_next,
+    exactly :func:`gae_on_tree` with the turn starts as the actions (the turn's other tokens pass
+    rewards and bootstraps through, like context). Every token of the turn gets A_s and the
+    return A_s + V_s. This is GAE (Schulman et al. 2016) with the turn as the time step, as in
+    multi-turn agent RL (e.g. Zhou et al. 2024, "ArCHer", which assigns credit per utterance):
+    the critic is read only where a decision starts, and gamma, lam discount per turn, not per
+    token, so a terminal reward reaches early turns even with lam < 1 (lam^turns, not
+    lam^tokens).
+
+    parent, trainable, values, rewards: (N,) -> (advantages, returns), both (N,), 0 at context.
+    Deviation: two completions with no context token between them count as one turn.
+    """
+    act = np.asarray(trainable, dtype=bool)
+    start = turn_starts(parent, act)
+    is_start = act & (start == np.arange(len(act)))
+    A, R = gae_on_tree(parent, is_start, values, rewards, gamma=gamma, lam=lam)
+    owner = np.maximum(start, 0)
+    return np.where(act, A[owner], 0.0), np.where(act, R[owner], 0.0)

@@ -13,7 +13,7 @@ import click
 from claw_tree import __version__
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
-from claw_tree.samples import ALGOS, GROUP_BY, PATH_WEIGHTING, build_samples
+from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PATH_WEIGHTING, build_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import Forest, build_forest, trajectory_record
@@ -131,12 +131,14 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
 @click.option("--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token.")
 @click.option("--lam", type=float, default=1.0, show_default=True,
               help="PPO GAE lambda (1: a terminal reward reaches every token; see gae_on_tree).")
+@click.option("--gae-level", type=click.Choice(GAE_LEVELS), default="token", show_default=True,
+              help="PPO time step: token (every generated token) or turn (one per call, values at call boundaries).")
 @click.option("--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline.")
 @click.option("--id-prefix", default=None, help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).")
 @_SKIP
 def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: str, output: str, group_by: str, no_std: bool,
             path_weighting: str, max_tokens: int | None, values_path: str | None, gamma: float,
-            lam: float, baseline: float, id_prefix: str | None, skip_invalid: bool) -> None:
+            lam: float, gae_level: str, baseline: float, id_prefix: str | None, skip_invalid: bool) -> None:
     """Tree-pack rollouts into claw.sample/v1 lines with advantages and exact loss weights.
 
     Outcomes join by session; rollouts that are not `ok` are excluded and reported on stderr.
@@ -164,7 +166,7 @@ def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: st
         batch = build_samples(
             forest, result.records, algo=algo, group_by=group_by, scale_by_std=not no_std,
             path_weighting=path_weighting, max_tokens=max_tokens, values=values, gamma=gamma,
-            lam=lam, baseline=baseline, id_prefix=id_prefix,
+            lam=lam, gae_level=gae_level, baseline=baseline, id_prefix=id_prefix,
         )
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None

@@ -46,6 +46,7 @@ from claw_tree.advantages import (
     group_relative_advantages,
     reinforce_advantages,
     rloo_advantages,
+    turn_gae_on_tree,
 )
 from claw_tree.errors import BudgetError, ClawError, ConflictError, ValuesError
 from claw_tree.records import SAMPLE_SCHEMA, Outcome, read_outcomes
@@ -56,6 +57,7 @@ log = logging.getLogger("claw_tree")
 ALGOS = ("grpo", "ppo", "rloo", "reinforce")
 GROUP_BY = ("group", "task", "task+harness")
 PATH_WEIGHTING = ("token", "rollout", "path")
+GAE_LEVELS = ("token", "turn")
 
 
 @attrs.frozen(kw_only=True)
@@ -165,6 +167,7 @@ def build_samples(
     values: Mapping[str, Any] | Iterable[dict] | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
+    gae_level: str = "token",
     baseline: float = 0.0,
     id_prefix: str | None = None,
 ) -> SampleBatch:
@@ -177,6 +180,8 @@ def build_samples(
     root-to-leaf paths (shared ancestors repeat in each piece; loss weights stay exact).
     ``values`` (PPO only) maps each sample_id of this very batch to per-token critic values
     aligned with its tokens; without it GAE runs with V = 0 (Monte Carlo returns).
+    ``gae_level``: ``"token"`` (:func:`gae_on_tree`, every generated token a time step) or
+    ``"turn"`` (:func:`turn_gae_on_tree`, one time step per call, values at call boundaries).
     Sample ids are ``f"{id_prefix}-{k}"`` (prefix defaults to the algo); give each batch its own
     prefix when samples of several batches end up in one file.
     """
@@ -190,6 +195,7 @@ def build_samples(
         raise ClawError("max_tokens must be positive")
     if values is not None and algo != "ppo":
         raise ClawError("values are only used with algo='ppo'")
+    gae = _gae_function(gae_level)
     by_session = _outcomes_by_session(outcomes)
     in_forest = {t.name for t in forest.sessions}
     excluded: dict[str, str] = {}
@@ -280,7 +286,7 @@ def build_samples(
         V = np.zeros(forest.n_nodes)
         if values is not None:
             V = _scatter_values(forest.n_nodes, sample_ids, node_lists, _values_map(values))
-        tok_adv, tok_ret = gae_on_tree(forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam)
+        tok_adv, tok_ret = gae(forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam)
 
     samples = []
     for sid, plan, nodes in zip(sample_ids, plans, node_lists, strict=True):
@@ -392,14 +398,21 @@ def sample_rewards(sample: dict) -> np.ndarray:
     return np.where(is_leaf, per_session[token_sessions(sample)] if n else 0.0, 0.0)
 
 
+def _gae_function(gae_level: str):
+    if gae_level not in GAE_LEVELS:
+        raise ClawError(f"gae_level must be one of {GAE_LEVELS}, got {gae_level!r}")
+    return gae_on_tree if gae_level == "token" else turn_gae_on_tree
+
+
 def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterable[dict], *,
-                    gamma: float = 1.0, lam: float = 1.0) -> list[dict]:
+                    gamma: float = 1.0, lam: float = 1.0, gae_level: str = "token") -> list[dict]:
     """Fill ``advantages`` and ``returns`` of PPO samples from per-token critic values.
 
     Works on each sample's own tree (``parent``, ``trainable``, ``rewards``); a session split
     over several samples bootstraps only from the children present in each piece (use
     build_samples(values=...) to run GAE on the whole tree instead).
     """
+    gae = _gae_function(gae_level)
     vmap = _values_map(values)
     out = []
     for sample in samples:
@@ -409,7 +422,7 @@ def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterabl
         V = vmap[sid]
         if len(V) != len(sample["input_ids"]):
             raise ValuesError(f"values for {sid!r}: {len(V)} entries, the sample has {len(sample['input_ids'])} tokens")
-        A, R = gae_on_tree(np.asarray(sample["parent"]), np.asarray(sample["trainable"], dtype=bool),
+        A, R = gae(np.asarray(sample["parent"]), np.asarray(sample["trainable"], dtype=bool),
                            V, sample_rewards(sample), gamma=gamma, lam=lam)
         out.append({**sample, "advantages": A.tolist(), "returns": R.tolist()})
     return out
