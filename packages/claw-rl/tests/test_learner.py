@@ -76,6 +76,19 @@ def test_single_path_sample_gives_the_ordinary_loss(tiny):
     assert m["clip_frac"] == 0.0 and m["approx_kl"] == pytest.approx(0.0, abs=1e-7)
 
 
+@pytest.mark.parametrize("agg", ["weights", "token_mean"])
+def test_masked_tokens_leave_the_denominator(tiny, agg):
+    """Token MIS drops the token whose rho = e > is_cap: the loss is the mean of -A over the
+    other tokens (denominator 2, not 3), as if the masked token had never been in the batch."""
+    learner = GRPOLearner(GRPOConfig(is_correction="mis_token", loss_agg=agg), tiny)
+    s = tree_sample([-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size)
+    own = learner.logprobs([s])[0]
+    own[3] -= 1.0  # engine logprob 1 nat lower: rho = pi_old / pi_engine = e
+    m = learner.step([dict(s, logprobs=own)])
+    assert m["loss"] == pytest.approx(-(s["advantages"][2] + s["advantages"][4]) / 2, abs=1e-6)
+    assert m["is_weight_mean"] == pytest.approx(2 / 3)
+
+
 def test_mismatch_is_zero_for_own_logprobs_and_reported_when_perturbed(tiny):
     """Engine logprobs equal to the learner's give ~0 mismatch; +0.5 on two tokens is counted."""
     learner = GRPOLearner(GRPOConfig(lr=1e-9, mismatch_threshold=0.1), tiny)
