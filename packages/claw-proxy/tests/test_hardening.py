@@ -177,3 +177,44 @@ def test_prefix_cache_budget_evicts_cold_sessions_without_changing_tokens(make_s
     assert d.prefix["parent_call"] == calls[("d", 0)].call_id and d.prefix["reused_tokens"] > 0
     d0 = calls[("d", 0)]
     assert d.prompt_ids[: d.prefix["reused_tokens"]] == d0.prompt_ids + d0.completion_ids
+
+
+def _closed_by_server(sock, timeout: float) -> bool:
+    """True when the server closes the socket within `timeout` seconds (EOF or reset)."""
+    import socket
+
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_slow_header_connections_do_not_stop_a_normal_client(make_server):
+    """200 connections that never finish their headers, over a cap of 50: the oldest are
+    closed to make room, a normal client is served, and the rest time out."""
+    import socket
+
+    srv = make_server(max_connections=50, header_timeout=3.0)
+    slow = []
+    try:
+        for _ in range(200):
+            s = socket.create_connection((srv.host, srv.port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: 1")
+            slow.append(s)
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            assert c.get("/healthz").status_code == 200
+            r = c.post(
+                "/v1/chat/completions",
+                content=_chat(),
+                headers={"x-api-key": token("ok"), "content-type": "application/json"},
+            )
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hello"
+        # the cap closed at least the 150 oldest; the header timeout closes the others
+        assert sum(_closed_by_server(s, 0.5) for s in slow[:150]) == 150
+        assert all(_closed_by_server(s, 30) for s in slow[150:])
+    finally:
+        for s in slow:
+            s.close()

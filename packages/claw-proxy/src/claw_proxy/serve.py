@@ -8,22 +8,65 @@ import time
 
 import uvicorn
 
+from claw_proxy._hygiene import guarded_protocol, install_log_limits, raise_fd_limit
 from claw_proxy.config import ProxyConfig
 from claw_proxy.errors import ConfigError
 from claw_proxy.server import Proxy
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not yet listening); a port in use is a `ConfigError`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def uvicorn_config(proxy: Proxy, log_level: str = "warning") -> uvicorn.Config:
+    """uvicorn settings with the proxy's connection limits: header timeout, connection cap
+    (lowered to fit the open-file limit), keep-alive timeout, rate-limited logs."""
+    c = proxy.config
+    cfg = uvicorn.Config(
+        proxy.app,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=5,
+        http=guarded_protocol(c.header_timeout, raise_fd_limit(c.max_connections)),
+    )
+    install_log_limits()  # after uvicorn configured its loggers
+    return cfg
+
+
 def serve(
-    config: ProxyConfig, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning"
+    config: ProxyConfig,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    announce=None,
 ) -> None:
-    """Serve until interrupted (uvicorn, one process). The engines' preflight checks run first
-    (e.g. a vLLM whose logprobs mode does not fit `--sampling` stops the start)."""
+    """Serve until interrupted (uvicorn, one process). The port is bound, the model loaded and
+    the engines' preflight checks run (e.g. a vLLM whose logprobs mode does not fit
+    `--sampling` stops the start) before `announce(url)` is called and serving starts."""
     import asyncio
 
-    proxy = Proxy(config)
-    for engine in proxy.engines.values():
-        asyncio.run(engine.preflight())
-    uvicorn.run(proxy.app, host=host, port=port, log_level=log_level, access_log=False)
+    sock = bind(host, port)
+    try:
+        proxy = Proxy(config)
+        for engine in proxy.engines.values():
+            asyncio.run(engine.preflight())
+        server = uvicorn.Server(uvicorn_config(proxy, log_level))
+    except BaseException:
+        sock.close()
+        raise
+    if announce is not None:
+        announce(f"http://{host}:{sock.getsockname()[1]}")
+    server.run(sockets=[sock])
 
 
 class ProxyServer:
@@ -44,11 +87,7 @@ class ProxyServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                self.proxy.app, log_level="warning", access_log=False, timeout_graceful_shutdown=5
-            )
-        )
+        self._server = uvicorn.Server(uvicorn_config(self.proxy))
         self._thread: threading.Thread | None = None
 
     @property

@@ -1,0 +1,158 @@
+"""Connection hygiene for the uvicorn server: header timeouts, a connection cap, quiet logs.
+
+uvicorn's h11 protocol waits forever for a request's headers, so a client that opens
+connections and sends a header line now and then ("slowloris") holds a file descriptor each
+until the process runs out. `guarded_protocol` returns an h11 protocol class that
+
+- closes a connection that has not finished a request's headers within `header_timeout`
+  seconds (from the connection's start, or from the end of its previous response);
+- keeps at most `max_connections` open: a new connection past the cap closes the connection
+  that has waited longest for its headers (a client sending nothing useful), or, when every
+  connection is busy with a request, is itself closed at once.
+
+`install_log_limits` rate-limits repeated log lines (a flood of "Invalid HTTP request" or
+accept errors costs a line, not a disk).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections import OrderedDict
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("claw_proxy")
+
+
+def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
+    """An `H11Protocol` subclass with these limits (pass it as uvicorn's `http=`)."""
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            waiting = _waiting(self.server_state)
+            self._claw_timer = None
+            self._claw_cycle = None
+            if len(self.connections) > max_connections:
+                victim = next(iter(waiting), None)
+                if victim is None:  # every open connection is serving a request
+                    log.warning(
+                        "connection refused: %d connections open (--max-connections)",
+                        len(self.connections) - 1,
+                    )
+                    self.transport.close()
+                    self.connections.discard(self)
+                    return
+                log.warning(
+                    "closed a connection idle before its headers: %d connections open "
+                    "(--max-connections %d)",
+                    len(self.connections),
+                    max_connections,
+                )
+                victim._claw_close()
+            self._claw_wait()
+
+        def _claw_wait(self) -> None:
+            """Start waiting for the next request's headers."""
+            self._claw_stop()
+            _waiting(self.server_state)[self] = None
+            self._claw_timer = self.loop.call_later(header_timeout, self._claw_timed_out)
+
+        def _claw_stop(self) -> None:
+            _waiting(self.server_state).pop(self, None)
+            if self._claw_timer is not None:
+                self._claw_timer.cancel()
+                self._claw_timer = None
+
+        def _claw_timed_out(self) -> None:
+            self._claw_timer = None
+            log.warning("closed a connection that sent no complete headers in %gs", header_timeout)
+            self._claw_close()
+
+        def _claw_close(self) -> None:
+            self._claw_stop()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and self.cycle is not self._claw_cycle:
+                self._claw_cycle = self.cycle  # a request's headers are in
+                self._claw_stop()
+
+        def on_response_complete(self) -> None:
+            done = self.cycle
+            super().on_response_complete()  # may start a pipelined request at once
+            if not self.transport.is_closing() and self.cycle is done:
+                self._claw_wait()  # a kept-alive connection waits for its next headers
+
+        def connection_lost(self, exc) -> None:
+            self._claw_stop()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+def _waiting(server_state) -> OrderedDict:
+    """Connections waiting for headers, oldest first (kept on uvicorn's shared server state)."""
+    w = getattr(server_state, "claw_waiting", None)
+    if w is None:
+        w = server_state.claw_waiting = OrderedDict()
+    return w
+
+
+def raise_fd_limit(max_connections: int) -> int:
+    """Raise the soft open-file limit as far as the hard limit allows; return how many
+    connections fit under it (leaving room for the model's files, the records, the engine)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, max_connections + 256)
+    if soft != resource.RLIM_INFINITY and want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(16, min(max_connections, soft - 128))
+
+
+class RateLimitFilter(logging.Filter):
+    """Let each distinct message through `burst` times per `window` seconds; count the rest
+    and report the count with the next line that passes."""
+
+    def __init__(self, burst: int = 5, window: float = 60.0) -> None:
+        super().__init__()
+        self.burst, self.window = burst, window
+        self._seen: dict[tuple, list] = {}  # key -> [window start, passed, suppressed]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg)[:200])
+        now = time.monotonic()
+        entry = self._seen.get(key)
+        if entry is None or now - entry[0] > self.window:
+            suppressed = entry[2] if entry else 0
+            if len(self._seen) > 1000:
+                self._seen.clear()
+            self._seen[key] = [now, 1, 0]
+            if suppressed:
+                record.msg = f"{record.msg} [{suppressed} more like this suppressed]"
+            return True
+        if entry[1] < self.burst:
+            entry[1] += 1
+            return True
+        entry[2] += 1
+        return False
+
+
+_LIMITED = ("uvicorn.error", "asyncio", "claw_proxy")
+
+
+def install_log_limits(burst: int = 5, window: float = 60.0) -> None:
+    """Rate-limit repeated lines of uvicorn's, asyncio's and the proxy's loggers (idempotent)."""
+    for name in _LIMITED:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RateLimitFilter) for f in logger.filters):
+            logger.addFilter(RateLimitFilter(burst, window))
