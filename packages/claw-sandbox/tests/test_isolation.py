@@ -2,6 +2,7 @@
 
 import http.server
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -184,3 +185,128 @@ def _hidden_venv_runs(bwrap, base: Path, tmp_path: Path) -> None:
     cmd = [str(venv / "bin" / "python"), "-c", "import claw_probe_mod; print(claw_probe_mod.X)"]
     run = _one(bwrap, job("v", command=cmd), tmp_path)
     assert run["stdout_tail"] == "editable source visible\n", run["stderr_tail"]
+
+
+def _stray_dir() -> Path:
+    """A fresh directory outside the usual hidden ones (/var/tmp, /srv or /opt), or skip."""
+    for base in ("/var/tmp", "/srv", "/opt"):
+        if os.path.isdir(base) and os.access(base, os.W_OK):
+            return Path(tempfile.mkdtemp(prefix="claw-stray-", dir=base))
+    pytest.skip("no writable /var/tmp, /srv or /opt to plant a stray secret in")
+
+
+def test_stray_host_secret_and_socket_are_out_of_reach(bwrap, tmp_path):
+    """A 0644 secret and a 0666 unix socket in a host directory outside the defaults: unreachable."""
+    stray = _stray_dir()
+    try:
+        os.chmod(stray, 0o755)
+        secret = stray / "proxy-secret"
+        secret.write_text("stray-secret-value")
+        os.chmod(secret, 0o644)
+        sock_path = stray / "api.sock"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(sock_path))
+        os.chmod(sock_path, 0o666)
+        server.listen(4)
+        code = (
+            "import socket, sys\n"
+            "try:\n    print('READ', open(sys.argv[1]).read())\n"
+            "except OSError as e:\n    print('no read', e.errno)\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(sys.argv[2]); print('CONNECTED')\n"
+            "except OSError as e:\n    print('no connect', e.errno)\n"
+        )
+        for policy in ("none", "host"):
+            argv = [*py(code), str(secret), str(sock_path)]
+            run = _one(bwrap, job("stray", command=argv, network={"policy": policy}), tmp_path)
+            assert run["exit_code"] == 0, run
+            assert "no read" in run["stdout_tail"] and "no connect" in run["stdout_tail"], run
+            assert "stray-secret-value" not in run["stdout_tail"]
+        server.close()
+    finally:
+        shutil.rmtree(stray, ignore_errors=True)
+
+
+def test_only_system_directories_are_visible(bwrap, tmp_path):
+    """The root holds the allow-list (system dirs, workspace, /tmp, empty /root ...), not /srv or /opt."""
+    code = "import os; print(' '.join(sorted(os.listdir('/'))))"
+    run = _one(bwrap, job("root", command=py(code)), tmp_path)
+    seen = set(run["stdout_tail"].split())
+    assert {"usr", "etc", "workspace", "tmp", "proc", "dev"} <= seen, seen
+    assert not seen & {"srv", "opt", "mnt", "media", "boot"}, seen
+    host_only = set(os.listdir("/")) - seen
+    allowed = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "sys", "dev",
+               "proc", "tmp", "root", "home", "run", "var", "workspace"}  # fmt: skip
+    # anything else visible is an interpreter directory bound back for the command
+    assert seen - allowed <= {p.split("/")[1] for p in _interpreter_dirs()}, seen - allowed
+    assert host_only  # the host has more at its root than the job sees
+
+
+def _interpreter_dirs() -> list[str]:
+    from claw_sandbox.backends.base import venv_paths
+
+    return [p for p in venv_paths([sys.executable]) if p.startswith("/")]
+
+
+SYSCALL_PROBE = """
+import ctypes, errno, subprocess, sys, threading
+nr = {nr}
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    r = libc.syscall(nr[name], *args)
+    return r if r >= 0 else errno.errorcode.get(ctypes.get_errno(), 'errno?')
+print('add_key', call('add_key', b'user', b'claw-key', b'SECRET-PAYLOAD', 7, ctypes.c_long(-4)))
+print('keyctl', call('keyctl', 0, ctypes.c_long(-4), 0))  # KEYCTL_GET_KEYRING_ID of @u
+print('search', call('keyctl', 10, ctypes.c_long(-4), b'user', b'claw-key', 0))
+u = subprocess.run(['unshare', '-U', 'true'], capture_output=True)
+print('unshare', u.returncode)
+t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()
+print(subprocess.run(['sh', '-c', 'echo hi > f && cat f && rm f && ls -d /workspace'],
+                     capture_output=True, text=True).stdout.replace(chr(10), ' '))
+"""
+
+
+def _probe_code() -> str:
+    from claw_sandbox import _seccomp
+
+    nrs = _seccomp.SYSCALLS.get(_seccomp.machine())
+    if nrs is None or not shutil.which("unshare"):
+        pytest.skip(f"no seccomp table for {_seccomp.machine()} or no unshare(1)")
+    return SYSCALL_PROBE.replace("{nr}", repr(nrs))
+
+
+def test_keyring_and_nested_namespaces_are_refused(bwrap, tmp_path):
+    """keyctl/add_key fail with EPERM, `unshare -U` fails; threads, sh and file work still run."""
+    (run,) = run_jobs([job("k", command=py(_probe_code()))], backend=bwrap, workdir=tmp_path)
+    lines = dict(line.split(" ", 1) for line in run["stdout_tail"].splitlines())
+    assert lines["add_key"] == "EPERM" and lines["keyctl"] == "EPERM", run
+    assert lines["search"] == "EPERM"
+    assert lines["unshare"] != "0"
+    assert lines["thread"] == "ok"
+    assert lines["hi"].strip() == "/workspace"
+
+
+def test_a_key_stored_by_one_job_is_not_seen_by_the_next(bwrap, tmp_path):
+    """The keyring attack: job 1 stores a key for its uid, job 2 (same uid) looks for it."""
+    code = _probe_code()
+    first, second = run_jobs(
+        [job("store", command=py(code)), job("read", command=py(code))],
+        backend=bwrap, workdir=tmp_path,
+    )  # fmt: skip
+    assert "add_key EPERM" in first["stdout_tail"], first
+    assert "search EPERM" in second["stdout_tail"], second
+    assert "SECRET-PAYLOAD" not in second["stdout_tail"]
+
+
+def test_without_the_filter_nested_namespaces_would_work(tmp_path):
+    """The control for the two tests above: with seccomp off, `unshare -U` succeeds here."""
+    from claw_sandbox.backends.bwrap import BwrapBackend
+
+    backend = BwrapBackend(seccomp=False)
+    if backend.unavailable():
+        pytest.skip(f"bwrap backend unavailable: {backend.unavailable()}")
+    (run,) = run_jobs([job("u", command="unshare -U true && echo NESTED")], backend=backend,
+                      workdir=tmp_path)  # fmt: skip
+    if "NESTED" not in run["stdout_tail"]:
+        pytest.skip(f"this kernel refuses nested user namespaces anyway: {run['stdout_tail']!r}")
+    assert run["exit_code"] == 0

@@ -86,3 +86,58 @@ def test_groups_of_a_dead_runner_are_swept(cgroups):
     assert all(s.exists() for s in stale)
     assert _cgroup.sweep_stale(cgroups) >= len(stale)
     assert not any(s.exists() for s in stale)
+
+
+@pytest.mark.parametrize("name", ["bwrap", "process"])
+def test_a_job_without_limits_gets_the_backend_defaults(name, cgroups, tmp_path):
+    """No `limits` in the job: the backend's default memory bound still stops a hog."""
+    from claw_sandbox.backends import make_backend
+    from claw_sandbox.records import Limits
+
+    backend = make_backend(name, default_limits=Limits(memory_mb=64, pids=64))
+    if backend.unavailable():
+        pytest.skip(f"{name} backend unavailable: {backend.unavailable()}")
+    (run,) = run_jobs([job("hog", command=MEMORY_HOG)], backend=backend, workdir=tmp_path)
+    assert run["exit_code"] == 137 and "allocated" not in run["stdout_tail"], run
+    assert "memory limit exceeded (64 MB)" in run["error"]
+
+
+def test_documented_defaults_fill_only_what_a_job_leaves_out():
+    """Defaults fill absent limits; a job's own value always wins."""
+    from claw_sandbox.backends.base import DEFAULT_LIMITS, effective_limits
+    from claw_sandbox.records import Limits
+
+    got = effective_limits(Limits(memory_mb=100), DEFAULT_LIMITS)
+    assert got.memory_mb == 100 and got.pids == DEFAULT_LIMITS.pids
+    assert got.cpus == DEFAULT_LIMITS.cpus
+    assert effective_limits(Limits(), Limits()) == Limits()
+
+
+def test_job_cgroups_sit_below_the_runners_own(cgroups):
+    """Each job group is created inside the cgroup the runner itself is in (per v1 controller)."""
+    from claw_sandbox import _cgroup
+    from claw_sandbox.records import Limits
+
+    own = _cgroup.own_cgroups()
+    group = _cgroup.JobCgroup.create(cgroups, Limits(pids=8), "undertest")
+    try:
+        for d in group.dirs:
+            rel = d.relative_to(_cgroup.ROOT)
+            ctl = rel.parts[0] if cgroups.version == 1 else ""
+            mine = own[ctl].strip("/")
+            inside = "/".join(rel.parts[1:] if cgroups.version == 1 else rel.parts)
+            assert inside.startswith(f"{mine}/" if mine else ""), (d, own)
+            assert inside.endswith(f"claw-sandbox/{d.name}")
+    finally:
+        group.destroy()
+    assert not any(d.exists() for d in group.dirs)
+
+
+def test_own_cgroups_parses_v1_and_v2_lines():
+    """/proc/self/cgroup lines map each v1 controller (and the v2 tree) to a path."""
+    from claw_sandbox import _cgroup
+
+    text = "4:memory:/a/b\n2:cpu,cpuacct:/c\n0::/user.slice/x.scope\n"
+    own = _cgroup.own_cgroups(text)
+    assert own["memory"] == "/a/b" and own["cpu"] == "/c" and own["cpuacct"] == "/c"
+    assert own[""] == "/user.slice/x.scope"

@@ -8,6 +8,7 @@ back to rlimits and process-group / namespace killing.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
@@ -46,16 +47,45 @@ def _writable_dir(path: Path) -> bool:
         return False
 
 
+def own_cgroups(text: str | None = None) -> dict[str, str]:
+    """This process's cgroup per v1 controller (and "" for the v2 tree): /proc/self/cgroup."""
+    if text is None:
+        try:
+            text = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for ctl in parts[1].split(",") if parts[1] else [""]:
+                out[ctl] = parts[2]
+    return out
+
+
+def _below(mount: Path, own: str) -> Path:
+    rel = own.strip("/")
+    if rel and not (mount / rel).is_dir():  # a cgroup namespace the mount does not match
+        rel = ""
+    return mount / rel if rel else mount
+
+
 def detect(name: str = "claw-sandbox") -> CgroupSupport:
-    """Find a cgroup tree this process may create job groups in (override: CLAW_SANDBOX_CGROUP)."""
+    """Find a cgroup tree this process may create job groups in: `NAME` below the runner's own
+    cgroup (per controller on v1), so a job is charged and bounded where the runner is
+    (override: CLAW_SANDBOX_CGROUP)."""
     override = os.environ.get("CLAW_SANDBOX_CGROUP")
+    own = own_cgroups()
     if (ROOT / "cgroup.controllers").exists():  # pure v2
-        base = Path(override) if override else ROOT / name
+        here = _below(ROOT, own.get("", "/"))
+        base = Path(override) if override else here / name
+        want = {"memory", "pids", "cpu"}
+        if not override and here != ROOT:
+            _leave_for_leaf(here)
         if not _writable_dir(base):
             return CgroupSupport(
                 None, reason=f"cgroup v2 at {ROOT} but {base} is not writable (not root?)"
             )
-        want = {"memory", "pids", "cpu"}
         for parent in [base.parent, base] if not override else [base]:
             ctl = parent / "cgroup.subtree_control"
             with contextlib.suppress(OSError):
@@ -65,8 +95,10 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
         if not {"memory", "pids"} <= enabled:
             return CgroupSupport(
                 None,
-                reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)})",
+                reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)};"
+                " the runner's cgroup must hold no other process, or set CLAW_SANDBOX_CGROUP)",
             )
+        _remove_at_exit((base,))
         return _swept(CgroupSupport(2, (base,), "cgroup v2"))
     bases = []
     for ctl in V1_CONTROLLERS:
@@ -76,13 +108,46 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
             if not alt:
                 return CgroupSupport(None, reason=f"no cgroup v1 {ctl} hierarchy under {ROOT}")
             mount = alt[0]
-        base = mount / name
+        base = _below(mount, own.get(ctl, "/")) / name
         if not _writable_dir(base):
             return CgroupSupport(
                 None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)"
             )
         bases.append(base)
+    _remove_at_exit(tuple(bases))
     return _swept(CgroupSupport(1, tuple(bases), "cgroup v1"))
+
+
+def _leave_for_leaf(here: Path) -> None:
+    """cgroup v2 gives a group's children controllers only while the group itself holds no
+    process. When the runner is alone in its cgroup, it moves into a leaf `claw-runner` there."""
+    try:
+        procs = (here / "cgroup.procs").read_text().split()
+        if procs != [str(os.getpid())]:
+            return
+        leaf = here / "claw-runner"
+        leaf.mkdir(exist_ok=True)
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        return
+
+
+_registered: set[Path] = set()
+
+
+def _remove_at_exit(bases: tuple[Path, ...]) -> None:
+    """Remove the (then empty) base groups when the runner exits: they sit in its own cgroup."""
+    new = [b for b in bases if b not in _registered]
+    if not new:
+        return
+    _registered.update(new)
+
+    def remove() -> None:
+        for b in new:
+            with contextlib.suppress(OSError):
+                b.rmdir()
+
+    atexit.register(remove)
 
 
 def _swept(support: CgroupSupport) -> CgroupSupport:
@@ -208,6 +273,15 @@ class JobCgroup:
             return int(oom.get("oom_kill", 0)) > 0 or int((mem / "memory.failcnt").read_text()) > 0
         except (OSError, ValueError):
             return False
+
+    def limit_notes(self, limits: Limits) -> list[str]:
+        """What to say in the run's `error` about limits the step ran into."""
+        notes = []
+        if limits.memory_mb and self.memory_exceeded():
+            notes.append(f"memory limit exceeded ({limits.memory_mb} MB)")
+        if limits.pids and self.pids_exceeded():
+            notes.append(f"pids limit reached ({limits.pids})")
+        return notes
 
     def pids_exceeded(self) -> bool:
         d = self.dirs[0] if self.support.version == 2 else self.dirs[1]

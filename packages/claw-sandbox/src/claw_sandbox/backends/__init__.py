@@ -22,7 +22,7 @@ def make_backend(name: str, **options) -> Backend:
     if name == "process":
         from claw_sandbox.backends.process import ProcessBackend
 
-        return ProcessBackend()
+        return ProcessBackend(**{k: v for k, v in options.items() if k == "default_limits"})
     raise BackendUnavailable(
         f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)} or auto"
     )

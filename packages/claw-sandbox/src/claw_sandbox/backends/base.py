@@ -14,12 +14,28 @@ import sys
 from pathlib import Path
 from typing import ClassVar
 
+import attrs
+
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits
 from claw_sandbox.workspace import build_workspace, chown_tree, copy_into, safe_write
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Bounds for a job that names none, applied through the job's cgroup (so only where the cgroup
+# tree is writable; the rlimit fallback applies a job's own limits only: an address-space or
+# per-user process rlimit as a default would break ordinary programs).
+DEFAULT_LIMITS = Limits(memory_mb=4096, pids=1024, cpus=2.0)
+
+
+def effective_limits(limits: Limits, defaults: Limits) -> Limits:
+    """The job's limits, with each one it leaves out taken from `defaults`."""
+    filled = {
+        k: getattr(defaults, k)
+        for k in ("memory_mb", "pids", "cpus")
+        if getattr(limits, k) is None and getattr(defaults, k) is not None
+    }
+    return attrs.evolve(limits, **filled) if filled else limits
 
 
 def argv_of(command: Command) -> list[str]:
@@ -56,6 +72,7 @@ class Sandbox(abc.ABC):
         self.workspace = jobdir / "ws"
         self.tmp = jobdir / "tmp"
         self.notes: list[str] = []  # what the run's `error` should mention (limits hit, ...)
+        self.limits: Limits = job.limits  # what is enforced: the job's, plus backend defaults
         self.owner: tuple[int, int] | None = None  # uid/gid the sandboxed code runs as
 
     # paths as the sandboxed code sees them

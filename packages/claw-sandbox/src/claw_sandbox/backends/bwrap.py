@@ -2,15 +2,20 @@
 
 Each step runs as ``bwrap ... -- [setpriv] [forwarder] COMMAND`` with
 - new pid, ipc, uts, cgroup and (unless policy `host`) network namespaces;
-- the host's top-level directories bound read-only, except /root, /home, /tmp, /run, /mnt,
-  /media (empty), the directory holding all job directories (hidden), and the interpreter
-  directories the command needs (bound back read-only, e.g. a venv under /root);
+- an allow-list view of the host: /usr, /bin, /sbin, /lib*, /etc and /sys read-only, fresh
+  /dev and /proc, empty /root, /home, /run, /var (/var/tmp -> /tmp); nothing else of the host
+  exists inside (no stray secret or unix socket under /srv, /opt, /var, /mnt ...), except the
+  interpreter directories the command needs and `--ro-path`s, bound back read-only, with the
+  directory of all job directories hidden under a tmpfs wherever it would show;
 - the job's workspace at /workspace and the job's own /tmp, both writable and kept between the
   steps of the job (setup, command, verify see the same files);
+- a seccomp filter (`_seccomp`): no keyrings, no new namespaces, no mounts, no kernel-global
+  calls;
 - as root: the step drops to a separate unprivileged host uid (default 65534) without
   capabilities and with no_new_privs; as another user: a user namespace (uid 1000 inside);
-- limits from a per-job cgroup when the tree is writable, else rlimits; at the timeout the
-  bwrap monitor is killed, which kills the pid namespace and so every process of the step.
+- limits (the job's, else the backend's defaults) from a per-job cgroup below the runner's own
+  when the tree is writable, else the job's own limits as rlimits; at the timeout the bwrap
+  monitor is killed, which kills the pid namespace and so every process of the step.
 """
 
 from __future__ import annotations
@@ -26,41 +31,47 @@ import subprocess
 import sys
 from pathlib import Path
 
-from claw_sandbox import _cgroup, _forward
+from claw_sandbox import _cgroup, _forward, _seccomp
 from claw_sandbox._proc import StepResult, killpg, run_step
-from claw_sandbox.backends.base import Backend, Sandbox, argv_of, rlimit_wrap, venv_paths
+from claw_sandbox.backends.base import (
+    DEFAULT_LIMITS,
+    Backend,
+    Sandbox,
+    argv_of,
+    effective_limits,
+    rlimit_wrap,
+    venv_paths,
+)
 from claw_sandbox.errors import InfraError
-from claw_sandbox.records import Command, Job, parse_http_url
+from claw_sandbox.records import Command, Job, Limits, parse_http_url
 
-HIDDEN = {"proc", "dev", "sys", "tmp", "run", "home", "root", "mnt", "media", "lost+found"}
+# what a job sees of the host: system directories read-only, nothing else (item: an allow-list,
+# so a stray secret or unix socket elsewhere on the host is out of reach)
+VISIBLE = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+VISIBLE_ROOTS = tuple(f"/{v}" for v in VISIBLE) + ("/sys", "/dev", "/proc")
 INNER_WORKSPACE = "/workspace"
 
 
 def root_binds() -> list[str]:
-    """Bind the host's top-level directories read-only, except the hidden ones."""
+    """The sandbox's root: /usr, /bin, /sbin, /lib*, /etc read-only, /sys read-only, fresh /dev
+    and /proc, empty /root, /home, /run, /var; everything else of the host is absent."""
     args = []
-    for name in sorted(os.listdir("/")):
+    for name in VISIBLE:
         path = f"/{name}"
-        if name in HIDDEN:
-            continue
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
     args += ["--ro-bind-try", "/sys", "/sys", "--dev", "/dev", "--proc", "/proc"]
-    args += [
-        "--dir",
-        "/root",
-        "--dir",
-        "/home",
-        "--dir",
-        "/run",
-        "--perms",
-        "1777",
-        "--dir",
-        "/tmp",
-    ]
+    for d in ("/root", "/home", "/run", "/var"):
+        args += ["--dir", d]
+    args += ["--symlink", "../run", "/var/run", "--symlink", "../tmp", "/var/tmp"]
+    args += ["--perms", "1777", "--dir", "/tmp"]
     return args
+
+
+def _under(path: str, roots: tuple[str, ...] | set[str]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
 
 
 def _is_ns_init(pid: int) -> bool:
@@ -89,11 +100,10 @@ class BwrapSandbox(Sandbox):
         self._status, self._status_fd = b"", -1
 
     async def start(self) -> None:
-        if self.job.limits.any() and self.backend.cgroups.version is not None:
+        if self.backend.cgroups.version is not None:
+            self.limits = effective_limits(self.job.limits, self.backend.default_limits)
             try:
-                self.cgroup = _cgroup.JobCgroup.create(
-                    self.backend.cgroups, self.job.limits, "bwrap"
-                )
+                self.cgroup = _cgroup.JobCgroup.create(self.backend.cgroups, self.limits, "bwrap")
             except OSError as exc:
                 raise InfraError(f"cannot create the job's cgroup: {exc}") from exc
         if self.job.network.policy == "proxy":
@@ -118,25 +128,27 @@ class BwrapSandbox(Sandbox):
         if job.network.policy == "host":
             for f in ("/run/systemd/resolve",):
                 args += ["--ro-bind-try", f, f]
-        hidden_roots = tuple(f"/{h}" for h in HIDDEN)
         bound: set[str] = set()
-        made: set[str] = set()
+        made: set[str] = {"/", "/root", "/home", "/run", "/var", "/tmp"}
         # parents before children, so a bound directory never hides a bind inside it
         wanted = sorted(
             {os.path.normpath(p) for p in [*venv_paths(command), *self.backend.ro_paths]},
             key=lambda p: (p.count("/"), p),
         )
         for p in wanted:
-            if not p.startswith(hidden_roots) or not os.path.exists(p):
+            if p == "/" or _under(p, VISIBLE_ROOTS) or not os.path.exists(p):
                 continue
-            if any(p == b or p.startswith(b + "/") for b in bound):
+            if _under(p, bound):
                 continue  # already visible through a bound parent
             bound.add(p)
-            for parent in reversed(Path(p).parents[:-2]):  # bwrap would make them 0700
+            for parent in reversed(Path(p).parents[:-1]):  # else bwrap makes them 0700
                 if str(parent) not in made:
                     made.add(str(parent))
                     args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", p, p]
+        for h in sorted(self.backend.hidden):  # e.g. the job directories, inside a bound dir
+            if _under(h, bound) or _under(h, VISIBLE_ROOTS):
+                args += ["--tmpfs", h]
         args += ["--remount-ro", "/", "--chdir", INNER_WORKSPACE]  # bwrap's root tmpfs, too
         inner = argv_of(command)
         if self.relay is not None:
@@ -145,7 +157,7 @@ class BwrapSandbox(Sandbox):
                 + inner
             )
         if self.cgroup is None:
-            inner = rlimit_wrap(job.limits, inner)
+            inner = rlimit_wrap(job.limits, inner)  # the job's own limits only: see README
         if self.owner is not None:
             uid, gid = self.owner
             # leaving uid 0 clears every capability; no_new_privs stops setuid/file-cap binaries
@@ -190,6 +202,10 @@ class BwrapSandbox(Sandbox):
     ) -> StepResult:
         args, inner = self._argv(command)
         status_r, status_w = os.pipe()
+        seccomp_fd = _seccomp.program_fd() if self.backend.seccomp else None
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
+        fds = (status_w,) if seccomp_fd is None else (status_w, seccomp_fd)
         argv = [*args, "--json-status-fd", str(status_w), "--", *inner]
         if self.cgroup is not None:
             argv = self.cgroup.wrap(argv)
@@ -202,10 +218,12 @@ class BwrapSandbox(Sandbox):
             result = await run_step(
                 argv, env=env, cwd="/", timeout_s=timeout_s, output_bytes=self.job.limits.output_bytes,
                 kill_tree=self._kill_tree,
-                kill_is_quick=self.cgroup is None, merge_stderr=merge_stderr, pass_fds=(status_w,),
+                kill_is_quick=self.cgroup is None, merge_stderr=merge_stderr, pass_fds=fds,
             )  # fmt: skip
         finally:
             os.close(status_w)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
             self._read_status()
             os.close(status_r)
         if b"child-pid" not in self._status and not result.timed_out:
@@ -219,10 +237,7 @@ class BwrapSandbox(Sandbox):
             ]
             raise InfraError(line[-1])
         if self.cgroup is not None:
-            if self.job.limits.memory_mb and self.cgroup.memory_exceeded():
-                self.notes.append(f"memory limit exceeded ({self.job.limits.memory_mb} MB)")
-            if self.job.limits.pids and self.cgroup.pids_exceeded():
-                self.notes.append(f"pids limit reached ({self.job.limits.pids})")
+            self.notes += self.cgroup.limit_notes(self.limits)
         return result
 
     async def stop(self) -> None:
@@ -239,7 +254,8 @@ class BwrapBackend(Backend):
     isolates = True
 
     def __init__(self, *, uid: int = 65534, gid: int = 65534, ro_paths: tuple[str, ...] = (),
-                 hide: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 hide: tuple[str, ...] = (), default_limits: Limits = DEFAULT_LIMITS,
+                 seccomp: bool = True) -> None:  # fmt: skip
         self.bwrap = shutil.which("bwrap") or ""
         self.setpriv = shutil.which("setpriv") or ""
         self.socat = shutil.which("socat")
@@ -248,17 +264,17 @@ class BwrapBackend(Backend):
         env_paths = tuple(p for p in os.environ.get("CLAW_SANDBOX_RO_PATHS", "").split(":") if p)
         self.ro_paths = (*ro_paths, *env_paths)
         self.base_args = root_binds()
+        self.default_limits = default_limits
+        self.seccomp = seccomp and _seccomp.program() is not None
         self.hidden: set[str] = set()
         for h in hide:
-            self.base_args += ["--tmpfs", h]
+            self.hide(h)
         self._reason: str | None | bool = False
 
     def hide(self, path: str) -> None:
-        """Hide a host directory (e.g. the one holding every job directory) behind an empty tmpfs."""
-        path = os.path.realpath(path)
-        if not path.startswith(tuple(f"/{h}/" for h in HIDDEN)) and path not in self.hidden:
-            self.hidden.add(path)
-            self.base_args += ["--tmpfs", path]
+        """Hide a host directory (e.g. the one holding every job directory) behind an empty tmpfs
+        wherever a step would otherwise see it (under a visible or bound-back directory)."""
+        self.hidden.add(os.path.realpath(path))
 
     def unavailable(self) -> str | None:
         if self._reason is not False:

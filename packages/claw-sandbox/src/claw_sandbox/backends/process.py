@@ -17,9 +17,16 @@ from pathlib import Path
 
 from claw_sandbox import _cgroup, _forward
 from claw_sandbox._proc import StepResult, find_marked, killpg, run_step
-from claw_sandbox.backends.base import Backend, Sandbox, argv_of, rlimit_wrap
+from claw_sandbox.backends.base import (
+    DEFAULT_LIMITS,
+    Backend,
+    Sandbox,
+    argv_of,
+    effective_limits,
+    rlimit_wrap,
+)
 from claw_sandbox.errors import InfraError
-from claw_sandbox.records import Command, Job, parse_http_url
+from claw_sandbox.records import Command, Job, Limits, parse_http_url
 
 MARKER = "CLAW_SANDBOX_TOKEN"
 
@@ -43,7 +50,8 @@ class ProcessSandbox(Sandbox):
         support = self.backend.cgroups
         if support.version is not None:
             try:
-                self.cgroup = _cgroup.JobCgroup.create(support, self.job.limits, "process")
+                self.limits = effective_limits(self.job.limits, self.backend.default_limits)
+                self.cgroup = _cgroup.JobCgroup.create(support, self.limits, "process")
             except OSError as exc:
                 raise InfraError(f"cannot create the job's cgroup: {exc}") from exc
 
@@ -85,10 +93,7 @@ class ProcessSandbox(Sandbox):
         if result.exit_code == 125 and _cgroup.ENTER_FAILED in result.stderr:
             raise InfraError(_cgroup.ENTER_FAILED)
         if self.cgroup is not None:
-            if self.job.limits.memory_mb and self.cgroup.memory_exceeded():
-                self.notes.append(f"memory limit exceeded ({self.job.limits.memory_mb} MB)")
-            if self.job.limits.pids and self.cgroup.pids_exceeded():
-                self.notes.append(f"pids limit reached ({self.job.limits.pids})")
+            self.notes += self.cgroup.limit_notes(self.limits)
         return result
 
     async def stop(self) -> None:
@@ -109,8 +114,9 @@ class ProcessBackend(Backend):
         "proxy the proxy is relayed to 127.0.0.1:PORT on the host, nothing is blocked)"
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, default_limits: Limits = DEFAULT_LIMITS) -> None:
         self.cgroups = _cgroup.detect()
+        self.default_limits = default_limits
         self.setpriv = shutil.which("setpriv")
 
     def unavailable(self) -> str | None:
