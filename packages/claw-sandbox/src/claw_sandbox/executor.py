@@ -13,7 +13,7 @@ from pathlib import Path
 from claw_sandbox.backends.base import Backend, Sandbox
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Job, Run, VerifyResult
-from claw_sandbox import _fsat
+from claw_sandbox import _fsat, _leftovers
 from claw_sandbox.workspace import collect, parse_reward, read_file
 
 
@@ -85,10 +85,14 @@ async def _collect(job: Job, sandbox: Sandbox) -> dict[str, str]:
 
 
 async def _teardown(sandbox: Sandbox, started: bool, keep: bool) -> None:
-    if started:
-        await sandbox.stop()
-    if not keep and not sandbox.remove_if_untouched():
-        await asyncio.to_thread(sandbox.remove)
+    try:
+        if started:
+            await sandbox.stop()
+        if not keep and not sandbox.remove_if_untouched():
+            await asyncio.to_thread(sandbox.remove)
+    finally:  # unlocked, a directory still there is removed by the next run (unless kept)
+        _leftovers.release(sandbox.lock, sandbox.jobdir, kept=keep)
+        sandbox.lock = None
 
 
 async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:

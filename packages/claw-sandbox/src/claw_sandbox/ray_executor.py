@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from claw_sandbox import _leftovers
 from claw_sandbox.errors import ClawError
 from claw_sandbox.records import BadLine, Job
 from claw_sandbox.scheduler import (
@@ -35,7 +36,8 @@ def run_one_on_node(job_row: dict, backend: str, retries: int, options: dict) ->
 
     job = Job.from_dict(job_row, f"job {job_row.get('job_id')!r}")
     sched = Scheduler(get_backend(backend, **options), 1, retries, None)
-    root = Path(tempfile.mkdtemp(prefix="claw-sandbox-ray-"))
+    root = Path(tempfile.mkdtemp(prefix=_leftovers.ROOT_PREFIX + "ray-"))
+    _leftovers.sweep_default_roots(own=root)  # job directories of killed tasks on this node
     if hasattr(sched.backend, "hide"):
         sched.backend.hide(str(root))
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import attrs
 
+from claw_sandbox import _leftovers
 from claw_sandbox.backends import get_backend
 from claw_sandbox.backends.base import Backend
 from claw_sandbox.errors import InfraError, JobError, JobsFileError
@@ -124,9 +125,14 @@ class Scheduler:
             self.total, self.skipped = len(items), len(items) - len(todo)
             if self.skipped:
                 self.log(f"resuming: {self.skipped} of {len(items)} jobs already recorded in {out}")
-            root = self.root or Path(tempfile.mkdtemp(prefix="claw-sandbox-"))
+            root = self.root or Path(tempfile.mkdtemp(prefix=_leftovers.ROOT_PREFIX))
             root.mkdir(parents=True, exist_ok=True)
             os.chmod(root, 0o711)
+            swept = await asyncio.to_thread(
+                _leftovers.sweep_default_roots if self.root is None else _leftovers.sweep, root
+            )
+            if swept:
+                self.log(f"removed {swept} job directories left by a killed run")
             if hasattr(self.backend, "hide"):
                 self.backend.hide(str(root))
             if self.backend.warning:

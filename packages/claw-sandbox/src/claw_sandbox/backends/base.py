@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import attrs
 
+from claw_sandbox import _leftovers
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits
@@ -74,6 +75,7 @@ class Sandbox(abc.ABC):
         self.notes: list[str] = []  # what the run's `error` should mention (limits hit, ...)
         self.limits: Limits = job.limits  # what is enforced: the job's, plus backend defaults
         self.owner: tuple[int, int] | None = None  # uid/gid the sandboxed code runs as
+        self.lock: int | None = None  # flock fd: the job directory is in flight (_leftovers)
 
     # paths as the sandboxed code sees them
     inside_workspace: str = ""
@@ -82,6 +84,7 @@ class Sandbox(abc.ABC):
     def prepare(self) -> None:
         """Create the job directory and fill the workspace (JobError on bad copy_from)."""
         self.jobdir.mkdir(parents=True)
+        self.lock = _leftovers.hold(self.jobdir)  # after a SIGKILL, the next run removes it
         self.tmp.mkdir()
         (self.tmp / "home").mkdir()
         build_workspace(
@@ -146,8 +149,11 @@ class Sandbox(abc.ABC):
         anything is left (rmdir removes only empty directories and follows no symlink); the
         caller then runs `remove()`, which finishes the job."""
         try:
-            for d in (self.workspace, self.tmp / "home", self.tmp, self.jobdir):
+            for d in (self.workspace, self.tmp / "home", self.tmp):
                 os.rmdir(d)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.jobdir / _leftovers.LOCK_NAME)
+            os.rmdir(self.jobdir)
         except OSError:
             return False
         return True
