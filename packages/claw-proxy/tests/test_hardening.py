@@ -218,3 +218,56 @@ def test_slow_header_connections_do_not_stop_a_normal_client(make_server):
     finally:
         for s in slow:
             s.close()
+
+
+def test_seq_continues_after_a_restart_on_the_same_records(make_server, tmp_path):
+    """A proxy restarted on the same --record file numbers each known session's calls on from
+    the last recorded seq; a new session starts at 0."""
+    srv = make_server()
+    for s in ("a", "a", "b"):
+        assert _post(srv, "/v1/chat/completions", _chat(), session=s).status_code == 200
+    srv.stop()
+    srv = make_server()
+    for s in ("a", "b", "c"):
+        assert _post(srv, "/v1/chat/completions", _chat(), session=s).status_code == 200
+    seqs = [(c.session, c.seq) for c in read_calls(tmp_path / "calls.jsonl")]
+    assert seqs == [("a", 0), ("a", 1), ("b", 0), ("a", 2), ("b", 1), ("c", 0)]
+
+
+def _serve(tmp_path, *args):
+    from claw_proxy.cli import main
+    from click.testing import CliRunner
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s")
+    return CliRunner().invoke(main, ["serve", "--secret-file", str(secret), *args])
+
+
+def test_serve_refuses_bad_record_paths_in_one_line(tmp_path):
+    """--record DIR or a file in a missing directory: one line on stderr, exit status 2."""
+    for path, needle in (
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing" / "calls.jsonl", "does not exist"),
+    ):
+        r = _serve(tmp_path, "--engine", f"transformers:{TINY}", "--record", str(path))
+        assert r.exit_code == 2 and needle in r.output
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_serve_checks_model_and_port_before_announcing(tmp_path):
+    """A missing model directory or a port in use is a clear error and nothing is announced."""
+    r = _serve(tmp_path, "--engine", "transformers:nope")
+    assert r.exit_code == 1 and "nope is not a directory" in r.output
+    assert "Repo id" not in r.output and "serving" not in r.output
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        script = write_script(tmp_path / "s.jsonl", ["hi"])
+        r = _serve(
+            tmp_path, "--engine", f"scripted:{script}", "--tokenizer", str(TINY), "--port", str(port)
+        )
+    assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output
+    assert "serving" not in r.output

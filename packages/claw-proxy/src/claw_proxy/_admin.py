@@ -107,12 +107,11 @@ def routes(proxy) -> list[Route]:
         try:
             proxy._check_admin(request)
             sid = request.path_params["session"]
-            from claw_proxy.server import _Session
             from claw_proxy.tokens import _SESSION
 
             if not _SESSION.fullmatch(sid):
                 raise RequestError("session ids are 1-128 characters of [A-Za-z0-9_-]", "session")
-            s = proxy.sessions.setdefault(sid, _Session())
+            s = proxy.sessions.get(sid) or proxy.new_session(sid)
             if request.method == "POST":
                 tags = (await _json(request)).get("tags")
                 if not isinstance(tags, dict):

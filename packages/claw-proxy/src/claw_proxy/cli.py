@@ -15,6 +15,25 @@ def _fail(e: ClawError, hint: str | None = None) -> click.ClickException:
     return click.ClickException(f"{e}" + (f"\nhint: {hint}" if hint else ""))
 
 
+class _UsageLine(click.ClickException):
+    """A mistake in the command line: one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+
+def _check_output(path: str, option: str) -> None:
+    """An output file's path, checked before any work: not a directory, in one that exists."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise _UsageLine(
+            f"{option} {path}: is a directory; give a file path, e.g. {p / 'calls.jsonl'}"
+        )
+    if not p.parent.is_dir():
+        raise _UsageLine(f"{option} {path}: the directory {p.parent} does not exist")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="claw-proxy")
 def main() -> None:
@@ -114,6 +133,48 @@ def main() -> None:
     "learner); honor: use each request's temperature / top_p / top_k. Either way the records "
     "hold the settings used and the logprobs of the distribution sampled from",
 )
+@click.option(
+    "--max-prompt-tokens",
+    default=262144,
+    show_default=True,
+    type=click.IntRange(1),
+    help="a request whose rendered prompt is longer gets 413",
+)
+@click.option(
+    "--prefix-cache-bytes",
+    default=1 << 30,
+    show_default=True,
+    type=click.IntRange(1),
+    help="memory for prefix reuse (per tokenizer); the coldest sessions are evicted past it",
+)
+@click.option(
+    "--cpu-workers",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1),
+    help="threads that parse, render and tokenise requests off the event loop",
+)
+@click.option(
+    "--header-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="seconds a connection has to send a request's headers",
+)
+@click.option(
+    "--body-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="seconds a request body may go without a byte (then 408)",
+)
+@click.option(
+    "--max-connections",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="open connections; past it the one waiting longest for its headers is closed",
+)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(
     engine,
@@ -140,6 +201,12 @@ def serve(
     batch_wait,
     vllm_reload_method,
     sampling,
+    max_prompt_tokens,
+    prefix_cache_bytes,
+    cpu_workers,
+    header_timeout,
+    body_timeout,
+    max_connections,
     log_level,
 ):
     """Serve the OpenAI and Anthropic APIs on a policy engine, recording every call.
@@ -151,6 +218,8 @@ def serve(
     """
     import os
 
+    if record is not None:
+        _check_output(record, "--record")
     from claw_proxy.config import ProxyConfig, parse_route
     from claw_proxy.serve import serve as run
     from claw_proxy.tokens import read_secret
@@ -179,9 +248,20 @@ def serve(
             batch_wait=batch_wait,
             vllm_reload_method=vllm_reload_method,
             sampling=sampling,
+            max_prompt_tokens=max_prompt_tokens,
+            prefix_cache_bytes=prefix_cache_bytes,
+            cpu_workers=cpu_workers,
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            max_connections=max_connections,
         )
-        click.echo(f"claw-proxy: serving {engine} on http://{host}:{port}", err=True)
-        run(config, host=host, port=port, log_level=log_level)
+        run(
+            config,
+            host=host,
+            port=port,
+            log_level=log_level,
+            announce=lambda url: click.echo(f"claw-proxy: serving {engine} on {url}", err=True),
+        )
     except ClawError as e:
         raise _fail(e, "check the engine spec, the tokenizer directory and the secret file") from e
 

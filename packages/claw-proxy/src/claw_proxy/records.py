@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -237,7 +238,10 @@ class CallWriter:
         self._index = 0
         while shard_path(self.path, self._index + 1).exists():
             self._index += 1
-        self._fd = self._open()
+        try:
+            self._fd = self._open()
+        except OSError as e:
+            raise RecordError(f"{self.path}: cannot append records here: {e.strerror}") from None
         self.written = 0
 
     def _open(self) -> int:
@@ -275,6 +279,36 @@ class CallWriter:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+_HEAD = re.compile(rb'"session":"((?:[^"\\]|\\.)*)","seq":(\d+)[,}]')
+
+
+def last_seqs(path: str | Path) -> dict[str, int]:
+    """The highest `seq` of each session in a record series (empty when there is none yet), so
+    a restarted proxy appending to it continues each session's numbering.
+
+    Reads each line's head only (the writer puts `session` and `seq` first); a line whose head
+    does not match is parsed in full, and a line that is not a record is skipped."""
+    path = Path(path)
+    out: dict[str, int] = {}
+    index = 0
+    while shard_path(path, index).exists():
+        with shard_path(path, index).open("rb") as f:
+            for line in f:
+                m = _HEAD.search(line, 0, 600)
+                if m:
+                    session, seq = json.loads(b'"' + m.group(1) + b'"'), int(m.group(2))
+                else:
+                    try:
+                        d = json.loads(line)
+                        session, seq = d["session"], int(d["seq"])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                if seq > out.get(session, -1):
+                    out[session] = seq
+        index += 1
+    return out
 
 
 def _parse_line(line: str, where: str) -> Call:

@@ -64,6 +64,13 @@ class Renderer:
     """Chat template + tokenizer of one HF directory."""
 
     def __init__(self, directory: str) -> None:
+        from pathlib import Path
+
+        if not Path(directory).is_dir():
+            raise ConfigError(
+                f"{directory}: no such directory (expected the policy's HF directory, with its "
+                "tokenizer files and chat template)"
+            )
         try:
             from transformers import AutoTokenizer
 

@@ -34,7 +34,7 @@ from claw_proxy.errors import (
     RequestError,
 )
 from claw_proxy.messages import ChatRequest
-from claw_proxy.records import CallWriter, Policy
+from claw_proxy.records import CallWriter, Policy, last_seqs
 from claw_proxy.render import PrefixCache, Renderer
 from claw_proxy.tokens import token_from_headers, verify_token
 
@@ -73,6 +73,8 @@ class Proxy:
             if config.record
             else None
         )
+        # sessions already in the records: their numbering continues after a restart
+        self._last_seq = last_seqs(config.record) if config.record else {}
         self.policy_engine = self._engine(config.engine)
         for _, spec in config.routes:
             if spec != "policy":
@@ -101,7 +103,15 @@ class Proxy:
         kind, target = split_spec(spec)
         c = self.config
         if kind == "transformers":
+            from pathlib import Path
+
             from claw_proxy._transformers import TransformersEngine
+
+            if not Path(target).is_dir():
+                raise ConfigError(
+                    f"engine {spec}: {target} is not a directory (expected an HF model directory "
+                    "with config.json and weights)"
+                )
 
             self._renderer(c.tokenizer or target)
             engine: Engine = TransformersEngine(
@@ -146,10 +156,17 @@ class Proxy:
         tok = verify_token(token, self.config.secret)
         s = self.sessions.get(tok.session)
         if s is None:
-            s = self.sessions[tok.session] = _Session(tags=dict(tok.tags))
+            s = self.new_session(tok.session, dict(tok.tags))
         if s.closed:
             raise AuthError(f"session {tok.session} is closed")
         return tok.session, s
+
+    def new_session(self, session: str, tags: dict | None = None) -> _Session:
+        """A session seen for the first time since start (its `seq` continues the records')."""
+        s = self.sessions[session] = _Session(
+            tags=tags or {}, seq=self._last_seq.pop(session, -1) + 1
+        )
+        return s
 
     def _check_admin(self, request: Request) -> None:
         if not self.config.admin_token:
