@@ -50,6 +50,9 @@ def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny"):
             "--served-model-name", name, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
             "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port),
+            # logprobs after temperature / top_k / top_p (what claw-proxy --sampling honor needs;
+            # at T 1 with no truncation, what --sampling force samples with, they equal the raw ones)
+            "--logprobs-mode", "processed_logprobs",
             "--worker-extension-cls", "claw_vllm_worker.ClawWorkerExtension"]
     here = str(Path(__file__).resolve().parents[2] / "examples" / "gpu")  # claw_vllm_worker.py
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1",
@@ -143,11 +146,27 @@ class Reference:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.eval()
 
-    def logprobs(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        """log p(completion_ids[i] | prompt + completion[:i]) at temperature 1."""
+    def logprobs(self, prompt_ids: list[int], completion_ids: list[int], sampling: dict | None = None
+                 ) -> list[float]:
+        """log p(completion_ids[i] | prompt + completion[:i]) under a call's `sampling` (default
+        temperature 1, no truncation): log_softmax(logits / T) over the top_k, then top_p kept
+        set (vLLM's rule: sorted ascending, drop while the cumulative probability <= 1 - top_p),
+        renormalised; 0.0 for greedy (T = 0) tokens."""
         torch = self.torch
+        s = sampling or {}
+        t, top_p, top_k = s.get("temperature", 1.0), s.get("top_p", 1.0), s.get("top_k", 0)
+        if t == 0:
+            return [0.0] * len(completion_ids)
         ids = torch.tensor([prompt_ids + completion_ids])
         with torch.no_grad():
-            logits = self.model(ids).logits[0, len(prompt_ids) - 1: -1].float()
+            logits = self.model(ids).logits[0, len(prompt_ids) - 1: -1].float() / t
+        if 0 < top_k < logits.shape[-1]:
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -torch.inf)
+        if top_p < 1:
+            asc, idx = logits.sort(dim=-1)
+            drop = torch.softmax(asc, -1).cumsum(-1) <= 1 - top_p
+            drop[:, -1] = False
+            logits = logits.scatter(1, idx, asc.masked_fill(drop, -torch.inf))
         lp = torch.log_softmax(logits, dim=-1)
         return lp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()

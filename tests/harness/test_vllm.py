@@ -78,7 +78,7 @@ def max_logprob_diff(calls: list[dict], reference: Reference) -> float:
     for c in calls:
         assert c["completion_ids"], f"call {c['call_id']} sampled nothing"
         assert len(c["completion_logprobs"]) == len(c["completion_ids"])
-        ref = reference.logprobs(c["prompt_ids"], c["completion_ids"])
+        ref = reference.logprobs(c["prompt_ids"], c["completion_ids"], c.get("sampling"))
         worst = max(worst, *(abs(a - b) for a, b in zip(c["completion_logprobs"], ref, strict=True)))
     return worst
 
@@ -140,6 +140,48 @@ def test_sdk_clients_through_vllm(proxy, vllm_url, reference):
     })
     assert [p["kind"] for p in pairs] == ["extends"], pairs
     assert diff <= LOGPROB_TOL, f"vLLM logprobs differ from transformers by {diff:.3g} > {LOGPROB_TOL}"
+
+
+def test_sampling_policies_through_vllm(proxy, vllm_url, reference, tmp_path):
+    """--sampling honor on vLLM (--logprobs-mode processed_logprobs): a call at T 0.6, and one at
+    T 0.8 with top_p 0.8 / top_k 20, are recorded with those settings and logprobs of the
+    truncated, renormalised distribution; the default proxy (force) records the T 0.6 request at
+    T 1, forced, with plain logprobs."""
+    import openai
+
+    url, _ = vllm_url
+    asks = [{"temperature": 0.6}, {"temperature": 0.8, "top_p": 0.8, "top_k": 20}]
+    with claw_proxy(f"vllm:{url}", tmp_path, extra=("--sampling", "honor", "--max-tokens-cap", "16")) as (
+        base, secret, calls_file
+    ):
+        honor = {"url": base, "secret": secret, "calls": calls_file}
+        oa = openai.OpenAI(base_url=base + "/v1", api_key=token(honor, "honor"), max_retries=0, timeout=300)
+        for ask in asks:
+            oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Tell a story."}],
+                                       max_tokens=16, seed=5, extra_body=ask)
+        honored = calls_of(honor, "honor")
+    oa = openai.OpenAI(base_url=proxy["url"] + "/v1", api_key=token(proxy, "forced"), max_retries=0, timeout=300)
+    oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Tell a story."}],
+                               max_tokens=16, seed=5, temperature=0.6)
+    forced = calls_of(proxy, "forced")
+    got = [{k: c["sampling"][k] for k in ("temperature", "top_p", "top_k", "forced")} for c in honored + forced]
+    assert got == [{"temperature": 0.6, "top_p": 1.0, "top_k": 0, "forced": False},
+                   {"temperature": 0.8, "top_p": 0.8, "top_k": 20, "forced": False},
+                   {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": True}]
+    diffs = [max_logprob_diff([c], reference) for c in honored + forced]
+    plain = max(abs(a - b) for a, b in zip(honored[0]["completion_logprobs"],
+                                           reference.logprobs(honored[0]["prompt_ids"],
+                                                              honored[0]["completion_ids"]), strict=True))
+    record("vllm-sampling", {
+        "label": "--sampling honor / force via vLLM (processed_logprobs)", "version": "vllm " + _vllm_version(),
+        "api": "chat", "streaming": False, "requests": 3, "calls": len(honored + forced),
+        "passed": max(diffs) <= LOGPROB_TOL,
+        "vllm": {"max_abs_logprob_diff_T0.6": f"{diffs[0]:.2e}", "max_abs_logprob_diff_T0.8_p0.8_k20": f"{diffs[1]:.2e}",
+                 "max_abs_logprob_diff_forced_T1": f"{diffs[2]:.2e}", "T0.6_vs_T1_logprobs": f"{plain:.2e}",
+                 "tolerance": f"{LOGPROB_TOL:.0e}"},
+    })
+    assert max(diffs) <= LOGPROB_TOL, diffs
+    assert plain > 100 * LOGPROB_TOL  # the check can tell a T 0.6 distribution from the T 1 one
 
 
 def _vllm_version() -> str:
