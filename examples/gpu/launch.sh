@@ -46,12 +46,14 @@ CUDA_VISIBLE_DEVICES=$LEARNER_GPUS "$CLAW_PY" -c "import torch, claw_rl, claw_pr
 # Dev mode exposes the weight-reload routes claw-proxy's vllm engine uses after every step
 # (pause, collective_rpc, reset_prefix_cache, update_weight_version, resume). The worker
 # extension in this folder reloads from an HF directory and re-ties tied embeddings, which
-# vLLM's own reload_weights leaves on the old weights (Qwen3 0.6B-4B tie them).
+# vLLM's own reload_weights leaves on the old weights (Qwen3 0.6B-4B tie them). Processed
+# logprobs (after temperature / top_k / top_p) are the sampled distribution's, which claw-proxy
+# records; under its default --sampling force they equal the raw ones, --sampling honor needs them.
 say "starting vLLM on GPU(s) $VLLM_GPUS, port $VLLM_PORT"
 CUDA_VISIBLE_DEVICES=$VLLM_GPUS VLLM_SERVER_DEV_MODE=1 PYTHONPATH="$PWD/examples/gpu${PYTHONPATH:+:$PYTHONPATH}" \
   "$VLLM_PY" -m vllm.entrypoints.openai.api_server --worker-extension-cls claw_vllm_worker.ClawWorkerExtension \
   --model "$MODEL" --port "$VLLM_PORT" --host 127.0.0.1 --gpu-memory-utilization "$VLLM_MEM" \
-  --max-model-len "$MAX_LEN" --enable-prefix-caching >"$RUN_DIR/vllm.log" 2>&1 &
+  --max-model-len "$MAX_LEN" --enable-prefix-caching --logprobs-mode processed_logprobs >"$RUN_DIR/vllm.log" 2>&1 &
 VLLM_PID=$!
 trap 'say "stopping vLLM"; kill $VLLM_PID 2>/dev/null; wait $VLLM_PID 2>/dev/null' EXIT
 for _ in $(seq 600); do
