@@ -48,6 +48,17 @@ def test_byte_cap_bounds_the_total_and_cuts_the_last_file(tmp_path):
     assert "collect_bytes=2500" in note and "f2.txt cut" in note
 
 
+def test_byte_cap_counts_the_text_as_the_record_holds_it(tmp_path):
+    """Control bytes take 6 bytes each as JSON escapes: the cap bounds that size, not the raw."""
+    (tmp_path / "ctl.bin").write_bytes(b"\x01" * 1000)
+    (tmp_path / "bad.bin").write_bytes(b"\xff" * 1000)
+    got, note = collect(tmp_path, ["*.bin"], max_bytes=3000)
+    assert len(json.dumps(got["bad.bin"], ensure_ascii=False).encode()) - 2 == 3000
+    assert list(got) == ["bad.bin"] and "collect_bytes=3000" in note
+    got, note = collect(tmp_path, ["ctl.bin"], max_bytes=3000)
+    assert got == {"ctl.bin": "\x01" * 500} and "ctl.bin cut" in note
+
+
 def test_pattern_order_then_path_order_and_one_entry_per_file(tmp_path):
     """A file matched by two globs appears once, where its first glob puts it."""
     (tmp_path / "out").mkdir()
@@ -66,18 +77,21 @@ def test_a_set_stop_event_ends_collect(tmp_path):
 
 
 def test_job_with_many_big_files_gets_a_bounded_run_line(process, tmp_path):
-    """200 files of 64 KiB with collect_bytes=100000: a run line of about 100 KB, flagged."""
+    """200 files of 64 KiB of random bytes with collect_bytes=100000: the collected texts take
+    100000 bytes in the run line, and the cap is named in the run's error."""
     row = job(
         "big",
-        command="for i in $(seq 200); do head -c 65536 /dev/zero | tr '\\0' x > f$i.txt; done",
+        command="for i in $(seq 200); do head -c 65536 /dev/urandom > f$i.txt; done",
         collect=["*.txt"],
         limits={"collect_bytes": 100000},
     )
     (run,) = run_jobs([row], backend=process, workdir=tmp_path / "w")
     assert run["status"] == "ok", run
-    assert sum(len(v) for v in run["collected"].values()) == 100000
+    texts = run["collected"].values()
+    size = sum(len(json.dumps(t, ensure_ascii=False).encode()) - 2 for t in texts)
+    assert 100000 - 6 < size <= 100000  # a cut never splits a character or its escape
     assert "collect_bytes=100000" in run["error"]
-    assert len(json.dumps(run)) < 110000
+    assert len(json.dumps(run, ensure_ascii=False).encode()) < 110000
 
 
 RUNNER = textwrap.dedent(

@@ -218,8 +218,9 @@ def collect(
     `**` matches any number of directories, `*` any name, hidden ones included. No symlink is
     followed or collected, so a link loop costs nothing. Each file is cut to its first MiB and
     undecodable bytes become U+FFFD. Collecting stops at `max_files` files, at `max_bytes` bytes
-    in all (the file reaching the cap is cut), after COLLECT_MAX_ENTRIES directory entries, and
-    as soon as `stop` is set (the runner is shutting down).
+    in all as the texts take in the JSON record (escapes counted; the file reaching the cap is
+    cut), after COLLECT_MAX_ENTRIES directory entries, and as soon as `stop` is set (the runner
+    is shutting down).
     """
     patterns = [tuple(_parts(g)) for g in globs]
     notes: list[str] = []
@@ -269,12 +270,22 @@ def collect(
                 )
                 break
             room = max_bytes - total
-            try:
+            if room <= 0:
+                notes.append(
+                    f"collect: stopped at limits/collect_bytes={max_bytes} "
+                    f"({len(found) - n} more matching files not collected)"
+                )
+                break
+            try:  # the text is never shorter in the record than the bytes read
                 data, more = _fsat.read_file(root_fd, path, min(COLLECT_FILE_BYTES, room))
             except OSError:  # swapped for a link, removed, not a regular file
                 continue
-            total += len(data)
-            out[rel] = data.decode("utf-8", errors="replace")
+            text = data.decode("utf-8", errors="replace")
+            size = _json_size(text)
+            if size > room:
+                text, size, more = _cut_to(text, room), room, True
+            total += size
+            out[rel] = text
             if more and room <= COLLECT_FILE_BYTES:
                 notes.append(
                     f"collect: stopped at limits/collect_bytes={max_bytes} ({rel} cut, "
@@ -284,6 +295,27 @@ def collect(
     finally:
         os.close(root_fd)
     return out, "; ".join(notes) or None
+
+
+def _json_size(text: str) -> int:
+    """Bytes `text` takes in a JSON line (UTF-8, escapes for quotes, backslash and controls)."""
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def _char_size(c: str) -> int:
+    if c in '"\\\n\r\t\b\f':
+        return 2
+    return 6 if c < " " else len(c.encode())
+
+
+def _cut_to(text: str, budget: int) -> str:
+    """The longest prefix of `text` whose JSON size is at most `budget`."""
+    used = 0
+    for i, c in enumerate(text):
+        used += _char_size(c)
+        if used > budget:
+            return text[:i]
+    return text
 
 
 @functools.lru_cache(maxsize=4096)
