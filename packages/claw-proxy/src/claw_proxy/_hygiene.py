@@ -24,6 +24,7 @@ from collections import OrderedDict
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("claw_proxy")
+ACCEPT_BATCH = 128  # listen backlog; asyncio also accepts up to this many sockets in one go
 
 
 def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
@@ -105,7 +106,8 @@ def _waiting(server_state) -> OrderedDict:
 
 def raise_fd_limit(max_connections: int) -> int:
     """Raise the soft open-file limit as far as the hard limit allows; return how many
-    connections fit under it (leaving room for the model's files, the records, the engine)."""
+    connections fit under it, leaving room for one accept batch (accepted before the cap can
+    close any) and for the model's files, the records and the engine."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = hard if hard != resource.RLIM_INFINITY else max(soft, max_connections + 256)
     if soft != resource.RLIM_INFINITY and want > soft:
@@ -116,7 +118,7 @@ def raise_fd_limit(max_connections: int) -> int:
             pass
     if soft == resource.RLIM_INFINITY:
         return max_connections
-    return max(16, min(max_connections, soft - 128))
+    return max(16, min(max_connections, soft - 128 - ACCEPT_BATCH))
 
 
 class RateLimitFilter(logging.Filter):

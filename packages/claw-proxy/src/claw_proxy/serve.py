@@ -8,7 +8,12 @@ import time
 
 import uvicorn
 
-from claw_proxy._hygiene import guarded_protocol, install_log_limits, raise_fd_limit
+from claw_proxy._hygiene import (
+    ACCEPT_BATCH,
+    guarded_protocol,
+    install_log_limits,
+    raise_fd_limit,
+)
 from claw_proxy.config import ProxyConfig
 from claw_proxy.errors import ConfigError
 from claw_proxy.server import Proxy
@@ -37,6 +42,7 @@ def uvicorn_config(proxy: Proxy, log_level: str = "warning") -> uvicorn.Config:
         access_log=False,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=5,
+        backlog=ACCEPT_BATCH,  # asyncio accepts this many at once before any is seen
         http=guarded_protocol(c.header_timeout, raise_fd_limit(c.max_connections)),
     )
     install_log_limits()  # after uvicorn configured its loggers
