@@ -73,7 +73,8 @@ def test_a_set_stop_event_ends_collect(tmp_path):
     _files(tmp_path, 3)
     stop = threading.Event()
     stop.set()
-    assert collect(tmp_path, ["*"], stop=stop) == ({}, "collect: interrupted (the runner is stopping)")
+    got = collect(tmp_path, ["*"], stop=stop)
+    assert got == ({}, "collect: interrupted (the runner is stopping)")
 
 
 def test_job_with_many_big_files_gets_a_bounded_run_line(process, tmp_path):

@@ -74,7 +74,8 @@ def test_verify_files_do_not_follow_an_intermediate_link(backend, tmp_path, host
         "plant-mid",
         command=f"ln -s {host_dir} a; ln -s {host_dir} t",
         verify={
-            "command": "test -f a/b/c.txt && test -f t/b/from-tar.txt && ! test -L a && ! test -L t",
+            "command": "test -f a/b/c.txt && test -f t/b/from-tar.txt && ! test -L a"
+            " && ! test -L t",
             "files": {"a/b/c.txt": "verifier file"},
             "copy_from": str(tar),
         },
@@ -118,7 +119,7 @@ def test_collect_and_cleanup_do_not_follow_planted_links(backend, tmp_path, host
 
 
 def test_library_calls_refuse_links_in_the_workspace(tmp_path, host_dir):
-    """copy_into, safe_write, read_inside and chown_tree each leave a linked host directory alone."""
+    """copy_into, safe_write, read_inside and chown_tree each leave a linked host dir alone."""
     before = _snapshot(host_dir)
     ws = tmp_path / "ws"
     ws.mkdir()

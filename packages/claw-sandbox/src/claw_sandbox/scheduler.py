@@ -205,11 +205,13 @@ def _open_resumable(
         rows, good = read_runs(path)
         size = os.fstat(fd).st_size
         if good < size:
-            log(f"{path}: dropping a torn last line ({size - good} bytes) left by an interrupted run")
+            log(f"{path}: dropping a torn last line ({size - good} bytes) left by an interrupted "
+                "run")  # fmt: skip
             os.ftruncate(fd, good)
         if retry:
-            keep = [r for r in rows
-                    if r.get("status") not in RETRY_STATUSES or r["job_id"] not in retry]  # fmt: skip
+            keep = [
+                r for r in rows if r.get("status") not in RETRY_STATUSES or r["job_id"] not in retry
+            ]
             if len(keep) < len(rows):
                 fd = _rewrite_locked(path, fd, keep)
                 log(f"{path}: {len(rows) - len(keep)} runs that ended in an error dropped; "
@@ -230,7 +232,8 @@ def _open_locked(path: Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise JobsFileError(f"{path}: another claw-sandbox run is writing to this file") from None
+            msg = f"{path}: another claw-sandbox run is writing to this file"
+            raise JobsFileError(msg) from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))
         except FileNotFoundError:
