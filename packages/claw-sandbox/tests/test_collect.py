@@ -1,5 +1,5 @@
 """collect is bounded: file and byte caps, no link is followed (loops cost nothing), it stops on
-request, and SIGTERM stops a runner in the middle of one."""
+request, and SIGTERM stops a runner in the middle of one (a second SIGTERM, one stuck anywhere)."""
 
 import json
 import os
@@ -144,3 +144,51 @@ def test_sigterm_stops_a_runner_in_the_middle_of_collect(tmp_path):
             proc.wait()
     assert proc.returncode == 130, err
     assert os.listdir(workdir) == []
+
+
+STUCK_CLEANUP = textwrap.dedent(
+    """
+    import os, sys, time
+    from claw_sandbox import cli
+    from claw_sandbox.backends import base
+
+    def stuck_remove(self):  # a cleanup that never ends
+        open(os.environ["CLEANUP_STARTED"], "w").close()
+        while True:
+            time.sleep(1)
+
+    base.Sandbox.remove = stuck_remove
+    sys.argv[0] = "claw-sandbox"
+    cli.main()
+    """
+)
+
+
+def test_a_second_sigterm_ends_a_runner_stuck_in_cleanup(tmp_path):
+    """The first SIGTERM starts the cleanup; if that hangs, a second SIGTERM ends the runner."""
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text(json.dumps(job("stuck", command="touch left; sleep 300")) + "\n")
+    started = tmp_path / "cleanup-started"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_CLEANUP, "run", str(jobs), "--backend", "process",
+         "--workdir", str(tmp_path / "w")],
+        env={**os.environ, "CLEANUP_STARTED": str(started)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(600):  # the job is running once its workspace holds `left`
+            if list((tmp_path / "w").glob("*/ws/left")) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        for _ in range(600):
+            if started.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert started.exists() and proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -199,8 +199,15 @@ def _read_jobs(path: str) -> list:
 
 
 async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
-    # SIGTERM: cancel like Ctrl-C, so every sandbox is killed and its directory removed
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    # SIGTERM: cancel like Ctrl-C, so every sandbox is killed and its directory removed. A second
+    # SIGTERM ends the runner at once (default action); the next run removes what is left.
+    loop, main_task = asyncio.get_running_loop(), asyncio.current_task()
+
+    def on_sigterm() -> None:
+        main_task.cancel()
+        loop.remove_signal_handler(signal.SIGTERM)
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     progress = None
     if sys.stderr.isatty():
         from rich.console import Console
