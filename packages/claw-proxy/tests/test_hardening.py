@@ -155,7 +155,9 @@ def test_prefix_cache_budget_evicts_cold_sessions_without_changing_tokens(make_s
     srv = make_server(["first answer", "second answer"], prefix_cache_bytes=2500)
     first = [{"role": "user", "content": "hello there"}]
     for s in ("a", "b", "c", "d"):
-        assert _post(srv, "/v1/chat/completions", _chat("hello there"), session=s).status_code == 200
+        assert (
+            _post(srv, "/v1/chat/completions", _chat("hello there"), session=s).status_code == 200
+        )
     with httpx.Client(base_url=srv.url) as c:
         cache = c.get("/admin/stats", headers=ADMIN_H).json()["prefix_cache"][str(TINY)]
     assert cache["evicted_sessions"] >= 1 and cache["bytes"] <= 2500
@@ -181,14 +183,13 @@ def test_prefix_cache_budget_evicts_cold_sessions_without_changing_tokens(make_s
 
 def _closed_by_server(sock, timeout: float) -> bool:
     """True when the server closes the socket within `timeout` seconds (EOF or reset)."""
-    import socket
 
     sock.settimeout(timeout)
     try:
         return sock.recv(1024) == b""
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -267,7 +268,13 @@ def test_serve_checks_model_and_port_before_announcing(tmp_path):
         port = taken.getsockname()[1]
         script = write_script(tmp_path / "s.jsonl", ["hi"])
         r = _serve(
-            tmp_path, "--engine", f"scripted:{script}", "--tokenizer", str(TINY), "--port", str(port)
+            tmp_path,
+            "--engine",
+            f"scripted:{script}",
+            "--tokenizer",
+            str(TINY),
+            "--port",
+            str(port),
         )
     assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output
     assert "serving" not in r.output

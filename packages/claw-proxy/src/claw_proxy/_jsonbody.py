@@ -75,9 +75,7 @@ def loads(raw: bytes | str, what: str = "the request body") -> object:
             "(NaN and Infinity are not JSON)"
         ) from None
     except RecursionError:
-        raise RequestError(
-            f"{what} is nested too deeply (more than {MAX_DEPTH} levels)"
-        ) from None
+        raise RequestError(f"{what} is nested too deeply (more than {MAX_DEPTH} levels)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         detail = (
             f"{e.msg} at line {e.lineno} column {e.colno}"
