@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 from claw_sandbox import run_jobs
+from claw_sandbox.records import Job
 from conftest import job, py
 
 FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 5"
@@ -107,10 +108,13 @@ def test_documented_defaults_fill_only_what_a_job_leaves_out():
     from claw_sandbox.backends.base import DEFAULT_LIMITS, effective_limits
     from claw_sandbox.records import Limits
 
-    got = effective_limits(Limits(memory_mb=100), DEFAULT_LIMITS)
+    got = effective_limits(Limits(memory_mb=100), DEFAULT_LIMITS, cgroup=True, disk=True)
     assert got.memory_mb == 100 and got.pids == DEFAULT_LIMITS.pids
-    assert got.cpus == DEFAULT_LIMITS.cpus
-    assert effective_limits(Limits(), Limits()) == Limits()
+    assert got.cpus == DEFAULT_LIMITS.cpus and got.disk_mb == DEFAULT_LIMITS.disk_mb
+    assert effective_limits(Limits(), Limits(), cgroup=True, disk=True) == Limits()
+    # what a sandbox cannot enforce is not claimed: no cgroup, no defaults; no mount, no disk
+    bare = effective_limits(Limits(disk_mb=10, pids=5), DEFAULT_LIMITS, cgroup=False, disk=False)
+    assert bare == Limits(pids=5)
 
 
 def test_job_cgroups_sit_below_the_runners_own(cgroups):
@@ -141,3 +145,22 @@ def test_own_cgroups_parses_v1_and_v2_lines():
     own = _cgroup.own_cgroups(text)
     assert own["memory"] == "/a/b" and own["cpu"] == "/c" and own["cpuacct"] == "/c"
     assert own[""] == "/user.slice/x.scope"
+
+
+def test_disk_limit_is_a_sized_tmpfs_and_is_recorded(bwrap, tmp_path):
+    """disk_mb: writing past it fails with ENOSPC (bwrap as root); the run records its bounds."""
+    if not bwrap.sandbox(Job.from_dict(job()), tmp_path / "x").limits.disk_mb:
+        pytest.skip("disk limits need a root runner (tmpfs job directories)")
+    code = (
+        "import errno\n"
+        "try:\n    open('big', 'wb').write(b'0' * (20 << 20)); print('WROTE')\n"
+        "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+    )
+    (run,) = run_jobs(
+        [job("disk", command=py(code), limits={"disk_mb": 8})], backend=bwrap, workdir=tmp_path
+    )
+    assert run["stdout_tail"] == "ENOSPC\n", run["error"]
+    assert run["limits"]["disk_mb"] == 8
+    assert os.listdir(tmp_path) == []  # unmounted and removed
+    (plain,) = run_jobs([job("plain")], backend=bwrap, workdir=tmp_path)
+    assert plain["limits"]["disk_mb"] == bwrap.default_limits.disk_mb

@@ -8,7 +8,6 @@ back to rlimits and process-group / namespace killing.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shlex
@@ -98,7 +97,6 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
                 reason=f"cgroup v2: cannot enable memory+pids in {base} (have {sorted(enabled)};"
                 " the runner's cgroup must hold no other process, or set CLAW_SANDBOX_CGROUP)",
             )
-        _remove_at_exit((base,))
         return _swept(CgroupSupport(2, (base,), "cgroup v2"))
     bases = []
     for ctl in V1_CONTROLLERS:
@@ -114,7 +112,6 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
                 None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)"
             )
         bases.append(base)
-    _remove_at_exit(tuple(bases))
     return _swept(CgroupSupport(1, tuple(bases), "cgroup v1"))
 
 
@@ -130,24 +127,6 @@ def _leave_for_leaf(here: Path) -> None:
         (leaf / "cgroup.procs").write_text(str(os.getpid()))
     except OSError:
         return
-
-
-_registered: set[Path] = set()
-
-
-def _remove_at_exit(bases: tuple[Path, ...]) -> None:
-    """Remove the (then empty) base groups when the runner exits: they sit in its own cgroup."""
-    new = [b for b in bases if b not in _registered]
-    if not new:
-        return
-    _registered.update(new)
-
-    def remove() -> None:
-        for b in new:
-            with contextlib.suppress(OSError):
-                b.rmdir()
-
-    atexit.register(remove)
 
 
 def _swept(support: CgroupSupport) -> CgroupSupport:

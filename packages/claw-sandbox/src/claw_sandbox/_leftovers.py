@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from claw_sandbox import _fsat
+from claw_sandbox import _fsat, _tmpfs
 
 LOCK_NAME = ".claw-job.lock"
 ROOT_PREFIX = "claw-sandbox-"  # default roots: tempfile.mkdtemp(prefix=ROOT_PREFIX [+ "ray-"])
@@ -88,6 +88,8 @@ def _remove_if_dead(root_fd: int, name: str) -> bool:
             os.close(lock)
             return False
         try:  # hold the dead lock while removing, so two sweeping runners do not race
+            with contextlib.suppress(OSError):  # a tmpfs job directory (limits.disk_mb)
+                _tmpfs.unmount(f"/proc/self/fd/{dfd}")
             shutil.rmtree(name, dir_fd=root_fd, ignore_errors=True)
         finally:
             os.close(lock)

@@ -62,7 +62,8 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
     await _teardown(sandbox, started_sandbox, keep)
     run = Run(
         job_id=job.job_id, started_at=started, ended_at=time.time(), stdout_tail=out, stderr_tail=err,
-        collected=collected, backend=backend.name, meta=dict(job.meta), **fields,
+        collected=collected, backend=backend.name, meta=dict(job.meta),
+        limits=sandbox.limits.bounds(), **fields,
     )  # fmt: skip
     return run, str(sandbox.jobdir) if keep else None
 

@@ -78,11 +78,12 @@ def _files(value: Any, where: str, field: str) -> dict[str, str]:
 
 @attrs.frozen(kw_only=True)
 class Limits:
-    """Resource limits; None means unlimited."""
+    """Resource limits; None means the backend's default (see the package README)."""
 
     memory_mb: int | None = None
     pids: int | None = None
     cpus: float | None = None
+    disk_mb: int | None = None
     output_bytes: int = DEFAULT_OUTPUT_BYTES
     collect_files: int = DEFAULT_COLLECT_FILES
     collect_bytes: int = DEFAULT_COLLECT_BYTES
@@ -90,7 +91,8 @@ class Limits:
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Limits:
         unknown = set(d) - {
-            "memory_mb", "pids", "cpus", "output_bytes", "collect_files", "collect_bytes"
+            "memory_mb", "pids", "cpus", "disk_mb", "output_bytes", "collect_files",
+            "collect_bytes",
         }  # fmt: skip
         if unknown:
             raise _fail(where, "limits", f"unknown field(s) {sorted(unknown)}")
@@ -99,6 +101,7 @@ class Limits:
             ("memory_mb", int),
             ("pids", int),
             ("cpus", (int, float)),
+            ("disk_mb", int),
             ("output_bytes", int),
             ("collect_files", int),
             ("collect_bytes", int),
@@ -111,7 +114,12 @@ class Limits:
         return cls(**out)
 
     def any(self) -> bool:
-        return any(v is not None for v in (self.memory_mb, self.pids, self.cpus))
+        return any(v is not None for v in (self.memory_mb, self.pids, self.cpus, self.disk_mb))
+
+    def bounds(self) -> dict[str, int | float]:
+        """The resource bounds that are set (memory_mb, pids, cpus, disk_mb), for a run record."""
+        keys = ("memory_mb", "pids", "cpus", "disk_mb")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 @attrs.frozen(kw_only=True)
@@ -341,9 +349,10 @@ class Run:
     attempts: int = 1
     error: str | None = None
     meta: dict = attrs.field(factory=dict)
+    limits: dict = attrs.field(factory=dict)  # the bounds enforced (job's + backend defaults)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "schema": RUN_SCHEMA,
             "job_id": self.job_id,
             "status": self.status,
@@ -360,6 +369,9 @@ class Run:
             "duration_s": round(max(0.0, self.ended_at - self.started_at), 6),
             "meta": dict(self.meta),
         }
+        if self.limits:
+            d["limits"] = dict(self.limits)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "run") -> Run:
@@ -376,6 +388,7 @@ class Run:
             stdout_tail=d.get("stdout_tail", ""), stderr_tail=d.get("stderr_tail", ""),
             collected=dict(d.get("collected") or {}), backend=d.get("backend", ""),
             attempts=d.get("attempts", 1), error=d.get("error"), meta=dict(d.get("meta") or {}),
+            limits=dict(d.get("limits") or {}),
         )  # fmt: skip
 
 

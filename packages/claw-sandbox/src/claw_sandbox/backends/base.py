@@ -16,26 +16,32 @@ from typing import ClassVar
 
 import attrs
 
-from claw_sandbox import _leftovers
+from claw_sandbox import _leftovers, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits
 from claw_sandbox.workspace import build_workspace, chown_tree, copy_into, safe_write
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Bounds for a job that names none, applied through the job's cgroup (so only where the cgroup
-# tree is writable; the rlimit fallback applies a job's own limits only: an address-space or
-# per-user process rlimit as a default would break ordinary programs).
-DEFAULT_LIMITS = Limits(memory_mb=4096, pids=1024, cpus=2.0)
+# Bounds for a job that names none. memory/pids/cpus apply through the job's cgroup (so only
+# where the cgroup tree is writable; the rlimit fallback applies a job's own limits only: an
+# address-space or per-user process rlimit as a default would break ordinary programs); disk_mb
+# through a tmpfs on the job directory (only a root runner may mount one).
+DEFAULT_LIMITS = Limits(memory_mb=4096, pids=1024, cpus=2.0, disk_mb=4096)
 
 
-def effective_limits(limits: Limits, defaults: Limits) -> Limits:
-    """The job's limits, with each one it leaves out taken from `defaults`."""
-    filled = {
+def effective_limits(limits: Limits, defaults: Limits, *, cgroup: bool, disk: bool) -> Limits:
+    """What is enforced: the job's limits, each one it leaves out taken from `defaults`, for
+    the kinds this sandbox can enforce (`cgroup`: memory, pids, cpus; `disk`: disk_mb). A disk
+    bound that cannot be enforced is dropped, so the run record never claims it."""
+    keys = (("memory_mb", "pids", "cpus") if cgroup else ()) + (("disk_mb",) if disk else ())
+    filled: dict = {
         k: getattr(defaults, k)
-        for k in ("memory_mb", "pids", "cpus")
+        for k in keys
         if getattr(limits, k) is None and getattr(defaults, k) is not None
     }
+    if not disk and limits.disk_mb is not None:
+        filled["disk_mb"] = None
     return attrs.evolve(limits, **filled) if filled else limits
 
 
@@ -74,6 +80,7 @@ class Sandbox(abc.ABC):
         self.tmp = jobdir / "tmp"
         self.notes: list[str] = []  # what the run's `error` should mention (limits hit, ...)
         self.limits: Limits = job.limits  # what is enforced: the job's, plus backend defaults
+        self.mounted = False  # the job directory is a tmpfs of its own (limits.disk_mb)
         self.owner: tuple[int, int] | None = None  # uid/gid the sandboxed code runs as
         self.lock: int | None = None  # flock fd: the job directory is in flight (_leftovers)
 
@@ -84,6 +91,9 @@ class Sandbox(abc.ABC):
     def prepare(self) -> None:
         """Create the job directory and fill the workspace (JobError on bad copy_from)."""
         self.jobdir.mkdir(parents=True)
+        if self.limits.disk_mb:
+            _tmpfs.mount(self.jobdir, self.limits.disk_mb)
+            self.mounted = True
         self.lock = _leftovers.hold(self.jobdir)  # after a SIGKILL, the next run removes it
         self.tmp.mkdir()
         (self.tmp / "home").mkdir()
@@ -140,6 +150,9 @@ class Sandbox(abc.ABC):
         """Kill whatever is left and release shared resources (not the job directory)."""
 
     def remove(self) -> None:
+        if self.mounted:  # unmounting discards the tree at once, links and all
+            _tmpfs.unmount(self.jobdir)
+            self.mounted = False
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.jobdir)
 
@@ -148,6 +161,8 @@ class Sandbox(abc.ABC):
         that left no file behind): a few rmdir calls, cheaper than a thread hop. False when
         anything is left (rmdir removes only empty directories and follows no symlink); the
         caller then runs `remove()`, which finishes the job."""
+        if self.mounted:
+            return False
         try:
             for d in (self.workspace, self.tmp / "home", self.tmp):
                 os.rmdir(d)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from claw_sandbox import _cgroup, _forward, _seccomp
+from claw_sandbox import _cgroup, _forward, _seccomp, _tmpfs
 from claw_sandbox._proc import StepResult, killpg, run_step
 from claw_sandbox.backends.base import (
     DEFAULT_LIMITS,
@@ -98,10 +98,14 @@ class BwrapSandbox(Sandbox):
         self.cgroup: _cgroup.JobCgroup | None = None
         self.relay: _forward.Relay | None = None
         self._status, self._status_fd = b"", -1
+        self.limits = effective_limits(
+            job.limits, backend.default_limits, cgroup=backend.cgroups.version is not None,
+            # a kept job directory must outlive the run: no tmpfs (and so no disk bound) for it
+            disk=self.owner is not None and job.keep == "never" and _tmpfs.can_mount(),
+        )  # fmt: skip
 
     async def start(self) -> None:
         if self.backend.cgroups.version is not None:
-            self.limits = effective_limits(self.job.limits, self.backend.default_limits)
             try:
                 self.cgroup = _cgroup.JobCgroup.create(self.backend.cgroups, self.limits, "bwrap")
             except OSError as exc:

@@ -39,6 +39,10 @@ class ProcessSandbox(Sandbox):
         self.token = uuid.uuid4().hex
         self.cgroup: _cgroup.JobCgroup | None = None
         self.relay_port: int | None = None
+        self.limits = effective_limits(
+            job.limits, backend.default_limits, cgroup=backend.cgroups.version is not None,
+            disk=False,
+        )  # fmt: skip
 
     async def start(self) -> None:
         net = self.job.network
@@ -50,7 +54,6 @@ class ProcessSandbox(Sandbox):
         support = self.backend.cgroups
         if support.version is not None:
             try:
-                self.limits = effective_limits(self.job.limits, self.backend.default_limits)
                 self.cgroup = _cgroup.JobCgroup.create(support, self.limits, "process")
             except OSError as exc:
                 raise InfraError(f"cannot create the job's cgroup: {exc}") from exc
