@@ -125,6 +125,22 @@ def test_docker_limits(docker_backend, tmp_path):
     assert runs["neighbour"]["stdout_tail"] == "fine\n"
 
 
+def test_docker_defaults_bound_a_job_without_limits(docker_backend, tmp_path):
+    """No `limits`: the container still gets the default pids/memory bounds, recorded in the run,
+    and runs under a seccomp filter (the engine's default profile)."""
+    cmd = (
+        "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max; "
+        "grep Seccomp: /proc/self/status"
+    )
+    (run,) = run_jobs([job("d", image=IMAGE, command=cmd)], backend=docker_backend,
+                      workdir=tmp_path)  # fmt: skip
+    defaults = docker_backend.default_limits
+    assert run["limits"]["pids"] == defaults.pids and run["limits"]["memory_mb"] > 0, run
+    lines = run["stdout_tail"].split()
+    assert lines[0] == str(defaults.pids), run
+    assert lines[1:] == ["Seccomp:", "2"], run
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

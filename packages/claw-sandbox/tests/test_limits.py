@@ -164,3 +164,24 @@ def test_disk_limit_is_a_sized_tmpfs_and_is_recorded(bwrap, tmp_path):
     assert os.listdir(tmp_path) == []  # unmounted and removed
     (plain,) = run_jobs([job("plain")], backend=bwrap, workdir=tmp_path)
     assert plain["limits"]["disk_mb"] == bwrap.default_limits.disk_mb
+
+
+def test_a_dead_runners_tmpfs_job_directory_is_unmounted_and_removed(tmp_path):
+    """A SIGKILLed runner leaves a mounted tmpfs job directory; the next sweep removes it."""
+    from claw_sandbox import _leftovers, _tmpfs
+
+    if not _tmpfs.can_mount():
+        pytest.skip("mounting a tmpfs needs root")
+    dead = tmp_path / "root" / "dead-1"
+    dead.mkdir(parents=True)
+    _tmpfs.mount(dead, 4)
+    try:
+        (dead / "ws").mkdir()
+        (dead / "ws" / "f").write_text("x")
+        os.close(_leftovers.hold(dead))  # its runner is gone: nobody holds the lock
+        assert os.path.ismount(dead)
+        assert _leftovers.sweep(tmp_path / "root") == 1
+        assert not dead.exists()
+    finally:
+        if dead.exists():
+            _tmpfs.unmount(dead)

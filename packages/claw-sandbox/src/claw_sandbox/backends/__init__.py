@@ -83,8 +83,9 @@ def doctor() -> list[dict]:
 
 def _good(name: str) -> str:
     return {
-        "bwrap": "namespaces (pid, net, mount, ipc, uts), read-only host, separate uid",
-        "docker": "container per job; network none or an internal network to the proxy",
+        "bwrap": "namespaces (pid, net, mount, ipc, uts), allow-list host view (read-only "
+        "system dirs), seccomp filter, separate uid",
+        "docker": "container per job; the engine's seccomp profile; network none or only the proxy",
         "process": "works everywhere but does NOT isolate (trusted code only)",
     }[name]
 

@@ -3,7 +3,9 @@
 Every step of a job runs in a fresh container of the job's image with the job's workspace at
 /workspace and the job's /tmp bind-mounted (so setup, command and verify share files), a
 read-only root filesystem, all capabilities dropped, no-new-privileges, an unprivileged user,
-memory/pids/cpu limits, and network `none`. Policy `proxy` adds exactly one thing to that
+the engine's default seccomp profile (no keyrings, mounts or new namespaces), memory/pids/cpu
+limits (the job's, else the backend's defaults), a disk bound like bwrap's (a tmpfs job
+directory under a root runner), and network `none`. Policy `proxy` adds exactly one thing to that
 empty network namespace: a forwarder listening on 127.0.0.1:PORT, started from the host inside
 the container's namespace (nsenter), which relays to a per-job unix socket and from there to
 the proxy. Nothing else is reachable. Policy `host` uses the host network (explicit opt-in).
@@ -22,9 +24,10 @@ from pathlib import Path
 
 from claw_sandbox import _forward
 from claw_sandbox._proc import StepResult
-from claw_sandbox.backends.base import Backend, Sandbox, argv_of
+from claw_sandbox import _tmpfs
+from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
-from claw_sandbox.records import Command, Job, parse_http_url
+from claw_sandbox.records import Command, Job, Limits, parse_http_url
 
 WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
 
@@ -39,6 +42,10 @@ class DockerSandbox(Sandbox):
         self.owner = backend.owner
         self.relay: _forward.Relay | None = None
         self.image = job.image or backend.default_image
+        self.limits = effective_limits(
+            job.limits, backend.default_limits, cgroup=True,
+            disk=self.owner is not None and job.keep == "never" and _tmpfs.can_mount(),
+        )  # fmt: skip
 
     async def start(self) -> None:
         (self.jobdir / "run").mkdir(mode=0o755)
@@ -48,7 +55,7 @@ class DockerSandbox(Sandbox):
             await self.relay.start_unix(self.jobdir / "run" / "proxy.sock")
 
     def _config(self, command: Command) -> dict:
-        limits = self.job.limits
+        limits = self.limits
         argv = argv_of(command) if not isinstance(command, str) else ["/bin/sh", "-c", command]
         if self.relay is not None:
             argv = ["/bin/sh", "-c", WAIT_READY, "claw-wait", *argv]
@@ -131,7 +138,7 @@ class DockerSandbox(Sandbox):
             )
             container.reload()
             if container.attrs.get("State", {}).get("OOMKilled"):
-                self.notes.append(f"memory limit exceeded ({self.job.limits.memory_mb} MB)")
+                self.notes.append(f"memory limit exceeded ({self.limits.memory_mb} MB)")
         finally:
             if forwarder is not None:
                 forwarder.kill()
@@ -189,9 +196,11 @@ class DockerBackend(Backend):
     isolates = True
 
     def __init__(
-        self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534
-    ) -> None:
+        self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534,
+        default_limits: Limits = DEFAULT_LIMITS,
+    ) -> None:  # fmt: skip
         self.default_image = default_image or os.environ.get("CLAW_SANDBOX_IMAGE")
+        self.default_limits = default_limits
         self.owner = (uid, gid) if os.geteuid() == 0 else None
         self.socat = shutil.which("socat")
         self._client = None
