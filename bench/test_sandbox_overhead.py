@@ -116,6 +116,7 @@ def test_bwrap_overhead_vs_raw_bwrap(benchmark, workdir):
     r, m = _compare(
         benchmark, backend, raw, f"bwrap ({workdir})", same_argv=[*args, "--", *inner], where=where
     )
+    sandbox.remove()  # unmounts the job directory's tmpfs (disk_mb) when there is one
     shutil.rmtree(argv_dir)
     RESULTS["bwrap_overhead_ms"] = m - r
 
