@@ -128,7 +128,7 @@ def test_job_cgroups_sit_below_the_runners_own(cgroups):
         for d in group.dirs:
             rel = d.relative_to(_cgroup.ROOT)
             ctl = rel.parts[0] if cgroups.version == 1 else ""
-            mine = own[ctl].strip("/")
+            mine = own[ctl].strip("/").removesuffix(_cgroup.RUNNER_LEAF).rstrip("/")
             inside = "/".join(rel.parts[1:] if cgroups.version == 1 else rel.parts)
             assert inside.startswith(f"{mine}/" if mine else ""), (d, own)
             assert inside.endswith(f"claw-sandbox/{d.name}")

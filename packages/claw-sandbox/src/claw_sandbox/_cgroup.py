@@ -23,6 +23,7 @@ from claw_sandbox.records import Limits
 ROOT = Path("/sys/fs/cgroup")
 ENTER_FAILED = "claw-sandbox: cannot enter the job's cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpu")
+RUNNER_LEAF = "claw-runner"  # cgroup v2: where a runner alone in its cgroup moves itself
 
 
 @attrs.frozen
@@ -77,6 +78,8 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
     own = own_cgroups()
     if (ROOT / "cgroup.controllers").exists():  # pure v2
         here = _below(ROOT, own.get("", "/"))
+        if here.name == RUNNER_LEAF:  # moved there by an earlier detect() of this runner
+            here = here.parent
         base = Path(override) if override else here / name
         want = {"memory", "pids", "cpu"}
         if not override and here != ROOT:
@@ -122,7 +125,7 @@ def _leave_for_leaf(here: Path) -> None:
         procs = (here / "cgroup.procs").read_text().split()
         if procs != [str(os.getpid())]:
             return
-        leaf = here / "claw-runner"
+        leaf = here / RUNNER_LEAF
         leaf.mkdir(exist_ok=True)
         (leaf / "cgroup.procs").write_text(str(os.getpid()))
     except OSError:
