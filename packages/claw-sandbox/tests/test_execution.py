@@ -1,5 +1,7 @@
 """The job lifecycle on every local backend: workspace, setup, command, verify, collect, cleanup."""
 
+import base64
+import hashlib
 import os
 import signal
 import subprocess
@@ -68,6 +70,21 @@ def test_verify_files_are_hidden_from_the_command(backend, tmp_path):
     run = _one(backend, row, tmp_path)
     assert run["exit_code"] == 0, run
     assert run["verify"] == {**run["verify"], "exit_code": 3, "passed": False, "reward": 0.0}
+
+
+def test_binary_files_arrive_byte_exact(backend, tmp_path):
+    """Workspace and verify files given as base64 are written with their exact bytes."""
+    data = bytes(range(256)) * 4
+    b64 = {"content_b64": base64.b64encode(data).decode()}
+    digest = hashlib.sha256(data).hexdigest()
+    row = job(
+        "bin",
+        workspace={"files": {"in/a.bin": b64}},
+        command=f'test "$(sha256sum in/a.bin | cut -c1-64)" = {digest}',
+        verify={"command": f'test "$(sha256sum t/d.bin | cut -c1-64)" = {digest}', "files": {"t/d.bin": b64}},
+    )
+    run = _one(backend, row, tmp_path)
+    assert run["exit_code"] == 0 and run["verify"]["passed"], run
 
 
 def test_failing_setup_and_failing_command(backend, tmp_path):

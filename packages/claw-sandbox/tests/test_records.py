@@ -1,7 +1,9 @@
 """Reading claw.job/v1 lines and writing claw.run/v1 records."""
 
+import base64
 import io
 import json
+import re
 
 import jsonschema
 import pytest
@@ -107,3 +109,30 @@ def test_read_runs_drops_only_a_torn_last_line(tmp_path):
     path.write_text("garbage\n" + good)
     with pytest.raises(JobsFileError, match=r"runs.jsonl:1: not a run record"):
         read_runs(path)
+
+
+def test_binary_files_travel_as_base64_and_round_trip():
+    """{"content_b64"} file entries decode to exact bytes and to_dict writes them back the same way."""
+    data = bytes(range(256))
+    b64 = base64.b64encode(data).decode()
+    row = job("b", workspace={"files": {"a.bin": {"content_b64": b64}, "t.txt": "x"}},
+              verify={"command": "true", "files": {"tests/d.bin": {"content_b64": b64}}})
+    j = Job.from_dict(row)
+    assert j.files == {"a.bin": data, "t.txt": "x"} and j.verify.files == {"tests/d.bin": data}
+    out = j.to_dict()
+    assert out["workspace"]["files"]["a.bin"] == {"content_b64": b64}
+    assert out["verify"]["files"]["tests/d.bin"] == {"content_b64": b64}
+    jsonschema.validate(out, json.loads((FORMATS / "claw.job.v1.schema.json").read_text()))
+    assert Job.from_dict(out) == j
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [({"content_b64": "!!"}, "a.bin/content_b64: not base64"),
+     ({"content_b64": "AA==", "x": 1}, 'expected a string or {"content_b64"'),
+     ({"content": "x"}, 'expected a string or {"content_b64"')],
+)
+def test_bad_binary_file_entry_names_the_field(entry, expected):
+    """A malformed binary entry is a JobError naming the file's field."""
+    with pytest.raises(JobError, match=re.escape(expected)):
+        Job.from_dict(job("b", workspace={"files": {"a.bin": entry}}))

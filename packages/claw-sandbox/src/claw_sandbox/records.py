@@ -6,6 +6,8 @@ field; a bad job line never stops the other jobs (see :func:`read_jobs`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 from collections.abc import Iterator
@@ -64,16 +66,35 @@ def _command(value: Any, where: str, field: str) -> Command:
     raise _fail(where, field, "expected a non-empty string (run by bash -c) or a list of strings")
 
 
-def _files(value: Any, where: str, field: str) -> dict[str, str]:
+def _files(value: Any, where: str, field: str) -> dict[str, str | bytes]:
+    """{path: UTF-8 text, or {"content_b64": base64} for bytes kept exact (binary files)}."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise _fail(where, field, "expected an object {relative path: text}")
+    out: dict[str, str | bytes] = {}
     for k, v in value.items():
         check_relpath(k, where, f"{field}/{k}")
-        if not isinstance(v, str):
+        if isinstance(v, dict):
+            b64 = v.get("content_b64")
+            if set(v) != {"content_b64"} or not isinstance(b64, str):
+                raise _fail(where, f"{field}/{k}", 'expected a string or {"content_b64": "<base64>"}')
+            try:
+                out[k] = base64.b64decode(b64, validate=True)
+            except binascii.Error as exc:
+                raise _fail(where, f"{field}/{k}/content_b64", f"not base64: {exc}") from None
+        elif isinstance(v, str):
+            out[k] = v
+        else:
             raise _fail(where, f"{field}/{k}", "file content must be a string")
-    return dict(value)
+    return out
+
+
+def _files_out(files: dict[str, str | bytes]) -> dict[str, Any]:
+    return {
+        k: v if isinstance(v, str) else {"content_b64": base64.b64encode(v).decode("ascii")}
+        for k, v in files.items()
+    }
 
 
 @attrs.frozen(kw_only=True)
@@ -163,7 +184,7 @@ class Verify:
 
     command: Command
     timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
-    files: dict[str, str] = attrs.field(factory=dict)
+    files: dict[str, str | bytes] = attrs.field(factory=dict)
     copy_from: str | None = None
     reward_file: str | None = None
 
@@ -203,7 +224,7 @@ class Job:
 
     job_id: str
     command: Command
-    files: dict[str, str] = attrs.field(factory=dict)
+    files: dict[str, str | bytes] = attrs.field(factory=dict)
     copy_from: str | None = None
     image: str | None = None
     setup: tuple[Command, ...] = ()
@@ -287,7 +308,7 @@ class Job:
         d: dict[str, Any] = {"schema": JOB_SCHEMA, "job_id": self.job_id}
         ws: dict[str, Any] = {}
         if self.files:
-            ws["files"] = dict(self.files)
+            ws["files"] = _files_out(self.files)
         if self.copy_from:
             ws["copy_from"] = self.copy_from
         if ws:
@@ -304,6 +325,8 @@ class Job:
             v = {k: val for k, val in attrs.asdict(self.verify).items() if val not in (None, {})}
             if isinstance(self.verify.command, tuple):
                 v["command"] = list(self.verify.command)
+            if self.verify.files:
+                v["files"] = _files_out(self.verify.files)
             d["verify"] = v
         d["collect"] = list(self.collect)
         d["keep"] = self.keep
