@@ -28,6 +28,14 @@ def _write(tmp_path, rows, name="calls.jsonl"):
         (lambda r: r.update(seq="0"), "seq: expected integer"),
         (lambda r: r.update(policy={"name": "x"}), "policy: version: missing required field"),
         (lambda r: r.update(trainable="yes"), "trainable: expected boolean"),
+        (lambda r: r.update(sampling=[0.7]), "sampling: expected object"),
+        (lambda r: r.update(sampling={"temperature": "0.7"}), "sampling.temperature: expected a finite number"),
+        (lambda r: r.update(sampling={"temperature": -0.5}), "sampling.temperature: must be >= 0"),
+        (lambda r: r.update(sampling={"top_p": 0.0}), "sampling.top_p: must lie in (0, 1]"),
+        (lambda r: r.update(sampling={"top_p": 1.5}), "sampling.top_p: must lie in (0, 1]"),
+        (lambda r: r.update(sampling={"top_k": 2.0}), "sampling.top_k: expected an integer >= 0"),
+        (lambda r: r.update(sampling={"top_k": -1}), "sampling.top_k: expected an integer >= 0"),
+        (lambda r: r.update(sampling={"top_k": True}), "sampling.top_k: expected an integer >= 0"),
     ],
 )
 def test_bad_call_names_file_line_and_field(tmp_path, mutate, expected):
@@ -99,3 +107,18 @@ def test_values_file_errors_are_named(tmp_path):
     path = _write(tmp_path, [{"sample_id": "a", "values": [0.1, "x"]}], "w.jsonl")
     with pytest.raises(RecordError, match=r"w.jsonl:1: values: expected numbers"):
         read_values(path)
+
+
+def test_sampling_is_read_with_defaults_and_round_trips():
+    """`sampling` gives temperature/top_p/top_k; absent or partial means 1 / 1 / 0; to_dict keeps it."""
+    plain = Call.from_dict(call("s", 0, [1], [2]))
+    assert (plain.temperature, plain.top_p, plain.top_k) == (1.0, 1.0, 0) and plain.default_sampling
+    assert "sampling" not in plain.to_dict()
+    row = call("s", 0, [1], [2])
+    row["sampling"] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "forced": False, "max_tokens": 8, "seed": None}
+    hot = Call.from_dict(row)
+    assert (hot.temperature, hot.top_p, hot.top_k) == (0.7, 0.9, 20) and not hot.default_sampling
+    assert hot.to_dict()["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    greedy = Call.from_dict({**call("s", 0, [1], [2]), "sampling": {"temperature": 0}})
+    assert (greedy.temperature, greedy.top_p, greedy.top_k) == (0.0, 1.0, 0)
+    assert not hot.same_content(plain)

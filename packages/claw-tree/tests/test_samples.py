@@ -305,3 +305,46 @@ def test_ppo_on_split_sessions_equals_unsplit(data, budget):
     want = by_key(build_samples(forest, outcomes, algo="ppo", values=values_for(whole), gamma=0.9, lam=0.7).samples)
     assert got.keys() <= want.keys()
     assert all(len(v) == 1 and v == want[k] for k, v in got.items())
+
+
+def _with_sampling(row, **settings):
+    return {**row, "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": False, **settings}}
+
+
+def test_sampling_settings_follow_the_call_that_generated_each_token():
+    """temperatures/top_ps/top_ks hold the generating call's settings per token, 1/1/0 on context."""
+    calls = [_with_sampling(call("a", 0, [1, 2], [3, 4]), temperature=0.7, top_p=0.9),
+             _with_sampling(call("a", 1, [1, 2, 3, 4, 5], [6]), temperature=0.0),
+             _with_sampling(call("a", 2, [1, 2, 3, 4, 5, 6, 7], [8, 9]), top_k=5),
+             _with_sampling(call("a", 3, [1, 11], [10]), temperature=1.3, top_k=3)]
+    calls[3]["trainable"] = False
+    (sample,) = make_samples(build_forest(calls), [outcome("a", 1.0)])
+    by_token = {tok: (t, p, k) for tok, t, p, k in zip(sample["input_ids"], sample["temperatures"],
+                                                         sample["top_ps"], sample["top_ks"], strict=True)}
+    assert {tok: by_token[tok] for tok in (3, 4)} == {3: (0.7, 0.9, 0), 4: (0.7, 0.9, 0)}
+    assert by_token[6] == (0.0, 1.0, 0)
+    assert by_token[8] == by_token[9] == (1.0, 1.0, 5)
+    for context in (1, 2, 5, 7, 11, 10):  # prompt tokens and the untrainable call's token
+        assert by_token[context] == (1.0, 1.0, 0)
+    assert len(sample["temperatures"]) == len(sample["top_ps"]) == len(sample["top_ks"]) == len(sample["input_ids"])
+    assert all(isinstance(k, int) for k in sample["top_ks"])
+
+
+def test_default_sampling_adds_no_fields():
+    """Calls sampled at 1/1/0 (or without a sampling field) give samples without the arrays."""
+    calls = [_with_sampling(call("a", 0, [1, 2], [3, 4])), call("a", 1, [1, 2, 3, 4, 5], [6])]
+    (sample,) = make_samples(build_forest(calls), [outcome("a", 1.0)])
+    assert not {"temperatures", "top_ps", "top_ks"} & set(sample)
+
+
+def test_samples_with_sampling_settings_validate_against_the_schema():
+    """Samples carrying per-token sampling settings satisfy the claw.sample/v1 schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_path = FORMATS / "claw.sample.v1.schema.json"
+    if not schema_path.exists():
+        pytest.skip("formats/ not next to this package")
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
+    calls = [_with_sampling(call("a", 0, [1, 2], [3]), temperature=0.6, top_k=4), call("b", 0, [1, 2], [6])]
+    for s in make_samples(build_forest(calls), [outcome("a", 1.0), outcome("b", 0.0)], max_tokens=9):
+        assert "temperatures" in s
+        assert list(validator.iter_errors(json.loads(json.dumps(s)))) == []

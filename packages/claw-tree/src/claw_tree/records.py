@@ -115,6 +115,15 @@ class Call:
     tags: dict
     reused_tokens: int | None = None
     fresh_render_matches: bool | None = None
+    # sampling settings the engine drew the completion with (absent in the record: 1 / 1 / 0)
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+
+    @property
+    def default_sampling(self) -> bool:
+        """True when the call was sampled at temperature 1 without truncation."""
+        return self.temperature == 1.0 and self.top_p == 1.0 and self.top_k == 0
 
     @classmethod
     def from_dict(cls, row: Any, where: str = "<call>") -> Call:
@@ -154,6 +163,7 @@ class Call:
         prefix = row.get("prefix") or {}
         if not isinstance(prefix, dict):
             raise RecordError(f"{where}: prefix: expected object")
+        temperature, top_p, top_k = _sampling(row.get("sampling"), where)
         return cls(
             call_id=call_id, session=session, seq=seq, model=model, policy_name=name,
             policy_version=version, trainable=trainable, prompt_ids=prompt,
@@ -161,6 +171,7 @@ class Call:
             finish_reason=row["finish_reason"], tags=tags,
             reused_tokens=prefix.get("reused_tokens"),
             fresh_render_matches=prefix.get("fresh_render_matches"),
+            temperature=temperature, top_p=top_p, top_k=top_k,
         )
 
     def to_dict(self) -> dict:
@@ -177,6 +188,8 @@ class Call:
                                     ("fresh_render_matches", self.fresh_render_matches)) if v is not None}
         if prefix:
             row["prefix"] = prefix
+        if not self.default_sampling:
+            row["sampling"] = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         return row
 
     def same_content(self, other: Call) -> bool:
@@ -187,7 +200,33 @@ class Call:
             and np.array_equal(self.prompt_ids, other.prompt_ids)
             and np.array_equal(self.completion_ids, other.completion_ids)
             and np.array_equal(self.completion_logprobs, other.completion_logprobs)
+            and (self.temperature, self.top_p, self.top_k) == (other.temperature, other.top_p, other.top_k)
         )
+
+
+def _sampling(value: Any, where: str) -> tuple[float, float, int]:
+    """``(temperature, top_p, top_k)`` from a call's optional ``sampling`` object.
+
+    Absent (or null) means temperature 1, top_p 1, top_k 0 (older proxies); a key missing
+    inside the object takes the same default. Other keys (forced, max_tokens, seed) are ignored.
+    """
+    if value is None:
+        return 1.0, 1.0, 0
+    if not isinstance(value, dict):
+        raise RecordError(f"{where}: sampling: expected object, got {value!r:.60}")
+    t = value.get("temperature", 1.0)
+    p = value.get("top_p", 1.0)
+    k = value.get("top_k", 0)
+    for field, v in (("temperature", t), ("top_p", p)):
+        if type(v) not in (int, float) or not np.isfinite(v):
+            raise RecordError(f"{where}: sampling.{field}: expected a finite number, got {v!r:.40}")
+    if t < 0:
+        raise RecordError(f"{where}: sampling.temperature: must be >= 0 (0 = greedy), got {t!r}")
+    if not 0 < p <= 1:
+        raise RecordError(f"{where}: sampling.top_p: must lie in (0, 1], got {p!r}")
+    if type(k) is not int or k < 0:
+        raise RecordError(f"{where}: sampling.top_k: expected an integer >= 0 (0 = off), got {k!r:.40}")
+    return float(t), float(p), k
 
 
 @attrs.frozen(kw_only=True)

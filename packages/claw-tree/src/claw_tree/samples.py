@@ -325,6 +325,7 @@ def build_samples(
         }
         if returns is not None:
             row["returns"] = returns.tolist()
+        row.update(_sampling_arrays(forest, nodes))
         plan_sessions = [by_session[tree.name] for tree, _, _ in plan]
         offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
         row.update({
@@ -344,6 +345,20 @@ def build_samples(
         samples.append(row)
     return SampleBatch(samples=samples, excluded=excluded, rollouts=len(voters),
                        trajectories=n_total_paths, zero_spread_groups=zero_spread)
+
+
+def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:
+    """``temperatures`` / ``top_ps`` / ``top_ks`` per token: the settings of the call that generated
+    the token (1.0 / 1.0 / 0 for context), or nothing when every token has those defaults (so the
+    samples of calls sampled at temperature 1 without truncation stay as they were)."""
+    gen = forest.call[nodes]
+    mine = gen[gen >= 0]
+    if not any(not forest.calls[ci].default_sampling for ci in np.unique(mine)):
+        return {}
+    table = np.array([(c.temperature, c.top_p, c.top_k) for c in forest.calls] + [(1.0, 1.0, 0)])
+    rows = table[np.where(gen >= 0, gen, len(forest.calls))]  # (n, 3); index -1 -> the defaults
+    return {"temperatures": rows[:, 0].tolist(), "top_ps": rows[:, 1].tolist(),
+            "top_ks": rows[:, 2].astype(np.int64).tolist()}
 
 
 def _scatter_values(n_nodes: int, sample_ids: list[str], node_lists: list[np.ndarray],
