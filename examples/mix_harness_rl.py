@@ -231,6 +231,10 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         for step in range(len(history), args.steps):
             t0 = time.monotonic()
             outcomes = rollouts(args, run, step, proxy.url, secret.encode(), tasks, harnesses, log)
+            for session in sorted({o["session"] for o in outcomes}):  # finished: free its cache
+                r = admin_api.post(f"/admin/sessions/{session}/close", headers=headers)
+                if r.status_code != 404:  # 404: no call of it reached this proxy process
+                    r.raise_for_status()
             trained = train_step(args, learner, run, step, outcomes, log)
             policy_dir = run / "policy" / f"step-{step + 1:04d}"
             shutil.rmtree(policy_dir, ignore_errors=True)  # left by a run killed in this step

@@ -1,0 +1,206 @@
+"""claw-proxy under hostile load (issue 14): a 4 MB prompt, 5,000 fuzzed requests, 1,100 slow
+connections, many sessions against a small prefix-cache budget.
+
+Run: .venvs/claw-proxy/bin/python -m pytest bench/test_proxy_hardening.py -s -m slow
+
+Each test prints its numbers. Goals: /healthz answers in < 1 s while a 4 MB prompt is parsed,
+rendered and tokenised; 0 5xx in 5,000 fuzzed requests; a normal client is served while 1,100
+connections hold unfinished headers against a server limited to 1,024 open files; RSS stays
+under the prefix-cache budget plus a constant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "packages" / "claw-proxy" / "tests"
+sys.path.insert(0, str(TESTS))
+
+from claw_proxy import ProxyConfig, ProxyServer  # noqa: E402
+from conftest import SECRET, TINY, token, write_script  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _server(tmp_path, **kw) -> ProxyServer:
+    script = write_script(tmp_path / "script.jsonl", ["hello"])
+    kw.setdefault("record", str(tmp_path / "calls.jsonl"))
+    return ProxyServer(
+        ProxyConfig(engine=f"scripted:{script}", tokenizer=str(TINY), secret=SECRET, **kw)
+    ).start()
+
+
+def test_healthz_during_a_4mb_prompt(tmp_path):
+    """/healthz latency while one 4 MB prompt is parsed, rendered and tokenised."""
+    srv = _server(tmp_path, max_body_bytes=32 << 20)
+    words = [f"w{i % 9973}x" for i in range(700_000)]
+    text = " ".join(words)[: 4 << 20]
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+    out = {}
+
+    def big():
+        t0 = time.perf_counter()
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            content=body,
+            headers={"x-api-key": token("big"), "content-type": "application/json"},
+            timeout=600,
+        )
+        out["status"], out["seconds"] = r.status_code, time.perf_counter() - t0
+
+    th = threading.Thread(target=big)
+    lat = []
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        c.get("/healthz")
+        th.start()
+        while th.is_alive():
+            t0 = time.perf_counter()
+            assert c.get("/healthz").status_code == 200
+            lat.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+    th.join()
+    srv.stop()
+    lat.sort()
+    print(
+        f"\n4 MB prompt: status {out['status']} in {out['seconds']:.2f} s; /healthz during it: "
+        f"{len(lat)} probes, p50 {lat[len(lat) // 2] * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms"
+    )
+    assert out["status"] in (200, 413)
+    assert lat[-1] < 1.0
+
+
+def test_fuzz_5000(tmp_path):
+    """5,000 seeded mutations of the captured harness requests: 0 5xx, server healthy."""
+    from test_fuzz import fuzz_cases, run_fuzz
+
+    srv = _server(tmp_path)
+    cases = fuzz_cases(seed=5000, n=5000)
+    t0 = time.perf_counter()
+    out = run_fuzz(srv, cases)
+    dt = time.perf_counter() - t0
+    srv.stop()
+    print(
+        f"\nfuzz: 5000 requests in {dt:.0f} s: 2xx {out['2xx']}, 4xx {out['4xx']}, "
+        f"5xx {out['5xx']}, other {out['other']}; first 5xx: {out['bad'][:3]}"
+    )
+    assert out["5xx"] == 0 and out["other"] == 0
+
+
+def _limit_files():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def test_1100_slow_connections_vs_a_normal_client(tmp_path):
+    """A `claw-proxy serve` limited to 1,024 open files; 1,100 connections send half a header
+    block; a normal client must still be served, and the log must stay small."""
+    script = write_script(tmp_path / "script.jsonl", ["hello"])
+    (tmp_path / "secret").write_text(SECRET)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("wb")
+    exe = Path(sys.executable).with_name("claw-proxy")
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--engine", f"scripted:{script}", "--tokenizer", str(TINY)]
+        + ["--secret-file", str(tmp_path / "secret"), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_limit_files,
+    )
+    slow = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(url + "/healthz", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.2)
+        t0 = time.perf_counter()
+        for _ in range(1100):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: 1")
+            slow.append(c)
+        opened = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            content=json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            headers={"x-api-key": token("ok"), "content-type": "application/json"},
+            timeout=30,
+        )
+        served = time.perf_counter() - t0
+        open_now = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        time.sleep(12)  # past the 10 s header timeout
+        after = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        log.flush()
+        size = (tmp_path / "serve.log").stat().st_size
+        print(
+            f"\n1100 slow connections opened in {opened:.1f} s; normal request: {r.status_code} "
+            f"in {served * 1000:.0f} ms; server fds: {open_now} with them open, {after} after the "
+            f"header timeout; log {size} bytes"
+        )
+        assert r.status_code == 200
+        assert after < 100 and size < 100_000
+    finally:
+        for c in slow:
+            c.close()
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def _rss_mb(pid: int | None = None) -> float:
+    with open(f"/proc/{pid or 'self'}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_rss_with_many_long_sessions_under_a_small_cache_budget(tmp_path):
+    """64 sessions grow conversations of ~19K tokens each under an 8 MB prefix-cache budget
+    (they would need ~30 MB): the cache stays under budget, cold sessions are evicted."""
+    budget = 8 << 20
+    srv = _server(tmp_path, prefix_cache_bytes=budget, drift_check_tokens=0, record=None)
+    chunk = " ".join(f"tok{i}" for i in range(1200))  # ~6.2K tokens with the tiny tokenizer
+    rss0 = _rss_mb()
+    peak = rss0
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        for turn in range(3):
+            for s in range(64):
+                msgs = [{"role": "user", "content": f"s{s} {chunk}"}]
+                for t in range(turn):
+                    msgs += [
+                        {"role": "assistant", "content": "hello"},
+                        {"role": "user", "content": f"t{t} {chunk}"},
+                    ]
+                r = c.post(
+                    "/v1/chat/completions",
+                    content=json.dumps({"model": "m", "messages": msgs}),
+                    headers={"x-api-key": token(f"s{s}"), "content-type": "application/json"},
+                )
+                assert r.status_code == 200, r.text
+            peak = max(peak, _rss_mb())
+    cache = srv.proxy.caches[str(TINY)].stats()
+    srv.stop()
+    print(
+        f"\n64 sessions x 3 turns (~19K tokens at the end): RSS {rss0:.0f} -> peak {peak:.0f} MB; "
+        f"cache {cache['bytes'] / 2**20:.1f} MB of {budget >> 20} MB, "
+        f"{cache['evicted_sessions']} sessions evicted"
+    )
+    assert cache["bytes"] <= budget and cache["evicted_sessions"] > 0
