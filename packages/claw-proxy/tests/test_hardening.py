@@ -278,3 +278,57 @@ def test_serve_checks_model_and_port_before_announcing(tmp_path):
         )
     assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output
     assert "serving" not in r.output
+
+
+def test_a_stalled_body_gets_408(tmp_path):
+    """A request body that stops arriving is answered 408 after --body-timeout."""
+    script = write_script(tmp_path / "s.jsonl", ["hi"])
+    proxy = Proxy(
+        ProxyConfig(
+            engine=f"scripted:{script}", tokenizer=str(TINY), secret=SECRET, body_timeout=0.2
+        )
+    )
+    sent, calls = [], []
+
+    async def receive():
+        calls.append(1)
+        if len(calls) == 1:
+            return {"type": "http.request", "body": b'{"model": "m", ', "more_body": True}
+        await asyncio.Event().wait()  # the client never sends the rest
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"x-api-key", token("s1").encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    asyncio.run(proxy.app(scope, receive, send))
+    assert sent[0]["status"] == 408
+    assert b"no part of the request body arrived for 0.2 s" in sent[1]["body"]
+    proxy.workers.shutdown()
+
+
+def test_repeated_log_lines_are_rate_limited():
+    """A line repeated 50 times passes 5 times; a different line still passes."""
+    import logging
+
+    from claw_proxy._hygiene import RateLimitFilter
+
+    f = RateLimitFilter(burst=5, window=3600)
+
+    def rec(msg):
+        return logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, msg, None, None)
+
+    assert sum(f.filter(rec("Invalid HTTP request received.")) for _ in range(50)) == 5
+    assert f.filter(rec("another problem"))
