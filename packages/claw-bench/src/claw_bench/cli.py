@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from claw_bench import __version__
+from claw_bench._cli_paths import output_path
 from claw_bench.check import check_task
 from claw_bench.errors import ClawError
 from claw_bench.harnesses import list_harnesses, load_harness
@@ -146,7 +147,7 @@ def harnesses(as_json: bool) -> None:
               "(default: remap the task's mount dir to the real workspace)")
 @click.option("--checker-timeout", type=click.FloatRange(0, min_open=True),
               help="public suites: seconds before a checker is killed (scores 0) [default: 120]")
-@click.option("--output", "-o", default="-", show_default=True, help="jobs JSONL file")
+@click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="jobs JSONL file")
 @_errors
 def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: str, proxy_secret_file: str,
          task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
@@ -179,7 +180,7 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: st
 @main.command()
 @click.argument("runs", default="-")
 @click.option("--threshold", type=click.FloatRange(0, 1), help="passed = reward >= THRESHOLD (default: verifier exit code, or the task's pass_threshold)")
-@click.option("--output", "-o", default="-", show_default=True, help="outcomes JSONL file")
+@click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="outcomes JSONL file")
 @click.option("--judge-url", help="LLM judge base URL for rubric-graded tasks (OpenAI: with /v1; Anthropic: without)")
 @click.option("--judge-model", help="model name the judge is asked for")
 @click.option("--judge-api", type=click.Choice(JUDGE_APIS), default="openai", show_default=True)
@@ -221,7 +222,7 @@ def score(runs: str, threshold: float | None, output: str, judge_url: str | None
 @click.option("--suite", "-s", required=True, help="the suite the runs were planned from (name or path)")
 @click.option("--calls", "calls_path", required=True, type=click.Path(dir_okay=False),
               help="claw-proxy's claw.call/v1 records of these sessions (with raw request/response)")
-@click.option("--output", "-o", default="-", show_default=True, help="runs JSONL file")
+@click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="runs JSONL file")
 @_errors
 def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     """Re-run PinchBench-style checkers with each session's transcript (from the proxy's call records).
@@ -253,7 +254,7 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
 @click.argument("outcomes", default="-")
 @click.option("-k", "ks", type=int, multiple=True, help="k values (default: 1 and the largest sample count)")
 @click.option("--compare", "other", type=click.Path(dir_okay=False), help="baseline outcomes (before), shown side by side")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="also draw the report to FILE.png (needs claw-bench[plot])")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=output_path, help="also draw the report to FILE.png (needs claw-bench[plot])")
 @click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
 @click.option("--no-tasks", is_flag=True, help="leave out the per-task table")
 @click.option("--threshold", "thresholds", type=click.FloatRange(0, 1), multiple=True,
