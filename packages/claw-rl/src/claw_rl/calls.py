@@ -1,8 +1,13 @@
 """``claw.call/v1`` records -> single-path samples, for ``claw-rl logprobs`` (the consistency
-check on its own: recompute the learner's logprobs of the recorded completion tokens)."""
+check on its own: recompute the learner's logprobs of the recorded completion tokens).
+
+The call reader is a *projection* (docs/formats.md, Readers): it validates the fields it reads
+(``call_id``, ``trainable``, ``prompt_ids``, ``completion_ids``, ``completion_logprobs``) and
+accepts anything in the others."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,17 +22,24 @@ from claw_rl.records import CALL_SCHEMA, Sample, _check_schema, iter_jsonl
 def call_to_sample(row: dict, where: str) -> Sample | None:
     """A chain sample (prompt as context, completion trainable) or None for untrainable calls."""
     _check_schema(row, CALL_SCHEMA, where)
-    if row.get("trainable", True) is False:
+    trainable = row.get("trainable", True)
+    if not isinstance(trainable, bool):
+        raise RecordError(f"{where}: field 'trainable' must be a boolean, got {trainable!r}")
+    if not trainable:
         return None
     for key in ("call_id", "prompt_ids", "completion_ids", "completion_logprobs"):
         if key not in row:
             raise RecordError(f"{where}: missing required field {key!r}")
+    if not isinstance(row["call_id"], str) or not row["call_id"]:
+        raise RecordError(f"{where}: field 'call_id' must be a non-empty string")
     p, c, lp = row["prompt_ids"], row["completion_ids"], row["completion_logprobs"]
     for key, val in (("prompt_ids", p), ("completion_ids", c)):
         if not isinstance(val, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in val):
             raise RecordError(f"{where}: field {key!r} must be a list of token ids >= 0")
-    if not isinstance(lp, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in lp):
-        raise RecordError(f"{where}: field 'completion_logprobs' must be a list of numbers")
+    if not isinstance(lp, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in lp
+    ):
+        raise RecordError(f"{where}: field 'completion_logprobs' must be a list of finite numbers")
     if len(lp) != len(c):
         raise RecordError(f"{where}: completion_logprobs has {len(lp)} entries, completion_ids has {len(c)}")
     if not p or not c:

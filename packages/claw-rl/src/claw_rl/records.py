@@ -3,11 +3,17 @@
 Readers reject malformed lines naming file and line; nothing is dropped silently. The samples
 are validated deeply (lengths, parent order, positions = depth) because a wrong tree gives a
 silently wrong loss, not a crash.
+
+Reader kinds (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
+``Sample.from_dict`` / ``read_samples`` and ``Policy.from_dict`` are *strict* (every field the
+record defines is validated; unknown fields are accepted). Blank lines are skipped; ``NaN`` and
+``Infinity`` are not JSON and are rejected.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -43,9 +49,9 @@ def _num_list(row: dict, key: str, where: str, *, ints: bool, n: int | None) -> 
     if not isinstance(val, list):
         raise RecordError(f"{where}: field {key!r} must be a list, got {type(val).__name__}")
     for j, x in enumerate(val):
-        ok = isinstance(x, int) if ints else isinstance(x, int | float)
+        ok = isinstance(x, int) if ints else isinstance(x, int | float) and math.isfinite(x)
         if not ok or isinstance(x, bool):
-            kind = "integer" if ints else "number"
+            kind = "integer" if ints else "finite number"
             raise RecordError(f"{where}: field {key!r}[{j}] must be a {kind}, got {x!r}")
     if n is not None and len(val) != n:
         raise RecordError(f"{where}: field {key!r} has {len(val)} entries, input_ids has {n}")
@@ -81,15 +87,11 @@ class Sample:
         if not isinstance(row, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
         _check_schema(row, SAMPLE_SCHEMA, where)
-        allowed = {f.name for f in attrs.fields(cls)} | {"schema"}
-        extra = sorted(set(row) - allowed)
-        if extra:
-            raise RecordError(f"{where}: unknown field(s) {extra}")
         for key in ("sample_id", "algo", *_PER_TOKEN_INT, *_PER_TOKEN_FLOAT):
             if key not in row:
                 raise RecordError(f"{where}: missing required field {key!r}")
-        if not isinstance(row["sample_id"], str):
-            raise RecordError(f"{where}: field 'sample_id' must be a string")
+        if not isinstance(row["sample_id"], str) or not row["sample_id"]:
+            raise RecordError(f"{where}: field 'sample_id' must be a non-empty string")
         where = f"{where} (sample {row['sample_id']!r})"
         if row["algo"] not in ("grpo", "ppo", "rloo", "reinforce"):
             raise RecordError(f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce")
@@ -101,17 +103,21 @@ class Sample:
             opt["returns"] = _num_list(row, "returns", where, ints=False, n=n)
         if row.get("policy_versions") is not None:
             opt["policy_versions"] = _num_list(row, "policy_versions", where, ints=True, n=n)
+            if any(v < -1 for v in opt["policy_versions"]):
+                raise RecordError(f"{where}: field 'policy_versions' must hold versions >= 0 (-1: context)")
         for key in ("sessions", "groups"):
             val = row.get(key, [])
             if not isinstance(val, list) or not all(isinstance(s, str) for s in val):
                 raise RecordError(f"{where}: field {key!r} must be a list of strings")
             opt[key] = tuple(val)
         if "n_paths" in row and row["n_paths"] is not None:
-            if not isinstance(row["n_paths"], int) or row["n_paths"] < 0:
+            if not isinstance(row["n_paths"], int) or isinstance(row["n_paths"], bool) or row["n_paths"] < 0:
                 raise RecordError(f"{where}: field 'n_paths' must be an integer >= 0")
             opt["n_paths"] = row["n_paths"]
         if not isinstance(row.get("tags", {}), dict):
             raise RecordError(f"{where}: field 'tags' must be an object")
+        if any(t < 0 for t in ints["input_ids"]):
+            raise RecordError(f"{where}: field 'input_ids' must hold token ids >= 0")
         _check_tree(ints, floats, where)
         return cls(sample_id=row["sample_id"], algo=row["algo"], **ints, **floats,
                    tags=dict(row.get("tags", {})), **opt)
@@ -165,8 +171,19 @@ class Policy:
             raise RecordError(f"{where}: expected a JSON object")
         _check_schema(row, POLICY_SCHEMA, where)
         for key, typ in (("name", str), ("version", int), ("path", str)):
-            if not isinstance(row.get(key), typ):
-                raise RecordError(f"{where}: field {key!r} missing or not a {typ.__name__}")
+            val = row.get(key)
+            if not isinstance(val, typ) or isinstance(val, bool) or val == "":
+                raise RecordError(f"{where}: field {key!r} missing or not a non-empty {typ.__name__}")
+        if row["version"] < 0:
+            raise RecordError(f"{where}: field 'version' must be >= 0, got {row['version']}")
+        created, step = row.get("created_at"), row.get("step")
+        if created is not None and (isinstance(created, bool) or not isinstance(created, int | float)
+                                    or not math.isfinite(created) or created < 0):
+            raise RecordError(f"{where}: field 'created_at' must be a Unix time >= 0, got {created!r}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise RecordError(f"{where}: field 'step' must be an integer >= 0, got {step!r}")
+        if not isinstance(row.get("metrics", {}), dict):
+            raise RecordError(f"{where}: field 'metrics' must be an object")
         return cls(name=row["name"], version=row["version"], path=row["path"],
                    created_at=row.get("created_at"), step=row.get("step"),
                    metrics=dict(row.get("metrics", {})))
@@ -195,18 +212,25 @@ def _open(path: str | Path) -> tuple[TextIO, str, bool]:
         raise RecordError(f"{path}: cannot open ({exc.strerror})") from exc
 
 
+def _not_json(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
-    """Yield ``(where, obj)`` for each line; ``where`` is ``file:line``. Rejects non-objects."""
+    """Yield ``(where, obj)`` for each line; ``where`` is ``file:line``. Rejects non-objects and
+    ``NaN`` / ``Infinity`` (not JSON); skips blank lines (they still count in line numbers)."""
     fh, name, close = _open(path)
     try:
         for lineno, line in enumerate(fh, 1):
             where = f"{name}:{lineno}"
             if not line.strip():
-                raise RecordError(f"{where}: blank line (JSONL files hold one record per line)")
+                continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_constant=_not_json)
             except json.JSONDecodeError as exc:
                 raise RecordError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            except ValueError as exc:
+                raise RecordError(f"{where}: not valid JSON ({exc})") from exc
             if not isinstance(obj, dict):
                 raise RecordError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             yield where, obj
