@@ -11,6 +11,7 @@ import sys
 import click
 
 from claw_tree import __version__
+from claw_tree._cli_paths import output_path
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
 from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PATH_WEIGHTING, build_samples
@@ -56,7 +57,7 @@ def main() -> None:
 
 @main.command()
 @_CALLS
-@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False),
+@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), callback=output_path,
               help="Where the trajectories go (JSONL, default stdout).")
 @click.option("--with-ids", is_flag=True, help="Include each path's input_ids, trainable mask and logprobs.")
 @_SKIP
@@ -116,7 +117,7 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
 @click.option("--outcomes", type=click.Path(allow_dash=True, dir_okay=False), default=None,
               help="claw.outcome/v1 JSONL (rewards, status, group keys); or give it as 2nd argument.")
 @click.option("--algo", type=click.Choice(ALGOS), default="grpo", show_default=True)
-@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False),
+@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), callback=output_path,
               help="Where the claw.sample/v1 lines go (default stdout).")
 @click.option("--group-by", type=click.Choice(GROUP_BY), default="group", show_default=True,
               help="Group key for GRPO/RLOO: the outcome's group, its task, or task+harness.")
