@@ -3,6 +3,12 @@
 Readers reject malformed lines and unknown schema versions with the file name and line number.
 With ``skip_invalid=True`` they skip such lines instead and count them, with the reason, in the
 returned :class:`ReadResult` (never silently).
+
+Reader kinds (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
+:meth:`Outcome.from_dict` is *strict* (every field of `claw.outcome/v1` is validated);
+:meth:`Call.from_dict` is a *projection*: it validates exactly the fields it reads (`CALL_READS`)
+and accepts anything in the others (api, timings, usage, raw request/response). Both accept
+unknown fields. Blank lines are skipped; ``NaN`` / ``Infinity`` are not JSON and are rejected.
 """
 
 from __future__ import annotations
@@ -22,6 +28,12 @@ CALL_SCHEMA = "claw.call/v1"
 OUTCOME_SCHEMA = "claw.outcome/v1"
 SAMPLE_SCHEMA = "claw.sample/v1"
 OUTCOME_STATUSES = ("ok", "infra_error", "not_scorable")
+FINISH_REASONS = ("stop", "length", "tool_calls", "error")
+# the claw.call/v1 fields Call.from_dict reads (and so validates); it ignores all others
+CALL_READS = ("schema", "call_id", "session", "seq", "model", "policy.name", "policy.version",
+              "trainable", "prompt_ids", "completion_ids", "completion_logprobs", "finish_reason",
+              "tags", "prefix.reused_tokens", "prefix.fresh_render_matches", "sampling.temperature",
+              "sampling.top_p", "sampling.top_k")
 _MAX_TOKEN_ID = 2**31 - 1
 
 T = TypeVar("T")
@@ -64,14 +76,9 @@ def token_array(values: Any, field: str, where: str) -> np.ndarray:
     else:
         if not isinstance(values, list):
             raise RecordError(f"{where}: {field}: expected array of integers, got {values!r:.60}")
-        # sum() runs at C speed over ints and turns float on a float, TypeError on a string or
-        # null: a cheap exact check that every id is an integer (JSON true/false count as 1/0).
-        try:
-            exact = type(sum(values)) is int
-        except TypeError:
-            exact = False
-        if not exact:
-            bad = next(v for v in values if not isinstance(v, int))
+        # the set of element types, built at C speed: exactly {int} (JSON true/false are bool)
+        if not set(map(type, values)) <= {int}:
+            bad = next(v for v in values if type(v) is not int)
             raise RecordError(f"{where}: {field}: token ids must be integers, found {bad!r:.40}")
         try:
             arr = np.fromiter(values, dtype=np.int64, count=len(values))
@@ -92,8 +99,8 @@ def _float_array(values: Any, field: str, where: str) -> np.ndarray:
             bad = next(v for v in values if type(v) not in (int, float))
             raise RecordError(f"{where}: {field}: expected numbers, found {bad!r:.40}")
         arr = np.fromiter(values, dtype=np.float64, count=len(values))
-    if arr.ndim != 1 or np.isnan(arr).any():
-        raise RecordError(f"{where}: {field}: expected a flat array of numbers without NaN")
+    if arr.ndim != 1 or not np.isfinite(arr).all():
+        raise RecordError(f"{where}: {field}: expected a flat array of finite numbers (no NaN, no infinity)")
     return arr
 
 
@@ -127,7 +134,8 @@ class Call:
 
     @classmethod
     def from_dict(cls, row: Any, where: str = "<call>") -> Call:
-        """Validate one `claw.call/v1` dict; errors name `where` (file:line) and the field."""
+        """Validate the fields of one `claw.call/v1` dict that the tree reads (`CALL_READS`: a
+        projection reader); errors name `where` (file:line) and the field."""
         if not isinstance(row, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
         _check_schema(row, CALL_SCHEMA, where)
@@ -136,14 +144,17 @@ class Call:
         if not call_id or not session:
             raise RecordError(f"{where}: call_id and session must be non-empty")
         seq = _require(row, "seq", int, where)
-        for field in ("api", "finish_reason"):
-            _require(row, field, str, where)
+        if seq < 0:
+            raise RecordError(f"{where}: seq: must be >= 0, got {seq}")
+        finish = _require(row, "finish_reason", str, where)
+        if finish not in FINISH_REASONS:
+            raise RecordError(f"{where}: finish_reason: {finish!r} is not one of {list(FINISH_REASONS)}")
         model = _require(row, "model", str, where)
         policy = _require(row, "policy", dict, where)
         version = _require(policy, "version", int, f"{where}: policy")
+        if version < 0:
+            raise RecordError(f"{where}: policy: version: must be >= 0, got {version}")
         name = _require(policy, "name", str, f"{where}: policy")
-        for field in ("started_at", "ended_at"):
-            _require(row, field, (int, float), where)
         tags = _require(row, "tags", dict, where)
         trainable = row.get("trainable", True)
         if not isinstance(trainable, bool):
@@ -163,6 +174,12 @@ class Call:
         prefix = row.get("prefix") or {}
         if not isinstance(prefix, dict):
             raise RecordError(f"{where}: prefix: expected object")
+        reused = prefix.get("reused_tokens")
+        if reused is not None and (type(reused) is not int or reused < 0):
+            raise RecordError(f"{where}: prefix.reused_tokens: expected an integer >= 0, got {reused!r:.40}")
+        fresh = prefix.get("fresh_render_matches")
+        if fresh is not None and not isinstance(fresh, bool):
+            raise RecordError(f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}")
         temperature, top_p, top_k = _sampling(row.get("sampling"), where)
         return cls(
             call_id=call_id, session=session, seq=seq, model=model, policy_name=name,
@@ -243,7 +260,8 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, row: Any, where: str = "<outcome>") -> Outcome:
-        """Validate one `claw.outcome/v1` dict; errors name `where` and the field."""
+        """Validate one `claw.outcome/v1` dict, every field (a strict reader); errors name `where`
+        and the field."""
         if not isinstance(row, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
         _check_schema(row, OUTCOME_SCHEMA, where)
@@ -256,10 +274,24 @@ class Outcome:
             raise RecordError(f"{where}: status: {status!r} is not one of {list(OUTCOME_STATUSES)}")
         reward = _require(row, "reward", (int, float, type(None)), where)
         passed = _require(row, "passed", (bool, type(None)), where)
+        for field, value in (("session", session), ("task", task), ("harness", harness)):
+            if not value:
+                raise RecordError(f"{where}: {field}: must be non-empty")
         if status == "ok" and reward is None:
             raise RecordError(f"{where}: reward: null although status is 'ok'")
-        if reward is not None and not np.isfinite(reward):
-            raise RecordError(f"{where}: reward: must be finite, got {reward!r}")
+        if status == "ok" and passed is None:
+            raise RecordError(f"{where}: passed: null although status is 'ok'")
+        if status != "ok" and (reward is not None or passed is not None):
+            field = "reward" if reward is not None else "passed"
+            raise RecordError(f"{where}: {field}: must be null when status is {status!r}")
+        if reward is not None and not (np.isfinite(reward) and 0.0 <= reward <= 1.0):
+            raise RecordError(f"{where}: reward: must be a number in [0, 1], got {reward!r}")
+        for field, types in (("sample", int), ("job_id", str), ("details", dict), ("meta", dict),
+                             ("error", (str, type(None))), ("policy_version", (int, type(None)))):
+            if field in row:
+                value = _require(row, field, types, where)
+                if field in ("sample", "policy_version") and value is not None and value < 0:
+                    raise RecordError(f"{where}: {field}: must be >= 0, got {value}")
         return cls(session=session, task=task, harness=harness, group=group,
                    reward=None if reward is None else float(reward), passed=passed, status=status)
 
@@ -304,9 +336,15 @@ def _iter_lines(fh: IO[str], name: str) -> Iterator[tuple[str, Any]]:
             continue
         where = f"{name}:{lineno}"
         try:
-            yield where, json.loads(line)
+            yield where, json.loads(line, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             yield where, RecordError(f"{where}: not JSON: {exc.msg} (column {exc.colno})")
+        except ValueError as exc:
+            yield where, RecordError(f"{where}: not JSON: {exc}")
+
+
+def _not_json(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
 
 
 def read_records(
