@@ -10,6 +10,7 @@ import attrs
 import click
 
 from claw_rl import __version__
+from claw_rl._cli_paths import output_path, refuse_taken_policies
 from claw_rl.errors import ClawError
 
 
@@ -151,6 +152,7 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
             raise click.ClickException(f"{samples_path}: no samples")
         size = batch_size if batch_size > 0 else len(samples)
         n_steps = (len(samples) + size - 1) // size
+        refuse_taken_policies(out_dir, learner.version, n_steps, rank)  # before anything is written
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
@@ -184,7 +186,8 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="Policy directory; its critic/ subdirectory holds the critic (fresh zero head if absent).")
 @click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
-@click.option("--out", "out_path", default="-", show_default=True, help="Values JSONL file.")
+@click.option("--out", "out_path", default="-", show_default=True, callback=output_path,
+              help="Values JSONL file.")
 @click.option("--critic", type=click.Choice(["auto", "head", "model"]), default="auto", show_default=True,
               help="Critic kind; auto = what MODEL/critic holds (head when there is none).")
 @click.option("--micro-batch-size", type=int, default=4, show_default=True, help="Samples per forward pass.")
@@ -221,7 +224,8 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="HF model directory the calls were (supposedly) sampled from.")
 @click.option("--calls", "calls_path", default="-", show_default=True, help="claw.call/v1 JSONL file.")
-@click.option("--out", "out_path", default="-", show_default=True, help="Per-call JSONL output.")
+@click.option("--out", "out_path", default="-", show_default=True, callback=output_path,
+              help="Per-call JSONL output.")
 @click.option("--threshold", type=float, default=0.1, show_default=True,
               help="Count tokens whose |learner - engine| logprob difference exceeds this.")
 @click.option("--temperature", type=float, default=1.0, show_default=True,
