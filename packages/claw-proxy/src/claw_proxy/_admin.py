@@ -10,8 +10,10 @@ from starlette.routing import Route
 
 from claw_proxy import api_anthropic
 from claw_proxy._jsonbody import loads, read_limited
+from claw_proxy._responses import error_response
 from claw_proxy.errors import ClawError, NotFoundError, RecordError, RequestError
 from claw_proxy.records import Policy
+from claw_proxy.tokens import is_session_id
 
 
 def _err(e: ClawError) -> JSONResponse:
@@ -72,8 +74,6 @@ def routes(proxy) -> list[Route]:
             n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
             return JSONResponse({"input_tokens": n})
         except ClawError as e:
-            from claw_proxy.server import error_response
-
             return error_response(api_anthropic, e)
 
     async def policy(request):
@@ -107,9 +107,7 @@ def routes(proxy) -> list[Route]:
         try:
             proxy._check_admin(request)
             sid = request.path_params["session"]
-            from claw_proxy.tokens import _SESSION
-
-            if not _SESSION.fullmatch(sid):
+            if not is_session_id(sid):
                 raise RequestError("session ids are 1-128 characters of [A-Za-z0-9_-]", "session")
             s = proxy.sessions.get(sid) or proxy.new_session(sid)
             if request.method == "POST":

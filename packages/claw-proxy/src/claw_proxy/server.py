@@ -22,6 +22,7 @@ from starlette.routing import Route
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy._call import ClosingStream, Run, extra, iterate
 from claw_proxy._jsonbody import loads, read_limited
+from claw_proxy._responses import error_response
 from claw_proxy.config import ProxyConfig, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
 from claw_proxy.errors import (
@@ -30,7 +31,6 @@ from claw_proxy.errors import (
     ConfigError,
     EngineError,
     LimitError,
-    RecordError,
     RequestError,
 )
 from claw_proxy.messages import ChatRequest
@@ -386,30 +386,6 @@ class Proxy:
         if self.writer:
             self.writer.close()
         self.workers.shutdown(wait=False, cancel_futures=True)
-
-
-def error_response(api, e: ClawError) -> JSONResponse:
-    """An error in the shape of the API that was called."""
-    status = getattr(e, "status", 500)
-    kind = getattr(e, "kind", "api_error")
-    if api is not api_anthropic:
-        kind = {
-            "overloaded_error": "server_error",
-            "not_found_error": "invalid_request_error",
-            "request_too_large": "invalid_request_error",
-            "api_error": "server_error",
-        }.get(kind, kind)
-    if isinstance(e, EngineError) and api is api_anthropic and status == 503:
-        status = 529
-    headers = {}
-    retry = getattr(e, "retry_after", None)
-    if retry is not None:
-        headers["retry-after"] = f"{max(1, round(retry))}"
-    if isinstance(e, RecordError):
-        status, kind = 400, "invalid_request_error"
-    return JSONResponse(
-        api.error_body(kind, str(e), getattr(e, "param", None)), status_code=status, headers=headers
-    )
 
 
 __all__ = ["Proxy", "error_response"]
