@@ -1,13 +1,43 @@
 """claw-rl: PPO and GRPO learners on tree-packed samples (see the package README)."""
 
+import importlib as _importlib
+import typing as _typing
 from importlib.metadata import version as _version
 
 from claw_rl.config import GRPOConfig, PPOConfig
 from claw_rl.errors import CheckpointError, ClawError, ConfigError, RecordError
-from claw_rl.learner import GRPOLearner, PPOLearner
-from claw_rl.packing import Batch, ancestor_matrix, chain_sample, pack
 from claw_rl.records import Policy, Sample, read_samples
 from claw_rl.tiny import TinySpec, chat_template, init_tiny
+
+if _typing.TYPE_CHECKING:
+    from claw_rl.learner import GRPOLearner
+    from claw_rl.packing import Batch, ancestor_matrix, chain_sample, pack
+    from claw_rl.ppo import PPOLearner
+
+# Names whose modules import torch load on first use, so `import claw_rl` (and `claw-rl --help`)
+# stays light.
+_LAZY = {
+    "GRPOLearner": "claw_rl.learner",
+    "PPOLearner": "claw_rl.ppo",
+    "Batch": "claw_rl.packing",
+    "ancestor_matrix": "claw_rl.packing",
+    "chain_sample": "claw_rl.packing",
+    "pack": "claw_rl.packing",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'claw_rl' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = _version("claw-rl")
 __all__ = [

@@ -132,7 +132,8 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
     """
     from claw_rl._dist import init_from_env, shutdown
     from claw_rl.config import dump_toml
-    from claw_rl.learner import GRPOLearner, PPOLearner
+    from claw_rl.learner import GRPOLearner
+    from claw_rl.ppo import PPOLearner
     from claw_rl.records import read_samples, write_jsonl
 
     cls = {"grpo": GRPOLearner, "ppo": PPOLearner}[algo]
@@ -205,7 +206,7 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
     """
     from claw_rl.config import PPOConfig
     from claw_rl.critic import critic_kind
-    from claw_rl.learner import PPOLearner
+    from claw_rl.ppo import PPOLearner
     from claw_rl.records import read_samples, write_jsonl
 
     kind = critic if critic != "auto" else (critic_kind(model_dir) or "head")

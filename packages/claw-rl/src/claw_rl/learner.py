@@ -461,6 +461,4 @@ class GRPOLearner(_Learner):
                                 "train it with PPOLearner / --algo ppo")
 
 
-from claw_rl.ppo import PPOLearner  # noqa: E402  (PPO builds on the classes above)
-
-__all__ = ["GRPOLearner", "PPOLearner", "load_policy"]
+__all__ = ["GRPOLearner", "load_policy"]
