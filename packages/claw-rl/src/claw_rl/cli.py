@@ -229,14 +229,18 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
               help="Per-call JSONL output.")
 @click.option("--threshold", type=float, default=0.1, show_default=True,
               help="Count tokens whose |learner - engine| logprob difference exceeds this.")
-@click.option("--temperature", type=float, default=1.0, show_default=True,
-              help="Temperature the engine's logprobs were taken at.")
+@click.option("--temperature", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Override: take every call's logprobs at this temperature instead of the one its "
+                   "'sampling' records (top_p / top_k stay as recorded). Default: each call's own.")
 def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> None:
     """Recompute logprobs of recorded completions and compare them with the engine's.
 
-    One line per trainable call: call_id, session, seq, the learner's logprobs of the
-    completion tokens and the mismatch (mean/max abs diff, KL estimates, fraction beyond
-    --threshold). The summary over all calls goes to stderr.
+    Each call's logprobs are taken under the settings it was sampled with (its 'sampling':
+    temperature, top_k, top_p; absent = 1, 0, 1). One line per trainable call: call_id, session,
+    seq, the learner's logprobs of the completion tokens and the mismatch (mean/max abs diff, KL
+    estimates, fraction beyond --threshold). Greedy tokens (temperature 0) have no distribution
+    to compare with: left out of the mismatch, counted as "greedy". The summary over all calls
+    goes to stderr.
 
     Example:
 
@@ -248,12 +252,12 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
     from claw_rl.records import write_jsonl
 
     try:
-        learner = GRPOLearner(GRPOConfig(temperature=temperature), model_dir)
-        pairs = list(iter_call_samples(calls_path))
+        learner = GRPOLearner(GRPOConfig(), model_dir)
+        pairs = list(iter_call_samples(calls_path, temperature=temperature))
         lps = learner.logprobs([s for _, s in pairs])
     except ClawError as exc:
         raise _fail(exc) from exc
-    total = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0}
+    total = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0, "greedy": 0.0}
     with click.open_file(out_path, "w") as fh:
         for (row, s), lp in zip(pairs, lps, strict=True):
             st = compare(s, lp, threshold)
@@ -261,8 +265,9 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
                 total[k] = max(total[k], st[k]) if k == "abs_max" else total[k] + st[k]
             n_p = len(row["prompt_ids"])
             write_jsonl([{"call_id": row["call_id"], "session": row.get("session"), "seq": row.get("seq"),
-                          "logprobs": lp[n_p:], "mismatch": finish_mismatch(st)}], fh)
-    click.echo(json.dumps({"calls": len(pairs), **finish_mismatch(total)}), err=True)
+                          "logprobs": lp[n_p:], "mismatch": finish_mismatch(st), "greedy": int(st["greedy"])}], fh)
+    click.echo(json.dumps({"calls": len(pairs), **finish_mismatch(total), "greedy_tokens": int(total["greedy"])}),
+               err=True)
 
 
 if __name__ == "__main__":

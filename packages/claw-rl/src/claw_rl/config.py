@@ -1,5 +1,8 @@
 """One frozen config class per algorithm; each field is a CLI flag and a TOML key.
 
+There is no temperature setting: the learner takes each token's logprob under the sampling
+settings recorded with it (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``).
+
 ``claw-rl train --algo grpo --lr 1e-5`` sets ``GRPOConfig.lr``; ``--config run.toml`` reads
 the same keys (flags win). Every run writes its resolved config as ``config.toml``.
 """
@@ -28,7 +31,7 @@ def _common_checks(c: Any) -> None:
         raise ConfigError(f"is_correction = {c.is_correction!r}; choose one of {', '.join(IS_CHOICES)}")
     if c.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype = {c.dtype!r}; choose float32, bfloat16 or float16")
-    for name in ("lr", "temperature", "is_cap", "micro_batch_size", "epochs", "minibatches"):
+    for name in ("lr", "is_cap", "micro_batch_size", "epochs", "minibatches"):
         if getattr(c, name) <= 0:
             raise ConfigError(f"{name} = {getattr(c, name)!r} must be > 0")
     if not 0 < c.is_min <= 1 <= c.is_cap:
@@ -76,7 +79,6 @@ class GRPOConfig:
     mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
     max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
     drop_stale: bool = _f(False, "drop stale samples instead of training on them")
-    temperature: float = _f(1.0, "sampling temperature the engine used (logits are divided by it)")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and initialisation")
     parallelism: str = _f("ddp", "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
@@ -135,7 +137,6 @@ class PPOConfig:
     mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
     max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
     drop_stale: bool = _f(False, "drop stale samples instead of training on them")
-    temperature: float = _f(1.0, "sampling temperature the engine used (logits are divided by it)")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and the value head")
     parallelism: str = _f("ddp", "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
@@ -163,6 +164,10 @@ def _from_dict(cls: type, d: dict, where: str) -> Any:
     fields = attrs.fields_dict(cls)
     kw = {}
     for key, val in d.items():
+        if key == "temperature" and key not in fields:
+            raise ConfigError(f"{where}: 'temperature' is no longer a learner setting: each token's logprob is "
+                              "taken under the temperature / top_p / top_k its call was sampled with (the "
+                              "samples' temperatures / top_ps / top_ks, from claw.call/v1 sampling); remove it")
         if key not in fields:
             raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__} "
                               f"(known: {', '.join(fields)})")

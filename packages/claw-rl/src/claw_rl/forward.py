@@ -3,6 +3,8 @@
 The backbone (``model.base_model``) runs once over the padded batch with each sample's tree
 mask and depth positions; the LM head is applied only to the rows that predict a trainable
 token (``parent[i]``), in chunks, so a large vocabulary never materialises (B, N, V) logits.
+Each token's logprob is that of the distribution the engine drew it from: its call's
+temperature, top_k and top_p (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from claw_rl.packing import Batch
 
 _CHUNK = 2048  # rows of the LM head evaluated at once
+_SORT_CHUNK = 256  # rows sorted at once to find top_k / top_p kept sets
 
 
 def _last_hidden(out) -> torch.Tensor:
@@ -44,29 +47,91 @@ def backbone_hidden(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 class TokenStats:
     """Per trainable token, in ``batch.predictor_index()`` order (M tokens)."""
 
-    logprobs: torch.Tensor  # (M,) log pi(token | prefix)
-    entropy: torch.Tensor  # (M,) entropy of the predicting distribution (no grad)
+    logprobs: torch.Tensor  # (M,) log pi(token | prefix) under the token's sampling settings
+    entropy: torch.Tensor  # (M,) entropy of that (truncated) distribution (no grad)
+    greedy: torch.Tensor  # (M,) bool: sampled at temperature 0, logprob taken at temperature 1
+
+
+def _dropped(z: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """(m, V) bool: tokens outside the kept set of each row of temperature-scaled logits ``z``.
+
+    The ``top_k`` largest (ties at the k-th kept; 0 or >= V = off), then, of those, the smallest
+    set, largest first, whose renormalised probability reaches ``top_p`` (a token is dropped when
+    the mass ranked strictly above it is already >= top_p; 1 = off): vLLM's order and rule, the
+    one claw-proxy samples with. No gradient.
+    """
+    m, V = z.shape
+    use_k = (top_k > 0) & (top_k < V)  # (m,)
+    use_p = top_p < 1.0  # (m,)
+    out = torch.zeros_like(z, dtype=torch.bool)
+    for lo in range(0, m, _SORT_CHUNK):
+        sl = slice(lo, lo + _SORT_CHUNK)
+        if not bool((use_k[sl] | use_p[sl]).any()):
+            continue
+        sv, si = torch.sort(z[sl], dim=-1, descending=True)  # (c, V)
+        kth = sv.gather(1, (top_k[sl].clamp(1, V) - 1)[:, None])  # (c, 1) k-th largest
+        cut_k = use_k[sl, None]
+        drop = (z[sl] < kth) & cut_k
+        sp = torch.softmax(sv.masked_fill((sv < kth) & cut_k, float("-inf")), dim=-1)  # sorted, after top_k
+        above = torch.cumsum(sp, dim=-1) - sp  # mass ranked strictly above each token
+        drop_sorted = (above >= top_p[sl, None]) & use_p[sl, None]
+        out[sl] = drop | torch.zeros_like(drop).scatter_(1, si, drop_sorted)
+    return out
+
+
+def sampling_log_softmax(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                         top_k: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probabilities (m, V) of the distribution each row was sampled from, -inf outside it.
+
+    ``log_softmax(logits / T)`` restricted to the kept set of :func:`_dropped` (chosen from these
+    logits under no_grad; gradient flows through the kept logits) and renormalised over it.
+    ``targets`` (m,), when given, always count as kept, so that a sampled token whose learner
+    probability sits just outside the learner's own set (a tie at the top_p boundary, a policy that
+    moved since sampling) gets a finite logprob. Rows with T = 0 (greedy: the engine drew from a
+    point mass) are taken at T = 1 without truncation; callers leave those tokens out.
+    logits: (m, V) float; temperature, top_p: (m,) float; top_k: (m,) long.
+    """
+    greedy = temperature <= 0
+    T = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
+    z = logits / T[:, None]
+    top_p = torch.where(greedy, torch.ones_like(top_p), top_p)
+    top_k = torch.where(greedy, torch.zeros_like(top_k), top_k)
+    if bool(((top_p < 1.0) | ((top_k > 0) & (top_k < z.shape[-1]))).any()):
+        with torch.no_grad():
+            drop = _dropped(z.detach(), top_p, top_k)
+            if targets is not None:
+                drop[torch.arange(len(targets), device=drop.device), targets] = False
+        z = z.masked_fill(drop, float("-inf"))
+    return F.log_softmax(z, dim=-1)
+
+
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy (m,) of rows of log-probabilities (m, V) that may hold -inf (truncated tokens)."""
+    return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
 
 
 def token_logprobs(model: torch.nn.Module, hidden: torch.Tensor, batch: Batch, *,
-                   temperature: float = 1.0, with_entropy: bool = True) -> TokenStats:
-    """Logprob of every trainable token i, read from the hidden state of ``parent[i]``."""
+                   with_entropy: bool = True) -> TokenStats:
+    """Logprob of every trainable token i, read from the hidden state of ``parent[i]``, under the
+    sampling settings token i was drawn with (``batch.temperatures / top_ps / top_ks``; see
+    :func:`sampling_log_softmax`)."""
     b, i, p = batch.predictor_index()
     head = model.get_output_embeddings()
     h = hidden[b, p]  # (M, H)
     targets = batch.input_ids[b, i]  # (M,)
+    T, top_p, top_k = batch.temperatures[b, i], batch.top_ps[b, i], batch.top_ks[b, i]  # (M,) each
     lps, ents = [], []
     for lo in range(0, h.shape[0], _CHUNK):
-        logits = head(h[lo : lo + _CHUNK]).float() / temperature  # (m, V)
-        logp = F.log_softmax(logits, dim=-1)
-        lps.append(logp.gather(-1, targets[lo : lo + _CHUNK, None]).squeeze(-1))
+        sl = slice(lo, lo + _CHUNK)
+        logp = sampling_log_softmax(head(h[sl]).float(), T[sl], top_p[sl], top_k[sl], targets[sl])  # (m, V)
+        lps.append(logp.gather(-1, targets[sl, None]).squeeze(-1))
         if with_entropy:
             with torch.no_grad():
-                ents.append(-(logp.exp() * logp).sum(-1))
+                ents.append(entropy(logp))
     empty = hidden.new_zeros(0)
     lp = torch.cat(lps) if lps else empty
     ent = torch.cat(ents) if ents else empty.detach()
-    return TokenStats(logprobs=lp, entropy=ent)
+    return TokenStats(logprobs=lp, entropy=ent, greedy=T <= 0)
 
 
 def scatter_tokens(values: torch.Tensor, batch: Batch, fill: float = 0.0) -> torch.Tensor:

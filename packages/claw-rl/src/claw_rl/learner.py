@@ -35,7 +35,7 @@ from claw_rl.consistency import (
     tis_weights,
 )
 from claw_rl.errors import ClawError
-from claw_rl.forward import backbone_hidden, token_logprobs
+from claw_rl.forward import backbone_hidden, entropy, sampling_log_softmax, token_logprobs
 from claw_rl.packing import Batch, leaf_counts, pack, path_matrix, to_device
 from claw_rl.records import Sample, as_samples
 
@@ -175,8 +175,7 @@ class _Learner(LearnerIO):
         out: list[list[float]] = []
         for batch in self._micro(samples):
             hidden = backbone_hidden(self.model, batch)
-            lp = token_logprobs(self.model, hidden, batch, temperature=self.config.temperature,
-                                with_entropy=False).logprobs
+            lp = token_logprobs(self.model, hidden, batch, with_entropy=False).logprobs
             for k, part in enumerate(self._split(lp, batch)):
                 row = [0.0] * batch.lengths[k]
                 for j, v in zip(batch.trainable[k].nonzero().flatten().tolist(), part.tolist(), strict=True):
@@ -268,39 +267,45 @@ class _Learner(LearnerIO):
         # (2) pi_old, pi_ref, old values; mismatch against the engine; (3) IS weights
         old: dict[int, dict] = {}
         mm = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0}
-        ent_sum = 0.0
+        ent_sum = greedy_sum = 0.0
         with torch.no_grad():
             own_samples = [samples[k] for k in own]
             pos = 0
             for batch, padding in self._micro_step(own_samples, pad_with=samples[0]):
                 hidden = backbone_hidden(self.model, batch)
-                st = token_logprobs(self.model, hidden, batch, temperature=c.temperature)
+                st = token_logprobs(self.model, hidden, batch)
                 extra = self._old_extra(batch, hidden)
                 ref = self._ref_logprobs(batch)
                 if padding:
                     continue
-                ent_sum += float(st.entropy.double().sum())
                 b, i, _ = batch.predictor_index()
-                lp_eng_all = batch.logprobs[b, i]
-                s = mismatch_stats(st.logprobs, lp_eng_all, c.mismatch_threshold)
+                # greedy tokens (T = 0) were drawn from a point mass: off-policy, no ratio to take;
+                # they leave the loss (keep 0) and the mismatch metrics, and are counted
+                g = st.greedy
+                greedy_sum += float(g.sum())
+                ent_sum += float(st.entropy[~g].double().sum())
+                lp_eng_all = torch.where(g, st.logprobs, batch.logprobs[b, i])
+                s = mismatch_stats(st.logprobs[~g], lp_eng_all[~g], c.mismatch_threshold)
                 for key in mm:
                     mm[key] = max(mm[key], s[key]) if key == "abs_max" else mm[key] + s[key]
-                for k, (lp, lpe) in enumerate(zip(self._split(st.logprobs, batch),
-                                                  self._split(lp_eng_all, batch), strict=True)):
+                for k, (lp, lpe, gk) in enumerate(zip(self._split(st.logprobs, batch), self._split(lp_eng_all, batch),
+                                                      self._split(g, batch), strict=True)):
                     is_w, keep = self._is_weights(lp, lpe, batch.samples[k])
+                    keep = torch.where(gk, torch.zeros_like(keep), keep)
                     d = {"logp_old": lp, "is_w": is_w, "keep": keep, **extra[k]}
                     if ref is not None:
                         d["logp_ref"] = self._split(ref, batch)[k]
                     old[own[pos + k]] = d
                 pos += len(batch.samples)
         red = _dist.all_reduce_sum(torch.tensor([mm["n"], mm["abs_sum"], mm["k1_sum"], mm["k3_sum"],
-                                                 mm["beyond"], ent_sum], dtype=torch.float64))
+                                                 mm["beyond"], ent_sum, greedy_sum], dtype=torch.float64))
         mx = _dist.all_reduce_max(torch.tensor([mm["abs_max"]], dtype=torch.float64))
         mm = dict(zip(["n", "abs_sum", "k1_sum", "k3_sum", "beyond"], red[:5].tolist(), strict=True))
         mm["abs_max"] = float(mx[0])
         metrics.update(finish_mismatch(mm))
         n_tok = max(mm["n"], 1.0)
         metrics["entropy"] = float(red[5]) / n_tok
+        metrics["greedy_tokens"] = int(red[6])
         is_sum = sum(float((o["is_w"] * o["keep"]).double().sum()) for o in old.values())
         metrics["is_weight_mean"] = float(_dist.all_reduce_sum(torch.tensor([is_sum], dtype=torch.float64))[0]) / n_tok
         # each sample's mass in the loss (sum of q over its trainable tokens), and what MIS kept of it
@@ -345,7 +350,7 @@ class _Learner(LearnerIO):
         flat = sum(float(leaf_counts(s.parent).sum()) for s in samples)
         adv = torch.tensor([a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t])
         wall = time.perf_counter() - t0
-        metrics.update(samples=len(samples), tokens=packed, trainable_tokens=int(n_tok),
+        metrics.update(samples=len(samples), tokens=packed, trainable_tokens=int(n_tok) + metrics["greedy_tokens"],
                        dedup_factor=flat / max(packed, 1), tokens_per_s=packed / wall, step_time_s=wall,
                        adv_mean=float(adv.mean()) if adv.numel() else 0.0,
                        zero_adv_frac=float((adv == 0).float().mean()) if adv.numel() else 0.0)
@@ -389,7 +394,7 @@ class _Learner(LearnerIO):
         real_acc = acc
         for batch, padding in self._micro_step(mine_samples, pad_with=mb_samples[0]):
             hidden = backbone_hidden(self.model, batch)
-            st = token_logprobs(self.model, hidden, batch, temperature=c.temperature, with_entropy=False)
+            st = token_logprobs(self.model, hidden, batch, with_entropy=False)
             if padding:  # same passes as a real micro-batch (FSDP's collectives), zero weight
                 o, acc = self._pad_old(batch, st), dict.fromkeys(real_acc, 0.0)
             else:
@@ -404,9 +409,10 @@ class _Learner(LearnerIO):
             pg_loss = agg.loss(pg * o["is_w"], tok, masked=True)
             loss = pg_loss
             if c.entropy_coef > 0:
-                logits = self.model.get_output_embeddings()(hidden[b, p]).float() / c.temperature
-                logq = torch.log_softmax(logits, -1)
-                loss = loss - c.entropy_coef * agg.loss(-(logq.exp() * logq).sum(-1), tok)
+                logq = sampling_log_softmax(self.model.get_output_embeddings()(hidden[b, p]).float(),
+                                            batch.temperatures[b, i], batch.top_ps[b, i], batch.top_ks[b, i],
+                                            batch.input_ids[b, i])
+                loss = loss - c.entropy_coef * agg.loss(entropy(logq), tok)
             if "logp_ref" in o:
                 kl_fn = losses.kl_k3_loss if c.kl_estimator == "k3" else losses.kl_k2_loss
                 kl = agg.loss(kl_fn(lp, o["logp_ref"]), tok)
@@ -451,8 +457,7 @@ class GRPOLearner(_Learner):
         if self.ref_model is None:
             return None
         hidden = backbone_hidden(self.ref_model, batch)
-        return token_logprobs(self.ref_model, hidden, batch, temperature=self.config.temperature,
-                              with_entropy=False).logprobs
+        return token_logprobs(self.ref_model, hidden, batch, with_entropy=False).logprobs
 
     def _check_samples(self, samples: list[Sample]) -> None:
         for s in samples:

@@ -75,6 +75,9 @@ class Batch:
     returns: torch.Tensor | None  # (B, N) or None
     policy_versions: torch.Tensor  # (B, N) long, -1 for context / unknown
     leaf_counts: torch.Tensor  # (B, N) paths through each token
+    temperatures: torch.Tensor  # (B, N) temperature each token was sampled at (0 = greedy; 1 on padding)
+    top_ps: torch.Tensor  # (B, N) top_p each token was sampled with (1 = off)
+    top_ks: torch.Tensor  # (B, N) long, top_k each token was sampled with (0 = off)
     lengths: tuple[int, ...]  # real tokens per sample
     samples: tuple[Sample, ...]
 
@@ -128,6 +131,9 @@ def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Ba
         returns=returns,
         policy_versions=_pad(versions, n, -1, torch.long),
         leaf_counts=_pad([leaf_counts(s.parent) for s in samples], n, 0.0, dtype),
+        temperatures=_pad([s.temperatures or [1.0] * len(s) for s in samples], n, 1.0, torch.float32),
+        top_ps=_pad([s.top_ps or [1.0] * len(s) for s in samples], n, 1.0, torch.float32),
+        top_ks=_pad([s.top_ks or [0] * len(s) for s in samples], n, 0, torch.long),
         lengths=lengths,
         samples=tuple(samples),
     )

@@ -73,6 +73,10 @@ class Sample:
     loss_weights: tuple[float, ...]
     returns: tuple[float, ...] | None = None
     policy_versions: tuple[int, ...] | None = None
+    # sampling settings of the call that generated each token (None: all 1.0 / 1.0 / 0)
+    temperatures: tuple[float, ...] | None = None
+    top_ps: tuple[float, ...] | None = None
+    top_ks: tuple[int, ...] | None = None
     sessions: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     n_paths: int | None = None
@@ -105,6 +109,7 @@ class Sample:
             opt["policy_versions"] = _num_list(row, "policy_versions", where, ints=True, n=n)
             if any(v < -1 for v in opt["policy_versions"]):
                 raise RecordError(f"{where}: field 'policy_versions' must hold versions >= 0 (-1: context)")
+        opt.update(_sampling_lists(row, where, n))
         for key in ("sessions", "groups"):
             val = row.get(key, [])
             if not isinstance(val, list) or not all(isinstance(s, str) for s in val):
@@ -131,11 +136,32 @@ class Sample:
         out["loss_weights"] = list(self.loss_weights)
         if self.policy_versions is not None:
             out["policy_versions"] = list(self.policy_versions)
+        for key in ("temperatures", "top_ps", "top_ks"):
+            if getattr(self, key) is not None:
+                out[key] = list(getattr(self, key))
         out["sessions"], out["groups"] = list(self.sessions), list(self.groups)
         if self.n_paths is not None:
             out["n_paths"] = self.n_paths
         out["tags"] = dict(self.tags)
         return out
+
+
+def _sampling_lists(row: dict, where: str, n: int | None) -> dict:
+    """The optional per-token ``temperatures`` (>= 0, 0 = greedy), ``top_ps`` (in (0, 1]) and
+    ``top_ks`` (>= 0, 0 = off); absent or null = every token at 1.0 / 1.0 / 0."""
+    out: dict[str, tuple] = {}
+    for key, ints in (("temperatures", False), ("top_ps", False), ("top_ks", True)):
+        if row.get(key) is None:
+            continue
+        vals = _num_list(row, key, where, ints=ints, n=n)
+        for j, x in enumerate(vals):
+            bad = (not math.isfinite(x) or x < 0) if key == "temperatures" else \
+                  (not (0 < x <= 1) if key == "top_ps" else x < 0)
+            if bad:
+                rule = {"temperatures": "a finite number >= 0", "top_ps": "in (0, 1]", "top_ks": ">= 0"}[key]
+                raise RecordError(f"{where}: field {key!r}[{j}] = {x!r} must be {rule}")
+        out[key] = tuple(float(x) for x in vals) if not ints else vals
+    return out
 
 
 def _check_tree(ints: dict, floats: dict, where: str) -> None:
