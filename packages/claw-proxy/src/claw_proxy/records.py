@@ -5,6 +5,11 @@ and flushes it before the answer is completed, so a crash (even kill -9) never l
 whose answer the harness received and never leaves half a line. With `max_bytes` the records
 shard by size: ``calls.jsonl``, then ``calls.00001.jsonl``, ``calls.00002.jsonl``...
 `read_calls` and `follow_calls` read such a series in order, the latter while it grows.
+
+Reader kinds (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
+`Call.from_dict` (so `read_calls` / `follow_calls`) and `Policy.from_dict` are *strict*: they
+validate every field the record defines, accept fields they do not know (a call keeps them in
+`extra` and writes them back) and reject ``NaN`` / ``Infinity``. Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -56,6 +61,56 @@ def _as_tuple(t):
     return t if isinstance(t, tuple) else (t,)
 
 
+def _text(d: dict, name: str, where: str) -> str:
+    v = _field(d, name, str, where)
+    if not v:
+        raise RecordError(f"{where}: field {name!r} must be a non-empty string")
+    return v
+
+
+def _count(d: dict, name: str, where: str, required: bool = True, label: str | None = None):
+    v = _field(d, name, int, where, required)
+    if v is not None and v < 0:
+        raise RecordError(f"{where}: field {label or name!r} must be >= 0, got {v}")
+    return v
+
+
+def _time(d: dict, name: str, where: str, required: bool = True):
+    v = _field(d, name, (int, float), where, required)
+    if v is not None and not (math.isfinite(v) and v >= 0):
+        raise RecordError(f"{where}: field {name!r} must be a Unix time >= 0, got {v!r}")
+    return v
+
+
+def _token_ids(d: dict, name: str, where: str) -> list:
+    ids = _field(d, name, list, where)
+    for j, t in enumerate(ids):
+        if type(t) is not int or t < 0:
+            raise RecordError(f"{where}: field {name!r}[{j}] must be a token id >= 0, got {t!r}")
+    return ids
+
+
+def _logprobs(d: dict, name: str, where: str) -> list:
+    lps = _field(d, name, list, where)
+    for j, x in enumerate(lps):
+        if type(x) not in (int, float) or not math.isfinite(x):
+            raise RecordError(f"{where}: field {name!r}[{j}] must be a finite number, got {x!r}")
+    return lps
+
+
+def _prefix(d: dict, where: str) -> dict:
+    p = _field(d, "prefix", dict, where, required=False)
+    if p is None:
+        return {}
+    for k in ("reused_tokens", "rendered_tokens"):
+        _count(p, k, where, required=False, label=f"prefix.{k}")
+    if p.get("parent_call") is not None and not isinstance(p["parent_call"], str):
+        raise RecordError(f"{where}: field 'prefix.parent_call' must be a string or null")
+    if p.get("fresh_render_matches") is not None and not isinstance(p["fresh_render_matches"], bool):
+        raise RecordError(f"{where}: field 'prefix.fresh_render_matches' must be a boolean or null")
+    return p
+
+
 def sampling_record(
     temperature: float, top_p: float, top_k: int, forced: bool, **extra
 ) -> dict:
@@ -103,19 +158,15 @@ class Policy:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "policy") -> Policy:
+        """Validate a `claw.policy/v1` dict (strict; unknown fields are accepted and dropped)."""
         _check_schema(d, POLICY_SCHEMA, where)
-        unknown = set(d) - {"schema", "name", "version", "path", "created_at", "step", "metrics"}
-        if unknown:
-            raise RecordError(f"{where}: unknown field(s) {sorted(unknown)}")
-        version = _field(d, "version", int, where)
-        if version < 0:
-            raise RecordError(f"{where}: field 'version' must be >= 0")
+        version = _count(d, "version", where)
         return cls(
-            name=_field(d, "name", str, where),
+            name=_text(d, "name", where),
             version=version,
-            path=_field(d, "path", str, where),
-            created_at=_field(d, "created_at", (int, float), where, required=False),
-            step=_field(d, "step", int, where, required=False),
+            path=_text(d, "path", where),
+            created_at=_time(d, "created_at", where, required=False),
+            step=_count(d, "step", where, required=False),
             metrics=_field(d, "metrics", dict, where, required=False),
         )
 
@@ -151,46 +202,53 @@ class Call:
     tags: dict
     request: dict | None = None
     response: dict | None = None
+    extra: dict = attrs.field(factory=dict)  # fields of a newer writer, written back unchanged
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "call") -> Call:
+        """Validate a `claw.call/v1` dict, every field (strict); unknown fields go to `extra`."""
         _check_schema(d, CALL_SCHEMA, where)
         known = {f.name for f in attrs.fields(cls)} | {"schema"}
-        unknown = set(d) - known
-        if unknown:
-            raise RecordError(f"{where}: unknown field(s) {sorted(unknown)}")
+        extra = {k: v for k, v in d.items() if k not in known or k == "extra"}
+        policy = _field(d, "policy", dict, where)
+        _field(policy, "name", str, where)
+        _count(policy, "version", where, label="policy.version")
         api = _field(d, "api", str, where)
         if api not in APIS:
             raise RecordError(f"{where}: field 'api' is {api!r}, expected one of {APIS}")
         finish = _field(d, "finish_reason", str, where)
         if finish not in FINISH_REASONS:
             raise RecordError(f"{where}: field 'finish_reason' is {finish!r}")
-        ids = _field(d, "prompt_ids", list, where)
-        out = _field(d, "completion_ids", list, where)
-        lps = _field(d, "completion_logprobs", list, where)
+        ids = _token_ids(d, "prompt_ids", where)
+        out = _token_ids(d, "completion_ids", where)
+        lps = _logprobs(d, "completion_logprobs", where)
         if len(out) != len(lps):
-            raise RecordError(f"{where}: completion_ids and completion_logprobs differ in length")
+            raise RecordError(
+                f"{where}: completion_logprobs: {len(lps)} values for {len(out)} completion_ids"
+            )
+        trainable = _field(d, "trainable", bool, where, required=False)
         return cls(
-            call_id=_field(d, "call_id", str, where),
-            session=_field(d, "session", str, where),
-            seq=_field(d, "seq", int, where),
+            call_id=_text(d, "call_id", where),
+            session=_text(d, "session", where),
+            seq=_count(d, "seq", where),
             api=api,
             model=_field(d, "model", str, where),
-            policy=_field(d, "policy", dict, where),
-            engine=d.get("engine", ""),
-            trainable=d.get("trainable", True),
+            policy=policy,
+            engine=_field(d, "engine", str, where, required=False) or "",
+            trainable=True if trainable is None else trainable,
             prompt_ids=ids,
             completion_ids=out,
             completion_logprobs=lps,
-            prefix=d.get("prefix", {}),
+            prefix=_prefix(d, where),
             finish_reason=finish,
             sampling=_sampling_field(d, where),
-            usage=d.get("usage", {}),
-            started_at=_field(d, "started_at", (int, float), where),
-            ended_at=_field(d, "ended_at", (int, float), where),
+            usage=_field(d, "usage", dict, where, required=False) or {},
+            started_at=_time(d, "started_at", where),
+            ended_at=_time(d, "ended_at", where),
             tags=_field(d, "tags", dict, where),
-            request=d.get("request"),
-            response=d.get("response"),
+            request=_field(d, "request", dict, where, required=False),
+            response=_field(d, "response", dict, where, required=False),
+            extra=extra,
         )
 
     @property
@@ -205,9 +263,10 @@ class Call:
         d = {"schema": CALL_SCHEMA}
         for f in attrs.fields(type(self)):
             v = getattr(self, f.name)
-            if f.name in ("request", "response") and v is None:
+            if (f.name in ("request", "response") and v is None) or f.name == "extra":
                 continue
             d[f.name] = v
+        d.update(self.extra)
         return d
 
 
@@ -311,11 +370,17 @@ def last_seqs(path: str | Path) -> dict[str, int]:
     return out
 
 
+def _not_json(word: str):
+    raise ValueError(f"{word} is not a JSON number")
+
+
 def _parse_line(line: str, where: str) -> Call:
     try:
-        d = json.loads(line)
+        d = json.loads(line, parse_constant=_not_json)
     except json.JSONDecodeError as e:
         raise RecordError(f"{where}: invalid JSON ({e.msg})") from e
+    except ValueError as e:
+        raise RecordError(f"{where}: invalid JSON ({e})") from e
     return Call.from_dict(d, where)
 
 
