@@ -7,6 +7,7 @@ record writer and the session table; `Proxy.app` is the Starlette app that uvico
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import fnmatch
 import time
 import uuid
@@ -39,6 +40,10 @@ from claw_proxy.render import PrefixCache, Renderer
 from claw_proxy.tokens import token_from_headers, verify_token
 
 
+_BIG_BODY = 1 << 20
+_big_request: contextvars.ContextVar[bool] = contextvars.ContextVar("big_request", default=False)
+
+
 @attrs.define
 class _Session:
     tags: dict = attrs.field(factory=dict)
@@ -59,6 +64,9 @@ class Proxy:
         self.caches: dict[str, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
         self.workers = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="claw-proxy-cpu")
+        self.big_workers = ThreadPoolExecutor(
+            max(1, config.cpu_workers // 2), thread_name_prefix="claw-proxy-big"
+        )
         self.stats = {
             "requests": 0,
             "calls_recorded": 0,
@@ -181,11 +189,15 @@ class Proxy:
 
     async def offload(self, fn, *args):
         """Run CPU work (parsing, rendering, tokenising) on the worker threads, so the event
-        loop keeps answering other requests and /healthz meanwhile."""
-        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
+        loop keeps answering other requests and /healthz meanwhile. The work of a request whose
+        body is over 1 MiB goes to threads of its own, so a few huge prompts cannot make every
+        other request wait for a free thread."""
+        pool = self.big_workers if _big_request.get() else self.workers
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def _body(self, request: Request) -> dict:
         raw = await read_limited(request, self.config.max_body_bytes, self.config.body_timeout)
+        _big_request.set(len(raw) > _BIG_BODY)  # for this request's task only
         body = await self.offload(loads, raw) if len(raw) > 65536 else loads(raw)
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
@@ -386,6 +398,7 @@ class Proxy:
         if self.writer:
             self.writer.close()
         self.workers.shutdown(wait=False, cancel_futures=True)
+        self.big_workers.shutdown(wait=False, cancel_futures=True)
 
 
 __all__ = ["Proxy", "error_response"]
