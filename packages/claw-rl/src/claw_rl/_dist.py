@@ -83,12 +83,24 @@ def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+_NORM_CHUNK = 1 << 24  # elements per float64 norm: at most 128 MiB of float64 upcast at a time
+
+
 def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of squared L2 norms, as a CPU float64 scalar (one device-to-host copy)."""
+    """Sum of squared L2 norms, as a CPU float64 scalar (one device-to-host copy).
+
+    The norms are taken in float64 because the clip coefficient must not depend on how the
+    gradients are split: FSDP sums per-shard squares, one process per-tensor squares, and in
+    float32 the two groupings differ by ~1e-7 relative. AdamW then turns a 2e-7 relative change
+    of the coefficient into ~1.4e-6 of weight change after the test_ddp worker's PPO steps
+    (measured); in float64 the grouping error is ~1e-16, far below float32 resolution. Chunks
+    bound the float64 copy of a large tensor.
+    """
     if not tensors:
         return torch.zeros((), dtype=torch.float64)
-    norms = torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors])
-    return norms.double().pow(2).sum().cpu()
+    norms = torch.stack([torch.linalg.vector_norm(c, dtype=torch.float64)
+                         for t in tensors for c in t.reshape(-1).split(_NORM_CHUNK)])
+    return norms.pow(2).sum().cpu()
 
 
 def clip_grads(params: list[torch.nn.Parameter], max_norm: float) -> float:
