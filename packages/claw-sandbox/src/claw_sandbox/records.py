@@ -2,6 +2,11 @@
 
 Readers reject unknown schema versions and malformed lines with the file name, line number and
 field; a bad job line never stops the other jobs (see :func:`read_jobs`).
+
+Reader kinds (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
+:func:`read_jobs` / :meth:`Job.from_dict` are *strict* (every field of `claw.job/v1` is
+validated); :func:`read_runs` (resume) is a *projection* of `RUN_READS`. Both accept fields they
+do not know (at any depth), skip blank lines and reject ``NaN`` / ``Infinity`` (not JSON).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from claw_sandbox.errors import JobError, JobsFileError
 JOB_SCHEMA = "claw.job/v1"
 RUN_SCHEMA = "claw.run/v1"
 STATUSES = ("ok", "timeout", "error", "infra_error")
+RUN_READS = ("schema", "job_id", "status")  # what read_runs validates (resume, --retry-errors)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_VERIFY_TIMEOUT_S = 300.0
 DEFAULT_OUTPUT_BYTES = 65536
@@ -111,12 +117,6 @@ class Limits:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Limits:
-        unknown = set(d) - {
-            "memory_mb", "pids", "cpus", "disk_mb", "output_bytes", "collect_files",
-            "collect_bytes",
-        }  # fmt: skip
-        if unknown:
-            raise _fail(where, "limits", f"unknown field(s) {sorted(unknown)}")
         out = {}
         for key, typ in (
             ("memory_mb", int),
@@ -190,9 +190,6 @@ class Verify:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Verify:
-        unknown = set(d) - {"command", "timeout_s", "files", "copy_from", "reward_file"}
-        if unknown:
-            raise _fail(where, "verify", f"unknown field(s) {sorted(unknown)}")
         if "command" not in d:
             raise _fail(where, "verify/command", "missing required field")
         timeout = _get(
@@ -246,21 +243,17 @@ class Job:
         if not isinstance(d, dict):
             raise JobError(f"{where}: expected a JSON object, got {type(d).__name__}")
         if d.get("schema") != JOB_SCHEMA:
-            raise _fail(where, "schema", f"expected {JOB_SCHEMA!r}, got {d.get('schema')!r}")
+            got = d.get("schema")
+            if isinstance(got, str) and got.partition("/")[0] == "claw.job":
+                raise _fail(where, "schema", f"unsupported version {got!r} (this reader knows {JOB_SCHEMA!r})")
+            raise _fail(where, "schema", f"expected {JOB_SCHEMA!r}, got {got!r}")
         job_id = d.get("job_id")
         if not isinstance(job_id, str) or not job_id:
             raise _fail(where, "job_id", "missing required field (a non-empty string)")
         where = f"{where}: job {job_id!r}"
-        unknown = set(d) - _JOB_FIELDS
-        if unknown:
-            raise _fail(where, "<record>", f"unknown field(s) {sorted(unknown)}")
         if "command" not in d:
             raise _fail(where, "command", "missing required field")
         ws = _get(d, "workspace", dict, where, "workspace", {})
-        if set(ws) - {"files", "copy_from"}:
-            raise _fail(
-                where, "workspace", f"unknown field(s) {sorted(set(ws) - {'files', 'copy_from'})}"
-            )
         env = _get(d, "env", dict, where, "env", {})
         for k, v in env.items():
             if not isinstance(v, str):
@@ -439,9 +432,12 @@ def read_jobs(
             continue
         where = f"{short}:{lineno}"
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             yield BadLine(job_id=where, error=f"{where}: not JSON: {exc.msg} (column {exc.colno})")
+            continue
+        except ValueError as exc:
+            yield BadLine(job_id=where, error=f"{where}: not JSON: {exc}")
             continue
         job_id = row.get("job_id") if isinstance(row, dict) else None
         if isinstance(job_id, str) and job_id:
@@ -462,11 +458,33 @@ def read_jobs(
             yield BadLine(job_id=job_id if ok_id else where, error=str(exc), meta=meta)
 
 
+def _not_json(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
+
+
+def _run_row(raw: bytes, where: str) -> dict:
+    """One runs-file line, checked in the fields resume reads (`RUN_READS`)."""
+    row = json.loads(raw, parse_constant=_not_json)
+    if not isinstance(row, dict):
+        raise JobsFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    got = row.get("schema")
+    if got != RUN_SCHEMA:
+        if isinstance(got, str) and got.partition("/")[0] == "claw.run":
+            raise JobsFileError(f"{where}: schema: unsupported version {got!r} (this reader knows {RUN_SCHEMA!r})")
+        raise JobsFileError(f"{where}: schema: expected {RUN_SCHEMA!r}, got {got!r}")
+    if not isinstance(row.get("job_id"), str) or not row["job_id"]:
+        raise JobsFileError(f"{where}: job_id: missing or not a non-empty string")
+    if row.get("status") not in STATUSES:
+        raise JobsFileError(f"{where}: status: {row.get('status')!r} is not one of {STATUSES}")
+    return row
+
+
 def read_runs(path: Path) -> tuple[list[dict], int]:
     """Read an existing runs file for resume: (records, byte length of the valid prefix).
 
-    A last line cut short by a killed writer (no newline, or not JSON) is not counted: the
-    caller truncates the file to the valid prefix. A bad line in the middle is an error.
+    A projection reader: it checks `RUN_READS` (schema, job_id, status) and keeps every line
+    whole. A last line cut short by a killed writer (no newline, or not JSON) is not counted:
+    the caller truncates the file to the valid prefix. A bad line in the middle is an error.
     """
     data = path.read_bytes()
     rows, good = [], 0
@@ -478,13 +496,15 @@ def read_runs(path: Path) -> tuple[list[dict], int]:
                 good += len(raw) + 1
             continue
         try:
-            row = json.loads(raw)
-            if not isinstance(row, dict) or "job_id" not in row:
-                raise ValueError("not a run record")
+            row = _run_row(raw, f"{path.name}:{i + 1}")
         except ValueError as exc:
             if last:
                 break  # torn final line from a killed writer
-            raise JobsFileError(f"{path.name}:{i + 1}: not a run record: {exc}") from None
+            raise JobsFileError(f"{path.name}:{i + 1}: not JSON: {exc}") from None
+        except JobsFileError:
+            if last:
+                break  # torn final line from a killed writer
+            raise
         if last:
             break  # complete JSON but no trailing newline: rewrite it
         rows.append(row)
