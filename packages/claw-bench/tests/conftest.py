@@ -7,6 +7,7 @@ verifier, reward file) and returns a claw.run/v1 dict. The real sandbox is claw-
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -28,14 +29,19 @@ def _argv(cmd: str | list[str]) -> list[str]:
     return ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
 
 
+def _write(path: Path, content: str | dict[str, str]) -> None:
+    """A job file entry: text, or {"content_b64": ...} for exact bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.encode() if isinstance(content, str) else base64.b64decode(content["content_b64"]))
+
+
 def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
     """Execute a claw.job/v1 dict with plain subprocesses under ``root``; a claw.run/v1 dict."""
     started = time.time()
     ws = root / job["job_id"]
     ws.mkdir(parents=True)
-    for rel, text in job.get("workspace", {}).get("files", {}).items():
-        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
-        (ws / rel).write_text(text)
+    for rel, content in job.get("workspace", {}).get("files", {}).items():
+        _write(ws / rel, content)
     env = {**os.environ, **job.get("env", {})}
     for cmd in job.get("setup", []):
         subprocess.run(_argv(cmd), cwd=ws, env=env, check=True, capture_output=True)
@@ -49,9 +55,8 @@ def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
     verify = None
     if job.get("verify"):
         v = job["verify"]
-        for rel, text in v.get("files", {}).items():
-            (ws / rel).parent.mkdir(parents=True, exist_ok=True)
-            (ws / rel).write_text(text)
+        for rel, content in v.get("files", {}).items():
+            _write(ws / rel, content)
         p = subprocess.run(_argv(v["command"]), cwd=ws, capture_output=True, text=True, timeout=v.get("timeout_s", 60))
         reward, details = None, {}
         rf = ws / v.get("reward_file", "")

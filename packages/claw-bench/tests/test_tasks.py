@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
 from claw_bench import TaskError, builtin_suites, check_task, load_suite, load_task
 from claw_bench.suites import Suite
-from claw_bench.tasks import Script, Task
+from claw_bench.tasks import Script, Task, job_files
 
 MINI = load_suite("claw-mini")
 TOY = load_suite("claw-toy")
@@ -123,12 +124,14 @@ def test_bad_fields_are_named(tmp_path, toml, field):
     assert field in str(info.value)
 
 
-def test_binary_workspace_file_is_rejected(tmp_path):
-    """Workspaces hold text; a non-UTF-8 file is named."""
+def test_binary_workspace_file_is_kept_byte_exact(tmp_path):
+    """A non-UTF-8 workspace file loads as its exact bytes and plans as {"content_b64"}."""
     d = _write_task(tmp_path)
-    (d / "workspace" / "blob.bin").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(TaskError, match=r"blob\.bin: not UTF-8"):
-        load_task(d)
+    data = b"\xff\xfe\x00" + bytes(range(256))
+    (d / "workspace" / "blob.bin").write_bytes(data)
+    task = load_task(d)
+    assert task.workspace["blob.bin"] == data
+    assert job_files(task.workspace)["blob.bin"] == {"content_b64": base64.b64encode(data).decode()}
 
 
 def test_suite_directory_duplicate_ids_and_selection(tmp_path):

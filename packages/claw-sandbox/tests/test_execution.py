@@ -81,7 +81,10 @@ def test_binary_files_arrive_byte_exact(backend, tmp_path):
         "bin",
         workspace={"files": {"in/a.bin": b64}},
         command=f'test "$(sha256sum in/a.bin | cut -c1-64)" = {digest}',
-        verify={"command": f'test "$(sha256sum t/d.bin | cut -c1-64)" = {digest}', "files": {"t/d.bin": b64}},
+        verify={
+            "command": f'test "$(sha256sum t/d.bin | cut -c1-64)" = {digest}',
+            "files": {"t/d.bin": b64},
+        },
     )
     run = _one(backend, row, tmp_path)
     assert run["exit_code"] == 0 and run["verify"]["passed"], run

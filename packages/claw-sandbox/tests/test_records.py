@@ -112,7 +112,7 @@ def test_read_runs_drops_only_a_torn_last_line(tmp_path):
 
 
 def test_binary_files_travel_as_base64_and_round_trip():
-    """{"content_b64"} file entries decode to exact bytes and to_dict writes them back the same way."""
+    """{"content_b64"} entries decode to exact bytes; to_dict writes them back the same way."""
     data = bytes(range(256))
     b64 = base64.b64encode(data).decode()
     row = job("b", workspace={"files": {"a.bin": {"content_b64": b64}, "t.txt": "x"}},

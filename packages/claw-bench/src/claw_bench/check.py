@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from claw_bench.errors import TaskError
-from claw_bench.tasks import Task
+from claw_bench.tasks import FileContent, Task
 
 MODES = ("untouched", "solution")
 
@@ -50,12 +50,12 @@ def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
     return p.returncode, (p.stdout + p.stderr)[-4000:]
 
 
-def write_files(root: Path, files: dict[str, str]) -> None:
-    """Write {relative path: text} under root, creating directories."""
-    for rel, text in files.items():
+def write_files(root: Path, files: dict[str, FileContent]) -> None:
+    """Write {relative path: text or bytes} under root, creating directories."""
+    for rel, content in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
+        p.write_bytes(content.encode() if isinstance(content, str) else content)
 
 
 def check_task(task: Task, mode: str = "solution", *, keep: Path | None = None) -> dict[str, Any]:

@@ -20,11 +20,11 @@ from claw_bench.images import build_images, list_images
 from claw_bench.loaders import Judge, LoadOptions
 from claw_bench.loaders.judge import APIS as JUDGE_APIS
 from claw_bench.loaders.regrade import regrade_run
-from claw_bench.plan import GROUP_BY, plan_jobs
+from claw_bench.plan import GROUP_BY, NETWORKS, plan_jobs
 from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
 from claw_bench.report import compare, plot_report, render_compare, render_text, report
 from claw_bench.score import score_run
-from claw_bench.suites import builtin_suites, load_suite
+from claw_bench.suites import Suite, builtin_suites, load_suite
 from claw_bench.token import read_secret
 
 
@@ -51,23 +51,39 @@ def main() -> None:
     """
 
 
+_STRICT_HELP = "a task of the suite that does not load is an error (default: skip it with a warning)"
+
+
+def _suite(suite: str, options: LoadOptions | None = None, strict: bool = False) -> Suite:
+    """load_suite, with one warning line per skipped task (its path and the reason)."""
+    s = load_suite(suite, options, strict=strict)
+    for path, reason in s.skipped:
+        _log(f"warning: skipped {path}: {' '.join(reason.split())}")
+    return s
+
+
 @main.command()
 @click.option("--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
+@click.option("--strict", is_flag=True, help=_STRICT_HELP)
 @_errors
-def tasks(suite: str, as_json: bool) -> None:
+def tasks(suite: str, as_json: bool, strict: bool) -> None:
     """List the tasks of a suite (built-in suites are listed at the end).
+
+    A task that does not load is skipped with one warning line naming it and the reason
+    (--strict: an error); the last line says how many loaded and how many were skipped.
 
     Example: claw-bench tasks --suite claw-mini
     """
-    s = load_suite(suite)
+    s = _suite(suite, strict=strict)
     for t in s.tasks:
         if as_json:
             click.echo(dumps(t.to_dict()))
         else:
             click.echo(f"{t.id:32} {t.difficulty or '-':7} {','.join(t.tags)}")
     if not as_json:
-        _log(f"{len(s.tasks)} tasks in {s.name}; built-in suites: {', '.join(builtin_suites())}")
+        _log(f"suite {s.name}; built-in suites: {', '.join(builtin_suites())}")
+    _log(f"{len(s.tasks)} loaded, {len(s.skipped)} skipped")
 
 
 @main.command()
@@ -89,7 +105,7 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
 
     Example: claw-bench images -s tb2-tasks/ --task fix-git --json | jq -r .image
     """
-    s = load_suite(suite).select(list(task_ids) or None)
+    s = _suite(suite).select(list(task_ids) or None)
     rows = build_images(s.tasks, progress=_log) if build else list_images(s.tasks)
     for r in rows:
         if as_json:
@@ -129,8 +145,13 @@ def harnesses(as_json: bool) -> None:
 @click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
 @click.option("--harness", "-H", "harness_names", multiple=True, required=True, help="adapter name or .toml path (repeatable)")
 @click.option("-n", "samples", type=int, default=1, show_default=True, help="samples per (task, harness)")
-@click.option("--proxy", "proxy_url", required=True, help="proxy base URL, e.g. http://127.0.0.1:8000")
-@click.option("--proxy-secret-file", required=True, type=click.Path(dir_okay=False), help="HMAC secret shared with the proxy")
+@click.option("--network", type=click.Choice(NETWORKS),
+              help="the jobs' network: none, proxy (only the proxy) or internet; default: proxy for model "
+              "harnesses, none for oracle / nothing; a task's allow_internet = false always wins")
+@click.option("--proxy", "proxy_url", help="proxy base URL, e.g. http://127.0.0.1:8000 (needed by model harnesses)")
+@click.option("--proxy-secret-file", type=click.Path(dir_okay=False), help="HMAC secret shared with the proxy "
+              "(needed by model harnesses)")
+@click.option("--strict", is_flag=True, help=_STRICT_HELP)
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
 @click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags")
 @click.option("--run-id", help="prefix of session ids (default: random)")
@@ -149,8 +170,8 @@ def harnesses(as_json: bool) -> None:
               help="public suites: seconds before a checker is killed (scores 0) [default: 120]")
 @click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="jobs JSONL file")
 @_errors
-def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: str, proxy_secret_file: str,
-         task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
+def plan(suite: str, harness_names: tuple[str, ...], samples: int, network: str | None, proxy_url: str | None,
+         proxy_secret_file: str | None, strict: bool, task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
          install: bool, group_by: str, memory_mb: int | None, pids: int | None, cpus: float | None,
          pass_threshold: float, workspace_dir: str | None, checker_timeout: float | None, output: str) -> None:
     """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
@@ -158,20 +179,28 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, proxy_url: st
     Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
     --proxy http://127.0.0.1:8000 --proxy-secret-file secret.txt | claw-sandbox run > runs.jsonl
 
+    Example: claw-bench plan --suite tb2-tasks/ --harness oracle --harness nothing --network none -o jobs.jsonl
+
     SUITE may also be a public suite as published: ClawGym-Bench task directories or JSONL,
-    PinchBench tasks/ Markdown, Harbor / Terminal-Bench 2 task directories.
+    PinchBench tasks/ Markdown, Harbor / Terminal-Bench 2 task directories. The built-in
+    harnesses oracle (the task's reference solution) and nothing (the floor) call no model and
+    need no proxy.
     """
     if workspace_dir is not None and not workspace_dir.startswith("/"):
         raise click.BadParameter(f"{workspace_dir!r} must be an absolute path", param_hint="--workspace-dir")
     options = LoadOptions(pass_threshold=pass_threshold, workspace_dir=workspace_dir, checker_timeout_s=checker_timeout)
-    s = load_suite(suite, options).select(list(task_ids) or None, list(tags) or None)
+    s = _suite(suite, options, strict).select(list(task_ids) or None, list(tags) or None)
     hs = [load_harness(h) for h in harness_names]
+    needs = [h.name for h in hs if h.needs_model]
+    if needs and not (proxy_url and proxy_secret_file):
+        raise click.UsageError(f"harness {needs[0]} talks to a model: give --proxy and --proxy-secret-file")
     for h in hs:
         if not h.installed() and not install:
             _log(f"warning: harness {h.name} is not installed here (needs {', '.join(h.requires)}); "
                  "pass --install to install it in each job")
-    jobs = plan_jobs(list(s.tasks), hs, samples=samples, proxy_url=proxy_url, secret=read_secret(proxy_secret_file),
-                     run_id=run_id, model=model, install=install, group_by=group_by,
+    secret = read_secret(proxy_secret_file) if proxy_secret_file and needs else None
+    jobs = plan_jobs(list(s.tasks), hs, samples=samples, proxy_url=proxy_url if needs else None, secret=secret,
+                     network=network, run_id=run_id, model=model, install=install, group_by=group_by,
                      limits={k: v for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus)) if v is not None})
     n = write_records(output, jobs)
     _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} samples")
@@ -295,7 +324,7 @@ def check(suite: str, task_ids: tuple[str, ...]) -> None:
     Prints one JSON line per (task, mode); exits 1 when any task is unsound.
     Example: claw-bench check --suite claw-mini --task csv-dedupe-contacts
     """
-    s = load_suite(suite).select(list(task_ids) or None)
+    s = _suite(suite).select(list(task_ids) or None)
     bad = []
     for t in s.tasks:
         for mode in ("untouched", "solution") if t.solution else ("untouched",):

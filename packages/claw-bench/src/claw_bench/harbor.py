@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 
 from claw_bench.errors import TaskError
-from claw_bench.tasks import VERIFY_DIR, Script, Task, read_text_tree
+from claw_bench.tasks import VERIFY_DIR, FileContent, Script, Task, read_text_tree
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -64,7 +64,6 @@ def _rewrite(text: str) -> str:
 def load_harbor_task(task_dir: str | Path) -> Task:
     """Load one Harbor / Terminal-Bench task directory into a Task (errors name the file)."""
     task_dir = Path(task_dir)
-    name = _SAFE.sub("-", task_dir.name).strip("-.") or "task"
     ipath = task_dir / "instruction.md"
     if not ipath.is_file():
         raise TaskError(f"{task_dir}: not a Harbor task (no instruction.md)")
@@ -78,11 +77,17 @@ def load_harbor_task(task_dir: str | Path) -> Task:
             meta = tomllib.loads(tpath.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
+    ttable = meta.get("task") if isinstance(meta.get("task"), dict) else {}
+    raw_name = ttable.get("name") if isinstance(ttable.get("name"), str) and ttable.get("name") else task_dir.name
+    name = _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"  # [task] name is the id when present
     test_sh = task_dir / "tests" / "test.sh"
     if not test_sh.is_file():
         raise TaskError(f"{task_dir}: missing verifier: expected tests/test.sh")
     tests = read_text_tree(task_dir / "tests", what=f"task {name}")
-    hidden = {f"tests/{k}": _rewrite(v) for k, v in tests.items() if k != "test.sh"}
+    if not isinstance(tests["test.sh"], str):
+        raise TaskError(f"{test_sh}: not UTF-8 text")
+    hidden: dict[str, FileContent] = {f"tests/{k}": _rewrite(v) if isinstance(v, str) else v
+                                      for k, v in tests.items() if k != "test.sh"}
     hidden["logs/verifier/.keep"] = ""
     verify = Script(name="tests/test.sh", text=_rewrite(tests["test.sh"]), interpreter="bash")
 
@@ -95,14 +100,31 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     env = meta.get("environment", {}) if isinstance(meta.get("environment"), dict) else {}
     md = meta.get("metadata", {}) if isinstance(meta.get("metadata"), dict) else {}
     tags = md.get("tags", [])
+    gpus = env.get("gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise TaskError(f"{tpath}: field [environment] gpus must be a non-negative integer, got {gpus!r}")
+    if gpus:
+        raise TaskError(f"{tpath}: the task needs {gpus} GPU(s) ([environment] gpus); claw-sandbox jobs get no GPU")
+    allow_internet = env.get("allow_internet", True)
+    if not isinstance(allow_internet, bool):
+        raise TaskError(f"{tpath}: field [environment] allow_internet must be true or false, got {allow_internet!r}")
     solution = None
+    solution_files: dict[str, FileContent] = {}
     solve = task_dir / "solution" / "solve.sh"
     if solve.is_file():
         solution = Script(name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash")
+        solution_files = read_text_tree(task_dir / "solution", what=f"task {name}")  # solve.sh and its siblings
     difficulty = md.get("difficulty")
     image = env.get("docker_image") if isinstance(env.get("docker_image"), str) else None
     context = task_dir / "environment"
-    task_meta: dict = {}
+    task_meta: dict = {"allow_internet": allow_internet}
+    for table, key in (("environment", "env"), ("solution", "solution_env")):
+        t = meta.get(table) if isinstance(meta.get(table), dict) else {}
+        e = t.get("env", {})
+        if not isinstance(e, dict) or not all(isinstance(v, str | int | float | bool) for v in e.values()):
+            raise TaskError(f"{tpath}: field [{table}.env] must be a table of strings")
+        if e:
+            task_meta[key] = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in e.items()}
     if (context / "Dockerfile").is_file():
         task_meta["dockerfile"] = str(context / "Dockerfile")
         if image is None:
@@ -113,7 +135,8 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
         difficulty=difficulty if difficulty in ("easy", "medium", "hard") else None,
         workspace={}, verify=verify, hidden=hidden, verify_timeout_s=_timeout("verifier", 120.0),
-        solution=solution, reward_file=harbor_reward_file(), image=image, source="harbor", path=str(task_dir),
+        solution=solution, solution_files=solution_files, reward_file=harbor_reward_file(), image=image,
+        source="harbor", path=str(task_dir),
         meta=task_meta,
     )
 

@@ -4,7 +4,7 @@ Fields of an adapter (all strings may use the ``{{placeholders}}`` listed in PLA
 
     name = "claude-code"                 # defaults to the file name
     description = "..."
-    api = "anthropic"                    # chat | anthropic | responses (what it speaks)
+    api = "anthropic"                    # chat | anthropic | responses (what it speaks); none: no model
     requires = ["claude"]                # executables that must be on PATH ("installed")
     install = ["npm install -g ..."]     # commands that install it (job setup with --install)
     instruction = "arg"                  # arg: {{instruction}} (shell-quoted) in `command`;
@@ -33,7 +33,9 @@ import attrs
 
 from claw_bench.errors import HarnessError
 
-APIS = ("chat", "anthropic", "responses")
+APIS = ("chat", "anthropic", "responses", "none")
+#: harnesses built into claw-bench, not adapters: they call no model and need no proxy
+BUILTINS = ("oracle", "nothing")
 INSTRUCTION_MODES = ("arg", "file", "stdin")
 HARNESS_DIR = ".claw_harness"
 INSTRUCTION_FILE = f"{HARNESS_DIR}/instruction.md"
@@ -69,6 +71,13 @@ class Harness:
     env: dict[str, str] = attrs.field(factory=dict)
     files: dict[str, str] = attrs.field(factory=dict)
     path: str | None = None
+    #: "oracle" / "nothing" for the built-in harnesses (see BUILTINS), None for an adapter
+    builtin: str | None = None
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether the harness talks to a model (through the proxy)."""
+        return self.api != "none"
 
     def installed(self) -> bool:
         """Whether every required executable is on PATH (always True when none is required)."""
@@ -90,7 +99,20 @@ class Harness:
         """Summary for `claw-bench harnesses --json`."""
         return {"name": self.name, "api": self.api, "installed": self.installed(), "requires": list(self.requires),
                 "install": list(self.install), "instruction": self.instruction, "model": self.model,
-                "description": self.description, "path": self.path}
+                "description": self.description, "path": self.path, "builtin": self.builtin}
+
+
+def builtin_harness(name: str) -> Harness:
+    """A built-in harness: ``oracle`` runs the task's own reference solution (Harbor
+    ``solution/solve.sh`` with its sibling files, a claw task's ``solution.sh`` / ``.py``);
+    ``nothing`` does nothing (the floor: a task it passes is unsound). Neither calls a model."""
+    if name == "oracle":
+        return Harness(name="oracle", api="none", command="true", instruction="file", builtin="oracle",
+                       description="runs the task's reference solution (not scorable when it has none)")
+    if name == "nothing":
+        return Harness(name="nothing", api="none", command="true", instruction="file", builtin="nothing",
+                       description="does nothing: the floor every task must fail")
+    raise HarnessError(f"unknown built-in harness {name!r}; built-ins: {', '.join(BUILTINS)}")
 
 
 def _fill(text: str, values: dict[str, str]) -> str:
@@ -170,6 +192,8 @@ def harness_dirs() -> list[Path]:
 def load_harness(name_or_path: str | Path) -> Harness:
     """Load an adapter by name (searched in harness_dirs()) or by the path of its TOML file."""
     s = str(name_or_path)
+    if s in BUILTINS:
+        return builtin_harness(s)
     if s.endswith(".toml") or os.sep in s:
         return load_harness_file(s)
     for d in harness_dirs():
@@ -181,7 +205,7 @@ def load_harness(name_or_path: str | Path) -> Harness:
 
 def list_harnesses() -> list[Harness]:
     """Every adapter found in harness_dirs(); a name found twice is taken from the first dir."""
-    seen: dict[str, Harness] = {}
+    seen: dict[str, Harness] = {n: builtin_harness(n) for n in BUILTINS}
     for d in harness_dirs():
         if not d.is_dir():
             continue

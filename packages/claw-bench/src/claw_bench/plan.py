@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import shlex
 import sys
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,11 +13,17 @@ from urllib.parse import urlsplit
 from claw_bench.errors import PlanError
 from claw_bench.harnesses import Harness
 from claw_bench.records import JOB
-from claw_bench.tasks import Task
+from claw_bench.tasks import FileContent, Task, job_files
 from claw_bench.token import mint_token
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 GROUP_BY = ("task", "task-harness")
+#: plan --network: none (no network), proxy (only the proxy, at a loopback port), internet (the host's)
+NETWORKS = ("none", "proxy", "internet")
+#: where the oracle's job holds the task's solution files (workspace-relative; removed before verify)
+SOLUTION_DIR = ".claw_solution"
+#: first words of the line a job prints when its harness cannot start (exit 127)
+NOT_STARTED = "claw-bench"
 
 
 def proxy_port(proxy_url: str) -> int:
@@ -40,18 +47,55 @@ def session_id(run_id: str, task: str, harness: str, sample: int) -> str:
     return f"{raw[:111]}-{digest}"
 
 
+def _network(h: Harness, task: Task, network: str | None) -> str:
+    """The network one job gets: ``network`` (default: proxy for model harnesses, none for the
+    built-ins); a harness without a model never needs the proxy; a task's allow_internet = false
+    always wins over internet."""
+    net = network or ("proxy" if h.needs_model else "none")
+    if net == "none" and h.needs_model:
+        raise PlanError(f"harness {h.name} talks to a model: --network none leaves it no way to reach one; "
+                        "use --network proxy (or internet)")
+    if net == "proxy" and not h.needs_model:
+        net = "none"
+    if net == "internet" and task.meta.get("allow_internet") is False:
+        net = "proxy" if h.needs_model else "none"
+    return net
+
+
+def _preflight(h: Harness) -> str:
+    """Shell that exits 127 with the reason when a required executable is missing in the job."""
+    return "".join(f"command -v {shlex.quote(r)} >/dev/null 2>&1 || {{ echo {shlex.quote(f'{NOT_STARTED}: harness {h.name} could not start: {r} is not installed in the job environment')} >&2; exit 127; }}; "
+                   for r in h.requires)
+
+
+def _oracle(task: Task) -> tuple[str | None, dict[str, FileContent], dict[str, str]]:
+    """(command or None when the task has no solution, files, env) of the oracle's job."""
+    if task.solution is None:
+        return None, {}, {}
+    sol = task.solution_files or {task.solution.name: task.solution.text}
+    files = {f"{SOLUTION_DIR}/{k}": v for k, v in sol.items()}
+    run = task.solution.command(f"{SOLUTION_DIR}/{task.solution.name}")
+    env = {**task.meta.get("solution_env", {}), "CLAW_SOLUTION_DIR": SOLUTION_DIR}
+    return f"{run}; code=$?; rm -rf {SOLUTION_DIR}; exit $code", files, env
+
+
 def plan_jobs(
-    tasks: list[Task], harnesses: list[Harness], *, samples: int, proxy_url: str, secret: bytes,
-    run_id: str | None = None, model: str | None = None, install: bool = False,
+    tasks: list[Task], harnesses: list[Harness], *, samples: int, proxy_url: str | None = None,
+    secret: bytes | None = None, run_id: str | None = None, model: str | None = None, install: bool = False,
     group_by: str = "task", python: str | None = None, limits: dict[str, Any] | None = None,
+    network: str | None = None,
 ) -> list[dict[str, Any]]:
     """claw.job/v1 dicts, one per (task, harness, sample), in task-major order.
 
-    Each job's env points the harness at the proxy through the sandbox's loopback port (the
-    proxy URL's port) with a session token minted from ``secret`` and tagged {task, harness};
-    the verifier and hidden files travel in ``verify.files``. ``install`` runs the harness's
+    Model harnesses reach the proxy through the sandbox's loopback port (the proxy URL's port;
+    ``network="proxy"``, their default) or the proxy URL itself (``"internet"``) with a session
+    token minted from ``secret`` and tagged {task, harness}. The built-in harnesses (``oracle``,
+    ``nothing``) call no model: they get ``network="none"`` unless ``"internet"`` is asked for,
+    and need no proxy. A task with ``allow_internet = false`` never gets the internet.
+    The verifier and hidden files travel in ``verify.files``. ``install`` runs the harness's
     install commands as job setup. ``group_by`` picks the group key: the task (GRPO over all
-    harnesses) or task+harness.
+    harnesses) or task+harness. The oracle of a task without a reference solution is planned
+    as a no-op job whose meta says why it is ``not_scorable``.
     """
     if samples < 1:
         raise PlanError(f"-n must be at least 1, got {samples}")
@@ -61,7 +105,12 @@ def plan_jobs(
         raise PlanError("no harness given (use --harness NAME)")
     if group_by not in GROUP_BY:
         raise PlanError(f"--group-by must be one of {GROUP_BY}, got {group_by!r}")
-    port = proxy_port(proxy_url)
+    if network is not None and network not in NETWORKS:
+        raise PlanError(f"--network must be one of {NETWORKS}, got {network!r}")
+    model_h = [h.name for h in harnesses if h.needs_model]
+    if model_h and (proxy_url is None or secret is None):
+        raise PlanError(f"harness {model_h[0]} talks to a model: --proxy and --proxy-secret-file are needed")
+    port = proxy_port(proxy_url) if proxy_url else None
     run_id = _UNSAFE.sub("_", run_id) if run_id else secrets.token_hex(4)
     python = python or sys.executable
     jobs = []
@@ -69,36 +118,59 @@ def plan_jobs(
         for h in harnesses:
             for k in range(samples):
                 session = session_id(run_id, task.id, h.name, k)
-                tags = {"task": task.id, "harness": h.name}
-                token = mint_token(session, secret, tags)
-                values = {"base_url": f"http://127.0.0.1:{port}", "port": str(port), "token": token,
-                          "model": model or h.model, "instruction": task.instruction,
-                          "instruction_file": ".claw_harness/instruction.md", "python": python,
-                          "session": session, "task": task.id, "harness": h.name}
-                command, env, harness_files = h.render(values)
-                files = dict(task.workspace)
-                clash = set(files) & set(harness_files)
-                if clash:
-                    raise PlanError(f"task {task.id}: workspace files {sorted(clash)} clash with harness {h.name}'s files")
-                files.update(harness_files)
+                net = _network(h, task, network)
+                meta = {"session": session, "task": task.id, "harness": h.name, "sample": k,
+                        "group": task.id if group_by == "task" else f"{task.id}:{h.name}",
+                        "run_id": run_id, "api": h.api}
+                files: dict[str, FileContent] = dict(task.workspace)
+                env: dict[str, str] = dict(task.meta.get("env", {}))
+                verify: dict[str, Any] | None = {"command": task.verify_command(), "timeout_s": task.verify_timeout_s,
+                                                 "files": job_files(task.verify_files()),
+                                                 "reward_file": task.reward_file}
+                if h.needs_model:
+                    assert proxy_url is not None and secret is not None and port is not None
+                    token = mint_token(session, secret, {"task": task.id, "harness": h.name})
+                    base_url = proxy_url.rstrip("/") if net == "internet" else f"http://127.0.0.1:{port}"
+                    values = {"base_url": base_url, "port": str(port), "token": token,
+                              "model": model or h.model, "instruction": task.instruction,
+                              "instruction_file": ".claw_harness/instruction.md", "python": python,
+                              "session": session, "task": task.id, "harness": h.name}
+                    command, h_env, harness_files = h.render(values)
+                    clash = set(files) & set(harness_files)
+                    if clash:
+                        raise PlanError(f"task {task.id}: workspace files {sorted(clash)} clash with harness {h.name}'s files")
+                    files.update(harness_files)
+                    env.update(h_env)
+                    command = _preflight(h) + command if h.requires and not install else command
+                elif h.builtin == "oracle":
+                    oracle, sol_files, sol_env = _oracle(task)
+                    if oracle is None:
+                        command, verify = "true", None
+                        meta["not_scorable"] = f"task {task.id} has no reference solution for the oracle"
+                    else:
+                        command = oracle
+                        files.update(sol_files)
+                        env.update(sol_env)
+                else:  # nothing, or an adapter with api = "none"
+                    command = h.command if not h.builtin else "true"
                 setup = [*(h.install if install else ()), *([f"{task.setup.command(f'.claw_setup/{task.setup.name}')} && rm -rf .claw_setup"] if task.setup else [])]
                 if task.setup:
                     files[f".claw_setup/{task.setup.name}"] = task.setup.text
-                group = task.id if group_by == "task" else f"{task.id}:{h.name}"
-                meta = {"session": session, "task": task.id, "harness": h.name, "sample": k, "group": group,
-                        "run_id": run_id, "api": h.api}
                 if task.pass_threshold is not None:
                     meta["pass_threshold"] = task.pass_threshold
                 if isinstance(task.meta.get("judge"), dict):
                     meta["judge"] = task.meta["judge"]  # the rubric, for claw-bench score's judge step
+                net_rec: dict[str, Any] = {"policy": {"none": "none", "proxy": "proxy", "internet": "host"}[net]}
+                if net == "proxy":
+                    assert proxy_url is not None
+                    net_rec.update(proxy_url=proxy_url.rstrip("/"), port=port)
                 job: dict[str, Any] = {
-                    "schema": JOB, "job_id": session, "workspace": {"files": files}, "setup": setup,
-                    "command": command, "env": env, "timeout_s": task.timeout_s,
-                    "network": {"policy": "proxy", "proxy_url": proxy_url.rstrip("/"), "port": port},
-                    "verify": {"command": task.verify_command(), "timeout_s": task.verify_timeout_s,
-                               "files": task.verify_files(), "reward_file": task.reward_file},
+                    "schema": JOB, "job_id": session, "workspace": {"files": job_files(files)}, "setup": setup,
+                    "command": command, "env": env, "timeout_s": task.timeout_s, "network": net_rec,
                     "collect": [task.reward_file, *task.meta.get("collect", [])], "meta": meta,
                 }
+                if verify is not None:
+                    job["verify"] = verify
                 if task.image:
                     job["image"] = task.image
                 task_limits = task.meta.get("limits") if isinstance(task.meta.get("limits"), dict) else {}

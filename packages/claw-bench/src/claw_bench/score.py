@@ -3,7 +3,11 @@
 Rules:
 - A run the sandbox could not carry out (``infra_error``, or ``error``: the job was invalid), or
   an ok/timeout run without a verify result, is ``status: infra_error`` with reward null: never
-  a zero reward, so it neither trains nor counts against Pass@k.
+  a zero reward, so it neither trains nor counts against Pass@k. So is a run whose harness could
+  not start: exit 126 / 127 (not executable / command not found, e.g. the harness is not
+  installed in the job's environment), with the reason from its stderr.
+- A run planned as not scorable (the oracle of a task without a reference solution) is
+  ``status: not_scorable`` with the reason.
 - Otherwise the reward is the verifier's reward when it gave one; else the mean of its numeric
   sub-scores (``details``); else 1.0 / 0.0 from its exit code. A verifier that timed out scores 0.
 - ``passed`` is ``reward >= threshold`` when a threshold applies (the ``threshold`` argument,
@@ -28,6 +32,21 @@ def _sub_scores(details: Any) -> dict[str, float]:
         return {}
     return {k: float(v) for k, v in details.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+#: harness exit codes that mean it never ran: 126 not executable, 127 command not found
+NOT_STARTED_EXITS = (126, 127)
+
+
+def _not_started(run: dict[str, Any]) -> str:
+    """Why the harness could not start: its last stderr line naming the problem, and the exit code."""
+    code = run.get("exit_code")
+    lines = [ln.strip() for ln in str(run.get("stderr_tail") or "").splitlines() if ln.strip()]
+    hint = next((ln for ln in reversed(lines) if "could not start" in ln), None) or \
+        next((ln for ln in reversed(lines) if "not found" in ln or "No such file" in ln or "ermission denied" in ln),
+             lines[-1] if lines else None)
+    what = "command not found" if code == 127 else "not executable"
+    return f"harness could not start (exit {code}: {what})" + (f": {hint[-300:]}" if hint else "")
 
 
 def _reward_from_collected(run: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
@@ -70,6 +89,14 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
     out["meta"] = {k: meta[k] for k in ("run_id", "api") if k in meta}
     out["meta"].update({"run_status": status, "exit_code": run.get("exit_code"), "duration_s": run.get("duration_s")})
     verify = run.get("verify")
+    if isinstance(meta.get("not_scorable"), str):
+        out["status"] = "not_scorable"
+        out["error"] = meta["not_scorable"]
+        return out
+    if status == "ok" and run.get("exit_code") in NOT_STARTED_EXITS:
+        out["status"] = "infra_error"
+        out["error"] = _not_started(run)
+        return out
     if status in ("error", "infra_error") or not isinstance(verify, dict):
         out["status"] = "infra_error"
         out["error"] = run.get("error") or (f"run status {status}" if status in ("error", "infra_error")

@@ -5,7 +5,7 @@ Layout of a claw task directory (see the package README for a complete example):
     my-task/
       task.toml          id, instruction (or instruction_file), timeout_s, tags, difficulty,
                          optional [verify] timeout_s / pass_threshold
-      workspace/         initial files (UTF-8 text), copied into the agent's workspace
+      workspace/         initial files (text or binary), copied into the agent's workspace
       verify.py          the verifier (or verify.sh, or `verify` with a shebang)
       hidden/            optional files only the verifier sees (expected outputs, tests)
       setup.sh           optional, runs in the workspace before the agent
@@ -18,6 +18,7 @@ JSON object of named sub-scores in [0,1], to ``$CLAW_REWARD_FILE``.
 
 from __future__ import annotations
 
+import base64
 import re
 import tomllib
 from pathlib import Path
@@ -27,6 +28,8 @@ import attrs
 
 from claw_bench.errors import TaskError
 
+#: a task file's content: UTF-8 text, or exact bytes for anything else (binary files)
+FileContent = str | bytes
 VERIFY_DIR = ".claw_verify"
 REWARD_FILE = f"{VERIFY_DIR}/reward.json"
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -60,22 +63,24 @@ class Task:
     timeout_s: float = 600.0
     tags: tuple[str, ...] = ()
     difficulty: str | None = None
-    workspace: dict[str, str] = attrs.field(factory=dict)
+    workspace: dict[str, FileContent] = attrs.field(factory=dict)
     verify: Script
-    hidden: dict[str, str] = attrs.field(factory=dict)
+    hidden: dict[str, FileContent] = attrs.field(factory=dict)
     verify_timeout_s: float = 120.0
     pass_threshold: float | None = None
     reward_file: str = REWARD_FILE
     setup: Script | None = None
     solution: Script | None = None
+    #: files next to the solution (Harbor's whole ``solution/`` folder, ``solve.sh`` among them)
+    solution_files: dict[str, FileContent] = attrs.field(factory=dict)
     image: str | None = None
     source: str = "claw"
     path: str | None = None
     meta: dict[str, Any] = attrs.field(factory=dict)
 
-    def verify_files(self) -> dict[str, str]:
+    def verify_files(self) -> dict[str, FileContent]:
         """Hidden files placed in the workspace only after the agent finished."""
-        files = {f"{VERIFY_DIR}/{self.verify.name}": self.verify.text}
+        files: dict[str, FileContent] = {f"{VERIFY_DIR}/{self.verify.name}": self.verify.text}
         files.update({f"{VERIFY_DIR}/{k}": v for k, v in self.hidden.items()})
         return files
 
@@ -109,9 +114,11 @@ def interpreter_for(name: str, text: str) -> str:
     return "bash"
 
 
-def read_text_tree(root: Path, *, what: str) -> dict[str, str]:
-    """All files under ``root`` as {relative posix path: UTF-8 text}; ``what`` names it in errors."""
-    files: dict[str, str] = {}
+def read_text_tree(root: Path, *, what: str) -> dict[str, FileContent]:
+    """All files under ``root`` as {relative posix path: content}: UTF-8 text as ``str``, any other
+    file as its exact ``bytes`` (binary inputs, test data, tarballs travel byte-exact as
+    ``{"content_b64": ...}`` in the job). ``what`` names the task in errors (unreadable file)."""
+    files: dict[str, FileContent] = {}
     if not root.is_dir():
         return files
     for p in sorted(root.rglob("*")):
@@ -119,10 +126,20 @@ def read_text_tree(root: Path, *, what: str) -> dict[str, str]:
             continue
         rel = p.relative_to(root).as_posix()
         try:
-            files[rel] = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise TaskError(f"{what}: {p}: not UTF-8 text (workspaces hold text files only)") from exc
+            data = p.read_bytes()
+        except OSError as exc:
+            raise TaskError(f"{what}: {p}: cannot read: {exc.strerror}") from exc
+        try:
+            files[rel] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            files[rel] = data
     return files
+
+
+def job_files(files: dict[str, FileContent]) -> dict[str, Any]:
+    """claw.job/v1 ``files`` entries: text as strings, bytes as ``{"content_b64": base64}``."""
+    return {k: v if isinstance(v, str) else {"content_b64": base64.b64encode(v).decode("ascii")}
+            for k, v in files.items()}
 
 
 def _script(task_dir: Path, kind: str, *, required: bool) -> Script | None:

@@ -84,7 +84,8 @@ def _files(value: Any, where: str, field: str) -> dict[str, str | bytes]:
         if isinstance(v, dict):
             b64 = v.get("content_b64")
             if set(v) != {"content_b64"} or not isinstance(b64, str):
-                raise _fail(where, f"{field}/{k}", 'expected a string or {"content_b64": "<base64>"}')
+                msg = 'expected a string or {"content_b64": "<base64>"}'
+                raise _fail(where, f"{field}/{k}", msg)
             try:
                 out[k] = base64.b64decode(b64, validate=True)
             except binascii.Error as exc:

@@ -133,7 +133,7 @@ def load_clawgym_task(task_dir: str | Path, opts: LoadOptions | None = None) -> 
     elif "check.py" in reward:
         command = f"python3 reward/check.py {mount or DEFAULT_MOUNT}"
         text = reward["check.py"]
-        if "def grade(" in text and "__main__" not in text and "sys.argv" not in text:
+        if isinstance(text, str) and "def grade(" in text and "__main__" not in text and "sys.argv" not in text:
             grade_file = "reward/check.py"  # PinchBench signature only: called as grade([], workspace)
     else:
         raise TaskError(f"task {tid} ({task_dir}): missing checker: expected reward/reward.sh or reward/check.py")

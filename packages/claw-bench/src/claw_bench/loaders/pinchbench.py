@@ -32,7 +32,7 @@ from claw_bench.loaders._common import (
     runner_config,
     runner_script,
 )
-from claw_bench.tasks import TASK_ID, Task
+from claw_bench.tasks import TASK_ID, FileContent, Task
 
 GRADING_TYPES = ("automated", "llm_judge", "hybrid")
 _SECTION = re.compile(r"^##\s+(.+?)\s*$", re.M)
@@ -66,23 +66,24 @@ def _split(text: str, where: str) -> tuple[dict[str, Any], dict[str, str]]:
     return front, sections
 
 
-def _source_file(source: str, task_file: Path, opts: LoadOptions, where: str) -> str:
+def _source_file(source: str, task_file: Path, opts: LoadOptions, where: str) -> FileContent:
     roots = [Path(opts.assets_dir)] if opts.assets_dir else [task_file.parent.parent / "assets", task_file.parent]
     for root in roots:
         p = root / source
         if p.is_file():
+            data = p.read_bytes()
             try:
-                return p.read_text(encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise TaskError(f"{where}: {p}: not UTF-8 text") from exc
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                return data  # binary assets (.xlsx, .pdf, images) travel byte-exact
     raise TaskError(f"{where}: source {source!r} not found under {', '.join(str(r) for r in roots)}")
 
 
-def _workspace(front: dict[str, Any], task_file: Path, opts: LoadOptions, where: str) -> dict[str, str]:
+def _workspace(front: dict[str, Any], task_file: Path, opts: LoadOptions, where: str) -> dict[str, FileContent]:
     items = front.get("workspace_files") or []
     if not isinstance(items, list):
         raise TaskError(f"{where}: field 'workspace_files' must be a list")
-    files: dict[str, str] = {}
+    files: dict[str, FileContent] = {}
     for i, item in enumerate(items):
         fw = f"{where}: workspace_files[{i}]"
         if not isinstance(item, dict):

@@ -1,0 +1,227 @@
+"""Suites as published: bad tasks skipped, binary files, task.toml fields, PinchBench checkouts,
+the built-in oracle / nothing harnesses, plan --network, and harnesses that cannot start."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from _bench_schemas import validate
+from claw_bench import TaskError, load_harness, load_suite, plan_jobs, score_run
+from claw_bench.cli import main
+from claw_bench.errors import PlanError
+from click.testing import CliRunner
+from conftest import SECRET, run_job
+
+HB = Path(__file__).parent / "fixtures" / "issue16" / "harbor"
+GOOD = ["claw-fixtures-checksum", "hb-no-solution", "hb-tarball"]
+
+
+def _run_all(jobs: list[dict], tmp_path: Path) -> list[dict]:
+    outs = []
+    for job in jobs:
+        validate(job, "job")
+        run = run_job(job, tmp_path / "runs")
+        outs.append(score_run(run))
+        validate(outs[-1], "outcome")
+    return outs
+
+
+def test_harbor_suite_skips_the_broken_task_and_strict_refuses_it():
+    """A task that does not load is skipped with its path and reason; strict makes it an error."""
+    s = load_suite(HB)
+    assert sorted(t.id for t in s.tasks) == GOOD
+    ((path, reason),) = s.skipped
+    assert path.endswith("hb-broken") and "task.toml: invalid TOML" in reason
+    with pytest.raises(TaskError, match=r"hb-broken.*invalid TOML"):
+        load_suite(HB, strict=True)
+
+
+def test_tasks_command_warns_once_and_counts():
+    """`claw-bench tasks` lists the good tasks, warns about the bad one, ends with N loaded, M skipped."""
+    r = CliRunner().invoke(main, ["tasks", "--suite", str(HB)])
+    assert r.exit_code == 0, r.output
+    assert sorted(line.split()[0] for line in r.stdout.splitlines()) == GOOD
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "hb-broken" in warnings[0] and "invalid TOML" in warnings[0]
+    assert r.stderr.splitlines()[-1] == "3 loaded, 1 skipped"
+    r = CliRunner().invoke(main, ["tasks", "--suite", str(HB), "--strict"])
+    assert r.exit_code != 0 and "hb-broken" in r.output
+
+
+def test_task_toml_fields_and_binary_files_are_kept():
+    """[task] name is the id; allow_internet and the env tables are read; binary tests travel exact."""
+    t = load_suite(HB).get("claw-fixtures-checksum")
+    assert t.meta["allow_internet"] is False and t.meta["env"] == {"GREETING": "hello"}
+    assert t.meta["solution_env"] == {"SOLVE_MODE": "reference"}
+    assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512}
+    blob = (HB / "hb-checksum" / "tests" / "data" / "blob.bin").read_bytes()
+    assert t.hidden["tests/data/blob.bin"] == blob
+    assert sorted(t.solution_files) == ["notes.md", "solve.sh", "write_report.py"]
+    (job,) = plan_jobs([t], [load_harness("nothing")], samples=1)
+    files = job["verify"]["files"]
+    assert base64.b64decode(files[".claw_verify/tests/data/blob.bin"]["content_b64"]) == blob
+    assert job["env"] == {"GREETING": "hello"} and job["network"] == {"policy": "none"}
+
+
+def test_gpu_and_multistep_tasks_are_refused_clearly(tmp_path):
+    """A task needing GPUs and a Harbor multi-step task are skipped with a reason that says so."""
+    gpu = tmp_path / "s" / "gpu-task"
+    shutil.copytree(HB / "hb-tarball", gpu)
+    (gpu / "task.toml").write_text("[environment]\ngpus = 1\n")
+    multi = tmp_path / "s" / "multi"
+    (multi / "steps" / "one" / "tests").mkdir(parents=True)
+    (multi / "task.toml").write_text('version = "1.0"\n')
+    shutil.copytree(HB / "hb-tarball", tmp_path / "s" / "ok")
+    s = load_suite(tmp_path / "s")
+    assert [t.id for t in s.tasks] == ["ok"]
+    reasons = dict(s.skipped)
+    assert "needs 1 GPU(s)" in reasons[str(gpu)]
+    assert "multi-step" in reasons[str(multi)] and "not supported" in reasons[str(multi)]
+    with pytest.raises(TaskError, match="multi-step"):
+        load_suite(multi)
+
+
+PB_TASK = """---
+id: {id}
+name: {id}
+grading_type: automated
+---
+## Prompt
+Write hello to out.txt.
+
+## Automated Checks
+```python
+def grade(transcript, workspace_path):
+    return {{"ok": 1.0}}
+```
+"""
+
+
+def _pinchbench_checkout(root: Path, manifest: list[str] | None) -> Path:
+    (root / "tasks").mkdir(parents=True)
+    (root / "assets").mkdir()
+    (root / "SKILL.md").write_text("---\nname: pinchbench\n---\n# The skill\n")
+    (root / "tasks" / "TASK_TEMPLATE.md").write_text(PB_TASK.format(id="template"))
+    for tid in ("task_a", "task_b"):
+        (root / "tasks" / f"{tid}.md").write_text(PB_TASK.format(id=tid))
+    (root / "tasks" / "task_bad.md").write_text("---\nid: bad\n---\n## Prompt\nx\n")
+    if manifest is not None:
+        (root / "tasks" / "manifest.yaml").write_text("tasks:\n" + "".join(f"  - {m}\n" for m in manifest))
+    return root
+
+
+def test_pinchbench_checkout_root_and_manifest(tmp_path):
+    """A checkout root with SKILL.md loads tasks/task_*.md (no template); manifest.yaml picks and orders."""
+    s = load_suite(_pinchbench_checkout(tmp_path / "a", None))
+    assert [t.id for t in s.tasks] == ["task_a", "task_b"]
+    assert [Path(p).name for p, _ in s.skipped] == ["task_bad.md"] and "missing checker" in s.skipped[0][1]
+    s = load_suite(_pinchbench_checkout(tmp_path / "b", ["task_b", "task_a", "task_gone"]))
+    assert [t.id for t in s.tasks] == ["task_b", "task_a"]
+    assert len(s.skipped) == 1 and "'task_gone' names no file" in s.skipped[0][1]
+    assert [t.id for t in load_suite(tmp_path / "a" / "tasks").tasks] == ["task_a", "task_b"]
+
+
+def test_oracle_passes_nothing_fails_without_a_proxy(tmp_path):
+    """plan oracle + nothing with --network none: oracle 1.0 where a solution exists, not scorable where not."""
+    s = load_suite(HB)
+    jobs = plan_jobs(list(s.tasks), [load_harness("oracle"), load_harness("nothing")], samples=1,
+                     network="none", run_id="r")
+    assert all(j["network"] == {"policy": "none"} and "ANTHROPIC_BASE_URL" not in j["env"] for j in jobs)
+    got = {(o["task"], o["harness"]): (o["status"], o["reward"], o["passed"]) for o in _run_all(jobs, tmp_path)}
+    assert got == {
+        ("claw-fixtures-checksum", "oracle"): ("ok", 1.0, True),
+        ("claw-fixtures-checksum", "nothing"): ("ok", 0.0, False),
+        ("hb-tarball", "oracle"): ("ok", 1.0, True),
+        ("hb-tarball", "nothing"): ("ok", 0.0, False),
+        ("hb-no-solution", "oracle"): ("not_scorable", None, None),
+        ("hb-no-solution", "nothing"): ("ok", 0.0, False),
+    }
+
+
+def test_oracle_runs_claw_tasks_reference_solution(tmp_path):
+    """On a claw task the oracle runs solution.sh / .py and passes; nothing fails."""
+    tasks = list(load_suite("claw-toy").select(["toy-hello", "toy-yes"]).tasks)
+    jobs = plan_jobs(tasks, [load_harness("oracle"), load_harness("nothing")], samples=1, run_id="c")
+    outs = _run_all(jobs, tmp_path)
+    assert [(o["harness"], o["passed"]) for o in outs] == [("oracle", True), ("nothing", False)] * 2
+
+
+def test_network_choice_and_allow_internet(tmp_path):
+    """Model harnesses default to proxy and need --proxy; internet is host; allow_internet=false wins."""
+    t = load_suite(HB).get("claw-fixtures-checksum")
+    other = load_suite(HB).get("hb-tarball")
+    chat = load_harness("claw-agent-chat")
+    with pytest.raises(PlanError, match="--proxy and --proxy-secret-file are needed"):
+        plan_jobs([t], [chat], samples=1)
+    with pytest.raises(PlanError, match="--network none"):
+        plan_jobs([t], [chat], samples=1, proxy_url="http://127.0.0.1:8000", secret=SECRET, network="none")
+    (j,) = plan_jobs([other], [chat], samples=1, proxy_url="http://127.0.0.1:8000", secret=SECRET)
+    assert j["network"] == {"policy": "proxy", "proxy_url": "http://127.0.0.1:8000", "port": 8000}
+    jobs = plan_jobs([other, t], [chat, load_harness("oracle")], samples=1, proxy_url="http://10.0.0.2:8000",
+                     secret=SECRET, network="internet")
+    nets = {(j["meta"]["task"], j["meta"]["harness"]): j["network"]["policy"] for j in jobs}
+    assert nets == {("hb-tarball", "claw-agent-chat"): "host", ("hb-tarball", "oracle"): "host",
+                    ("claw-fixtures-checksum", "claw-agent-chat"): "proxy",
+                    ("claw-fixtures-checksum", "oracle"): "none"}
+    assert jobs[0]["env"]["OPENAI_BASE_URL"].startswith("http://10.0.0.2:8000")
+
+
+def test_plan_cli_oracle_needs_no_proxy(tmp_path):
+    """`plan --harness oracle --network none` works without --proxy; a model harness without it is a usage error."""
+    out = tmp_path / "jobs.jsonl"
+    r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "oracle", "-H", "nothing", "--network", "none",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert len(out.read_text().splitlines()) == 6 and "warning: skipped" in r.stderr
+    r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "claw-agent-chat"])
+    assert r.exit_code == 2 and "give --proxy and --proxy-secret-file" in r.output
+
+
+def test_harness_that_cannot_start_is_an_infra_error(tmp_path):
+    """A harness whose executable is missing exits 127 with the reason and scores infra_error, not 0."""
+    adapter = tmp_path / "ghost.toml"
+    adapter.write_text('api = "chat"\nrequires = ["claw-no-such-tool"]\ninstruction = "file"\n'
+                       'command = "claw-no-such-tool {{instruction_file}}"\n')
+    task = load_suite("claw-toy").get("toy-yes")
+    (job,) = plan_jobs([task], [load_harness(str(adapter))], samples=1, proxy_url="http://127.0.0.1:9",
+                       secret=SECRET)
+    run = run_job(job, tmp_path / "runs")
+    assert run["exit_code"] == 127
+    out = score_run(run)
+    assert out["status"] == "infra_error" and out["reward"] is None
+    assert "could not start" in out["error"] and "claw-no-such-tool is not installed" in out["error"]
+    plain = score_run({**run, "stderr_tail": "bash: line 1: claude: command not found\n"})
+    assert plain["status"] == "infra_error" and "command not found" in plain["error"]
+
+
+@pytest.mark.other_clis
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+def test_plan_sandbox_score_flow_without_a_proxy(tmp_path):
+    """plan --harness oracle --harness nothing --network none -> claw-sandbox run -> score: 1.0 / 0."""
+    jobs, runs, outs = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl", tmp_path / "outcomes.jsonl"
+    r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "oracle", "-H", "nothing", "--network", "none",
+                                  "-o", str(jobs)])
+    assert r.exit_code == 0, r.output
+    doctor = subprocess.run(["claw-sandbox", "doctor"], capture_output=True, text=True).stdout.splitlines()
+    if not any(line.split()[:2] == ["ok", "bwrap"] for line in doctor):
+        pytest.skip("bwrap backend unavailable here (claw-sandbox doctor)")
+    subprocess.run(["claw-sandbox", "run", str(jobs), "-o", str(runs), "--backend", "bwrap"], check=True, timeout=300)
+    r = CliRunner().invoke(main, ["score", str(runs), "-o", str(outs)])
+    assert r.exit_code == 0, r.output
+    got = {(o["task"], o["harness"]): (o["status"], o["passed"]) for o in map(json.loads, outs.read_text().splitlines())}
+    assert got[("claw-fixtures-checksum", "oracle")] == ("ok", True)
+    assert got[("hb-tarball", "oracle")] == ("ok", True)
+    assert got[("hb-no-solution", "oracle")] == ("not_scorable", None)
+    assert all(v == ("ok", False) for (_, h), v in got.items() if h == "nothing")
+
+
+def test_fixture_blob_matches_its_checksum():
+    """The binary fixture is what its checksum file says (guards against a text-mode checkout)."""
+    d = HB / "hb-checksum" / "tests" / "data"
+    assert hashlib.sha256((d / "blob.bin").read_bytes()).hexdigest() == (d / "blob.sha256").read_text().strip()
