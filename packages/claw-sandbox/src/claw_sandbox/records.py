@@ -83,7 +83,7 @@ def _files(value: Any, where: str, field: str) -> dict[str, str | bytes]:
         check_relpath(k, where, f"{field}/{k}")
         if isinstance(v, dict):
             b64 = v.get("content_b64")
-            if set(v) != {"content_b64"} or not isinstance(b64, str):
+            if not isinstance(b64, str):  # other keys of the entry are ignored (additive fields)
                 msg = 'expected a string or {"content_b64": "<base64>"}'
                 raise _fail(where, f"{field}/{k}", msg)
             try:
