@@ -1,5 +1,6 @@
 """The docker backend against a real engine, with a busybox image made by `docker import`."""
 
+import gc
 import io
 import os
 import shutil
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import warnings
 
 import pytest
 from claw_sandbox import run_jobs
@@ -84,6 +86,21 @@ def docker_backend():
         client.api.import_image_from_data(_busybox_rootfs(), repository=repo, tag=tag)
         client.images.get(IMAGE)
     return backend
+
+
+@pytest.mark.parametrize("host", ["unix", "tcp"])
+def test_no_engine_is_a_reason_and_leaks_no_socket(monkeypatch, tmp_path, host):
+    """Without an engine (a missing unix socket, a closed TCP port) `unavailable` gives a reason
+    and the failed connection leaves no unclosed socket behind (a ResourceWarning later)."""
+    pytest.importorskip("docker")
+    url = f"unix://{tmp_path / 'none.sock'}" if host == "unix" else f"tcp://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("DOCKER_HOST", url)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        reason = make_backend("docker").unavailable()
+        gc.collect()
+    assert reason and reason.startswith("no docker engine answers"), reason
+    assert [w for w in seen if issubclass(w.category, ResourceWarning)] == []
 
 
 def test_docker_lifecycle_isolation_and_bad_image(docker_backend, tmp_path):

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from claw_sandbox import _forward
@@ -191,6 +194,24 @@ class DockerSandbox(Sandbox):
             self.relay = None
 
 
+def _unix_engine_unreachable() -> str | None:
+    """Why the engine's unix socket (DOCKER_HOST, else the SDK's default) takes no connection,
+    probed with a socket closed here; None when it does, or when the host is not a unix socket."""
+    import docker.constants
+
+    host = os.environ.get("DOCKER_HOST") or docker.constants.DEFAULT_UNIX_SOCKET
+    scheme, sep, path = host.partition("://")
+    if not sep or not scheme.endswith("unix"):
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(path)
+    except OSError as exc:
+        return f"no docker engine answers at {host} ({exc.strerror or exc})"
+    return None
+
+
 class DockerBackend(Backend):
     name = "docker"
     isolates = True
@@ -217,11 +238,21 @@ class DockerBackend(Backend):
             import docker  # noqa: F401
         except ImportError:
             return "the docker SDK is not installed (pip install 'claw-sandbox[docker]')"
-        try:
-            self.client().ping()
-        except Exception as exc:
-            return f"no docker engine answers ({type(exc).__name__}: {str(exc)[:120]})"
-        return None
+        reason = _unix_engine_unreachable()
+        if reason:
+            return reason
+        # when the SDK's connect fails it leaves its socket to the garbage collector (docker-py's
+        # unix and TCP connections alike); it is closed here, quietly, not as a ResourceWarning
+        # at some later, unrelated point
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            try:
+                self.client().ping()
+            except Exception as exc:
+                reason = f"no docker engine answers ({type(exc).__name__}: {str(exc)[:120]})"
+                self._client = None
+            gc.collect()
+        return reason
 
     def check_job(self, job: Job) -> None:
         super().check_job(job)
