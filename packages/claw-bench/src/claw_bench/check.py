@@ -21,24 +21,26 @@ MODES = ("untouched", "solution")
 
 
 def parse_reward(text: str) -> tuple[float | None, dict[str, float]]:
-    """A reward file's content: a number, or a JSON object of sub-scores (or {"reward", "scores"}).
+    """A verifier reward file (docs/formats.md, Verifier reward file): a number in [0, 1], or a
+    non-empty JSON object of named sub-scores in [0, 1] whose mean is the reward.
 
-    Returns (reward or None when unreadable, sub-scores); an object's reward is the mean of its
-    numeric values unless it carries "reward".
+    Returns (reward, sub-scores), or (None, {}) for anything else (the caller falls back to the
+    verifier's exit code). The same rules as claw-sandbox's parser, held to
+    formats/conformance/reward-file.jsonl.
     """
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except ValueError:
         return None, {}
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return (float(value), {}) if math.isfinite(value) else (None, {})
-    if isinstance(value, dict):
-        raw = value.get("scores", value)
-        subs = {k: float(v) for k, v in raw.items()
-                if isinstance(v, int | float) and not isinstance(v, bool)} if isinstance(raw, dict) else {}
-        if isinstance(value.get("reward"), int | float):
-            return float(value["reward"]), subs
-        return (sum(subs.values()) / len(subs) if subs else None), subs
+
+    def unit(x: Any) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
+
+    if unit(value):
+        return float(value), {}
+    if isinstance(value, dict) and value and all(unit(v) for v in value.values()):
+        subs = {k: float(v) for k, v in value.items()}
+        return sum(subs.values()) / len(subs), subs
     return None, {}
 
 

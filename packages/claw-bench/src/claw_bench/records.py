@@ -1,4 +1,10 @@
-"""JSONL reading and writing of plain-dict records, with file:line errors."""
+"""JSONL reading and writing of plain-dict records, with file:line errors.
+
+Reader kind (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
+`iter_records` is a *projection*: it checks the line (a JSON object, no ``NaN`` / ``Infinity``)
+and its ``schema``, skips blank lines and leaves every other field to the code that reads it
+(`score_run` for runs, `report` for outcomes, the transcript loader for calls).
+"""
 
 from __future__ import annotations
 
@@ -42,12 +48,18 @@ def iter_records(path: str | Path, schema: str) -> Iterator[dict[str, Any]]:
             fh.close()
 
 
+def _not_json(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
+
+
 def parse_record(line: str, schema: str, where: str) -> dict[str, Any]:
     """Parse one JSONL line into a dict of the given schema; errors name ``where``."""
     try:
-        row = json.loads(line)
+        row = json.loads(line, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise RecordError(f"{where}: not JSON: {exc.msg} (column {exc.colno})") from exc
+    except ValueError as exc:
+        raise RecordError(f"{where}: not JSON: {exc}") from exc
     if not isinstance(row, dict):
         raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
     got = row.get("schema")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from claw_bench.errors import PlanError
 
-SESSION = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+SESSION = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def _b64(data: bytes) -> str:
@@ -38,7 +38,7 @@ def read_secret(path: str | Path) -> bytes:
 
 def mint_token(session: str, key: bytes, tags: dict[str, str] | None = None) -> str:
     """A signed session token for ``session`` carrying ``tags`` (omitted when empty)."""
-    if not SESSION.match(session):
+    if not SESSION.fullmatch(session):
         raise PlanError(f"session id {session!r} must be 1-128 chars of [A-Za-z0-9_-]")
     msg = session
     if tags:
@@ -48,19 +48,21 @@ def mint_token(session: str, key: bytes, tags: dict[str, str] | None = None) -> 
 
 
 def verify_token(token: str, key: bytes) -> tuple[str, dict[str, str]] | None:
-    """(session, tags) when the token is genuine, else None (the proxy's check, for tests and tools)."""
+    """(session, tags) when the token is genuine, else None (the proxy's check, for tests and tools).
+
+    The rules of docs/formats.md, Session tokens, held to formats/conformance/session-token.jsonl.
+    """
     msg, dot, sig = token.rpartition(".")
-    if not dot:
+    parts = msg.split(".")
+    if not dot or not token.isascii() or len(parts) > 2 or not SESSION.fullmatch(parts[0]):
         return None
-    want = _b64(hmac.new(key, msg.encode("ascii", "replace"), hashlib.sha256).digest())
-    if not hmac.compare_digest(want, sig):
+    want = _b64(hmac.new(key, msg.encode("ascii"), hashlib.sha256).digest())
+    if not hmac.compare_digest(want.encode("ascii"), sig.encode("ascii")):
         return None
-    session, _, tags = msg.partition(".")
-    if not SESSION.match(session):
-        return None
-    if not tags:
-        return session, {}
+    if len(parts) == 1:
+        return parts[0], {}
     try:
-        return session, json.loads(base64.urlsafe_b64decode(tags + "=" * (-len(tags) % 4)))
-    except (ValueError, json.JSONDecodeError):
+        tags = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
         return None
+    return (parts[0], tags) if isinstance(tags, dict) else None
