@@ -8,8 +8,16 @@ import time
 from starlette.responses import StreamingResponse
 
 from claw_proxy import api_responses
+from claw_proxy._logprobs import TokenText
 from claw_proxy.errors import EngineError
-from claw_proxy.messages import Answer, ChatRequest, ReasoningDelta, TextDelta, ToolCallEvent
+from claw_proxy.messages import (
+    Answer,
+    ChatRequest,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprobs,
+    ToolCallEvent,
+)
 from claw_proxy.records import Call, sampling_record
 from claw_proxy.render import Detokenizer
 from claw_proxy.toolparse import make_parser
@@ -73,6 +81,9 @@ class Run:
         self.stop_hit = False
         self.deadline = asyncio.get_running_loop().time() + proxy.config.request_timeout
         self._held = ""  # text held back while it may be the start of a stop sequence
+        # the request asked for logprobs: OpenAI entries of the completion tokens (not the stop ids)
+        self.token_text = TokenText(renderer.tokenizer) if getattr(req, "logprobs", False) else None
+        self.lp_entries: list[dict] = []
 
     def close(self) -> None:
         """Release the session's in-flight slot and stop the engine (idempotent)."""
@@ -116,11 +127,14 @@ class Run:
             return []
         stops = self.req.sampling.stop
         parts: list[str] = []
+        first_entry = len(self.lp_entries)
         for tok, lp in chunk:
             self.ids.append(tok)
             self.logprobs.append(lp)
             if tok in self.gen_req.stop_ids:
                 continue
+            if self.token_text is not None:
+                self.lp_entries.append(self.token_text.entry(tok, lp))
             delta = self.detok.push(tok)
             if stops and delta:
                 # text that could be the start of a stop sequence is held back until it is not
@@ -140,7 +154,10 @@ class Run:
                 continue
             parts.append(delta)
         text = "".join(parts)
-        return self._events(self.parser.feed(text)) if text else []
+        events = self._events(self.parser.feed(text)) if text else []
+        if len(self.lp_entries) > first_entry:
+            events.insert(0, TokenLogprobs(tuple(self.lp_entries[first_entry:])))
+        return events
 
     def finish_events(self) -> list:
         rest = "" if self.stop_hit else self._held + self.detok.flush()
@@ -167,6 +184,7 @@ class Run:
             finish_reason=finish,
             prompt_tokens=len(self.gen_req.prompt_ids),
             completion_tokens=len(self.ids),
+            logprobs=tuple(self.lp_entries) if self.token_text is not None else None,
         )
 
     def record(self, answer: Answer, body: dict) -> None:

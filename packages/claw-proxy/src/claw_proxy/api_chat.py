@@ -13,6 +13,7 @@ from claw_proxy.messages import (
     Message,
     ReasoningDelta,
     TextDelta,
+    TokenLogprobs,
     ToolCall,
     ToolCallEvent,
     check_type,
@@ -88,6 +89,16 @@ def parse(body: dict) -> ChatRequest:
                 )
             msgs.append(Message(role="assistant", content=content, tool_calls=tuple(calls)))
     opts = optional(body, "stream_options", dict) or {}
+    logprobs = bool(optional(body, "logprobs", bool))
+    top = optional(body, "top_logprobs", int)
+    if top is not None and not 0 <= top <= 20:
+        raise RequestError("top_logprobs must be between 0 and 20", "top_logprobs")
+    if top:
+        raise RequestError(
+            "top_logprobs is not supported beyond 0: the inference engines report the logprob of "
+            "the sampled token only (ask for logprobs: true)",
+            "top_logprobs",
+        )
     return ChatRequest(
         api=NAME,
         model=model,
@@ -100,6 +111,7 @@ def parse(body: dict) -> ChatRequest:
         include_usage=bool(opts.get("include_usage")),
         tool_choice=body.get("tool_choice"),
         body=body,
+        logprobs=logprobs,
     )
 
 
@@ -131,6 +143,10 @@ def _usage(answer: Answer) -> dict:
     }
 
 
+def _logprobs(entries) -> dict | None:
+    return None if entries is None else {"content": list(entries), "refusal": None}
+
+
 def response(answer: Answer, *, id: str, model: str, created: int | None = None) -> dict:
     message: dict = {
         "role": "assistant",
@@ -146,21 +162,32 @@ def response(answer: Answer, *, id: str, model: str, created: int | None = None)
         "created": created or int(time.time()),
         "model": model,
         "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(answer)}
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": _logprobs(answer.logprobs),
+                "finish_reason": _finish(answer),
+            }
         ],
         "usage": _usage(answer),
     }
 
 
 class Stream:
-    """Chat-completion chunks: a role chunk, deltas, a finish chunk, a usage chunk, [DONE]."""
+    """Chat-completion chunks: a role chunk, deltas, a finish chunk, a usage chunk, [DONE].
+
+    When the request asked for logprobs, each chunk carries the entries of the tokens sampled
+    since the previous chunk (tokens whose text is still held back go with a later chunk)."""
 
     def __init__(self, *, id: str, model: str, include_usage: bool) -> None:
         self.id, self.model, self.include_usage = id, model, include_usage
         self.created = int(time.time())
         self._tools = 0
+        self._pending: list[dict] = []  # logprob entries not yet sent
 
     def _chunk(self, delta: dict, finish: str | None = None) -> bytes:
+        logprobs = _logprobs(self._pending) if self._pending else None
+        self._pending = []
         return sse(
             {
                 "id": self.id,
@@ -168,7 +195,7 @@ class Stream:
                 "created": self.created,
                 "model": self.model,
                 "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                    {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
                 ],
             }
         )
@@ -177,6 +204,9 @@ class Stream:
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def event(self, ev) -> list[bytes]:
+        if isinstance(ev, TokenLogprobs):
+            self._pending.extend(ev.entries)
+            return []
         if isinstance(ev, TextDelta):
             return [self._chunk({"content": ev.text})]
         if isinstance(ev, ReasoningDelta):

@@ -96,6 +96,7 @@ class ChatRequest:
     include_usage: bool = False
     tool_choice: object = None
     body: dict = attrs.field(factory=dict, repr=False)
+    logprobs: bool = False  # the answer carries each completion token's logprob
 
     def context_key(self) -> str:
         """Hash of what is rendered before the messages (the tools)."""
@@ -126,6 +127,14 @@ class ToolCallEvent:
     arguments_json: str
 
 
+@attrs.frozen
+class TokenLogprobs:
+    """Sampled tokens with their engine logprobs, in OpenAI's shape (`{token, logprob, bytes,
+    top_logprobs}`); sent before the text events of the same tokens, only when asked for."""
+
+    entries: tuple[dict, ...]
+
+
 @attrs.frozen(kw_only=True)
 class Answer:
     """The complete answer, gathered from the same events the stream sends."""
@@ -136,6 +145,7 @@ class Answer:
     finish_reason: str  # stop | length | tool_calls | error
     prompt_tokens: int
     completion_tokens: int
+    logprobs: tuple[dict, ...] | None = None  # TokenLogprobs entries, when the request asked
 
     def message(self) -> Message:
         return Message(role="assistant", content=self.text, tool_calls=self.tool_calls)
