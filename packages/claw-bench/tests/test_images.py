@@ -45,6 +45,11 @@ elif args[:2] == ["image", "inspect"]:
 elif args[0] == "build":
     tag, context = args[2], args[3]
     print(f"Step 1/1 : building {tag} from {context}")
+    slow = os.path.join(state, "slow")
+    if os.path.exists(slow) and tag in open(slow).read().split():
+        print("slow step", flush=True)
+        import time
+        time.sleep(60)
     fail = os.path.join(state, "fail")
     if os.path.exists(fail) and tag in open(fail).read().split():
         for i in range(30):
@@ -160,6 +165,18 @@ def test_failed_build_is_reported_with_its_output_and_the_others_still_build(doc
     assert r.exit_code == 1
     assert "tb-fix-config: docker build -t" in r.stderr and "log line 29\nERROR: boom" in r.stderr
     assert "4 tasks: 2 present, 1 failed, 1 default image" in r.stderr  # tb-other was built by the first call
+
+
+def test_build_is_killed_at_the_tasks_build_timeout(docker, suite_dir):
+    """[environment] build_timeout_sec kills a build that runs longer; the row says why."""
+    toml = suite_dir / "tb-fix-config" / "task.toml"
+    toml.write_text(toml.read_text().replace("[environment]", "[environment]\nbuild_timeout_sec = 0.5"))
+    task = load_suite(suite_dir).get("tb-fix-config")
+    assert task.meta["build_timeout_s"] == 0.5
+    (docker.state / "slow").write_text(f"{task.image}\n")
+    (row,) = build_images([task])
+    assert row.status == "failed" and "killed at the task's build_timeout_sec (0.5s)" in row.output
+    assert "slow step" in row.output
 
 
 def test_docker_image_tasks_are_not_built_but_named_to_pull(docker, suite_dir):

@@ -59,7 +59,7 @@ def test_task_toml_fields_and_binary_files_are_kept():
     t = load_suite(HB).get("claw-fixtures-checksum")
     assert t.meta["allow_internet"] is False and t.meta["env"] == {"GREETING": "hello"}
     assert t.meta["solution_env"] == {"SOLVE_MODE": "reference"}
-    assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512}
+    assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512, "disk_mb": 256}  # storage_mb is disk_mb
     blob = (HB / "hb-checksum" / "tests" / "data" / "blob.bin").read_bytes()
     assert t.hidden["tests/data/blob.bin"] == blob
     assert sorted(t.solution_files) == ["notes.md", "solve.sh", "write_report.py"]

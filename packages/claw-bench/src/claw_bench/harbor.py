@@ -118,6 +118,12 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     image = env.get("docker_image") if isinstance(env.get("docker_image"), str) else None
     context = task_dir / "environment"
     task_meta: dict = {"allow_internet": allow_internet}
+    build_timeout = env.get("build_timeout_sec")
+    if build_timeout is not None:
+        if isinstance(build_timeout, bool) or not isinstance(build_timeout, int | float) or build_timeout <= 0:
+            raise TaskError(f"{tpath}: field [environment] build_timeout_sec must be a positive number, "
+                            f"got {build_timeout!r}")
+        task_meta["build_timeout_s"] = float(build_timeout)  # claw-bench images --build kills the build then
     for table, key in (("environment", "env"), ("solution", "solution_env")):
         t = meta.get(table) if isinstance(meta.get(table), dict) else {}
         e = t.get("env", {})

@@ -12,7 +12,9 @@ The docker CLI is run as a subprocess (no SDK); ``docker`` may name another exec
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -93,14 +95,26 @@ def list_images(tasks: Iterable[Task], *, docker: str = "docker") -> list[ImageR
     return _list(list(tasks), docker)[0]
 
 
-def _build(exe: str, image: str, context: str) -> tuple[bool, str]:
-    """Run ``docker build -t IMAGE CONTEXT``; (succeeded, the last TAIL_LINES lines of its output)."""
+def _build(exe: str, image: str, context: str, timeout_s: float | None = None) -> tuple[bool, str]:
+    """Run ``docker build -t IMAGE CONTEXT``; (succeeded, the last TAIL_LINES lines of its output).
+
+    ``timeout_s`` (the task's ``[environment] build_timeout_sec``) kills a build that runs longer.
+    """
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     with subprocess.Popen([exe, "build", "-t", image, context], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors="replace") as p:
-        assert p.stdout is not None
-        for line in p.stdout:
-            tail.append(line.rstrip("\n"))
+        timer = threading.Timer(timeout_s, p.kill) if timeout_s else None
+        if timer:
+            timer.start()
+        try:
+            assert p.stdout is not None
+            for line in p.stdout:
+                tail.append(line.rstrip("\n"))
+        finally:
+            if timer:
+                timer.cancel()
+    if timer is not None and p.returncode == -signal.SIGKILL:
+        tail.append(f"killed at the task's build_timeout_sec ({timeout_s:g}s)")
     return p.returncode == 0, "\n".join(tail)
 
 
@@ -113,14 +127,16 @@ def build_images(tasks: Iterable[Task], *, docker: str = "docker",
     Missing images without a context (named by ``docker_image``) stay ``missing``.
     """
     say = progress or (lambda _msg: None)
-    rows, exe = _list(list(tasks), docker)
+    tasks = list(tasks)
+    timeouts = {t.image: t.meta.get("build_timeout_s") for t in tasks if t.image}
+    rows, exe = _list(tasks, docker)
     todo = {r.image: r for r in rows if r.status == "missing" and r.context}  # one build per image
     done: dict[str | None, ImageRow] = {}
     for i, r in enumerate(todo.values(), start=1):
         assert exe is not None and r.image is not None and r.context is not None
         say(f"[{i}/{len(todo)}] building {r.image} for {r.task}")
         started = time.monotonic()
-        ok, output = _build(exe, r.image, r.context)
+        ok, output = _build(exe, r.image, r.context, timeouts.get(r.image))
         seconds = round(time.monotonic() - started, 1)
         done[r.image] = attrs.evolve(r, status="built" if ok else "failed", output="" if ok else output,
                                      seconds=seconds)

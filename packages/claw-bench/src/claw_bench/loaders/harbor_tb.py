@@ -9,7 +9,8 @@ verify step becomes a bash runner (task images need not have Python) that
   keys: named sub-scores, reward = their mean), and counts a missing reward as 0,
 - records why in ``.claw_verify/details.json`` (timeout, exit code, missing reward).
 
-``[environment] cpus`` / ``memory_mb`` become the job's limits. The image is the one
+``[environment] cpus`` / ``memory_mb`` / ``storage_mb`` become the job's limits (``storage_mb`` as
+``disk_mb``, which the sandbox enforces where its backend can). The image is the one
 claw_bench.harbor chose: ``[environment] docker_image`` when set, else a tag derived from the
 content of ``environment/`` (``claw-harbor/<task>:<sha12>``) that ``claw-bench images --build``
 builds (the Docker backend never pulls or builds by itself).
@@ -88,7 +89,7 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
     task_meta["collect"] = [DETAILS_FILE]
     etable = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
     limits: dict[str, Any] = {}
-    for key, name, kind in (("cpus", "cpus", float), ("memory_mb", "memory_mb", int)):
+    for key, name, kind in (("cpus", "cpus", float), ("memory_mb", "memory_mb", int), ("storage_mb", "disk_mb", int)):
         v = etable.get(key)
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
