@@ -127,6 +127,18 @@ def test_pinchbench_checkout_root_and_manifest(tmp_path):
     assert [t.id for t in load_suite(tmp_path / "a" / "tasks").tasks] == ["task_a", "task_b"]
 
 
+def test_multi_session_pinchbench_task_is_refused_not_truncated(tmp_path):
+    """A PinchBench task with sessions[] is skipped with that reason rather than run with one prompt."""
+    root = _pinchbench_checkout(tmp_path / "c", None)
+    text = PB_TASK.format(id="task_multi").replace("grading_type: automated\n", "grading_type: automated\n"
+                                                     "sessions:\n  - prompt: first\n  - prompt: second\n"
+                                                     "    new_session: true\n")
+    (root / "tasks" / "task_multi.md").write_text(text)
+    s = load_suite(root)
+    reasons = {Path(p).name: r for p, r in s.skipped}
+    assert "task_multi" not in [t.id for t in s.tasks] and "multi-session" in reasons["task_multi.md"]
+
+
 def test_oracle_passes_nothing_fails_without_a_proxy(tmp_path):
     """plan oracle + nothing with --network none: oracle 1.0 where a solution exists, not scorable where not."""
     s = load_suite(HB)

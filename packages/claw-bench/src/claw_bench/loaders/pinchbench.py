@@ -109,6 +109,9 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
     task_file = Path(task_file)
     where = str(task_file)
     front, sections = _split(task_file.read_text(encoding="utf-8"), where)
+    if front.get("sessions"):
+        raise TaskError(f"{where}: field 'sessions': multi-session tasks (successive prompts) are not supported "
+                        "yet; refused rather than run with their first prompt only")
     raw_id = front.get("id") or task_file.stem
     tid = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(raw_id)).strip("-.")
     if not TASK_ID.match(tid):
