@@ -213,6 +213,10 @@ def samples() -> list[dict]:
         ("advantages", adv, "with a string"), ("returns", [0.0] * (n - 1), "of the wrong length"),
         ("policy_versions", pv, "below -1"), ("sessions", "s-3f2a", "a string"),
         ("groups", [1], "not strings"), ("n_paths", -1, "negative"), ("tags", [], "a list"),
+        ("temperatures", [1.0] * (n - 1), "of the wrong length"),
+        ("temperatures", [-1.0] + [1.0] * (n - 1), "negative"),
+        ("top_ps", [0.0] + [1.0] * (n - 1), "with a zero"), ("top_ps", [1.5] * n, "above 1"),
+        ("top_ks", [-1] + [0] * (n - 1), "negative"), ("top_ks", [0.5] * n, "fractions"),
     ])
     return out
 

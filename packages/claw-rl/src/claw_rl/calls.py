@@ -2,8 +2,8 @@
 check on its own: recompute the learner's logprobs of the recorded completion tokens).
 
 The call reader is a *projection* (docs/formats.md, Readers): it validates the fields it reads
-(``call_id``, ``trainable``, ``prompt_ids``, ``completion_ids``, ``completion_logprobs``) and
-accepts anything in the others."""
+(``call_id``, ``trainable``, ``prompt_ids``, ``completion_ids``, ``completion_logprobs``,
+``sampling.temperature`` / ``top_p`` / ``top_k``) and accepts anything in the others."""
 
 from __future__ import annotations
 
