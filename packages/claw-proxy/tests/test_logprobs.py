@@ -93,3 +93,38 @@ def test_sdk_stream_and_non_stream_logprobs_agree_with_the_record(tiny_server, c
     kept = [(i, lp) for i, lp in zip(calls[0].completion_ids, calls[0].completion_logprobs, strict=True) if i not in stops]
     assert [e.logprob for e in plain] == [lp for _, lp in kept]
     assert bytes(b for e in plain for b in e.bytes) == tok.decode([i for i, _ in kept]).encode("utf-8")
+
+
+def _responses(srv, body, session="s1"):
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        return c.post(
+            "/v1/responses",
+            content=json.dumps(body),
+            headers={"content-type": "application/json", "authorization": f"Bearer {token(session)}"},
+        )
+
+
+def test_responses_include_output_text_logprobs(make_server):
+    """Responses API: include message.output_text.logprobs puts the entries on output_text, streamed deltas carry the same ones."""
+    srv = make_server(["héllo wörld", "héllo wörld", "héllo wörld"])
+    body = {"model": "m", "input": "hi", "include": ["message.output_text.logprobs"]}
+    (part,) = _responses(srv, body).json()["output"][0]["content"]
+    assert _joined(part["logprobs"]) == part["text"] == "héllo wörld"
+    events = [json.loads(ln[6:]) for ln in _responses(srv, {**body, "stream": True}).text.splitlines() if ln.startswith("data: ")]
+    deltas = [e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]]
+    (done,) = [ev for ev in events if ev["type"] == "response.completed"]
+    assert deltas == part["logprobs"] == done["response"]["output"][0]["content"][0]["logprobs"]
+    plain = _responses(srv, {"model": "m", "input": "hi"}).json()
+    assert "logprobs" not in plain["output"][0]["content"][0]
+
+
+def test_sdk_responses_stream_and_non_stream_logprobs_agree(tiny_server, clients):
+    """The openai SDK's Responses client reads the output_text logprobs; streamed deltas give the same entries."""
+    pytest.importorskip("torch", reason="the transformers engine needs claw-proxy[transformers]")
+    client = clients.openai(tiny_server, "lp2")
+    kw = dict(model="m", input="say something", temperature=1.0, max_output_tokens=12, include=["message.output_text.logprobs"])
+    full = client.responses.create(**kw, extra_body={"seed": 3})
+    entries = [(e.token, e.logprob) for item in full.output if item.type == "message" for p in item.content for e in p.logprobs]
+    events = list(client.responses.create(**kw, stream=True, extra_body={"seed": 3}))
+    streamed = [(e.token, e.logprob) for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    assert entries and streamed == entries

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from functools import cache
 
+from claw_proxy.errors import RequestError
+from claw_proxy.messages import optional
+
 # OpenAI reports a logprob too small to represent as this value
 _FLOOR = -9999.0
 
@@ -22,6 +25,19 @@ def _byte_decoder() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def check_top_logprobs(body: dict) -> None:
+    """`top_logprobs` may be 0 (or absent): the engines report the sampled token's logprob only."""
+    top = optional(body, "top_logprobs", int)
+    if top is not None and not 0 <= top <= 20:
+        raise RequestError("top_logprobs must be between 0 and 20", "top_logprobs")
+    if top:
+        raise RequestError(
+            "top_logprobs is not supported beyond 0: the inference engines report the logprob of "
+            "the sampled token only (ask for the logprobs without top_logprobs)",
+            "top_logprobs",
+        )
 
 
 class TokenText:
@@ -63,4 +79,4 @@ class TokenText:
         return {"token": text, "logprob": max(lp, _FLOOR), "bytes": raw, "top_logprobs": []}
 
 
-__all__ = ["TokenText"]
+__all__ = ["TokenText", "check_top_logprobs"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+from claw_proxy._logprobs import check_top_logprobs
 from claw_proxy._sse import sse, text_of
 from claw_proxy.errors import RequestError
 from claw_proxy.messages import (
@@ -90,15 +91,7 @@ def parse(body: dict) -> ChatRequest:
             msgs.append(Message(role="assistant", content=content, tool_calls=tuple(calls)))
     opts = optional(body, "stream_options", dict) or {}
     logprobs = bool(optional(body, "logprobs", bool))
-    top = optional(body, "top_logprobs", int)
-    if top is not None and not 0 <= top <= 20:
-        raise RequestError("top_logprobs must be between 0 and 20", "top_logprobs")
-    if top:
-        raise RequestError(
-            "top_logprobs is not supported beyond 0: the inference engines report the logprob of "
-            "the sampled token only (ask for logprobs: true)",
-            "top_logprobs",
-        )
+    check_top_logprobs(body)
     return ChatRequest(
         api=NAME,
         model=model,

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 
+from claw_proxy._logprobs import check_top_logprobs
 from claw_proxy._sse import sse, text_of
 from claw_proxy.errors import RequestError
 from claw_proxy.messages import (
@@ -13,6 +14,7 @@ from claw_proxy.messages import (
     ChatRequest,
     Message,
     TextDelta,
+    TokenLogprobs,
     ToolCall,
     ToolCallEvent,
     check_type,
@@ -24,6 +26,7 @@ from claw_proxy.messages import (
 
 NAME = "openai.responses"
 CALL_ID_PREFIX = "call_"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _HOSTED = {
     "web_search",
     "web_search_preview",
@@ -130,6 +133,10 @@ def parse(body: dict) -> ChatRequest:
             continue  # reasoning items are not re-sent to the model
         else:
             raise RequestError(f"unsupported input item type {kind!r}", f"{where}.type")
+    include = optional(body, "include", list) or []
+    for i, name in enumerate(include):
+        check_type(name, str, f"include[{i}]")
+    check_top_logprobs(body)
     return ChatRequest(
         api=NAME,
         model=model,
@@ -142,6 +149,7 @@ def parse(body: dict) -> ChatRequest:
         include_usage=True,
         tool_choice=body.get("tool_choice"),
         body=body,
+        logprobs=LOGPROBS_INCLUDE in include,
     )
 
 
@@ -155,10 +163,15 @@ def _usage(answer: Answer) -> dict:
     }
 
 
-def _message_item(id: str, text: str, status: str = "completed") -> dict:
-    content = (
-        [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
-    )
+def _text_part(text: str, logprobs=None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = list(logprobs)
+    return part
+
+
+def _message_item(id: str, text: str, status: str = "completed", logprobs=None) -> dict:
+    content = [_text_part(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
 
 
@@ -211,7 +224,7 @@ def response(
 ) -> dict:
     output = []
     if answer.text or not answer.tool_calls:
-        output.append(_message_item(f"msg_{_ids()}", answer.text))
+        output.append(_message_item(f"msg_{_ids()}", answer.text, logprobs=answer.logprobs))
     output += [_call_item(f"fc_{_ids()}", c, json.dumps(c.arguments)) for c in answer.tool_calls]
     status = "incomplete" if answer.finish_reason == "length" else "completed"
     return _response(id, model, created or int(time.time()), body or {}, status, output, answer)
@@ -219,7 +232,11 @@ def response(
 
 class Stream:
     """response.created / in_progress, output items with their deltas and done events,
-    response.completed (or .incomplete); every frame with `event:` and a sequence_number."""
+    response.completed (or .incomplete); every frame with `event:` and a sequence_number.
+
+    With `include: ["message.output_text.logprobs"]` each text delta carries the logprob
+    entries of the tokens sampled since the previous delta, and the message's output_text part
+    all of them up to its end."""
 
     def __init__(
         self, *, id: str, model: str, include_usage: bool = True, body: dict | None = None
@@ -230,6 +247,8 @@ class Stream:
         self._output: list[dict] = []
         self._text: str | None = None  # text of the open message item
         self._msg_id = ""
+        self._pending: list[dict] | None = None  # logprob entries not yet sent (None: not asked)
+        self._msg_logprobs: list[dict] = []  # the entries sent with the open message's deltas
 
     def _ev(self, kind: str, data: dict) -> bytes:
         frame = sse({"type": kind, "sequence_number": self._seq, **data}, event=kind)
@@ -266,8 +285,11 @@ class Stream:
         if self._text is None:
             return []
         idx, text = len(self._output), self._text
-        part = {"type": "output_text", "text": text, "annotations": []}
-        item = _message_item(self._msg_id, text)
+        logprobs = None
+        if self._pending is not None:
+            logprobs, self._msg_logprobs, self._pending = self._msg_logprobs + self._pending, [], []
+        part = _text_part(text, logprobs)
+        item = _message_item(self._msg_id, text, logprobs=logprobs)
         self._output.append(item)
         self._text = None
         return [
@@ -284,21 +306,22 @@ class Stream:
 
     def event(self, ev) -> list[bytes]:
         out: list[bytes] = []
-        if isinstance(ev, TextDelta):
+        if isinstance(ev, TokenLogprobs):
+            self._pending = [*(self._pending or []), *ev.entries]
+        elif isinstance(ev, TextDelta):
             if self._text is None:
                 out += self._open_message()
             self._text += ev.text
-            out.append(
-                self._ev(
-                    "response.output_text.delta",
-                    {
-                        "item_id": self._msg_id,
-                        "output_index": len(self._output),
-                        "content_index": 0,
-                        "delta": ev.text,
-                    },
-                )
-            )
+            data = {
+                "item_id": self._msg_id,
+                "output_index": len(self._output),
+                "content_index": 0,
+                "delta": ev.text,
+            }
+            if self._pending is not None:
+                data["logprobs"], self._pending = self._pending, []
+                self._msg_logprobs += data["logprobs"]
+            out.append(self._ev("response.output_text.delta", data))
         elif isinstance(ev, ToolCallEvent):
             out += self._close_message()
             idx, fc_id = len(self._output), f"fc_{_ids()}"
@@ -328,6 +351,8 @@ class Stream:
 
     def finish(self, answer: Answer) -> list[bytes]:
         out: list[bytes] = []
+        if answer.logprobs is not None and self._pending is None:
+            self._pending = []  # asked, but no token yet (an empty answer)
         if not self._output and self._text is None:
             out += self._open_message()
         out += self._close_message()
