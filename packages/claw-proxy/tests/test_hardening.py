@@ -38,6 +38,13 @@ def _chat(content="hi", **extra) -> bytes:
             "messages[0].content: the request body has a string with a lone UTF-16 surrogate",
         ),
         (
+            "/v1/chat/completions",
+            '{"model":"m","messages":[{"role":"user","content":"\ud800"}]}'.encode(
+                "utf-8", "surrogatepass"
+            ),
+            "messages[0].content: the request body has a string with a lone UTF-16 surrogate",
+        ),
+        (
             "/v1/messages",
             b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"x":'
             + b"[" * 1000
@@ -84,7 +91,16 @@ def _chat(content="hi", **extra) -> bytes:
             "holds the number 1e999",
         ),
     ],
-    ids=["surrogate", "deep-1000", "deep-200", "tool-type-object", "refusal-int", "nan", "1e999"],
+    ids=[
+        "surrogate",
+        "surrogate-utf8",
+        "deep-1000",
+        "deep-200",
+        "tool-type-object",
+        "refusal-int",
+        "nan",
+        "1e999",
+    ],
 )
 def test_former_500s_get_400_and_no_record(make_server, tmp_path, path, raw, needle):
     """Each request shape that once crashed the handler is a 400 naming the problem."""

@@ -11,8 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 
 from claw_proxy.errors import LimitError, RequestError
+
+# a \uD800-\uDFFF escape, or a surrogate encoded as UTF-8 (json.loads decodes bytes with
+# "surrogatepass")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _may_hold_surrogates(raw: bytes | str) -> bool:
+    """False when the parsed text cannot hold a surrogate (its strings need no check)."""
+    if isinstance(raw, str) or b"\x00" in raw[:4] or raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return True  # text, or UTF-16/32: checked string by string
+    return _SURROGATE.search(raw) is not None
+
 
 MAX_DEPTH = 128  # real requests (tool schemas included) nest a few dozen levels at most
 
@@ -83,7 +96,7 @@ def loads(raw: bytes | str, what: str = "the request body") -> object:
             else str(e)
         )
         raise RequestError(f"{what} is not valid JSON: {detail}") from None
-    check(value, what)
+    check(value, what, strings=_may_hold_surrogates(raw))
     return value
 
 
@@ -105,8 +118,9 @@ def _bad_text(s: str) -> bool:
     return False
 
 
-def check(value, what: str = "the request body") -> None:
-    """Refuse lone surrogates (in keys or strings) and nesting deeper than `MAX_DEPTH`.
+def check(value, what: str = "the request body", strings: bool = True) -> None:
+    """Refuse lone surrogates (in keys or strings; `strings=False` skips them) and nesting
+    deeper than `MAX_DEPTH`.
 
     Iterative, so a deep value cannot exhaust the stack here."""
     stack = [(value, 0, None)]  # (value, depth, path as a linked list of (key, parent))
@@ -125,16 +139,16 @@ def check(value, what: str = "the request body") -> None:
                 )
             if isinstance(v, dict):
                 for k, item in v.items():
-                    if _bad_text(k):
+                    if strings and _bad_text(k):
                         raise RequestError(
                             f"{what} has a key with a lone UTF-16 surrogate (not valid Unicode)",
                             _path(where),
                         )
-                    if isinstance(item, (str, dict, list)):
+                    if isinstance(item, (dict, list)) or strings and isinstance(item, str):
                         stack.append((item, depth + 1, (k, where)))
             else:
                 for i, item in enumerate(v):
-                    if isinstance(item, (str, dict, list)):
+                    if isinstance(item, (dict, list)) or strings and isinstance(item, str):
                         stack.append((item, depth + 1, (i, where)))
         elif isinstance(v, float) and not math.isfinite(v):
             raise RequestError(f"{what} holds a non-finite number", _path(where))

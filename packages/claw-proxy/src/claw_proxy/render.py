@@ -114,8 +114,11 @@ class Renderer:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
             # the Rust tokenizer directly: same ids, less overhead. `encode_batch` (unlike
-            # `encode`) releases the GIL while it works, so a long prompt tokenised in a worker
-            # thread does not stall the event loop
+            # `encode`) releases the GIL while it works, so a long text tokenised in a worker
+            # thread does not stall the event loop; a short one (a few ms at most) skips its
+            # thread hand-off
+            if len(text) < 16384:
+                return backend.encode(text, add_special_tokens=False).ids
             return backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
