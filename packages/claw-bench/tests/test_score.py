@@ -54,10 +54,10 @@ def test_outcome_fields_and_validation():
 
 
 def test_bad_runs_name_the_record():
-    """A run without claw-bench meta, or with an unknown status or reward, is named."""
+    """A run without claw-bench meta, or with an unknown status or a reward outside [0, 1], is named."""
     with pytest.raises(RecordError, match=r"run #1 \(j\): field 'meta.session'"):
         score_runs([_run(meta={})])
     with pytest.raises(RecordError, match="status"):
         score_run(_run("weird"))
-    o = score_run(_run(verify={"exit_code": 0, "passed": True, "reward": 7}))
-    assert o["status"] == "infra_error" and "not a number in [0, 1]" in o["error"]
+    with pytest.raises(RecordError, match=r"run: field 'verify.reward' must be a number in \[0, 1\]"):
+        score_run(_run(verify={"exit_code": 0, "passed": True, "reward": 7}))

@@ -22,8 +22,8 @@ from claw_bench.loaders.judge import APIS as JUDGE_APIS
 from claw_bench.loaders.regrade import regrade_run
 from claw_bench.plan import GROUP_BY, NETWORKS, plan_jobs
 from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
-from claw_bench.report import compare, plot_report, render_compare, render_text, report
-from claw_bench.score import score_run
+from claw_bench.report import check_outcome, compare, plot_report, render_compare, render_text, report
+from claw_bench.score import check_run, score_run
 from claw_bench.suites import Suite, builtin_suites, load_suite
 from claw_bench.token import read_secret
 
@@ -236,8 +236,8 @@ def score(runs: str, threshold: float | None, output: str, judge_url: str | None
         judge = Judge(base_url=judge_url, model=judge_model, api=judge_api, api_key=key)
 
     def gen():
-        for i, r in enumerate(iter_records(runs, RUN), start=1):
-            yield score_run(r, threshold=threshold, where=f"{'<stdin>' if runs == '-' else runs}:{i}", judge=judge)
+        for i, r in enumerate(iter_records(runs, RUN, check=check_run), start=1):
+            yield score_run(r, threshold=threshold, where=f"{'<stdin>' if runs == '-' else runs} record {i}", judge=judge)
     outs = list(gen())
     write_records(output, outs)
     ok = sum(o["status"] == "ok" for o in outs)
@@ -301,10 +301,10 @@ def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: st
     Example: claw-bench report outcomes.jsonl --threshold 0.5 --threshold 1.0
     """
     opts = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
-    rep = report(read_records(outcomes, OUTCOME), **opts, thresholds=list(thresholds) or None)
+    rep = report(read_records(outcomes, OUTCOME, check_outcome), **opts, thresholds=list(thresholds) or None)
     base = None
     if other:
-        base = report(read_records(other, OUTCOME), **{**opts, "ks": rep["ks"]})
+        base = report(read_records(other, OUTCOME, check_outcome), **{**opts, "ks": rep["ks"]})
         cmp = compare(base, rep)
         click.echo(json.dumps(cmp) if as_json else render_compare(cmp, per_task=not no_tasks), nl=as_json)
     else:

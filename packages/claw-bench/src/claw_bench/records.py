@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,18 +31,24 @@ def _open_in(path: str | Path) -> tuple[IO[str], str, bool]:
         raise RecordError(f"{p}: cannot open: {exc.strerror}") from exc
 
 
-def iter_records(path: str | Path, schema: str) -> Iterator[dict[str, Any]]:
+def iter_records(path: str | Path, schema: str,
+                 check: Callable[[dict[str, Any], str], None] | None = None) -> Iterator[dict[str, Any]]:
     """Yield each record of a JSONL file (``-`` = stdin) checking its ``schema`` field.
 
     Blank lines are skipped. A line that is not a JSON object, or whose schema is missing, of
     another record type or of another major version, raises RecordError naming file:line.
+    ``check(row, where)`` (e.g. `score.check_run`, `report.check_outcome`) validates the fields
+    the caller reads, with the same file:line.
     """
     fh, name, close = _open_in(path)
     try:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            yield parse_record(line, schema, f"{name}:{lineno}")
+            row = parse_record(line, schema, f"{name}:{lineno}")
+            if check is not None:
+                check(row, f"{name}:{lineno}")
+            yield row
     finally:
         if close:
             fh.close()
@@ -71,9 +77,10 @@ def parse_record(line: str, schema: str, where: str) -> dict[str, Any]:
     return row
 
 
-def read_records(path: str | Path, schema: str) -> list[dict[str, Any]]:
+def read_records(path: str | Path, schema: str,
+                 check: Callable[[dict[str, Any], str], None] | None = None) -> list[dict[str, Any]]:
     """All records of a JSONL file as a list (see iter_records)."""
-    return list(iter_records(path, schema))
+    return list(iter_records(path, schema, check))
 
 
 def dumps(record: dict[str, Any]) -> str:

@@ -9,12 +9,37 @@ from typing import Any
 
 import numpy as np
 
-from claw_bench.errors import ClawError
+from claw_bench.errors import ClawError, RecordError
 from claw_bench.passk import bootstrap_mean_ci, bootstrap_task_ci, pass_at_k
 
 
 def _cell(value: float, lo: float, hi: float) -> dict[str, float]:
     return {"value": value, "lo": lo, "hi": hi}
+
+
+#: the claw.outcome/v1 fields report reads, and so validates (a projection reader: docs/formats.md,
+#: Readers); every other field is ignored
+OUTCOME_READS = ("schema", "harness", "task", "status", "reward", "passed")
+
+
+def check_outcome(o: Any, where: str = "outcome") -> None:
+    """Validate the fields of a claw.outcome/v1 dict that `report` reads (`OUTCOME_READS`):
+    RecordError naming `where` and the field. Fields it does not read pass unchecked."""
+    if not isinstance(o, dict):
+        raise RecordError(f"{where}: expected a JSON object, got {type(o).__name__}")
+    for key in ("harness", "task"):
+        if not isinstance(o.get(key), str) or not o[key]:
+            raise RecordError(f"{where}: field {key!r} must be a non-empty string, got {o.get(key)!r:.60}")
+    status, reward, passed = o.get("status"), o.get("reward", "missing"), o.get("passed", "missing")
+    if status not in ("ok", "infra_error", "not_scorable"):
+        raise RecordError(f"{where}: field 'status' must be ok, infra_error or not_scorable, got {status!r:.60}")
+    if reward is not None and (type(reward) not in (int, float) or not 0.0 <= reward <= 1.0):
+        raise RecordError(f"{where}: field 'reward' must be a number in [0, 1] or null, got {reward!r:.60}")
+    if passed is not None and not isinstance(passed, bool):
+        raise RecordError(f"{where}: field 'passed' must be a boolean or null, got {passed!r:.60}")
+    if (status == "ok") != (reward is not None) or (status == "ok") != (passed is not None):
+        field = "reward" if (status == "ok") != (reward is not None) else "passed"
+        raise RecordError(f"{where}: field {field!r} must be null exactly when status is not ok (status {status!r})")
 
 
 def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, confidence: float = 0.95,
@@ -31,7 +56,8 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
     by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     errors: dict[str, int] = defaultdict(int)
     unscorable: dict[str, int] = defaultdict(int)
-    for o in outcomes:
+    for i, o in enumerate(outcomes, start=1):
+        check_outcome(o, f"outcome #{i}")
         if o.get("status") == "ok" and isinstance(o.get("passed"), bool):
             by_pair[(o["harness"], o["task"])].append(o)
         elif o.get("status") == "not_scorable":

@@ -59,13 +59,59 @@ def _reward_from_collected(run: dict[str, Any]) -> tuple[float | None, dict[str,
     return None, {}
 
 
+#: the claw.run/v1 fields score_run reads, and so validates (a projection reader: docs/formats.md,
+#: Readers); every other field is ignored or copied into outcome.meta unread
+RUN_READS = ("schema", "job_id", "status", "exit_code", "verify.exit_code", "verify.passed",
+             "verify.reward", "verify.details", "verify.output", "verify.timed_out", "collected",
+             "error", "meta")
+
+
+def _bad(where: str, field: str, want: str, value: Any) -> RecordError:
+    return RecordError(f"{where}: field {field!r} must be {want}, got {value!r:.60}")
+
+
+def check_run(run: Any, where: str = "run") -> None:
+    """Validate the fields of a claw.run/v1 dict that scoring reads (`RUN_READS`); RecordError
+    names `where` and the field. Unknown fields and the fields scoring does not read pass."""
+    if not isinstance(run, dict):
+        raise RecordError(f"{where}: expected a JSON object, got {type(run).__name__}")
+    if not isinstance(run.get("job_id"), str) or not run["job_id"]:
+        raise _bad(where, "job_id", "a non-empty string", run.get("job_id"))
+    code = run.get("exit_code")
+    if code is not None and (type(code) is not int):
+        raise _bad(where, "exit_code", "an integer or null", code)
+    if run.get("error") is not None and not isinstance(run["error"], str):
+        raise _bad(where, "error", "a string or null", run["error"])
+    collected = run.get("collected", {})
+    if not isinstance(collected, dict) or not all(isinstance(v, str) for v in collected.values()):
+        raise _bad(where, "collected", "an object of path -> text", collected)
+    verify = run.get("verify")
+    if verify is None:
+        return
+    if not isinstance(verify, dict):
+        raise _bad(where, "verify", "an object or null", verify)
+    for key, ok, want in (
+        ("exit_code", lambda v: v is None or type(v) is int, "an integer or null"),
+        ("passed", lambda v: isinstance(v, bool), "a boolean"),
+        ("reward", lambda v: v is None or (type(v) in (int, float) and 0.0 <= v <= 1.0),
+         "a number in [0, 1] or null"),
+        ("details", lambda v: isinstance(v, dict), "an object"),
+        ("output", lambda v: isinstance(v, str), "a string"),
+        ("timed_out", lambda v: isinstance(v, bool), "a boolean"),
+    ):
+        if key in verify and not ok(verify[key]):
+            raise _bad(where, f"verify.{key}", want, verify[key])
+
+
 def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str = "run",
               judge: Judge | None = None) -> dict[str, Any]:
     """The claw.outcome/v1 dict of one claw.run/v1 dict (see the module docstring for the rules).
 
     Runs whose meta carries a ``judge`` rubric (PinchBench llm_judge / hybrid, ClawGym hybrid)
     go through ``judge`` (claw_bench.loaders.judge): without one they are ``not_scorable``.
+    The fields read are checked first (`check_run`).
     """
+    check_run(run, where)
     meta = run.get("meta") or {}
     if not isinstance(meta, dict):
         raise RecordError(f"{where}: field 'meta' must be an object")
