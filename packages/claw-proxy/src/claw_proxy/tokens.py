@@ -84,7 +84,10 @@ def mint_token(session: str, secret: str | bytes, tags: dict | None = None) -> s
 
 
 def verify_token(token: str, secret: str | bytes) -> SessionToken:
-    """Check the signature of `token`; raise `AuthError` when it is malformed or forged."""
+    """Check the signature of `token`; raise `AuthError` when it is malformed or forged.
+
+    A strict reader of docs/formats.md, Session tokens (held to
+    formats/conformance/session-token.jsonl): one canonical text per genuine token."""
     msg, dot, sig = token.strip().rpartition(".")
     if not dot or not msg or msg.count(".") > 1:
         raise AuthError("the API key is not a claw session token (expected <session>.<sig>)")

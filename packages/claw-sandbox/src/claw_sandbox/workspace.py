@@ -342,7 +342,8 @@ def _may_hold(pattern: tuple[str, ...], dir_parts: tuple[str, ...]) -> bool:
 def parse_reward(text: str) -> tuple[float, dict]:
     """A reward file: a float in [0, 1], or a JSON object of named sub-scores (reward = their mean).
 
-    Raises ValueError with a clear message otherwise.
+    Raises ValueError with a clear message otherwise. A strict reader of docs/formats.md,
+    Verifier reward file (held to formats/conformance/reward-file.jsonl).
     """
     text = text.strip()
     try:
