@@ -386,11 +386,34 @@ def rewards() -> list[dict]:
     ]
 
 
+# -- PPO values file ---------------------------------------------------------------------------
+
+
+def values() -> list[dict]:
+    g = {"sample_id": "grpo-0", "values": [0.1, 0.1, 0.2, 0.2, 0.3, 0.35, 0.4, 0.4, 0.4, 0.5, 0.6]}
+    marked = line(changed(g, "values.4", 0.123456789))
+    return [
+        case("golden line", line(g), "accept"),
+        case("unknown key", line({**g, "x_future": 1}), "accept"),
+        case("empty values (an empty sample)", line({**g, "values": []}), "accept"),
+        case("integers", line({**g, "values": [0] * 11}), "accept"),
+        case("blank line", "  ", "skip"),
+        case("not JSON (cut line)", line(g)[:30], "reject", None, "JSON"),
+        case("JSON array, not an object", "[0.1, 0.2]", "reject", None, "object"),
+        case("NaN value (not JSON)", marked.replace("0.123456789", "NaN"), "reject", None, "NaN"),
+        case("Infinity value (not JSON)", marked.replace("0.123456789", "Infinity"), "reject", None, "Infinity"),
+        *missing(g, ["sample_id", "values"]),
+        *bad(g, [("sample_id", "", "empty"), ("sample_id", 0, "a number"), ("values", "0.1", "a string"),
+                 ("values", [0.1, "x"], "with a string"), ("values", [0.1, None], "with null"),
+                 ("values", [[0.1]], "nested")]),
+    ]
+
+
 FILES = {
     "claw.call.v1.jsonl": calls, "claw.outcome.v1.jsonl": outcomes,
     "claw.sample.v1.jsonl": samples, "claw.policy.v1.jsonl": policies,
     "claw.job.v1.jsonl": jobs, "claw.run.v1.jsonl": runs,
-    "session-token.jsonl": tokens, "reward-file.jsonl": rewards,
+    "session-token.jsonl": tokens, "reward-file.jsonl": rewards, "values-file.jsonl": values,
 }
 
 

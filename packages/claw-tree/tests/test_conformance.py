@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from claw_tree.errors import RecordError
-from claw_tree.records import CALL_READS, read_calls, read_outcomes
+from claw_tree.records import CALL_READS, read_calls, read_outcomes, read_values
 
 CONFORMANCE = Path(__file__).resolve().parents[3] / "formats" / "conformance"
 
@@ -54,3 +54,16 @@ def test_call_cases(tmp_path, case):
 def test_outcome_cases(tmp_path, case):
     """read_outcomes (strict) gives every outcome case its verdict."""
     _check(tmp_path, case, read_outcomes)
+
+
+@pytest.mark.parametrize("case", _cases("values-file.jsonl"), ids=lambda c: c["case"])
+def test_values_file_cases(tmp_path, case):
+    """read_values (strict) gives every values-file case its verdict, naming file:line and field."""
+    path = tmp_path / "in.jsonl"
+    path.write_text(case["line"] + "\n", encoding="utf-8")
+    if case["verdict"] == "reject":
+        with pytest.raises(RecordError) as err:
+            read_values(path)
+        assert case["error"] in str(err.value) and "in.jsonl:1" in str(err.value), str(err.value)
+    else:
+        assert len(read_values(path)) == (1 if case["verdict"] == "accept" else 0)

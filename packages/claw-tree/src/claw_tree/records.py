@@ -379,13 +379,16 @@ def read_outcomes(source: Any, *, skip_invalid: bool = False) -> ReadResult:
 
 
 def read_values(source: str | Path | IO[str]) -> dict[str, np.ndarray]:
-    """Read critic values: JSONL lines ``{"sample_id": str, "values": [float, ...]}``."""
+    """Read critic values: JSONL lines ``{"sample_id": str, "values": [float, ...]}`` (a strict
+    reader of docs/formats.md, PPO values file; other keys are ignored)."""
     out: dict[str, np.ndarray] = {}
     for where, row in iter_jsonl(source):
         if isinstance(row, RecordError):
             raise row
-        if not isinstance(row, dict) or not isinstance(row.get("sample_id"), str):
-            raise RecordError(f"{where}: sample_id: missing or not a string")
+        if not isinstance(row, dict):
+            raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if not isinstance(row.get("sample_id"), str) or not row["sample_id"]:
+            raise RecordError(f"{where}: sample_id: missing or not a non-empty string")
         if row["sample_id"] in out:
             raise RecordError(f"{where}: sample_id: {row['sample_id']!r} appears twice")
         out[row["sample_id"]] = _float_array(row.get("values"), "values", where)
