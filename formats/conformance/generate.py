@@ -194,15 +194,17 @@ def samples() -> list[dict]:
               "trainable": [0, 1, 1, 1], "logprobs": [0, -1, -1, -1], "advantages": [0, 1, 1, 1],
               "loss_weights": [0, 0.5, 0.25, 0.25], "policy_versions": [-1, 0, 0, 0]}
     out.append(case("a fork (two paths share a prefix)", line(forked), "accept"))
-    neg = list(g["input_ids"]); neg[3] = -5
-    frac = list(g["input_ids"]); frac[3] = 5.5
-    par = list(g["parent"]); par[4] = 4
-    pos = list(g["position_ids"]); pos[4] = 7
-    tr = list(g["trainable"]); tr[4] = 2
-    root = list(g["trainable"]); root[0] = 1
-    lw = list(g["loss_weights"]); lw[4] = -0.2
-    adv = list(g["advantages"]); adv[4] = "0.5"
-    pv = list(g["policy_versions"]); pv[4] = -2
+
+    def one(key: str, i: int, value: object) -> list:
+        out = list(g[key])
+        out[i] = value
+        return out
+
+    neg, frac = one("input_ids", 3, -5), one("input_ids", 3, 5.5)
+    par, pos = one("parent", 4, 4), one("position_ids", 4, 7)
+    tr, root = one("trainable", 4, 2), one("trainable", 0, 1)
+    lw, adv = one("loss_weights", 4, -0.2), one("advantages", 4, "0.5")
+    pv = one("policy_versions", 4, -2)
     out += bad(g, [
         ("sample_id", 3, "a number"), ("algo", "dpo", "unknown value"),
         ("input_ids", neg, "with a negative id"), ("input_ids", frac, "with a fraction"),

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from claw_bench.check import parse_reward
 from claw_bench.errors import RecordError
 from claw_bench.records import OUTCOME, RUN, read_records

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from claw_proxy._jsonbody import loads
 from claw_proxy.errors import AuthError, ClawError, RecordError
 from claw_proxy.records import Call, Policy, read_calls

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from claw_rl.errors import RecordError
 from claw_rl.records import Policy, iter_jsonl, read_samples
 

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from claw_sandbox.errors import JobsFileError
 from claw_sandbox.records import RUN_READS, BadLine, Job, read_jobs, read_runs
 from claw_sandbox.workspace import parse_reward

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from claw_tree.errors import RecordError
 from claw_tree.records import CALL_READS, read_calls, read_outcomes, read_values
 

@@ -22,7 +22,14 @@ from claw_bench.loaders.judge import APIS as JUDGE_APIS
 from claw_bench.loaders.regrade import regrade_run
 from claw_bench.plan import GROUP_BY, NETWORKS, plan_jobs
 from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
-from claw_bench.report import check_outcome, compare, plot_report, render_compare, render_text, report
+from claw_bench.report import (
+    check_outcome,
+    compare,
+    plot_report,
+    render_compare,
+    render_text,
+    report,
+)
 from claw_bench.score import check_run, score_run
 from claw_bench.suites import Suite, builtin_suites, load_suite
 from claw_bench.token import read_secret
