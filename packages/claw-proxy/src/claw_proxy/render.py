@@ -38,7 +38,11 @@ class Rendered:
 
 
 def _ids_json(ids) -> str:
-    return ",".join(map(str, ids))
+    if len(ids) <= 65536:
+        return ",".join(map(str, ids))
+    # in slices: one C call over a million ids would hold the GIL (and stall the event loop,
+    # this runs on a worker thread) for a quarter of a second or more
+    return ",".join(",".join(map(str, ids[i : i + 65536])) for i in range(0, len(ids), 65536))
 
 
 def _join(a: str, b: str) -> str:
