@@ -52,6 +52,8 @@ def scratch(tmp_path_factory):
     for task in clawgym.iterdir():
         if task.is_dir():
             shutil.copytree(task, d / "ClawGym-Bench" / task.name)
+    # ... and a Harbor-layout collection (one task of it broken) for the oracle / nothing example
+    shutil.copytree(ROOT / "packages" / "claw-bench" / "tests" / "fixtures" / "issue16" / "harbor", d / "harbor-tasks")
     return d
 
 
