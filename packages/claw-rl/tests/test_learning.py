@@ -2,7 +2,9 @@
 
 Task (tests/toy.py): emit tokens from an allowed set (10% of the vocabulary). Completions are
 sampled from the current policy with torch at temperature 1, their logprobs recorded as an
-engine would. A run that does not learn fails.
+engine would. A run that does not learn fails. These samples are built by hand (claw-rl does not
+import claw-tree) and PPO gets a per-token reward here; learning from a terminal reward through
+claw-tree's forest, samples and GAE is tested in the workspace: tests/test_learning_through_tree.py.
 """
 
 from __future__ import annotations
