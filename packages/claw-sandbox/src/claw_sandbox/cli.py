@@ -59,8 +59,9 @@ def main() -> None:
 @main.command()
 @click.argument("jobs", default="-", type=click.Path(allow_dash=True, dir_okay=False))
 @click.option(
-    "--out",
     "-o",
+    "--output",
+    "out",
     default="-",
     type=click.Path(allow_dash=True),
     help="runs JSONL; a file is appended to and resumed from (jobs already in it are skipped)",
@@ -68,11 +69,18 @@ def main() -> None:
 @click.option(
     "--retry-errors",
     is_flag=True,
-    help="run again the jobs whose run in --out ended in error or infra_error (e.g. after fixing "
-    "their job lines); their old records are dropped from the file",
+    help="run again the jobs whose run in --output ended in error or infra_error (e.g. after "
+    "fixing their job lines); their old records are dropped from the file",
 )
 @backend_option
-@click.option("--parallel", "-p", default=4, show_default=True, type=click.IntRange(1, 4096))
+@click.option(
+    "--parallel",
+    "-p",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="jobs run at the same time",
+)
 @click.option(
     "--retries",
     default=2,
@@ -138,7 +146,7 @@ def _check_out(out: str) -> None:
     elif not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         problem = "is not writable"
     if problem:
-        click.echo(f"Error: --out {out}: {problem}", err=True)
+        click.echo(f"Error: --output {out}: {problem}", err=True)
         sys.exit(2)
 
 
@@ -235,19 +243,40 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
 
 @main.command(name="exec", context_settings={"ignore_unknown_options": True})
 @backend_option
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, type=float)
 @click.option(
-    "--network", type=click.Choice(["none", "proxy", "host"]), default="none", show_default=True
+    "--timeout",
+    "timeout_s",
+    default=600.0,
+    show_default=True,
+    type=float,
+    help="seconds before the command is killed (exit code 124)",
+)
+@click.option(
+    "--network",
+    type=click.Choice(["none", "proxy", "host"]),
+    default="none",
+    show_default=True,
+    help="none: no network; proxy: only --proxy-url, seen inside on loopback --port; "
+    "host: the host's network",
 )
 @click.option("--proxy-url", default=None, help="host-side proxy URL (network proxy)")
 @click.option("--port", type=int, default=None, help="loopback port the proxy appears on inside")
-@click.option("--memory-mb", type=int, default=None)
-@click.option("--pids", type=int, default=None)
-@click.option("--cpus", type=float, default=None)
+@click.option("--memory-mb", type=int, default=None, help="memory limit, MiB (default: the backend's)")
+@click.option("--pids", type=int, default=None, help="most processes/threads (default: the backend's)")
+@click.option(
+    "--cpus", type=float, default=None, help="CPU quota in CPUs, fractions allowed (default: the backend's)"
+)
 @click.option(
     "--copy-from", default=None, help="host directory or tarball to start the workspace from"
 )
-@click.option("--env", "-e", "envs", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--env",
+    "-e",
+    "envs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="environment variable for the command (repeatable)",
+)
 @click.option("--keep", is_flag=True, help="keep the sandbox directory afterwards")
 @click.option(
     "--json", "as_json", is_flag=True, help="print the claw.run/v1 record instead of the output"
