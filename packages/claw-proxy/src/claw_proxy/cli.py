@@ -53,8 +53,8 @@ def main() -> None:
     help="HMAC key of session tokens",
 )
 @click.option("--record", default=None, help="append claw.call/v1 records to this JSONL file")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8000, show_default=True, type=int, help="port to listen on")
 @click.option(
     "--admin-token-file",
     type=click.Path(exists=True, dir_okay=False),
@@ -72,12 +72,47 @@ def main() -> None:
     default=None,
     help="HF dir with tokenizer + chat template (needed for vllm/scripted)",
 )
-@click.option("--policy-name", default="policy", show_default=True)
-@click.option("--max-tokens-cap", default=4096, show_default=True, type=int)
-@click.option("--default-max-tokens", default=1024, show_default=True, type=int)
-@click.option("--max-body-bytes", default=16 * 1024 * 1024, show_default=True, type=int)
-@click.option("--session-concurrency", default=8, show_default=True, type=int)
-@click.option("--request-timeout", default=600.0, show_default=True, type=float)
+@click.option(
+    "--policy-name",
+    default="policy",
+    show_default=True,
+    help="policy name written into every call record (its version comes from the engine)",
+)
+@click.option(
+    "--max-tokens-cap",
+    default=4096,
+    show_default=True,
+    type=int,
+    help="upper bound on any request's max tokens",
+)
+@click.option(
+    "--default-max-tokens",
+    default=1024,
+    show_default=True,
+    type=int,
+    help="max tokens when a request does not say",
+)
+@click.option(
+    "--max-body-bytes",
+    default=16 * 1024 * 1024,
+    show_default=True,
+    type=int,
+    help="largest request body accepted; a larger one is refused",
+)
+@click.option(
+    "--session-concurrency",
+    default=8,
+    show_default=True,
+    type=int,
+    help="requests in flight per session; more get 429",
+)
+@click.option(
+    "--request-timeout",
+    default=600.0,
+    show_default=True,
+    type=float,
+    help="seconds for one generation",
+)
 @click.option("--record-max-bytes", default=None, type=int, help="shard the records by size")
 @click.option("--fsync/--no-fsync", default=False, show_default=True, help="fsync every record")
 @click.option(
@@ -175,7 +210,12 @@ def main() -> None:
     type=click.IntRange(1),
     help="open connections; past it the one waiting longest for its headers is closed",
 )
-@click.option("--log-level", default="warning", show_default=True)
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    help="server log level on stderr (debug, info, warning, error)",
+)
 def serve(
     engine,
     secret_file,
@@ -268,7 +308,12 @@ def serve(
 
 @main.command()
 @click.argument("session")
-@click.option("--secret-file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--secret-file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="HMAC key of session tokens (the proxy's --secret-file)",
+)
 @click.option(
     "--tag",
     "tags",
@@ -337,6 +382,7 @@ def calls(path, follow, summary):
     type=click.Choice(["openai.chat", "openai.responses", "anthropic.messages", "auto"]),
     default="auto",
     show_default=True,
+    help="API of the request body (auto: from the captured path, else from its fields)",
 )
 def render(request_file, tokenizer, api):
     """Render one API request body (or a captured {path, body}) into prompt token ids, as the proxy would.
