@@ -116,7 +116,9 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
                 type=click.Path(allow_dash=True, dir_okay=False))
 @click.option("--outcomes", type=click.Path(allow_dash=True, dir_okay=False), default=None,
               help="claw.outcome/v1 JSONL (rewards, status, group keys); or give it as 2nd argument.")
-@click.option("--algo", type=click.Choice(ALGOS), default="grpo", show_default=True)
+@click.option("--algo", type=click.Choice(ALGOS), default="grpo", show_default=True,
+              help="Advantage estimator: group-relative (grpo), leave-one-out (rloo), reward minus "
+              "--baseline (reinforce), or GAE on the tree with --values (ppo).")
 @click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), callback=output_path,
               help="Where the claw.sample/v1 lines go (default stdout).")
 @click.option("--group-by", type=click.Choice(GROUP_BY), default="group", show_default=True,
