@@ -31,7 +31,7 @@ def test_train_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
     out = tmp_path / "run"
     cfg = tmp_path / "c.toml"
     cfg.write_text('[grpo]\nlr = 1e-4\nname = "tiny"\nepochs = 2\n')
-    r = _invoke(["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(samples), "--out", str(out),
+    r = _invoke(["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(samples), "--output", str(out),
                  "--config", str(cfg), "--lr", "2e-4", "--batch-size", "2", "--is-correction", "mis_token"])
     assert r.exit_code == 0
     policies = [json.loads(line) for line in r.stdout.splitlines()]
@@ -42,7 +42,7 @@ def test_train_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
     resolved = config_from_toml(out / "config.toml", "grpo")
     assert GRPOConfig.from_dict(resolved) == GRPOConfig(lr=2e-4, name="tiny", epochs=2, is_correction="mis_token")
     r = _invoke(["train", "--algo", "grpo", "--resume", str(out / "checkpoint"), "--samples", str(samples),
-                 "--out", str(out)])
+                 "--output", str(out)])
     assert [json.loads(x)["version"] for x in r.stdout.splitlines()] == [3]
 
 
@@ -52,13 +52,13 @@ def test_train_rejects_bad_input_naming_file_line_and_flags(tiny, tmp_path):
     bad = _write(tmp_path / "bad.jsonl", [json.loads(good)])
     bad.write_text(good + "\n" + good.replace('"trainable": [0, 0', '"trainable": [1, 0') + "\n")
     r = CliRunner().invoke(main, ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad),
-                                  "--out", str(tmp_path / "o")])
+                                  "--output", str(tmp_path / "o")])
     assert r.exit_code != 0 and "bad.jsonl:2" in r.output and "root" in r.output
     r = CliRunner().invoke(main, ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad),
-                                  "--out", str(tmp_path / "o"), "--vf-coef", "1.0"])
+                                  "--output", str(tmp_path / "o"), "--vf-coef", "1.0"])
     assert r.exit_code != 0 and "--vf-coef does not apply to --algo grpo" in r.output
     r = CliRunner().invoke(main, ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad),
-                                  "--out", str(tmp_path / "o"), "--is-cap", "0.5"])
+                                  "--output", str(tmp_path / "o"), "--is-cap", "0.5"])
     assert r.exit_code != 0 and "is_cap" in r.output
 
 
@@ -70,7 +70,7 @@ def test_values_then_ppo_train(tiny, tmp_path):
     vals = [json.loads(x) for x in r.stdout.splitlines()]
     assert [v["sample_id"] for v in vals] == ["p0", "p1"] and vals[0]["values"] == [0.0] * len(PARENT)
     r = _invoke(["train", "--algo", "ppo", "--model", str(tiny), "--samples", str(samples),
-                 "--out", str(tmp_path / "run"), "--critic-lr", "0.05"])
+                 "--output", str(tmp_path / "run"), "--critic-lr", "0.05"])
     path = json.loads(r.stdout)["path"]
     r = _invoke(["values", "--model", path, "--samples", str(samples)])
     vals = [json.loads(x) for x in r.stdout.splitlines()]

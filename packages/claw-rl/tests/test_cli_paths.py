@@ -31,7 +31,7 @@ def _inputs(inp: Path) -> dict[str, Path]:
 
 def _args(cmd: str, tiny: Path, inputs: dict[str, Path]) -> list[str]:
     flag = "--samples" if cmd == "values" else "--calls"
-    return [cmd, "--model", str(tiny), flag, str(inputs[cmd]), "--out"]
+    return [cmd, "--model", str(tiny), flag, str(inputs[cmd]), "--output"]
 
 
 @pytest.mark.parametrize("mistake", ["directory", "missing parent"])
@@ -61,10 +61,10 @@ def test_good_out_still_writes(tiny, tmp_path, cmd):
 
 
 def test_refused_train_leaves_the_run_untouched(tiny, tmp_path):
-    """train --out over a run whose policy/v1 exists is refused before it writes: config.toml stays byte-identical."""
+    """train --output over a run whose policy/v1 exists is refused before it writes: config.toml stays byte-identical."""
     samples = _inputs(tmp_path / "in")["values"]
     out = tmp_path / "run"
-    args = ["train", "--algo", "ppo", "--model", str(tiny), "--samples", str(samples), "--out", str(out)]
+    args = ["train", "--algo", "ppo", "--model", str(tiny), "--samples", str(samples), "--output", str(out)]
     r = CliRunner().invoke(main, [*args, "--lr", "1e-4"])
     assert r.exit_code == 0, r.output
     before = _tree(out)

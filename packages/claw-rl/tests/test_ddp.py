@@ -90,10 +90,10 @@ def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(samples), "--lr", "1e-3",
             "--micro-batch-size", "1"]
-    _run([sys.executable, "-m", "claw_rl.cli", *args, "--out", str(tmp_path / "one")])
+    _run([sys.executable, "-m", "claw_rl.cli", *args, "--output", str(tmp_path / "one")])
     _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "claw_rl.cli", *args,
-          "--parallelism", parallelism, "--out", str(tmp_path / "two")])
+          "--parallelism", parallelism, "--output", str(tmp_path / "two")])
     assert len((tmp_path / "two" / "policies.jsonl").read_text().splitlines()) == 1
     a = load_file(str(tmp_path / "one" / "policy" / "v1" / "model.safetensors"))
     b = load_file(str(tmp_path / "two" / "policy" / "v1" / "model.safetensors"))

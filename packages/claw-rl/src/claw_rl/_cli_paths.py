@@ -40,5 +40,5 @@ def refuse_taken_policies(out_dir: Path, version: int, n_steps: int, rank: int =
         dist.broadcast_object_list(taken, src=0)
     if taken[0] is not None:
         raise click.BadParameter(
-            f"{out_dir}: {taken[0]} exists and is not empty; choose a new --out, --resume this run's "
-            f"checkpoint, or --start-version past it", param_hint="'--out'")
+            f"{out_dir}: {taken[0]} exists and is not empty; choose a new --output, --resume this "
+            f"run's checkpoint, or --start-version past it", param_hint="'--output'")

@@ -102,7 +102,8 @@ def resolve_config(algo: str, toml_path: Path | None, flags: dict):
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="HF model directory to start from (not needed with --resume).")
 @click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              metavar="OUT",
               help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="TOML config ([grpo] / [ppo] table or flat keys); flags override it.")
@@ -126,7 +127,7 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
 
     \b
         claw-tree samples calls.jsonl --outcomes outcomes.jsonl --algo grpo \\
-          | claw-rl train --algo grpo --model runs/tiny --out runs/rl --lr 1e-5
+          | claw-rl train --algo grpo --model runs/tiny -o runs/rl --lr 1e-5
 
         torchrun --nproc_per_node 2 $(which claw-rl) train --algo ppo ...
     """
@@ -187,7 +188,7 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="Policy directory; its critic/ subdirectory holds the critic (fresh zero head if absent).")
 @click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
-@click.option("--out", "out_path", default="-", show_default=True, callback=output_path,
+@click.option("-o", "--output", "out_path", default="-", show_default=True, callback=output_path,
               help="Values JSONL file.")
 @click.option("--critic", type=click.Choice(["auto", "head", "model"]), default="auto", show_default=True,
               help="Critic kind; auto = what MODEL/critic holds (head when there is none).")
@@ -225,9 +226,9 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="HF model directory the calls were (supposedly) sampled from.")
 @click.option("--calls", "calls_path", default="-", show_default=True, help="claw.call/v1 JSONL file.")
-@click.option("--out", "out_path", default="-", show_default=True, callback=output_path,
+@click.option("-o", "--output", "out_path", default="-", show_default=True, callback=output_path,
               help="Per-call JSONL output.")
-@click.option("--threshold", type=float, default=0.1, show_default=True,
+@click.option("--mismatch-threshold", "threshold", type=float, default=0.1, show_default=True,
               help="Count tokens whose |learner - engine| logprob difference exceeds this.")
 @click.option("--temperature", type=click.FloatRange(min=0.0, min_open=True), default=None,
               help="Override: take every call's logprobs at this temperature instead of the one its "
@@ -238,7 +239,7 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
     Each call's logprobs are taken under the settings it was sampled with (its 'sampling':
     temperature, top_k, top_p; absent = 1, 0, 1). One line per trainable call: call_id, session,
     seq, the learner's logprobs of the completion tokens and the mismatch (mean/max abs diff, KL
-    estimates, fraction beyond --threshold). Greedy tokens (temperature 0) have no distribution
+    estimates, fraction beyond --mismatch-threshold). Greedy tokens (temperature 0) have no distribution
     to compare with: left out of the mismatch, counted as "greedy". The summary over all calls
     goes to stderr.
 
