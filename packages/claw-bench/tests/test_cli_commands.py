@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from claw_bench import load_suite
 from claw_bench.cli import main
 from click.testing import CliRunner
@@ -70,6 +71,15 @@ def test_report_text_compare_and_plot(tmp_path):
     assert "pass@2 (95% CI)" in r.stdout and (tmp_path / "p.png").is_file()
     r = _run(["report", str(DATA), "--compare", str(DATA), "--no-tasks"])
     assert r.exit_code == 0 and "pass@1 before" in r.stdout and "+0.0" in r.stdout
+
+
+def test_report_plot_names_the_file_it_writes(tmp_path):
+    """--plot NAME without an extension writes NAME.png, and the message names NAME.png."""
+    pytest.importorskip("matplotlib", reason="claw-bench[plot] not installed")
+    r = _run(["report", str(DATA), "--plot", str(tmp_path / "passk")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "passk.png").is_file() and not (tmp_path / "passk").exists()
+    assert f"wrote {tmp_path / 'passk.png'}" in r.stderr
 
 
 def test_check_command_on_a_few_tasks():

@@ -46,7 +46,7 @@ def test_report_cli_prints_thresholds_side_by_side(outcomes, tmp_path):
     """The CLI table shows reward, pass_rate and pass_rate@T columns; --json carries the same numbers."""
     path = tmp_path / "outcomes.jsonl"
     write_records(path, outcomes)
-    r = CliRunner().invoke(main, ["report", str(path), "--threshold", "0.5", "--threshold", "1", "-k", "1", "-k", "2",
+    r = CliRunner().invoke(main, ["report", str(path), "--reward-cutoff", "0.5", "--reward-cutoff", "1", "-k", "1", "-k", "2",
                                   "--rounds", "200"])
     assert r.exit_code == 0, r.output
     head = r.output.splitlines()[0].split()
@@ -54,7 +54,7 @@ def test_report_cli_prints_thresholds_side_by_side(outcomes, tmp_path):
                         "pass_rate@0.5", "pass_rate@1"]
     partial = next(ln for ln in r.output.splitlines() if ln.startswith("partial "))
     assert partial.split()[5:9] == ["0.792", "0.500", "1.000", "0.500"]
-    js = CliRunner().invoke(main, ["report", str(path), "--threshold", "0.5", "--json", "--rounds", "200"])
+    js = CliRunner().invoke(main, ["report", str(path), "--reward-cutoff", "0.5", "--json", "--rounds", "200"])
     assert json.loads(js.output)["thresholds"] == [0.5]
 
 

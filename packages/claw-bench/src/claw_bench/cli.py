@@ -151,7 +151,8 @@ def harnesses(as_json: bool) -> None:
 @main.command()
 @click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
 @click.option("--harness", "-H", "harness_names", multiple=True, required=True, help="adapter name or .toml path (repeatable)")
-@click.option("-n", "samples", type=int, default=1, show_default=True, help="samples per (task, harness)")
+@click.option("-n", "--rollouts", "samples", type=int, default=1, show_default=True,
+              help="rollouts per (task, harness)")
 @click.option("--network", type=click.Choice(NETWORKS),
               help="the jobs' network: none, proxy (only the proxy) or internet; default: proxy for model "
               "harnesses, none for oracle / nothing; a task's allow_internet = false always wins")
@@ -175,7 +176,7 @@ def harnesses(as_json: bool) -> None:
               "(default: remap the task's mount dir to the real workspace)")
 @click.option("--checker-timeout", type=click.FloatRange(0, min_open=True),
               help="public suites: seconds before a checker is killed (scores 0) [default: 120]")
-@click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="jobs JSONL file")
+@click.option("-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file")
 @_errors
 def plan(suite: str, harness_names: tuple[str, ...], samples: int, network: str | None, proxy_url: str | None,
          proxy_secret_file: str | None, strict: bool, task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
@@ -210,16 +211,18 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, network: str 
                      network=network, run_id=run_id, model=model, install=install, group_by=group_by,
                      limits={k: v for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus)) if v is not None})
     n = write_records(output, jobs)
-    _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} samples")
+    _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} rollouts")
 
 
 @main.command()
 @click.argument("runs", default="-")
-@click.option("--threshold", type=click.FloatRange(0, 1), help="passed = reward >= THRESHOLD (default: verifier exit code, or the task's pass_threshold)")
-@click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="outcomes JSONL file")
+@click.option("--pass-threshold", "threshold", type=click.FloatRange(0, 1),
+              help="passed = reward >= this (default: verifier exit code, or the task's pass_threshold)")
+@click.option("-o", "--output", default="-", show_default=True, callback=output_path, help="outcomes JSONL file")
 @click.option("--judge-url", help="LLM judge base URL for rubric-graded tasks (OpenAI: with /v1; Anthropic: without)")
 @click.option("--judge-model", help="model name the judge is asked for")
-@click.option("--judge-api", type=click.Choice(JUDGE_APIS), default="openai", show_default=True)
+@click.option("--judge-api", type=click.Choice(JUDGE_APIS), default="openai", show_default=True,
+              help="API the judge speaks")
 @click.option("--judge-key-env", metavar="VAR", help="environment variable holding the judge's API key")
 @_errors
 def score(runs: str, threshold: float | None, output: str, judge_url: str | None, judge_model: str | None,
@@ -258,7 +261,7 @@ def score(runs: str, threshold: float | None, output: str, judge_url: str | None
 @click.option("--suite", "-s", required=True, help="the suite the runs were planned from (name or path)")
 @click.option("--calls", "calls_path", required=True, type=click.Path(dir_okay=False),
               help="claw-proxy's claw.call/v1 records of these sessions (with raw request/response)")
-@click.option("--output", "-o", default="-", show_default=True, callback=output_path, help="runs JSONL file")
+@click.option("-o", "--output", default="-", show_default=True, callback=output_path, help="runs JSONL file")
 @_errors
 def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     """Re-run PinchBench-style checkers with each session's transcript (from the proxy's call records).
@@ -290,14 +293,17 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
 @click.argument("outcomes", default="-")
 @click.option("-k", "ks", type=int, multiple=True, help="k values (default: 1 and the largest sample count)")
 @click.option("--compare", "other", type=click.Path(dir_okay=False), help="baseline outcomes (before), shown side by side")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=output_path, help="also draw the report to FILE.png (needs claw-bench[plot])")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=output_path,
+              help="also draw the report to this image file; .png is added when it has no extension "
+              "(needs claw-bench[plot])")
 @click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
 @click.option("--no-tasks", is_flag=True, help="leave out the per-task table")
-@click.option("--threshold", "thresholds", type=click.FloatRange(0, 1), multiple=True,
-              help="also show the pass rate as reward >= T (repeatable, e.g. --threshold 0.5 --threshold 1)")
-@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
+@click.option("--reward-cutoff", "thresholds", type=click.FloatRange(0, 1), multiple=True,
+              help="also show the pass rate as reward >= this (repeatable, e.g. --reward-cutoff 0.5 --reward-cutoff 1)")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True,
+              help="confidence level of the bootstrap intervals")
 @click.option("--rounds", type=click.IntRange(100, 100000), default=2000, show_default=True, help="bootstrap rounds")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap random seed")
 @_errors
 def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: str | None, as_json: bool,
             no_tasks: bool, thresholds: tuple[float, ...], confidence: float, rounds: int, seed: int) -> None:
@@ -305,7 +311,7 @@ def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: st
 
     Example: claw-bench report outcomes.jsonl -k 1 -k 4 --compare baseline.jsonl --plot passk.png
 
-    Example: claw-bench report outcomes.jsonl --threshold 0.5 --threshold 1.0
+    Example: claw-bench report outcomes.jsonl --reward-cutoff 0.5 --reward-cutoff 1.0
     """
     opts = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
     rep = report(read_records(outcomes, OUTCOME, check_outcome), **opts, thresholds=list(thresholds) or None)
@@ -317,8 +323,7 @@ def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: st
     else:
         click.echo(json.dumps(rep) if as_json else render_text(rep, per_task=not no_tasks), nl=as_json)
     if plot_path:
-        plot_report(rep, plot_path, other=base)
-        _log(f"wrote {plot_path}")
+        _log(f"wrote {plot_report(rep, plot_path, other=base)}")
 
 
 @main.command()

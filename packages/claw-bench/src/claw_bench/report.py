@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -186,10 +187,11 @@ def render_compare(cmp: dict[str, Any], *, per_task: bool = True) -> str:
 
 
 def plot_report(rep: dict[str, Any], path: str, *, other: dict[str, Any] | None = None,
-                labels: tuple[str, str] = ("before", "after")) -> None:
+                labels: tuple[str, str] = ("before", "after")) -> str:
     """Bar chart of Pass@k per harness with CI error bars; with ``other``, two bars (before, after).
 
-    Needs matplotlib (``pip install 'claw-bench[plot]'``).
+    The format follows ``path``'s extension; a path without one gets ``.png``. Returns the path
+    written. Needs matplotlib (``pip install 'claw-bench[plot]'``).
     """
     try:
         import matplotlib
@@ -218,5 +220,7 @@ def plot_report(rep: dict[str, Any], path: str, *, other: dict[str, Any] | None 
         if other is not None:
             ax.legend(loc="upper center", ncol=2, fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    out = path if os.path.splitext(path)[1] else path + ".png"
+    fig.savefig(out, dpi=100)
     plt.close(fig)
+    return out
