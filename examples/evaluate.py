@@ -1,7 +1,7 @@
 """Pass@k of a model across harnesses, and a before/after comparison -- the CLIs, JSONL between them.
 
     uv run python examples/evaluate.py --model runs/quickstart/policy/v0 \
-        --compare-model runs/quickstart/policy/step-0006 --suite claw-toy -n 4 --out runs/eval
+        --compare-model runs/quickstart/policy/step-0006 --suite claw-toy -n 4 -o runs/eval
 
     uv run python examples/evaluate.py --endpoint https://api.example.com --endpoint-key-env API_KEY ...
 
@@ -37,7 +37,8 @@ p.add_argument("-n", type=int, default=4, help="samples per (task, harness): Pas
 p.add_argument("--backend", default="auto")
 p.add_argument("--parallel", type=int, default=4)
 p.add_argument("--max-new-tokens", type=int, default=64)
-p.add_argument("--out", type=Path, default=Path("runs/eval"))
+p.add_argument("-o", "--output", dest="out", type=Path, default=Path("runs/eval"),
+               help="directory for the records, the report and the plot")
 args = p.parse_args()
 if not args.model and not args.endpoint:
     p.error("give --model DIR or --endpoint URL")

@@ -46,12 +46,12 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", type=Path, default=Path("runs/mix"))
     p.add_argument("--model", type=Path, help="HF model directory to start from (default: a new tiny model)")
     p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
-    p.add_argument("--group-by", choices=["task", "task-harness"], default="task",
+    p.add_argument("--group-by", choices=["task", "task+harness"], default="task",
                    help="GRPO groups: the task over all harnesses, or each (task, harness)")
     p.add_argument("--harness", action="append", help=f"harness adapter name, repeatable (default: {DEFAULT_HARNESSES})")
     p.add_argument("--suite", default="claw-toy", help="built-in suite name or a directory of task dirs")
     p.add_argument("--task", action="append", help="only these task ids (repeatable; default: the whole suite)")
-    p.add_argument("--samples", type=int, default=4, help="rollouts per (task, harness) per step")
+    p.add_argument("--rollouts", type=int, default=4, help="rollouts per (task, harness) per step")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--engine", default="transformers", help="'transformers' (in-process, on the policy dir) or vllm:URL")
     p.add_argument("--tokenizer", type=Path, help="tokenizer + chat template dir for a vllm: engine (default: --model)")
@@ -139,7 +139,7 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
     attempt = len(list(d.glob("jobs-a*.jsonl")))
     # A retried step re-plans only the rollouts without a run record, under new session ids, so
     # calls recorded by a rollout that was cut off never mix with its rerun.
-    jobs = claw_bench.plan_jobs(tasks, harnesses, samples=args.samples, proxy_url=proxy_url, secret=secret,
+    jobs = claw_bench.plan_jobs(tasks, harnesses, samples=args.rollouts, proxy_url=proxy_url, secret=secret,
                                 run_id=f"{run.name}-s{step}-a{attempt}", group_by=args.group_by)
     todo = [j for j in jobs if (j["meta"]["task"], j["meta"]["harness"], j["meta"]["sample"]) not in done]
     if todo:

@@ -28,9 +28,10 @@ import mix_harness_rl  # noqa: E402
 REAL_HARNESSES = ["claude-code", "openclaw-chat", "codex", "mini-swe-agent"]
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-p.add_argument("--out", type=Path, default=Path("runs/quickstart"), help="run directory (resumable)")
+p.add_argument("-o", "--output", dest="out", type=Path, default=Path("runs/quickstart"),
+               help="run directory (resumable)")
 p.add_argument("--steps", type=int, default=8)
-p.add_argument("--samples", type=int, default=8, help="rollouts per (task, harness) per step")
+p.add_argument("--rollouts", type=int, default=8, help="rollouts per (task, harness) per step")
 p.add_argument("--task", action="append",
                help="claw-toy tasks (repeatable; default: toy-digits, whose dense reward a tiny model learns in minutes)")
 p.add_argument("--no-real-harnesses", action="store_true", help="use only the reference agent")
@@ -45,7 +46,7 @@ print(f"harnesses: {', '.join(harnesses)}", file=sys.stderr)
 
 # --- the loop ----------------------------------------------------------------------------------
 t0 = time.monotonic()
-loop_args = ["--run-dir", str(args.out), "--steps", str(args.steps), "--samples", str(args.samples),
+loop_args = ["--run-dir", str(args.out), "--steps", str(args.steps), "--rollouts", str(args.rollouts),
              "--suite", "claw-toy", "--backend", args.backend, "--algo", "grpo"]
 for h in harnesses:
     loop_args += ["--harness", h]

@@ -29,7 +29,7 @@ def _run(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedP
 def test_quickstart_smallest(tmp_path):
     """Two steps of the quickstart leave records, trees, a newer policy, the table and the PNG."""
     out = tmp_path / "q"
-    r = _run("quickstart.py", "--out", str(out), "--steps", "2", "--samples", "2", "--task", "toy-digits",
+    r = _run("quickstart.py", "--output", str(out), "--steps", "2", "--rollouts", "2", "--task", "toy-digits",
              "--no-real-harnesses")
     assert r.returncode == 0, r.stderr[-3000:]
     calls = _rows(out / "calls.jsonl")
@@ -52,7 +52,7 @@ def test_quickstart_smallest(tmp_path):
 def test_reward_rises_through_the_real_pipeline(tmp_path):
     """GRPO through proxy, sandbox, verifier and trees raises the reward on the dense toy task."""
     out = tmp_path / "learn"
-    r = _run("mix_harness_rl.py", "--run-dir", str(out), "--steps", "8", "--samples", "6", "--task", "toy-digits",
+    r = _run("mix_harness_rl.py", "--run-dir", str(out), "--steps", "8", "--rollouts", "6", "--task", "toy-digits",
              "--seed", "0", timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = _rows(out / "metrics.jsonl")
@@ -65,7 +65,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
     """kill -9 in the middle of step 1, rerun: steps 0-2 complete, every rollout exactly once."""
     out = tmp_path / "crash"
     args = [sys.executable, str(EXAMPLES / "mix_harness_rl.py"), "--run-dir", str(out), "--steps", "3",
-            "--samples", "3", "--task", "toy-digits", "--parallel", "2"]
+            "--rollouts", "3", "--task", "toy-digits", "--parallel", "2"]
     log = tmp_path / "first-run.log"
     with log.open("w") as err:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
