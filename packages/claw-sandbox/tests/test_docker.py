@@ -192,3 +192,19 @@ def test_docker_network_proxy_only(docker_backend, tmp_path):
         server.kill()
         server.wait()
     assert run["stdout_tail"].splitlines()[:2] == ["hello from the proxy", "blocked"], run
+
+
+def test_harbor_job_on_docker(docker_backend, tmp_path):
+    """profile harbor on docker: one container for every step (the agent's change outside the
+    workdir is there at verify time), root inside, cwd /app, /tests only at verify time."""
+    from test_harbor_profile import check_harbor_run, harbor_job
+
+    j = harbor_job("hbd", image=IMAGE)
+    j["verify"]["command"] = "test -f /root/elsewhere.txt && sh /tests/test.sh"
+    slow = harbor_job("hbslow", image=IMAGE, timeout_s=1)
+    slow["command"] = "echo started > /logs/agent/started; sleep 60"
+    runs = {r["job_id"]: r for r in run_jobs([j, slow], backend=docker_backend, workdir=tmp_path)}
+    check_harbor_run(runs["hbd"])
+    # a step past its timeout is killed in the container, which lives on for the verify step
+    assert runs["hbslow"]["status"] == "timeout" and runs["hbslow"]["verify"]["exit_code"] is not None
+    assert runs["hbslow"]["collected"]["/logs/agent/started"] == "started\n"

@@ -64,6 +64,7 @@ async def execute_job(job: Job, backend: Backend, root: Path) -> tuple[Run, str 
         job_id=job.job_id, started_at=started, ended_at=time.time(), stdout_tail=out, stderr_tail=err,
         collected=collected, backend=backend.name, meta=dict(job.meta),
         limits=sandbox.limits.bounds(), **fields,
+        image_run_skipped=() if backend.builds_images else job.image_run,
     )  # fmt: skip
     return run, str(sandbox.jobdir) if keep else None
 
@@ -72,16 +73,30 @@ async def _collect(job: Job, sandbox: Sandbox) -> dict[str, str]:
     """Collect in a thread; on cancellation (SIGTERM, Ctrl-C) tell the thread to stop, so the
     interpreter's exit does not wait for a long walk."""
     stop = threading.Event()
+    await sandbox.sync_out()
+    groups: dict[Path, tuple[str, list[str]]] = {}  # host dir -> (its place in the job, globs)
+    for g in job.collect:
+        got = sandbox.host_root(g)
+        if got is None:
+            continue
+        root, rel = got
+        prefix = g[: len(g) - len(rel)] if g.startswith("/") else ""
+        groups.setdefault(root, (prefix.rstrip("/") + "/" if prefix else "", []))[1].append(rel)
+    collected: dict[str, str] = {}
+    files_left, bytes_left = job.limits.collect_files, job.limits.collect_bytes
     try:
-        collected, note = await asyncio.to_thread(
-            collect, sandbox.workspace, job.collect, max_files=job.limits.collect_files,
-            max_bytes=job.limits.collect_bytes, stop=stop,
-        )  # fmt: skip
+        for root, (prefix, globs) in groups.items():
+            got, note = await asyncio.to_thread(
+                collect, root, globs, max_files=files_left, max_bytes=bytes_left, stop=stop,
+            )  # fmt: skip
+            collected.update({prefix + k: v for k, v in got.items()})
+            files_left -= len(got)
+            bytes_left -= sum(len(v.encode()) for v in got.values())
+            if note:
+                sandbox.notes.append(note)
     except BaseException:
         stop.set()
         raise
-    if note:
-        sandbox.notes.append(note)
     return collected
 
 
@@ -134,9 +149,10 @@ async def _verify(job: Job, sandbox: Sandbox) -> VerifyResult:
     passed = r.exit_code == 0 and not r.timed_out
     reward, details = (1.0 if passed else 0.0), {}
     if job.verify.reward_file:
-        rel = job.verify.reward_file
+        await sandbox.sync_out()
+        root, rel = sandbox.host_root(job.verify.reward_file) or (sandbox.workspace, "")
         try:  # no link is followed: a job-planted `reward -> /host/secret` is not read
-            data: bytes | None = read_file(sandbox.workspace, rel)
+            data: bytes | None = read_file(root, rel)
         except FileNotFoundError:
             data = None  # no reward file: the reward is the verify step's pass/fail
         except _fsat.NotRegularFile:

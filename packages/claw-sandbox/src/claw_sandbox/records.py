@@ -64,6 +64,56 @@ def check_relpath(path: str, where: str, field: str) -> str:
     return path
 
 
+#: places a job's own directories (workdir, mounts) may not be: the system the sandbox lends
+RESERVED_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc",
+                  "/dev", "/sys", "/run", "/tmp")
+PROFILES = ("claw", "harbor")
+
+
+def check_abspath(path: Any, where: str, field: str) -> str:
+    """An absolute, normalised path inside the sandbox that is not / nor a system directory."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise _fail(where, field, f"expected an absolute path, got {path!r}")
+    p = PurePosixPath(path)
+    if str(p) != path or ".." in p.parts or "\x00" in path or path == "/":
+        raise _fail(where, field, f"path {path!r} is not a normalised absolute path below /")
+    if any(path == r or path.startswith(r + "/") for r in RESERVED_ROOTS):
+        raise _fail(where, field, f"path {path!r} is a system directory of the sandbox")
+    return path
+
+
+def is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+@attrs.frozen(kw_only=True)
+class Mount:
+    """A writable directory of the job's own at an absolute place (`target`), holding `files`."""
+
+    target: str
+    files: dict[str, str | bytes] = attrs.field(factory=dict)
+
+    @classmethod
+    def list_from(cls, value: Any, where: str, field: str) -> tuple[Mount, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise _fail(where, field, "expected a list of {target, files}")
+        out = []
+        for i, m in enumerate(value):
+            if not isinstance(m, dict):
+                raise _fail(where, f"{field}/{i}", "expected an object {target, files}")
+            target = check_abspath(m.get("target"), where, f"{field}/{i}/target")
+            out.append(cls(target=target, files=_files(m.get("files"), where, f"{field}/{i}/files")))
+        return tuple(out)
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"target": self.target}
+        if self.files:
+            d["files"] = _files_out(self.files)
+        return d
+
+
 def _command(value: Any, where: str, field: str) -> Command:
     if isinstance(value, str) and value:
         return value
@@ -188,6 +238,7 @@ class Verify:
     files: dict[str, str | bytes] = attrs.field(factory=dict)
     copy_from: str | None = None
     reward_file: str | None = None
+    mounts: tuple[Mount, ...] = ()  # emptied and filled only at verify time
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Verify:
@@ -199,7 +250,7 @@ class Verify:
         if timeout <= 0:
             raise _fail(where, "verify/timeout_s", "must be > 0")
         reward_file = _get(d, "reward_file", str, where, "verify/reward_file")
-        if reward_file is not None:
+        if reward_file is not None and not reward_file.startswith("/"):
             check_relpath(reward_file, where, "verify/reward_file")
         return cls(
             command=_command(d["command"], where, "verify/command"),
@@ -207,12 +258,14 @@ class Verify:
             files=_files(d.get("files"), where, "verify/files"),
             copy_from=_get(d, "copy_from", str, where, "verify/copy_from"),
             reward_file=reward_file,
+            mounts=Mount.list_from(d.get("mounts"), where, "verify/mounts"),
         )
 
 
 _JOB_FIELDS = {
     "schema", "job_id", "workspace", "image", "setup", "command", "env", "timeout_s",
-    "limits", "network", "verify", "collect", "keep", "meta",
+    "limits", "network", "verify", "collect", "keep", "meta", "workdir", "profile", "mounts",
+    "image_run",
 }  # fmt: skip
 
 
@@ -234,6 +287,28 @@ class Job:
     collect: tuple[str, ...] = ()
     keep: str = "never"
     meta: dict = attrs.field(factory=dict)
+    #: where the workspace is inside the sandbox, and the steps' cwd (None: the backend's /workspace)
+    workdir: str | None = None
+    #: "claw" (claw's strict sandbox) or "harbor" (Harbor's execution model: uid 0 inside, one
+    #: environment for every step, a writable container filesystem on docker)
+    profile: str = "claw"
+    mounts: tuple[Mount, ...] = ()  # filled before setup, kept through verify
+    image_run: tuple[str, ...] = ()  # the image's RUN lines: a backend that does not build it skips them
+
+    def mount_targets(self) -> tuple[str, ...]:
+        return tuple(m.target for m in (*self.mounts, *(self.verify.mounts if self.verify else ())))
+
+    def place_of(self, path: str) -> tuple[int | None, str] | None:
+        """Where an absolute path lives: (None, rel) in the workdir, (i, rel) in the i-th of
+        mounts + verify mounts; None when in neither. A relative path is in the workspace."""
+        if not path.startswith("/"):
+            return None, path
+        if self.workdir and is_under(path, self.workdir):
+            return None, path[len(self.workdir):].lstrip("/")
+        for i, t in enumerate(self.mount_targets()):
+            if is_under(path, t):
+                return i, path[len(t):].lstrip("/")
+        return None
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "job", base_dir: Path | None = None) -> Job:
@@ -267,7 +342,18 @@ class Job:
         for i, g in enumerate(collect):
             if not isinstance(g, str):
                 raise _fail(where, f"collect/{i}", "expected a glob string")
-            check_relpath(g, where, f"collect/{i}")
+            if not g.startswith("/"):
+                check_relpath(g, where, f"collect/{i}")
+        workdir = d.get("workdir")
+        if workdir is not None:
+            check_abspath(workdir, where, "workdir")
+        profile = d.get("profile") or "claw"
+        if profile not in PROFILES:
+            raise _fail(where, "profile", f"expected one of {PROFILES}, got {profile!r}")
+        image_run = _get(d, "image_run", list, where, "image_run", [])
+        if not all(isinstance(x, str) for x in image_run):
+            raise _fail(where, "image_run", "expected a list of strings")
+        mounts = Mount.list_from(d.get("mounts"), where, "mounts")
         keep = d.get("keep") or "never"
         if keep not in ("never", "failed", "always"):
             raise _fail(where, "keep", f"expected never, failed or always, got {keep!r}")
@@ -279,6 +365,11 @@ class Job:
         verify_rec = Verify.from_dict(verify, where) if verify is not None else None
         if verify_rec is not None and verify_rec.copy_from:
             verify_rec = attrs.evolve(verify_rec, copy_from=str(base / verify_rec.copy_from))
+        targets = [m.target for m in (*mounts, *(verify_rec.mounts if verify_rec else ()))]
+        for i, t in enumerate(targets):
+            for other in [*targets[:i], *([workdir] if workdir else [])]:
+                if is_under(t, other) or is_under(other, t):
+                    raise _fail(where, "mounts", f"target {t} overlaps {other}")
         return cls(
             job_id=job_id,
             command=_command(d["command"], where, "command"),
@@ -296,7 +387,21 @@ class Job:
             collect=tuple(collect),
             keep=keep,
             meta=dict(_get(d, "meta", dict, where, "meta", {})),
-        )
+            workdir=workdir,
+            profile=profile,
+            mounts=mounts,
+            image_run=tuple(image_run),
+        )._check_places(where)
+
+    def _check_places(self, where: str) -> Job:
+        """Absolute collect globs and reward file must lie in the workdir or a mount."""
+        paths = [(f"collect/{i}", g) for i, g in enumerate(self.collect)]
+        if self.verify is not None and self.verify.reward_file:
+            paths.append(("verify/reward_file", self.verify.reward_file))
+        for field, p in paths:
+            if p.startswith("/") and self.place_of(p) is None:
+                raise _fail(where, field, f"{p!r} is neither under workdir nor under a mount target")
+        return self
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"schema": JOB_SCHEMA, "job_id": self.job_id}
@@ -316,7 +421,8 @@ class Job:
         d["limits"] = {k: v for k, v in attrs.asdict(self.limits).items() if v is not None}
         d["network"] = {k: v for k, v in attrs.asdict(self.network).items() if v is not None}
         if self.verify is not None:
-            v = {k: val for k, val in attrs.asdict(self.verify).items() if val not in (None, {})}
+            v = {k: val for k, val in attrs.asdict(self.verify).items()
+                 if val not in (None, {}) and k != "mounts"}
             if isinstance(self.verify.command, tuple):
                 v["command"] = list(self.verify.command)
             if self.verify.files:
@@ -325,6 +431,16 @@ class Job:
         d["collect"] = list(self.collect)
         d["keep"] = self.keep
         d["meta"] = dict(self.meta)
+        if self.workdir:
+            d["workdir"] = self.workdir
+        if self.profile != "claw":
+            d["profile"] = self.profile
+        if self.mounts:
+            d["mounts"] = [m.to_dict() for m in self.mounts]
+        if self.image_run:
+            d["image_run"] = list(self.image_run)
+        if self.verify is not None and self.verify.mounts:
+            d["verify"]["mounts"] = [m.to_dict() for m in self.verify.mounts]
         return d
 
 
@@ -367,6 +483,7 @@ class Run:
     error: str | None = None
     meta: dict = attrs.field(factory=dict)
     limits: dict = attrs.field(factory=dict)  # the bounds enforced (job's + backend defaults)
+    image_run_skipped: tuple[str, ...] = ()  # the job's image_run lines this backend did not run
 
     def to_dict(self) -> dict:
         d = {
@@ -388,6 +505,8 @@ class Run:
         }
         if self.limits:
             d["limits"] = dict(self.limits)
+        if self.image_run_skipped:
+            d["image_run_skipped"] = list(self.image_run_skipped)
         return d
 
     @classmethod

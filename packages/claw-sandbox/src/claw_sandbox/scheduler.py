@@ -83,6 +83,7 @@ class Scheduler:
     counts: Counter = attrs.field(factory=Counter)
     kept: list[str] = attrs.field(factory=list)
     retry_errors: bool = False
+    warned_image_run: bool = False  # the one warning about RUN lines a backend did not execute
 
     async def run_one(self, job: Job | BadLine, root: Path) -> Run:
         if isinstance(job, BadLine):
@@ -104,6 +105,11 @@ class Scheduler:
             if kept:
                 self.kept.append(kept)
                 self.log(f"job {job.job_id!r}: sandbox kept at {kept}")
+            if run.image_run_skipped and not self.warned_image_run:
+                self.warned_image_run = True
+                self.log(f"WARNING: backend {self.backend.name} does not build images: jobs ran without "
+                         f"their image's RUN lines (e.g. job {job.job_id!r}: {run.image_run_skipped[0]!r}); "
+                         "each run record lists them in image_run_skipped")  # fmt: skip
             return attrs.evolve(run, attempts=attempt)
         return _error_run(
             job.job_id, last, self.backend.name, dict(job.meta), "infra_error", self.retries + 1

@@ -83,6 +83,8 @@ class Sandbox(abc.ABC):
         self.mounted = False  # the job directory is a tmpfs of its own (limits.disk_mb)
         self.owner: tuple[int, int] | None = None  # uid/gid the sandboxed code runs as
         self.lock: int | None = None  # flock fd: the job directory is in flight (_leftovers)
+        if job.workdir:
+            self.inside_workspace = job.workdir
 
     # paths as the sandboxed code sees them
     inside_workspace: str = ""
@@ -100,9 +102,33 @@ class Sandbox(abc.ABC):
         build_workspace(
             self.workspace, self.job.files, self.job.copy_from, f"job {self.job.job_id!r}"
         )
+        for i, target in enumerate(self.job.mount_targets()):
+            self.mount_dir(i).mkdir(parents=True)
+        for i, m in enumerate(self.job.mounts):
+            for rel, content in m.files.items():
+                safe_write(self.mount_dir(i), rel, content, f"job {self.job.job_id!r}: mounts/{i}")
         if self.owner:
             chown_tree(self.workspace, *self.owner)
             chown_tree(self.tmp, *self.owner)
+            if self.job.mount_targets():
+                chown_tree(self.jobdir / "mnt", *self.owner)
+
+    def mount_dir(self, i: int) -> Path:
+        """The host directory of the i-th of the job's mounts + verify mounts."""
+        return self.jobdir / "mnt" / str(i)
+
+    def host_root(self, path: str) -> tuple[Path, str] | None:
+        """(host directory, relative path) holding a job path (relative: the workspace; absolute:
+        under workdir or a mount target), None when the job holds no such place."""
+        place = self.job.place_of(path)
+        if place is None:
+            return None
+        i, rel = place
+        return (self.workspace if i is None else self.mount_dir(i)), rel
+
+    async def sync_out(self) -> None:
+        """Bring the workspace's state to the host directory before reading it (a backend whose
+        workspace lives elsewhere, e.g. inside a container, copies it out)."""
 
     def place_verify_files(self) -> None:
         """Put the hidden verifier files into the workspace; only ever after the command ended."""
@@ -114,6 +140,18 @@ class Sandbox(abc.ABC):
             copy_into(verify.copy_from, self.workspace, where)
         for rel, text in verify.files.items():
             safe_write(self.workspace, rel, text, where)
+        first = len(self.job.mounts)
+        for i, m in enumerate(verify.mounts):
+            d = self.mount_dir(first + i)
+            for child in list(os.scandir(d)):  # what the job put there goes; the directory (a
+                if child.is_dir(follow_symlinks=False):  # bind mount's source) stays
+                    shutil.rmtree(child.path)  # follows no link
+                else:
+                    os.unlink(child.path)
+            for rel, content in m.files.items():
+                safe_write(d, rel, content, f"{where}/mounts/{i}")
+            if self.owner:
+                chown_tree(d, *self.owner)
         if self.owner:
             chown_tree(self.workspace, *self.owner)
 
@@ -180,6 +218,7 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     isolates: ClassVar[bool]
     warning: ClassVar[str] = ""
+    builds_images: ClassVar[bool] = False  # runs jobs in their `image` (else image_run is skipped)
 
     @abc.abstractmethod
     def unavailable(self) -> str | None: ...

@@ -42,7 +42,7 @@ from claw_sandbox.backends.base import (
     rlimit_wrap,
     venv_paths,
 )
-from claw_sandbox.errors import InfraError
+from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, parse_http_url
 
 # what a job sees of the host: system directories read-only, nothing else (item: an allow-list,
@@ -74,6 +74,18 @@ def _under(path: str, roots: tuple[str, ...] | set[str]) -> bool:
     return any(path == r or path.startswith(r + "/") for r in roots)
 
 
+def _others_reach(path: str, read: bool = True) -> bool:
+    """Whether any user may walk to `path` (and read it) by the mode bits of it and its parents."""
+    try:
+        for d in [*reversed(Path(path).parents), Path(path)]:
+            mode = os.stat(d).st_mode
+            if not mode & 0o001 or (read and d == Path(path) and not mode & 0o004):
+                return False
+    except OSError:
+        return False
+    return True
+
+
 def _is_ns_init(pid: int) -> bool:
     """Whether a host pid is pid 1 of a child pid namespace (as a bwrap sandbox's init is)."""
     try:
@@ -98,11 +110,23 @@ class BwrapSandbox(Sandbox):
         self.cgroup: _cgroup.JobCgroup | None = None
         self.relay: _forward.Relay | None = None
         self._status, self._status_fd = b"", -1
+        self.verifying = False
         self.limits = effective_limits(
             job.limits, backend.default_limits, cgroup=backend.cgroups.version is not None,
             # a kept job directory must outlive the run: no tmpfs (and so no disk bound) for it
             disk=self.owner is not None and job.keep == "never" and _tmpfs.can_mount(),
         )  # fmt: skip
+
+    def place_verify_files(self) -> None:
+        super().place_verify_files()
+        self.verifying = True
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.job.profile == "harbor":
+            env["HOME"] = "/root"
+            env.update(self.job.env)
+        return env
 
     async def start(self) -> None:
         if self.backend.cgroups.version is not None:
@@ -123,10 +147,25 @@ class BwrapSandbox(Sandbox):
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
         if job.network.policy != "host":
             args.append("--unshare-net")
-        if self.owner is None:
+        harbor = job.profile == "harbor"
+        if harbor:  # uid 0 in a user namespace of its own (as the dropped host uid, when root)
+            args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
+        elif self.owner is None:
             args += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL"]
         args += self.backend.base_args
-        args += ["--bind", str(self.tmp), "/tmp", "--bind", str(self.workspace), INNER_WORKSPACE]
+        binds = [(self.tmp, "/tmp"), (self.workspace, self.inside_workspace)]
+        if harbor:
+            binds.append((self.tmp / "home", "/root"))
+        n_job = len(job.mounts)
+        for i, target in enumerate(job.mount_targets()):
+            if i < n_job or self.verifying:  # verify mounts appear for the verify step only
+                binds.append((self.mount_dir(i), target))
+        if harbor and self.owner is not None and not _others_reach(str(self.jobdir.parent), read=False):
+            raise JobError(f"job {job.job_id!r}: profile harbor: bwrap runs as uid {self.owner[0]}, "
+                           f"which cannot reach the job directories under {self.jobdir.parent} "
+                           "(give --workdir a directory whose parents all have mode o+x)")
+        for src, dest in binds:
+            args += ["--bind", str(src), dest]
         if self.relay is not None:
             args += ["--bind", str(self.jobdir / "run"), "/run/claw"]
         if job.network.policy == "host":
@@ -142,6 +181,8 @@ class BwrapSandbox(Sandbox):
         for p in wanted:
             if p == "/" or _under(p, VISIBLE_ROOTS) or not os.path.exists(p):
                 continue
+            if harbor and self.owner is not None and not _others_reach(p):
+                continue  # bwrap runs as the dropped uid: it could not bind this path
             if _under(p, bound):
                 continue  # already visible through a bound parent
             bound.add(p)
@@ -153,7 +194,7 @@ class BwrapSandbox(Sandbox):
         for h in sorted(self.backend.hidden):  # e.g. the job directories, inside a bound dir
             if _under(h, bound) or _under(h, VISIBLE_ROOTS):
                 args += ["--tmpfs", h]
-        args += ["--remount-ro", "/", "--chdir", INNER_WORKSPACE]  # bwrap's root tmpfs, too
+        args += ["--remount-ro", "/", "--chdir", self.inside_workspace]  # bwrap's root tmpfs, too
         inner = argv_of(command)
         if self.relay is not None:
             inner = (
@@ -165,8 +206,12 @@ class BwrapSandbox(Sandbox):
         if self.owner is not None:
             uid, gid = self.owner
             # leaving uid 0 clears every capability; no_new_privs stops setuid/file-cap binaries
-            inner = [self.backend.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                     "--no-new-privs", *inner]  # fmt: skip
+            drop = [self.backend.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                    "--no-new-privs"]  # fmt: skip
+            if harbor:  # drop before bwrap: the user namespace's uid 0 is the unprivileged uid
+                args = [*drop, *args]
+            else:
+                inner = [*drop, *inner]
         return args, inner
 
     def _kill_tree(self, pid: int) -> None:

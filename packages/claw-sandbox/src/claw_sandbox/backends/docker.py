@@ -16,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tarfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -31,8 +35,17 @@ from claw_sandbox import _tmpfs
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, parse_http_url
+from claw_sandbox.workspace import copy_into
 
 WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
+HARBOR_NOTE = """
+A job with `profile: "harbor"` runs as Harbor runs a trial: one container for every step (setup,
+command, verify), started from the image with a `sleep infinity` under docker's init; each step
+is a `docker exec` at the job's `workdir`, as the image's USER (root unless the Dockerfile says
+otherwise), with docker's default capabilities and a writable container filesystem. The job's
+files are copied into the workdir (not bind-mounted: the image's own files there stay); its
+mounts (/logs/..., /solution, /tests) are bind-mounted, verify mounts filled at verify time.
+"""
 
 
 class DockerSandbox(Sandbox):
@@ -45,6 +58,10 @@ class DockerSandbox(Sandbox):
         self.owner = backend.owner
         self.relay: _forward.Relay | None = None
         self.image = job.image or backend.default_image
+        self.container = None  # the trial container of a `profile: "harbor"` job
+        self.forwarder: subprocess.Popen | None = None
+        if job.profile == "harbor":
+            self.owner = None  # root (or the image's USER) inside owns what it writes
         self.limits = effective_limits(
             job.limits, backend.default_limits, cgroup=True,
             disk=self.owner is not None and job.keep == "never" and _tmpfs.can_mount(),
@@ -56,6 +73,126 @@ class DockerSandbox(Sandbox):
             host, port = parse_http_url(self.job.network.proxy_url or "")
             self.relay = _forward.Relay(host, port)
             await self.relay.start_unix(self.jobdir / "run" / "proxy.sock")
+        if self.job.profile == "harbor":
+            await asyncio.to_thread(self._start_trial)
+
+    def _harbor_config(self) -> dict:
+        """The trial container: docker's defaults (capabilities, writable filesystem, the image's
+        USER), the job's limits and network, its mounts bound, cwd = workdir."""
+        config = self._config(["sleep", "infinity"])
+        for key in ("read_only", "cap_drop", "security_opt", "user"):
+            config.pop(key, None)
+        config["working_dir"] = self.inside_workspace
+        config["command"] = ["sleep", "infinity"]
+        config["environment"] = self.env()
+        volumes = {str(self.jobdir / "run"): {"bind": "/run/claw", "mode": "ro"}}
+        for i, target in enumerate(self.job.mount_targets()):
+            volumes[str(self.mount_dir(i))] = {"bind": target, "mode": "rw"}
+        config["volumes"] = volumes
+        return config
+
+    def _start_trial(self) -> None:
+        import docker.errors
+
+        client = self.backend.client()
+        try:
+            self.container = client.containers.create(**self._harbor_config())
+            self.container.start()
+        except docker.errors.ImageNotFound:
+            raise JobError(
+                f"job {self.job.job_id!r}: image: {self.image!r} not found (build or pull it first)"
+            ) from None
+        except docker.errors.APIError as exc:
+            raise InfraError(
+                f"docker could not start the container: {exc.explanation or exc}"
+            ) from exc
+        if self.relay is not None:
+            self.forwarder = self._start_forwarder(self.container)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for entry in sorted(os.listdir(self.workspace)):
+                tar.add(self.workspace / entry, entry)  # the host tree the job never touched
+        try:
+            self.container.put_archive(self.inside_workspace, buf.getvalue())
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker could not copy the workspace in: {exc.explanation or exc}") from exc
+
+    async def sync_out(self) -> None:
+        """Copy the trial container's workdir out when the job reads from it (collect, reward)."""
+        if self.job.profile != "harbor" or self.container is None:
+            return
+        verify = self.job.verify
+        wanted = [*self.job.collect, *([verify.reward_file] if verify and verify.reward_file else [])]
+        places = [self.job.place_of(p) for p in wanted]
+        if not any(place is not None and place[0] is None for place in places):
+            return  # nothing is read from the workdir
+        await asyncio.to_thread(self._copy_out)
+
+    def _copy_out(self) -> None:
+        import docker.errors
+
+        assert self.container is not None
+        tar_path = self.jobdir / "workdir.tar"
+        try:
+            stream, _ = self.container.get_archive(self.inside_workspace.rstrip("/") + "/.")
+            with open(tar_path, "wb") as f:
+                for chunk in stream:
+                    f.write(chunk)
+        except docker.errors.APIError as exc:
+            self.notes.append(f"could not copy the workdir out: {exc.explanation or exc}")
+            return
+        shutil.rmtree(self.workspace)
+        try:
+            copy_into(str(tar_path), self.workspace, f"job {self.job.job_id!r}: workdir")
+        except JobError as exc:
+            self.notes.append(str(exc))
+        finally:
+            tar_path.unlink()
+
+    def _exec(self, command: Command, timeout_s: float, merge_stderr: bool) -> StepResult:
+        """One step of a trial: `docker exec` at the workdir; at the timeout its process tree is
+        killed from the host (the container lives on for the next step)."""
+        import docker.errors
+
+        assert self.container is not None
+        api = self.backend.client().api
+        argv = argv_of(command) if not isinstance(command, str) else ["/bin/sh", "-c", command]
+        try:
+            ex = api.exec_create(self.container.id, argv, workdir=self.inside_workspace,
+                                 environment=self.env(), stdout=True, stderr=True)
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker exec failed: {exc.explanation or exc}") from exc
+        out, err = bytearray(), bytearray()
+
+        from docker.utils.socket import STDERR, frames_iter
+
+        sock = api.exec_start(ex["Id"], socket=True)
+
+        def pump() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                for stream, data in frames_iter(sock, tty=False):
+                    (err if stream == STDERR and not merge_stderr else out).extend(data)
+
+        t = threading.Thread(target=pump, daemon=True)
+        t.start()
+        t.join(timeout_s)
+        timed_out = t.is_alive()
+        if timed_out:
+            pid = api.exec_inspect(ex["Id"]).get("Pid") or 0
+            _kill_tree(pid)
+            t.join(30)
+        raw = getattr(sock, "_sock", None)
+        sock.close()
+        if raw is not None:
+            raw.close()
+        info = api.exec_inspect(ex["Id"])
+        code = None if timed_out else info.get("ExitCode")
+        limit = self.job.limits.output_bytes
+        return StepResult(
+            exit_code=code, timed_out=timed_out,
+            stdout=bytes(out[-limit:] if limit else b"").decode("utf-8", errors="replace"),
+            stderr=bytes(err[-limit:] if limit else b"").decode("utf-8", errors="replace"),
+        )  # fmt: skip
 
     def _config(self, command: Command) -> dict:
         limits = self.limits
@@ -86,12 +223,16 @@ class DockerSandbox(Sandbox):
     def env(self) -> dict[str, str]:
         env = super().env()
         env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        if self.job.profile == "harbor":  # the image's user's HOME, the container's own /tmp
+            del env["HOME"], env["TMPDIR"]
         env.update(self.job.env)
         return env
 
     async def run(
         self, command: Command, *, timeout_s: float, merge_stderr: bool = False
     ) -> StepResult:
+        if self.job.profile == "harbor":
+            return await asyncio.to_thread(self._exec, command, timeout_s, merge_stderr)
         return await asyncio.to_thread(self._run, command, timeout_s, merge_stderr)
 
     def _run(self, command: Command, timeout_s: float, merge_stderr: bool) -> StepResult:
@@ -189,9 +330,44 @@ class DockerSandbox(Sandbox):
         return proc
 
     async def stop(self) -> None:
+        if self.forwarder is not None:
+            self.forwarder.kill()
+            self.forwarder.wait()
+            self.forwarder = None
+        if self.container is not None:
+            await asyncio.to_thread(self._remove_container)
         if self.relay is not None:
             await self.relay.close()
             self.relay = None
+
+    def _remove_container(self) -> None:
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.APIError):
+            assert self.container is not None
+            self.container.remove(force=True)
+        self.container = None
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a host process and its descendants (an exec'd step of a trial container)."""
+    if pid <= 0:
+        return
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{d}/stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d))
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo += children.get(p, [])
+    for p in seen:
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
 
 
 def _unix_engine_unreachable() -> str | None:
@@ -215,6 +391,7 @@ def _unix_engine_unreachable() -> str | None:
 class DockerBackend(Backend):
     name = "docker"
     isolates = True
+    builds_images = True
 
     def __init__(
         self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534,
