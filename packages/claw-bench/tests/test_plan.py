@@ -53,10 +53,10 @@ def test_verifier_is_hidden_until_verify():
 
 
 def test_group_by_install_model_and_threshold():
-    """--group-by task-harness, --install setup, --model override, and pass thresholds in meta."""
-    jobs = _plan(group_by="task-harness", install=True, model="policy-x", samples=1)
+    """--group-by task+harness, --install setup, --model override, and pass thresholds in meta."""
+    jobs = _plan(group_by="task+harness", install=True, model="policy-x", samples=1)
     oc = [j for j in jobs if j["meta"]["harness"] == "openclaw-anthropic"][0]
-    assert oc["meta"]["group"] == "csv-to-json-people:openclaw-anthropic"
+    assert oc["meta"]["group"] == "csv-to-json-people+openclaw-anthropic"
     assert oc["setup"] == ["npm install -g openclaw"]
     assert "--model claw/policy-x" in oc["command"]
     toy = plan_jobs(list(load_suite("claw-toy").select(["toy-short"]).tasks), [load_harness("claw-agent-text")],

@@ -166,7 +166,7 @@ def harnesses(as_json: bool) -> None:
 @click.option("--model", help="model name the harnesses ask for (default: each adapter's)")
 @click.option("--install", is_flag=True, help="install the harness in each job's setup")
 @click.option("--group-by", type=click.Choice(GROUP_BY), default="task", show_default=True,
-              help="group key for group-relative advantages")
+              help="group key for group-relative advantages: the task, or task+harness (<task>+<harness>)")
 @click.option("--memory-mb", type=click.IntRange(1), help="job limit: memory")
 @click.option("--pids", type=click.IntRange(1), help="job limit: processes")
 @click.option("--cpus", type=click.FloatRange(0, min_open=True), help="job limit: CPUs")

@@ -17,7 +17,7 @@ from claw_bench.tasks import FileContent, Task, job_files
 from claw_bench.token import mint_token
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-GROUP_BY = ("task", "task-harness")
+GROUP_BY = ("task", "task+harness")  # the spelling claw-tree samples --group-by uses (docs/cli.md)
 #: plan --network: none (no network), proxy (only the proxy, at a loopback port), internet (the host's)
 NETWORKS = ("none", "proxy", "internet")
 #: where the oracle's job holds the task's solution files (workspace-relative; removed before verify)
@@ -94,7 +94,8 @@ def plan_jobs(
     and need no proxy. A task with ``allow_internet = false`` never gets the internet.
     The verifier and hidden files travel in ``verify.files``. ``install`` runs the harness's
     install commands as job setup. ``group_by`` picks the group key: the task (GRPO over all
-    harnesses) or task+harness. The oracle of a task without a reference solution is planned
+    harnesses) or ``task+harness`` (key ``<task>+<harness>``, the key claw-tree computes for
+    ``--group-by task+harness``). The oracle of a task without a reference solution is planned
     as a no-op job whose meta says why it is ``not_scorable``.
     """
     if samples < 1:
@@ -120,7 +121,7 @@ def plan_jobs(
                 session = session_id(run_id, task.id, h.name, k)
                 net = _network(h, task, network)
                 meta = {"session": session, "task": task.id, "harness": h.name, "sample": k,
-                        "group": task.id if group_by == "task" else f"{task.id}:{h.name}",
+                        "group": task.id if group_by == "task" else f"{task.id}+{h.name}",
                         "run_id": run_id, "api": h.api}
                 files: dict[str, FileContent] = dict(task.workspace)
                 env: dict[str, str] = dict(task.meta.get("env", {}))
