@@ -90,11 +90,15 @@ def test_outputs_are_spelled_o_output(name, cmd):
     """An output option is exactly -o/--output; no option uses a retired spelling; -o means nothing else."""
     for opt in _options(cmd):
         names = set(opt.opts) | set(opt.secondary_opts)
-        assert not names & RETIRED, f"{name}: retired spelling {sorted(names & RETIRED)} (see docs/cli.md)"
+        assert not names & RETIRED, (
+            f"{name}: retired spelling {sorted(names & RETIRED)} (see docs/cli.md)"
+        )
         if names & {"-o", "--output"} or any(n.startswith(("--out-", "--output")) for n in names):
             assert names == {"-o", "--output"}, f"{name}: output option spelled {sorted(names)}"
     has_output = any(set(o.opts) == {"-o", "--output"} for o in _options(cmd))
-    assert has_output == (name in OUTPUT_COMMANDS), f"{name}: -o/--output {'missing' if not has_output else 'unexpected'}"
+    assert has_output == (name in OUTPUT_COMMANDS), (
+        f"{name}: -o/--output {'missing' if not has_output else 'unexpected'}"
+    )
 
 
 def test_one_meaning_per_option_name():
@@ -117,6 +121,8 @@ def test_group_key_is_spelled_one_way():
         for opt in _options(cmd):
             if "--group-by" in opt.opts:
                 assert isinstance(opt.type, click.Choice), name
-                assert "task+harness" in opt.type.choices and "task-harness" not in opt.type.choices, name
+                assert (
+                    "task+harness" in opt.type.choices and "task-harness" not in opt.type.choices
+                ), name
                 seen.append(name)
     assert sorted(seen) == ["claw-bench plan", "claw-tree samples"]
