@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,10 @@ def test_harbor_task_loads_with_its_settings():
     assert t.id == "hello-harbor" and t.source == "harbor" and "hello, harbor" in t.instruction
     assert (t.timeout_s, t.verify_timeout_s, t.image, t.difficulty) == (120.0, 30.0, "ubuntu:24.04", "easy")
     assert t.tags == ("files", "harbor") and t.solution is not None
-    files = t.verify_files()
-    assert set(files) == {".claw_verify/tests/test.sh", ".claw_verify/tests/check_hello.sh", ".claw_verify/logs/verifier/.keep"}
-    assert "/tests/" not in files[".claw_verify/tests/test.sh"].replace(".claw_verify/tests/", "")
-    assert t.reward_file == harbor_reward_file() and t.meta["dockerfile"].endswith("environment/Dockerfile")
+    assert set(t.hidden) == {"tests/check_hello.sh"} and t.verify.name == "tests/test.sh"
+    assert t.verify.text == (FIXTURE / "tests" / "test.sh").read_text()  # run from /tests, unchanged
+    assert t.reward_file == harbor_reward_file() == "/logs/verifier/reward.txt"
+    assert t.meta["dockerfile"].endswith("environment/Dockerfile") and t.meta["harbor"]["workdir"] == "/app"
     assert "docker_context" not in t.meta  # docker_image names the image: nothing to build
 
 
@@ -41,7 +42,9 @@ def test_dockerfile_image_tag_follows_the_environment_content(tmp_path):
 
 
 def test_harbor_task_verifies_untouched_fails_solution_passes():
-    """Run locally: the oracle solution passes with reward 1 read from reward.txt; untouched fails with 0."""
+    """check (in claw-sandbox): the oracle solution passes with reward 1 read from reward.txt; untouched fails with 0."""
+    if shutil.which("claw-sandbox") is None and not (Path(sys.executable).parent / "claw-sandbox").exists():
+        pytest.skip("claw-sandbox is not installed: check runs tasks only in the sandbox")
     t = load_harbor_task(FIXTURE)
     assert check_task(t, "untouched")["reward"] == 0.0
     r = check_task(t, "solution")

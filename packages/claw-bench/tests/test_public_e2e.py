@@ -55,11 +55,12 @@ def run_only(task, tmp_path: Path, command: str, *, extra_verify_files: dict[str
     job = plan_jobs([task], [agent(tmp_path, harness)], samples=1, proxy_url="http://127.0.0.1:9",
                     secret=SECRET, run_id=f"r{time.monotonic_ns()}")[0]
     job["command"] = command
-    job["verify"]["files"].update(extra_verify_files or {})
+    job["verify"].setdefault("files", {}).update(extra_verify_files or {})
     validate(job, "job")
     root = tmp_path / "runs"
     run = run_job(job, root)
-    run["collected"] = collect(root / job["job_id"], job["collect"])
+    if job.get("profile") != "harbor":  # a Harbor-profile run collects its absolute paths itself
+        run["collected"] = collect(root / job["job_id"], job["collect"])
     validate(run, "run")
     run["_workspace"] = str(root / job["job_id"])
     return run

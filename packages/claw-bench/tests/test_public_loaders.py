@@ -67,13 +67,14 @@ def test_pinchbench_markdown_loads_as_published():
 
 
 def test_harbor_tb2_gets_continuous_reward_runner_and_image():
-    """Harbor / TB2: tests/ hidden and rewritten, verifier env exported, image tag from the Dockerfile's content."""
+    """Harbor / TB2: tests/ hidden and unchanged (run from /tests), verifier env exported, image tag from
+    the Dockerfile's content."""
     t = load_public(TB)[0]
-    files = t.verify_files()
-    assert {".claw_verify/tests/test.sh", ".claw_verify/tests/explain.sh", ".claw_verify/harbor_verify.sh"} <= set(files)
-    assert "bash .claw_verify/tests/explain.sh" in files[".claw_verify/tests/test.sh"]
-    assert "export EXPECTED_PORT=8080" in files[".claw_verify/harbor_verify.sh"]
-    assert "timeout -s KILL 30 " in files[".claw_verify/harbor_verify.sh"]
+    assert {"tests/test.sh", "tests/explain.sh"} <= set(t.hidden)
+    assert t.hidden["tests/test.sh"] == (TB / "tests" / "test.sh").read_text()  # no text is rewritten
+    assert t.verify.name == "harbor_verify.sh" and "bash /tests/test.sh" in t.verify.text
+    assert "export EXPECTED_PORT=8080" in t.verify.text and "timeout -s KILL 30 " in t.verify.text
+    assert t.reward_file == "/logs/claw/reward.json"
     assert t.image.startswith("claw-harbor/tb-fix-config:") and t.meta["docker_context"] == str(TB / "environment")
     assert (t.timeout_s, t.difficulty, t.pass_threshold) == (120.0, "easy", 1.0)
     assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512}

@@ -64,8 +64,8 @@ def test_task_toml_fields_and_binary_files_are_kept():
     assert t.hidden["tests/data/blob.bin"] == blob
     assert sorted(t.solution_files) == ["notes.md", "solve.sh", "write_report.py"]
     (job,) = plan_jobs([t], [load_harness("nothing")], samples=1)
-    files = job["verify"]["files"]
-    assert base64.b64decode(files[".claw_verify/tests/data/blob.bin"]["content_b64"]) == blob
+    tests = job["verify"]["mounts"][0]
+    assert tests["target"] == "/tests" and base64.b64decode(tests["files"]["data/blob.bin"]["content_b64"]) == blob
     assert job["env"] == {"GREETING": "hello"} and job["network"] == {"policy": "none"}
 
 

@@ -13,7 +13,7 @@ import click
 
 from claw_bench import __version__
 from claw_bench._cli_paths import output_path
-from claw_bench.check import check_task
+from claw_bench.check import check_tasks
 from claw_bench.errors import ClawError
 from claw_bench.harnesses import list_harnesses, load_harness
 from claw_bench.images import build_images, list_images
@@ -329,21 +329,23 @@ def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: st
 @main.command()
 @click.option("--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory")
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
+@click.option("--backend", default="auto", show_default=True,
+              help="claw-sandbox backend the checks run in (bwrap, docker, process, auto)")
 @_errors
-def check(suite: str, task_ids: tuple[str, ...]) -> None:
+def check(suite: str, task_ids: tuple[str, ...], backend: str) -> None:
     """Prove tasks sound: the untouched workspace fails and the reference solution passes.
 
+    Each task runs in claw-sandbox (`claw-sandbox run --backend`), never on the host.
     Prints one JSON line per (task, mode); exits 1 when any task is unsound.
-    Example: claw-bench check --suite claw-mini --task csv-dedupe-contacts
+    Example: claw-bench check --suite claw-mini --task csv-dedupe-contacts --backend bwrap
     """
     s = _suite(suite).select(list(task_ids) or None)
     bad = []
-    for t in s.tasks:
-        for mode in ("untouched", "solution") if t.solution else ("untouched",):
-            r = check_task(t, mode)
-            click.echo(dumps({k: v for k, v in r.items() if k != "output"}))
-            if r["passed"] != (mode == "solution"):
-                bad.append(f"{t.id} ({mode}: passed={r['passed']}): {r['output'][-500:]}")
+    for r in check_tasks(list(s.tasks), backend=backend):
+        mode = r["mode"]
+        click.echo(dumps({k: v for k, v in r.items() if k != "output"}))
+        if r["passed"] != (mode == "solution"):
+            bad.append(f"{r['task']} ({mode}: passed={r['passed']}): {r['output'][-500:]}")
     if bad:
         _log("unsound tasks:\n" + "\n".join(bad))
         sys.exit(1)

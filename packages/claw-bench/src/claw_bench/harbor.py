@@ -10,10 +10,13 @@ A Harbor task::
       tests/test.sh           the verifier, run after the agent; writes /logs/verifier/reward.txt
       solution/solve.sh       optional reference ("oracle") solution
 
-Harbor runs tests from ``/tests`` and reads the reward from ``/logs/verifier/reward.txt``.
-Sandboxes here place hidden files inside the workspace, so the importer runs the tests from
-``.claw_verify/tests`` and points those two absolute paths there: occurrences of ``/tests/``
-and ``/logs/verifier/`` in the test files are rewritten to workspace-relative paths.
+Task scripts run as Harbor runs them, unchanged (no text is rewritten): the job (planned with
+``profile: "harbor"``) has the task's ``WORKDIR`` (default ``/app``) as its workspace and cwd, the
+tests at ``/tests`` (verify time only), writable ``/logs/verifier`` and ``/logs/agent``, and, for
+the oracle, the whole ``solution/`` folder at ``/solution``. The Dockerfile is read for what a
+backend that does not build the image (bwrap) can still give: ``WORKDIR``, ``ENV`` and the
+``COPY``/``ADD`` of local files into the WORKDIR (as workspace files); its ``RUN`` lines (and
+copies elsewhere) are listed in ``meta["harbor"]["image_run"]``.
 
 The task's image is ``[environment] docker_image`` when set; else, when ``environment/Dockerfile``
 exists, a tag derived from the content of ``environment/`` (``claw-harbor/<task>:<sha12>``, so an
@@ -24,12 +27,14 @@ edited Dockerfile or context file gives a new tag and a stale image is never reu
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shlex
 import tomllib
 from pathlib import Path
 
 from claw_bench.errors import TaskError
-from claw_bench.tasks import VERIFY_DIR, FileContent, Script, Task, read_text_tree
+from claw_bench.tasks import FileContent, Script, Task, read_text_tree
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -56,9 +61,93 @@ def context_tag(task_id: str, context: Path) -> str:
     return f"claw-harbor/{repo}:{h.hexdigest()[:12]}"
 
 
-def _rewrite(text: str) -> str:
-    return (text.replace("/logs/verifier/", f"{VERIFY_DIR}/logs/verifier/")
-            .replace("/tests/", f"{VERIFY_DIR}/tests/"))
+#: where Harbor puts a task's tests (verify time only), its logs, and the oracle's solution folder
+TESTS, LOGS_VERIFIER, LOGS_AGENT, SOLUTION = "/tests", "/logs/verifier", "/logs/agent", "/solution"
+DEFAULT_WORKDIR = "/app"
+#: claw's own verify files of a Harbor job (its verify runner, reward and details), at verify time
+CLAW_LOGS = "/logs/claw"
+HARBOR_DETAILS = f"{CLAW_LOGS}/details.json"
+
+
+def _dockerfile_lines(text: str) -> list[str]:
+    """Instructions of a Dockerfile, continuation lines joined, comments dropped."""
+    out, cur = [], ""
+    for line in text.splitlines():
+        if not cur and line.lstrip().startswith("#"):
+            continue
+        if line.rstrip().endswith("\\"):
+            cur += line.rstrip()[:-1] + " "
+            continue
+        cur += line
+        if cur.strip():
+            out.append(cur.strip())
+        cur = ""
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def read_dockerfile(context: Path, what: str) -> tuple[str, dict[str, str], dict[str, FileContent], list[str]]:
+    """(WORKDIR, ENV, files COPY/ADD puts into the WORKDIR, lines a plain host cannot carry out).
+
+    Only what needs no image build is taken: ``WORKDIR``, ``ENV`` and ``COPY``/``ADD`` of local
+    files or folders of ``environment/`` whose destination lies in the final WORKDIR. ``RUN``
+    lines, copies elsewhere, from URLs or other stages are returned in the last list.
+    """
+    workdir, env, copies, skipped = DEFAULT_WORKDIR, {}, [], []
+    for line in _dockerfile_lines((context / "Dockerfile").read_text(encoding="utf-8")):
+        word, _, rest = line.partition(" ")
+        word, rest = word.upper(), rest.strip()
+        if word == "WORKDIR" and rest:
+            workdir = os.path.normpath(os.path.join(workdir, rest.strip('"')))
+        elif word == "ENV" and rest:
+            try:
+                parts = shlex.split(rest)
+            except ValueError:
+                parts = []
+            if parts and "=" not in parts[0] and len(parts) >= 2:
+                env[parts[0]] = " ".join(parts[1:])  # legacy `ENV KEY value`
+            else:
+                env.update(p.split("=", 1) for p in parts if "=" in p)
+        elif word in ("COPY", "ADD"):
+            try:
+                args = [a for a in shlex.split(rest) if not a.startswith("--chown") and not a.startswith("--chmod")]
+            except ValueError:
+                args = []
+            if len(args) < 2 or any(a.startswith("--") or "://" in a for a in args):
+                skipped.append(line)
+                continue
+            copies.append((args[:-1], args[-1], workdir, line))
+        elif word == "RUN":
+            skipped.append(line)
+    files: dict[str, FileContent] = {}
+    for srcs, dest, wd, line in copies:
+        dest_abs = os.path.normpath(os.path.join(wd, dest))
+        if not (dest_abs == workdir or dest_abs.startswith(workdir.rstrip("/") + "/")):
+            skipped.append(line)
+            continue
+        into_dir = dest.endswith("/") or len(srcs) > 1 or dest in (".", "./")
+        for src in srcs:
+            sp = (context / src).resolve()
+            if not sp.is_relative_to(context.resolve()) or not sp.exists():
+                skipped.append(line)
+                continue
+            base = os.path.relpath(dest_abs, workdir)
+            if sp.is_dir():
+                for rel, content in read_text_tree(sp, what=what).items():
+                    files[os.path.normpath(os.path.join(base, rel))] = content
+            else:
+                target = os.path.join(base, sp.name) if into_dir or (sp.is_file() and dest_abs == workdir) else base
+                files[os.path.normpath(target)] = sp.read_bytes() if not _is_text(sp) else sp.read_text(encoding="utf-8")
+    return workdir, env, files, skipped
+
+
+def _is_text(path: Path) -> bool:
+    try:
+        path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def load_harbor_task(task_dir: str | Path) -> Task:
@@ -86,10 +175,8 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     tests = read_text_tree(task_dir / "tests", what=f"task {name}")
     if not isinstance(tests["test.sh"], str):
         raise TaskError(f"{test_sh}: not UTF-8 text")
-    hidden: dict[str, FileContent] = {f"tests/{k}": _rewrite(v) if isinstance(v, str) else v
-                                      for k, v in tests.items() if k != "test.sh"}
-    hidden["logs/verifier/.keep"] = ""
-    verify = Script(name="tests/test.sh", text=_rewrite(tests["test.sh"]), interpreter="bash")
+    hidden: dict[str, FileContent] = {f"tests/{k}": v for k, v in tests.items() if k != "test.sh"}
+    verify = Script(name="tests/test.sh", text=tests["test.sh"], interpreter="bash")
 
     def _timeout(table: str, default: float) -> float:
         v = meta.get(table, {}).get("timeout_sec", default) if isinstance(meta.get(table), dict) else default
@@ -131,16 +218,23 @@ def load_harbor_task(task_dir: str | Path) -> Task:
             raise TaskError(f"{tpath}: field [{table}.env] must be a table of strings")
         if e:
             task_meta[key] = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in e.items()}
+    workspace: dict[str, FileContent] = {}
+    harbor: dict = {"workdir": DEFAULT_WORKDIR, "image_run": []}
     if (context / "Dockerfile").is_file():
         task_meta["dockerfile"] = str(context / "Dockerfile")
+        workdir, denv, workspace, skipped = read_dockerfile(context, f"task {name}")
+        harbor = {"workdir": workdir, "image_run": skipped}
+        if denv:
+            task_meta["env"] = {**denv, **task_meta.get("env", {})}  # [environment.env] wins
         if image is None:
             image = context_tag(name, context)
             task_meta["docker_context"] = str(context)
+    task_meta["harbor"] = harbor
     return Task(
         id=name, instruction=instruction.strip() + "\n", timeout_s=_timeout("agent", 600.0),
         tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
         difficulty=difficulty if difficulty in ("easy", "medium", "hard") else None,
-        workspace={}, verify=verify, hidden=hidden, verify_timeout_s=_timeout("verifier", 120.0),
+        workspace=workspace, verify=verify, hidden=hidden, verify_timeout_s=_timeout("verifier", 120.0),
         solution=solution, solution_files=solution_files, reward_file=harbor_reward_file(), image=image,
         source="harbor", path=str(task_dir),
         meta=task_meta,
@@ -148,5 +242,5 @@ def load_harbor_task(task_dir: str | Path) -> Task:
 
 
 def harbor_reward_file() -> str:
-    """Where an imported Harbor task's verifier writes its reward (workspace-relative)."""
-    return f"{VERIFY_DIR}/logs/verifier/reward.txt"
+    """Where a Harbor task's verifier writes its reward (an absolute path in the job)."""
+    return f"{LOGS_VERIFIER}/reward.txt"

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from claw_bench.errors import PlanError
+from claw_bench.harbor import CLAW_LOGS, LOGS_AGENT, LOGS_VERIFIER, SOLUTION, TESTS
 from claw_bench.harnesses import Harness
 from claw_bench.records import JOB
 from claw_bench.tasks import FileContent, Task, job_files
@@ -77,6 +78,38 @@ def _oracle(task: Task) -> tuple[str | None, dict[str, FileContent], dict[str, s
     run = task.solution.command(f"{SOLUTION_DIR}/{task.solution.name}")
     env = {**task.meta.get("solution_env", {}), "CLAW_SOLUTION_DIR": SOLUTION_DIR}
     return f"{run}; code=$?; rm -rf {SOLUTION_DIR}; exit $code", files, env
+
+
+def _harbor(job: dict[str, Any], task: Task, hb: dict[str, Any], oracle: bool) -> None:
+    """Give a Harbor task's job Harbor's execution model (claw.job/v1 ``profile: "harbor"``): the
+    WORKDIR as workspace and cwd, writable /logs/agent and /logs/verifier, the tests at /tests at
+    verify time only, the solution folder at /solution for the oracle; scripts run unchanged."""
+    job["profile"], job["workdir"] = "harbor", hb["workdir"]
+    mounts: list[dict[str, Any]] = [{"target": LOGS_AGENT}, {"target": LOGS_VERIFIER}]
+    if oracle and task.solution is not None:
+        sol = task.solution_files or {task.solution.name: task.solution.text}
+        mounts.append({"target": SOLUTION, "files": job_files(sol)})
+        job["command"] = task.solution.command(f"{SOLUTION}/{task.solution.name}")
+        job["workspace"] = {"files": job_files(task.workspace)}
+        job["env"].pop("CLAW_SOLUTION_DIR", None)
+    job["mounts"] = mounts
+    if hb.get("image_run"):
+        job["image_run"] = list(hb["image_run"])
+    if "verify" in job:
+        tests = {k[len("tests/"):]: v for k, v in task.hidden.items() if k.startswith("tests/")}
+        vmounts: list[dict[str, Any]] = [{"target": TESTS, "files": {}}]
+        if task.verify.name == "tests/test.sh":  # plain Harbor: test.sh writes the reward itself
+            tests["test.sh"] = task.verify.text
+            command = f"rm -f {LOGS_VERIFIER}/reward.txt {LOGS_VERIFIER}/reward.json; bash {TESTS}/test.sh"
+        else:  # claw's verify runner (reward.txt / reward.json -> the reward file, details)
+            vmounts.append({"target": CLAW_LOGS, "files": {task.verify.name: task.verify.text}})
+            command = f"CLAW_REWARD_FILE={task.reward_file} bash {CLAW_LOGS}/{task.verify.name}"
+        vmounts[0]["files"] = job_files(tests)
+        job["verify"] = {"command": command, "timeout_s": task.verify_timeout_s, "mounts": vmounts,
+                         "reward_file": task.reward_file}
+    places = [hb["workdir"], *(m["target"] for m in [*mounts, *job.get("verify", {}).get("mounts", [])])]
+    job["collect"] = [c for c in job["collect"] if not c.startswith("/") or any(c.startswith(p + "/") for p in places)]
+    job["collect"] += [f"{LOGS_VERIFIER}/**", f"{LOGS_AGENT}/**"]
 
 
 def plan_jobs(
@@ -174,6 +207,8 @@ def plan_jobs(
                     job["verify"] = verify
                 if task.image:
                     job["image"] = task.image
+                if isinstance(task.meta.get("harbor"), dict):
+                    _harbor(job, task, task.meta["harbor"], oracle=h.builtin == "oracle")
                 task_limits = task.meta.get("limits") if isinstance(task.meta.get("limits"), dict) else {}
                 if limits or task_limits:
                     job["limits"] = {**task_limits, **(limits or {})}  # plan's flags override the task's

@@ -70,7 +70,8 @@ def checker_details(run: dict[str, Any]) -> dict[str, Any]:
     Named sub-scores keep their names; the rest (reason, checker exit code, timed out, automated
     score, transcript) keep theirs. Empty when the run carries no such file or it is unreadable.
     """
-    text = (run.get("collected") or {}).get(DETAILS_FILE)
+    collected = run.get("collected") or {}
+    text = collected.get(DETAILS_FILE, collected.get("/logs/claw/details.json"))  # claw / Harbor jobs
     if not isinstance(text, str):
         return {}
     try:

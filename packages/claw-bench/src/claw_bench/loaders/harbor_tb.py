@@ -1,13 +1,14 @@
 """Harbor / Terminal-Bench 2 tasks with continuous rewards and the Docker image of their Dockerfile.
 
-Extends claw_bench.harbor (which reads instruction.md, task.toml, tests/, solution/ and
-rewrites ``/tests/`` and ``/logs/verifier/`` to paths inside the hidden verify folder): the
-verify step becomes a bash runner (task images need not have Python) that
+Extends claw_bench.harbor (which reads instruction.md, task.toml, tests/, solution/ and the
+Dockerfile; task scripts are never rewritten): the verify step becomes a bash runner (task
+images need not have Python), placed with the job's own verify files at ``/logs/claw``, that
 
-- runs ``tests/test.sh`` with ``[verifier].env`` and kills it at ``[verifier] timeout_sec``,
-- takes the reward from ``logs/verifier/reward.txt`` (one number) or ``reward.json`` (numeric
+- runs ``bash /tests/test.sh`` from the WORKDIR with ``[verifier].env`` and kills it at
+  ``[verifier] timeout_sec``,
+- takes the reward from ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (numeric
   keys: named sub-scores, reward = their mean), and counts a missing reward as 0,
-- records why in ``.claw_verify/details.json`` (timeout, exit code, missing reward).
+- records why in ``/logs/claw/details.json`` (timeout, exit code, missing reward).
 
 ``[environment] cpus`` / ``memory_mb`` / ``storage_mb`` become the job's limits (``storage_mb`` as
 ``disk_mb``, which the sandbox enforces where its backend can). The image is the one
@@ -26,16 +27,16 @@ from typing import Any
 import attrs
 
 from claw_bench.errors import TaskError
-from claw_bench.harbor import is_harbor_task, load_harbor_task
-from claw_bench.loaders._common import DETAILS_FILE, VERIFY_MARGIN_S, LoadOptions
-from claw_bench.tasks import REWARD_FILE, Script, Task
+from claw_bench.harbor import CLAW_LOGS, HARBOR_DETAILS, is_harbor_task, load_harbor_task
+from claw_bench.loaders._common import VERIFY_MARGIN_S, LoadOptions
+from claw_bench.tasks import Script, Task
 
 _RUNNER = r"""#!/bin/bash
 # claw-bench's Harbor verify runner: runs tests/test.sh, turns reward.txt / reward.json into the reward.
-V="${CLAW_VERIFY_DIR:-.claw_verify}"; L="$V/logs/verifier"; R="${CLAW_REWARD_FILE:-$V/reward.json}"
+L=/logs/verifier; R="${CLAW_REWARD_FILE:-/logs/claw/reward.json}"
 mkdir -p "$L"; rm -f "$L/reward.txt" "$L/reward.json"
 __ENV__
-timeout -s KILL __TIMEOUT__ bash "$V/tests/test.sh"; code=$?
+timeout -s KILL __TIMEOUT__ bash /tests/test.sh; code=$?
 reason=""
 if [ "$code" = 137 ]; then reason="tests/test.sh killed at its timeout (__TIMEOUT__s)"; fi
 if [ -z "$reason" ] && [ -s "$L/reward.txt" ]; then
@@ -82,11 +83,11 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
     timeout = opts.checker_timeout_s or base.verify_timeout_s
     exports = "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if str(k).isidentifier())
     text = (_RUNNER.replace("__TIMEOUT__", f"{timeout:g}").replace("__ENV__", exports)
-            .replace("__DETAILS__", DETAILS_FILE))
+            .replace("__DETAILS__", HARBOR_DETAILS))
     hidden = {k: v for k, v in base.hidden.items()}
     hidden["tests/test.sh"] = base.verify.text
     task_meta = dict(base.meta)
-    task_meta["collect"] = [DETAILS_FILE]
+    task_meta["collect"] = [HARBOR_DETAILS]
     etable = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
     limits: dict[str, Any] = {}
     for key, name, kind in (("cpus", "cpus", float), ("memory_mb", "memory_mb", int), ("storage_mb", "disk_mb", int)):
@@ -98,6 +99,6 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
     if limits:
         task_meta["limits"] = limits  # job limits (plan --cpus / --memory-mb override them)
     return attrs.evolve(base, verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
-                        hidden=hidden, reward_file=REWARD_FILE, verify_timeout_s=timeout + VERIFY_MARGIN_S,
+                        hidden=hidden, reward_file=f"{CLAW_LOGS}/reward.json", verify_timeout_s=timeout + VERIFY_MARGIN_S,
                         pass_threshold=opts.pass_threshold, meta=task_meta)
 
