@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from conftest import SECRET, run_job
 
 HB = Path(__file__).parent / "fixtures" / "issue16" / "harbor"
-GOOD = ["claw-fixtures-checksum", "hb-no-solution", "hb-tarball"]
+GOOD = ["claw-fixtures-checksum", "hb-no-solution", "hb-tarball", "hb-workdir-app"]
 
 
 def _run_all(jobs: list[dict], tmp_path: Path) -> list[dict]:
@@ -49,7 +49,7 @@ def test_tasks_command_warns_once_and_counts():
     assert sorted(line.split()[0] for line in r.stdout.splitlines()) == GOOD
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "hb-broken" in warnings[0] and "invalid TOML" in warnings[0]
-    assert r.stderr.splitlines()[-1] == "3 loaded, 1 skipped"
+    assert r.stderr.splitlines()[-1] == "4 loaded, 1 skipped"
     r = CliRunner().invoke(main, ["tasks", "--suite", str(HB), "--strict"])
     assert r.exit_code != 0 and "hb-broken" in r.output
 
@@ -150,6 +150,8 @@ def test_oracle_passes_nothing_fails_without_a_proxy(tmp_path):
         ("claw-fixtures-checksum", "oracle"): ("ok", 1.0, True),
         ("claw-fixtures-checksum", "nothing"): ("ok", 0.0, False),
         ("hb-tarball", "oracle"): ("ok", 1.0, True),
+        ("hb-workdir-app", "oracle"): ("ok", 1.0, True),
+        ("hb-workdir-app", "nothing"): ("ok", 0.0, False),
         ("hb-tarball", "nothing"): ("ok", 0.0, False),
         ("hb-no-solution", "oracle"): ("not_scorable", None, None),
         ("hb-no-solution", "nothing"): ("ok", 0.0, False),
@@ -190,7 +192,7 @@ def test_plan_cli_oracle_needs_no_proxy(tmp_path):
     r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "oracle", "-H", "nothing", "--network", "none",
                                   "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert len(out.read_text().splitlines()) == 6 and "warning: skipped" in r.stderr
+    assert len(out.read_text().splitlines()) == 8 and "warning: skipped" in r.stderr
     r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "claw-agent-chat"])
     assert r.exit_code == 2 and "give --proxy and --proxy-secret-file" in r.output
 
@@ -212,25 +214,62 @@ def test_harness_that_cannot_start_is_an_infra_error(tmp_path):
     assert plain["status"] == "infra_error" and "command not found" in plain["error"]
 
 
-@pytest.mark.other_clis
-@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
-def test_plan_sandbox_score_flow_without_a_proxy(tmp_path):
-    """plan --harness oracle --harness nothing --network none -> claw-sandbox run -> score: 1.0 / 0."""
+def _flow(tmp_path: Path, backend: str, *extra: str) -> dict:
+    """plan --harness oracle --harness nothing --network none -> claw-sandbox run -> score: the outcomes."""
     jobs, runs, outs = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl", tmp_path / "outcomes.jsonl"
     r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "oracle", "-H", "nothing", "--network", "none",
                                   "-o", str(jobs)])
     assert r.exit_code == 0, r.output
     doctor = subprocess.run(["claw-sandbox", "doctor"], capture_output=True, text=True).stdout.splitlines()
-    if not any(line.split()[:2] == ["ok", "bwrap"] for line in doctor):
-        pytest.skip("bwrap backend unavailable here (claw-sandbox doctor)")
-    subprocess.run(["claw-sandbox", "run", str(jobs), "-o", str(runs), "--backend", "bwrap"], check=True, timeout=300)
+    if not any(line.split()[:2] == ["ok", backend] for line in doctor):
+        pytest.skip(f"{backend} backend unavailable here (claw-sandbox doctor)")
+    p = subprocess.run(["claw-sandbox", "run", str(jobs), "-o", str(runs), "--backend", backend, *extra],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
     r = CliRunner().invoke(main, ["score", str(runs), "-o", str(outs)])
     assert r.exit_code == 0, r.output
-    got = {(o["task"], o["harness"]): (o["status"], o["passed"]) for o in map(json.loads, outs.read_text().splitlines())}
-    assert got[("claw-fixtures-checksum", "oracle")] == ("ok", True)
-    assert got[("hb-tarball", "oracle")] == ("ok", True)
-    assert got[("hb-no-solution", "oracle")] == ("not_scorable", None)
-    assert all(v == ("ok", False) for (_, h), v in got.items() if h == "nothing")
+    return {"stderr": p.stderr, "runs": [json.loads(x) for x in runs.read_text().splitlines()],
+            "outcomes": {(o["task"], o["harness"]): (o["status"], o["reward"], o["passed"])
+                         for o in map(json.loads, outs.read_text().splitlines())}}
+
+
+def _assert_oracle_passes_nothing_fails(got: dict) -> None:
+    for task in GOOD:
+        if task == "hb-no-solution":
+            assert got[(task, "oracle")] == ("not_scorable", None, None)
+        else:
+            assert got[(task, "oracle")] == ("ok", 1.0, True), task
+        assert got[(task, "nothing")] == ("ok", 0.0, False), task
+
+
+@pytest.mark.other_clis
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+def test_plan_sandbox_score_flow_without_a_proxy(tmp_path):
+    """On bwrap, every fixture (WORKDIR /app, /solution siblings, a test.sh that cd's away and uses
+    /tests, binary test data, reward.json): oracle 1.0 and passed, nothing 0; RUN lines warned once."""
+    flow = _flow(tmp_path, "bwrap")
+    _assert_oracle_passes_nothing_fails(flow["outcomes"])
+    assert flow["stderr"].count("does not build images") == 1
+    wd = [r for r in flow["runs"] if r["meta"]["task"] == "hb-workdir-app"]
+    assert all(r["image_run_skipped"] == ['RUN echo "built by the image" > /opt/built.txt'] for r in wd)
+
+
+@pytest.mark.slow
+@pytest.mark.other_clis
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+def test_plan_sandbox_score_flow_on_docker(tmp_path):
+    """The same flow on docker: task images built from environment/ on a locally imported base
+    image (no registry); one container per trial; oracle 1.0, nothing 0."""
+    from _fixture_image import BASE_IMAGE, ensure_base_image
+
+    why = ensure_base_image()
+    if why:
+        pytest.skip(f"no local base image for the fixtures: {why}")
+    r = CliRunner().invoke(main, ["images", "--suite", str(HB), "--build"])
+    assert r.exit_code == 0, r.output
+    flow = _flow(tmp_path, "docker", "--image", BASE_IMAGE)
+    _assert_oracle_passes_nothing_fails(flow["outcomes"])
+    assert not any(r.get("image_run_skipped") for r in flow["runs"])  # docker ran the image's RUN lines
 
 
 def test_fixture_blob_matches_its_checksum():

@@ -123,7 +123,7 @@ def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, 
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
     _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address)  # fmt: skip
+         ray_address, image=image)  # fmt: skip
     if not any(isinstance(i, Job) for i in items):
         bad = len(items)
         raise click.ClickException(
@@ -151,7 +151,7 @@ def _check_out(out: str) -> None:
 
 
 def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address) -> None:  # fmt: skip
+         ray_address, image=None) -> None:  # fmt: skip
     if executor == "ray":
         from claw_sandbox.ray_executor import run_on_ray
 
@@ -178,7 +178,7 @@ def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro
         )
         return
     sched = Scheduler(
-        _backend(backend, ro_paths), parallel, retries, Path(workdir) if workdir else None, _log,
+        _backend(backend, ro_paths, image), parallel, retries, Path(workdir) if workdir else None, _log,
         retry_errors=retry_errors,
     )
     started = time.monotonic()

@@ -102,7 +102,7 @@ class Sandbox(abc.ABC):
         build_workspace(
             self.workspace, self.job.files, self.job.copy_from, f"job {self.job.job_id!r}"
         )
-        for i, target in enumerate(self.job.mount_targets()):
+        for i in range(len(self.job.mount_targets())):
             self.mount_dir(i).mkdir(parents=True)
         for i, m in enumerate(self.job.mounts):
             for rel, content in m.files.items():
@@ -129,6 +129,7 @@ class Sandbox(abc.ABC):
     async def sync_out(self) -> None:
         """Bring the workspace's state to the host directory before reading it (a backend whose
         workspace lives elsewhere, e.g. inside a container, copies it out)."""
+        return None  # here the workspace is the host directory itself
 
     def place_verify_files(self) -> None:
         """Put the hidden verifier files into the workspace; only ever after the command ended."""
