@@ -47,7 +47,7 @@ def _record_cases():
 # reader enforces them, and the readers' own conformance tests hold them to it
 BEYOND_SCHEMA = {
     "job": {"network.proxy_url not http", "verify.reward_file absolute", "collect absolute",
-            "verify.reward_file outside the workspace"},
+            "verify.reward_file outside the workspace", "workdir a system directory"},
     "call": {"completion_logprobs shorter than completion_ids"},
     "outcome": {"reward null although status is ok", "passed null although status is ok",
                 "reward set although status is infra_error", "passed set although status is infra_error"},

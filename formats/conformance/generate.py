@@ -255,6 +255,10 @@ def jobs() -> list[dict]:
         ("command", ["python3", "agent.py"], "an argv list"), ("keep", "failed", "failed"),
         ("timeout_s", 0.5, "a fraction"), ("limits.cpus", 0.5, "a fraction"),
         ("image", None, "null"), ("meta", {}, "empty"),
+        ("workdir", "/app", "absolute"), ("profile", "harbor", "harbor"),
+        ("mounts", [{"target": "/logs/verifier"}], "one writable directory"),
+        ("verify.mounts", [{"target": "/tests", "files": {"test.sh": "exit 0\n"}}], "one at verify time"),
+        ("image_run", ["RUN apt-get install -y jq"], "a list"),
     ])
     out.append(case("bare job (schema, job_id, command)", line(bare), "accept"))
     out += bad(g, [
@@ -276,6 +280,10 @@ def jobs() -> list[dict]:
         ("collect", ["/etc/*"], "absolute"), ("collect", "output/*", "a string"),
         ("keep", "sometimes", "unknown value"), ("meta", ["s"], "a list"),
         ("image", 5, "a number"),
+        ("workdir", "app", "relative"), ("workdir", "/etc/app", "a system directory"),
+        ("profile", "lax", "unknown value"), ("mounts", [{"target": "tests"}], "with a relative target"),
+        ("mounts", [{"files": {}}], "without a target"), ("mounts", {"target": "/x"}, "an object"),
+        ("image_run", "RUN true", "a string"),
     ])
     return out
 
