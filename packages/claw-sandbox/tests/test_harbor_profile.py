@@ -67,3 +67,9 @@ def test_harbor_fields_are_checked():
         with pytest.raises(JobError, match=msg):
             Job.from_dict({**base, **change})
     assert Job.from_dict(base).to_dict()["mounts"][0] == {"target": "/solution", "files": {"helper.txt": "sibling\n"}}
+
+
+def test_process_backend_refuses_harbor_jobs(process):
+    """The process backend cannot place /tests, /logs or the workdir: a harbor job is a clear job error."""
+    (run,) = run_jobs([harbor_job("hp")], backend=process)
+    assert run["status"] == "error" and "cannot place absolute paths" in run["error"]

@@ -25,7 +25,7 @@ from claw_sandbox.backends.base import (
     effective_limits,
     rlimit_wrap,
 )
-from claw_sandbox.errors import InfraError
+from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, parse_http_url
 
 MARKER = "CLAW_SANDBOX_TOKEN"
@@ -124,6 +124,13 @@ class ProcessBackend(Backend):
 
     def unavailable(self) -> str | None:
         return None
+
+    def check_job(self, job: Job) -> None:
+        super().check_job(job)
+        if job.workdir or job.mounts or (job.verify and job.verify.mounts) or job.profile != "claw":
+            raise JobError(f"job {job.job_id!r}: workdir / mounts / profile {job.profile}: the process "
+                           "backend runs on the host's own filesystem and cannot place absolute paths "
+                           "(use bwrap or docker)")
 
     def sandbox(self, job: Job, jobdir: Path) -> Sandbox:
         return ProcessSandbox(self, job, jobdir)
