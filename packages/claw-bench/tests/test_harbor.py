@@ -70,3 +70,27 @@ def test_harbor_errors_name_the_file(tmp_path):
     (d / "tests" / "test.sh").unlink()
     with pytest.raises(TaskError, match=r"broken: missing verifier: expected tests/test\.sh"):
         load_harbor_task(d)
+
+
+def test_dockerfile_gives_workdir_env_local_copies_and_lists_the_rest(tmp_path):
+    """WORKDIR (relative ones resolved), ENV (both forms), COPY/ADD of local files or folders into
+    the WORKDIR become workspace files; RUN lines and copies elsewhere or from stages are listed."""
+    from claw_bench.harbor import read_dockerfile
+
+    env = tmp_path / "environment"
+    (env / "src").mkdir(parents=True)
+    (env / "src" / "main.py").write_text("print(1)\n")
+    (env / "data.bin").write_bytes(b"\xff\x00")
+    (env / "cfg.ini").write_text("a = 1\n")
+    (env / "Dockerfile").write_text(
+        "FROM base\nWORKDIR /srv\nWORKDIR app\nENV A=1 B=\"two words\"\nENV LEGACY value here\n"
+        "# a comment\nRUN apt-get update && \\\n    apt-get install -y jq\nCOPY src/ ./src/\n"
+        "COPY data.bin cfg.ini ./\nADD cfg.ini /etc/cfg.ini\nCOPY --from=build /out /srv/app/out\n"
+        "COPY --chown=1000 cfg.ini conf/app.ini\n")
+    workdir, denv, files, skipped = read_dockerfile(env, "task t")
+    assert workdir == "/srv/app"
+    assert denv == {"A": "1", "B": "two words", "LEGACY": "value here"}
+    assert files == {"src/main.py": "print(1)\n", "data.bin": b"\xff\x00", "cfg.ini": "a = 1\n",
+                     "conf/app.ini": "a = 1\n"}
+    assert skipped == ["RUN apt-get update && apt-get install -y jq", "COPY --from=build /out /srv/app/out",
+                       "ADD cfg.ini /etc/cfg.ini"]

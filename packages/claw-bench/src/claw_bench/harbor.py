@@ -71,19 +71,20 @@ HARBOR_DETAILS = f"{CLAW_LOGS}/details.json"
 
 def _dockerfile_lines(text: str) -> list[str]:
     """Instructions of a Dockerfile, continuation lines joined, comments dropped."""
-    out, cur = [], ""
+    out, parts = [], []
     for line in text.splitlines():
-        if not cur and line.lstrip().startswith("#"):
-            continue
+        if line.lstrip().startswith("#"):
+            continue  # a comment, also between continuation lines
         if line.rstrip().endswith("\\"):
-            cur += line.rstrip()[:-1] + " "
+            parts.append(line.rstrip()[:-1].strip())
             continue
-        cur += line
-        if cur.strip():
-            out.append(cur.strip())
-        cur = ""
-    if cur.strip():
-        out.append(cur.strip())
+        parts.append(line.strip())
+        joined = " ".join(p for p in parts if p)
+        if joined:
+            out.append(joined)
+        parts = []
+    if any(parts):
+        out.append(" ".join(p for p in parts if p))
     return out
 
 
