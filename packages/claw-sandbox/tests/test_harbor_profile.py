@@ -73,3 +73,39 @@ def test_process_backend_refuses_harbor_jobs(process):
     """The process backend cannot place /tests, /logs or the workdir: a harbor job is a clear job error."""
     (run,) = run_jobs([harbor_job("hp")], backend=process)
     assert run["status"] == "error" and "cannot place absolute paths" in run["error"]
+
+
+def test_harbor_job_on_a_rootfs_directory():
+    """bwrap --rootfs DIR: the job's root is that directory (e.g. an exported image), read-only,
+    with the workdir and mounts on top; string commands use its own shell."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from claw_sandbox.backends import make_backend
+
+    busybox = shutil.which("busybox")
+    ldd = subprocess.run(["ldd", busybox], capture_output=True, text=True) if busybox else None
+    if ldd is None or "not a dynamic" not in ldd.stdout + ldd.stderr:
+        pytest.skip("a static busybox is needed to make a rootfs (apt-get install busybox-static)")
+    rootfs = tempfile.mkdtemp(prefix="claw-sandbox-test-rootfs-")
+    try:
+        os.chmod(rootfs, 0o755)  # the job's uid must reach it (bwrap runs as that uid for harbor jobs)
+        os.mkdir(f"{rootfs}/bin")
+        shutil.copy(busybox, f"{rootfs}/bin/busybox")
+        for tool in ("sh", "cat", "id", "pwd", "touch"):
+            os.symlink("busybox", f"{rootfs}/bin/{tool}")
+        with open(f"{rootfs}/marker", "w") as f:
+            f.write("from the rootfs\n")
+        backend = make_backend("bwrap", rootfs=rootfs)
+        if backend.unavailable():
+            pytest.skip(f"bwrap unavailable: {backend.unavailable()}")
+        j = job("rf", profile="harbor", workdir="/app", command="cat /marker; id -u; pwd; touch /marker2",
+                mounts=[{"target": "/logs/verifier"}])  # fmt: skip
+        (run,) = run_jobs([j], backend=backend)
+        assert run["status"] == "ok", run
+        assert run["stdout_tail"] == "from the rootfs\n0\n/app\n"
+        assert run["exit_code"] != 0  # the root stays read-only
+    finally:
+        shutil.rmtree(rootfs)

@@ -23,8 +23,10 @@ def _log(msg: str) -> None:
     click.echo(f"claw-sandbox: {msg}", err=True)
 
 
-def _backend(name: str, ro_paths: tuple[str, ...], image: str | None = None):
+def _backend(name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None):
     options: dict = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
+    if rootfs and name in ("auto", "bwrap"):
+        options["rootfs"] = rootfs
     if name == "docker" and image:
         options["default_image"] = image
     try:
@@ -97,6 +99,11 @@ def main() -> None:
 @ro_option
 @image_option
 @click.option(
+    "--rootfs", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+    help="bwrap: this directory (e.g. an exported image) as the jobs' read-only root, not the host's "
+    "(else CLAW_SANDBOX_ROOTFS)",
+)
+@click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
     default="local",
@@ -106,7 +113,7 @@ def main() -> None:
 @click.option(
     "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)"
 )
-def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, image, executor,
+def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, image, rootfs, executor,
         ray_address) -> None:  # fmt: skip
     """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
 
@@ -123,7 +130,7 @@ def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, 
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
     _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=image)  # fmt: skip
+         ray_address, image=image, rootfs=rootfs)  # fmt: skip
     if not any(isinstance(i, Job) for i in items):
         bad = len(items)
         raise click.ClickException(
@@ -151,7 +158,7 @@ def _check_out(out: str) -> None:
 
 
 def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=None) -> None:  # fmt: skip
+         ray_address, image=None, rootfs=None) -> None:  # fmt: skip
     if executor == "ray":
         from claw_sandbox.ray_executor import run_on_ray
 
@@ -178,7 +185,7 @@ def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro
         )
         return
     sched = Scheduler(
-        _backend(backend, ro_paths, image), parallel, retries, Path(workdir) if workdir else None, _log,
+        _backend(backend, ro_paths, image, rootfs), parallel, retries, Path(workdir) if workdir else None, _log,
         retry_errors=retry_errors,
     )
     started = time.monotonic()

@@ -70,6 +70,24 @@ def root_binds() -> list[str]:
     return args
 
 
+def rootfs_binds(rootfs: str) -> list[str]:
+    """The sandbox's root from a directory (e.g. an exported image): each of its top-level
+    entries read-only (symlinks as they are), fresh /dev and /proc, /sys read-only, own /tmp."""
+    root = os.path.realpath(rootfs)
+    args = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name in ("dev", "proc", "sys", "tmp"):
+            continue
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif os.path.isdir(path) or os.path.isfile(path):
+            args += ["--ro-bind", path, f"/{name}"]
+    args += ["--ro-bind-try", "/sys", "/sys", "--dev", "/dev", "--proc", "/proc"]
+    args += ["--perms", "1777", "--dir", "/tmp"]
+    return args
+
+
 def _under(path: str, roots: tuple[str, ...] | set[str]) -> bool:
     return any(path == r or path.startswith(r + "/") for r in roots)
 
@@ -196,6 +214,9 @@ class BwrapSandbox(Sandbox):
                 args += ["--tmpfs", h]
         args += ["--remount-ro", "/", "--chdir", self.inside_workspace]  # bwrap's root tmpfs, too
         inner = argv_of(command)
+        if self.backend.rootfs and isinstance(command, str):  # the rootfs's shell, not the host's
+            has_bash = any(os.path.exists(os.path.join(self.backend.rootfs, d, "bash")) for d in ("bin", "usr/bin"))
+            inner = ["/bin/bash" if has_bash else "/bin/sh", "-c", command]
         if self.relay is not None:
             inner = (
                 _forward.inner_command(job.network.port or 0, self.backend.socat, sys.executable)
@@ -304,7 +325,7 @@ class BwrapBackend(Backend):
 
     def __init__(self, *, uid: int = 65534, gid: int = 65534, ro_paths: tuple[str, ...] = (),
                  hide: tuple[str, ...] = (), default_limits: Limits = DEFAULT_LIMITS,
-                 seccomp: bool = True) -> None:  # fmt: skip
+                 seccomp: bool = True, rootfs: str | None = None) -> None:  # fmt: skip
         self.bwrap = shutil.which("bwrap") or ""
         self.setpriv = shutil.which("setpriv") or ""
         self.socat = shutil.which("socat")
@@ -312,7 +333,9 @@ class BwrapBackend(Backend):
         self.owner = (uid, gid) if os.geteuid() == 0 and self.setpriv else None
         env_paths = tuple(p for p in os.environ.get("CLAW_SANDBOX_RO_PATHS", "").split(":") if p)
         self.ro_paths = (*ro_paths, *env_paths)
-        self.base_args = root_binds()
+        #: a directory to use as the root filesystem (e.g. an exported image) instead of the host's
+        self.rootfs = rootfs or os.environ.get("CLAW_SANDBOX_ROOTFS") or None
+        self.base_args = rootfs_binds(self.rootfs) if self.rootfs else root_binds()
         self.default_limits = default_limits
         self.seccomp = seccomp and _seccomp.program() is not None
         self.hidden: set[str] = set()
@@ -334,10 +357,12 @@ class BwrapBackend(Backend):
     def _probe(self) -> str | None:
         if not self.bwrap:
             return "bwrap is not installed (apt-get install bubblewrap)"
+        if self.rootfs and not os.path.isdir(self.rootfs):
+            return f"--rootfs {self.rootfs}: not a directory"
         argv = [self.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         if self.owner is None:
             argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
-        argv += [*self.base_args, "--", "/bin/true"]
+        argv += [*self.base_args, "--", "/bin/sh", "-c", "true"]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
