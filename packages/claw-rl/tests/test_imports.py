@@ -4,9 +4,8 @@ import subprocess
 import sys
 import types
 
-import pytest
-
 import claw_rl
+import pytest
 
 
 def _loaded(code: str) -> list[str]:

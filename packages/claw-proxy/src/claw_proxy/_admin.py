@@ -133,10 +133,10 @@ def routes(proxy) -> list[Route]:
         except ClawError as e:
             return _err(e)
         engines = {}
-        for spec, e in proxy.engines.items():
-            d = {"policy": e.policy, "trainable": e.trainable}
-            if hasattr(e, "batches"):
-                d.update(batches=e.batches, batched_rows=e.batched_rows)
+        for spec, eng in proxy.engines.items():
+            d = {"policy": eng.policy, "trainable": eng.trainable}
+            if hasattr(eng, "batches"):
+                d.update(batches=eng.batches, batched_rows=eng.batched_rows)
             engines[spec] = d
         open_sessions = sum(1 for s in proxy.sessions.values() if not s.closed)
         return JSONResponse(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from starlette.responses import StreamingResponse
 
@@ -71,7 +72,7 @@ class Run:
         self.proxy, self.api, self.engine, self.req, self.gen_req = proxy, api, engine, req, gen_req
         self.renderer, self.session, self.state, self.seq = renderer, session, state, seq
         self.call_id, self.started, self.rendered = call_id, started, rendered
-        self.gen = None
+        self.gen: Any = None  # the engine's Generation, once started
         self._closed = False
         self.ids: list[int] = []
         self.logprobs: list[float] = []

@@ -16,6 +16,7 @@ accept errors costs a line, not a disk).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 import time
@@ -34,8 +35,8 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             waiting = _waiting(self.server_state)
-            self._claw_timer = None
-            self._claw_cycle = None
+            self._claw_timer: asyncio.TimerHandle | None = None
+            self._claw_cycle: object = None
             if len(self.connections) > max_connections:
                 victim = next(iter(waiting), None)
                 if victim is None:  # every open connection is serving a request

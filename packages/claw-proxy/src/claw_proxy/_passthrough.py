@@ -27,6 +27,8 @@ _PATHS = {
 
 
 def _finish(api, answer: dict | None) -> str:
+    if answer is None:
+        return "stop"
     try:
         if api is api_anthropic:
             return {"tool_use": "tool_calls", "max_tokens": "length"}.get(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from typing import Any
 
 from claw_proxy.engines import Engine, Generation, GenRequest
 from claw_proxy.errors import ConfigError, EngineError
@@ -77,7 +78,8 @@ class _Job:
     __slots__ = ("req", "gen", "generator")
 
     def __init__(self, req: GenRequest, gen: Generation) -> None:
-        self.req, self.gen, self.generator = req, gen, None
+        self.req, self.gen = req, gen
+        self.generator: Any = None  # a torch.Generator, made on the first sampled token
 
 
 class TransformersEngine(Engine):
@@ -264,6 +266,7 @@ class TransformersEngine(Engine):
                     logits = out.logits[:, -1, :].float()
                     mask, past = _trim(mask, past)
                 if new:
+                    assert policy is not None  # jobs are admitted only under a policy
                     for j in new:
                         j.gen.put("policy", dict(policy))
                     batch.extend(new)

@@ -80,12 +80,13 @@ def parse(body: dict) -> ChatRequest:
                 )
             )
         elif role == "assistant":
-            text, calls = [], []
+            parts: list[str] = []
+            calls = []
             for k, b in enumerate(blocks):
                 bw = f"{where}.content[{k}]"
                 kind = b["type"]
                 if kind == "text":
-                    text.append(check_type(b.get("text"), str, f"{bw}.text"))
+                    parts.append(check_type(b.get("text"), str, f"{bw}.text"))
                 elif kind == "tool_use":
                     calls.append(
                         ToolCall(
@@ -98,7 +99,7 @@ def parse(body: dict) -> ChatRequest:
                     continue  # reasoning is not re-sent to the model (the template drops it too)
                 else:
                     raise RequestError(f"unsupported assistant content block {kind!r}", bw)
-            msgs.append(Message(role="assistant", content="".join(text), tool_calls=tuple(calls)))
+            msgs.append(Message(role="assistant", content="".join(parts), tool_calls=tuple(calls)))
         else:
             texts: list[str] = []
             for k, b in enumerate(blocks):
@@ -188,7 +189,7 @@ class Stream:
         return sse({"type": kind, **data}, event=kind)
 
     def start(self) -> list[bytes]:
-        msg = {
+        msg: dict = {
             "id": self.id,
             "type": "message",
             "role": "assistant",

@@ -109,7 +109,7 @@ def parse(body: dict) -> ChatRequest:
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None, arguments: str | None = None) -> dict:
-    d = {
+    d: dict = {
         "id": call.id,
         "type": "function",
         "function": {

@@ -311,8 +311,8 @@ class Stream:
         elif isinstance(ev, TextDelta):
             if self._text is None:
                 out += self._open_message()
-            self._text += ev.text
-            data = {
+            self._text = (self._text or "") + ev.text
+            data: dict = {
                 "item_id": self._msg_id,
                 "output_index": len(self._output),
                 "content_index": 0,

@@ -51,6 +51,7 @@ class Generation:
         self.policy: dict | None = None  # {name, version} that produced the tokens
         self.cancelled = False
         self.finish: str | None = None  # engine's own finish hint (stop / length)
+        self.task: asyncio.Future | None = None  # the engine's task, where it runs one
 
     def put(self, kind: str, value=None) -> None:
         """Thread-safe: 'policy' (dict), 'tokens' (list of (id, logprob)), 'end', 'error'."""
@@ -68,7 +69,7 @@ class Generation:
             kind, value = await self._queue.get()
             if kind == "tokens":
                 value = list(value)
-                while not self._queue.empty() and self._queue._queue[0][0] == "tokens":  # noqa: SLF001
+                while not self._queue.empty() and self._queue._queue[0][0] == "tokens":  # type: ignore[attr-defined]  # noqa: SLF001
                     value += self._queue.get_nowait()[1]
                 yield value
             elif kind == "policy":

@@ -318,14 +318,14 @@ class CallWriter:
             d.pop("prompt_ids")
             head = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
             line = f'{head[:-1]},"prompt_ids":[{prompt_ids_json}]}}'
-        line = (line + "\n").encode("utf-8")
+        data = (line + "\n").encode("utf-8")
         with self._lock:
             size = os.fstat(self._fd).st_size if self.max_bytes else 0
-            if self.max_bytes and size > 0 and size + len(line) > self.max_bytes:
+            if self.max_bytes and size > 0 and size + len(data) > self.max_bytes:
                 os.close(self._fd)
                 self._index += 1
                 self._fd = self._open()
-            view = memoryview(line)
+            view = memoryview(data)
             while view:
                 n = os.write(self._fd, view)
                 view = view[n:]

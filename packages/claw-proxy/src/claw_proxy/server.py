@@ -39,7 +39,6 @@ from claw_proxy.records import CallWriter, Policy, last_seqs
 from claw_proxy.render import PrefixCache, Renderer
 from claw_proxy.tokens import token_from_headers, verify_token
 
-
 _BIG_BODY = 1 << 20
 _big_request: contextvars.ContextVar[bool] = contextvars.ContextVar("big_request", default=False)
 
@@ -61,7 +60,7 @@ class Proxy:
         self._transport = transport  # httpx transport for vllm/passthrough engines (tests)
         self.engines: dict[str, Engine] = {}
         self.renderers: dict[str, Renderer] = {}
-        self.caches: dict[str, PrefixCache] = {}
+        self.caches: dict[str | None, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
         self.workers = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="claw-proxy-cpu")
         self.big_workers = ThreadPoolExecutor(
@@ -234,7 +233,8 @@ class Proxy:
         try:
             session, state = self.authenticate(request)
             body = await self._body(request)
-            engine = self.route(body.get("model") if isinstance(body.get("model"), str) else "")
+            model = body.get("model")
+            engine = self.route(model if isinstance(model, str) else "")
             if isinstance(engine, PassthroughEngine):
                 from claw_proxy._passthrough import forward
 

@@ -129,7 +129,7 @@ class HermesParser:
             if events and isinstance(events[0], ToolCallEvent):
                 out.extend(events)
             else:
-                out: list = []
+                out = []
                 self._emit_text(self.open_call + rest, out)
         elif self._mode == "think":
             if rest:

@@ -12,6 +12,7 @@ even if it swaps entries while the runner works:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -69,10 +70,8 @@ def open_subdir(dir_fd: int, name: str, create: bool = False, mode: int = 0o755)
         except FileNotFoundError:
             if not create:
                 raise
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(name, mode, dir_fd=dir_fd)
-            except FileExistsError:
-                pass
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise

@@ -81,8 +81,8 @@ def linear_scan(a: np.ndarray, c: np.ndarray, block: int = 64) -> np.ndarray:
             x[i] = nxt
         return x
     m = -(-n // block)
-    A = np.zeros(m * block)
-    C = np.zeros(m * block)
+    A: np.ndarray = np.zeros(m * block)
+    C: np.ndarray = np.zeros(m * block)
     A[:n], C[:n] = a, c
     A, C = A.reshape(m, block).T.copy(), C.reshape(m, block).T.copy()  # (block, m)
     loc = np.empty_like(A)

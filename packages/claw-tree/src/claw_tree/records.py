@@ -354,7 +354,7 @@ def read_records(
     skip_invalid: bool = False,
 ) -> ReadResult:
     """Parse every row of ``source`` with ``parse(row, where)``; raise or count invalid rows."""
-    records: list[T] = []
+    records: list[Any] = []
     skipped: list[str] = []
     for where, row in iter_jsonl(source):
         try:
@@ -398,9 +398,9 @@ def read_values(source: str | Path | IO[str]) -> dict[str, np.ndarray]:
 def write_jsonl(rows: Iterable[dict], out: str | Path | IO[str]) -> int:
     """Write one compact JSON object per line to a path, ``-`` (stdout) or a stream; return count."""
     if isinstance(out, (str, Path)) and str(out) != "-":
-        with Path(out).open("w", encoding="utf-8") as fh:
-            return write_jsonl(rows, fh)
-    fh = sys.stdout if isinstance(out, (str, Path)) else out
+        with Path(out).open("w", encoding="utf-8") as file:
+            return write_jsonl(rows, file)
+    fh: IO[str] = sys.stdout if isinstance(out, (str, Path)) else out
     n = 0
     for row in rows:
         fh.write(json.dumps(row, separators=(",", ":")) + "\n")
