@@ -10,10 +10,10 @@ import time
 import uuid
 from pathlib import Path
 
+from claw_sandbox import _fsat, _leftovers
 from claw_sandbox.backends.base import Backend, Sandbox
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Job, Run, VerifyResult
-from claw_sandbox import _fsat, _leftovers
 from claw_sandbox.workspace import collect, parse_reward, read_file
 
 

@@ -29,9 +29,8 @@ import time
 import warnings
 from pathlib import Path
 
-from claw_sandbox import _forward
+from claw_sandbox import _forward, _tmpfs
 from claw_sandbox._proc import StepResult
-from claw_sandbox import _tmpfs
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, parse_http_url
