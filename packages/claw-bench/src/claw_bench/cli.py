@@ -313,7 +313,7 @@ def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: st
 
     Example: claw-bench report outcomes.jsonl --reward-cutoff 0.5 --reward-cutoff 1.0
     """
-    opts = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
+    opts: dict[str, Any] = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
     rep = report(read_records(outcomes, OUTCOME, check_outcome), **opts, thresholds=list(thresholds) or None)
     base = None
     if other:

@@ -109,7 +109,10 @@ def read_dockerfile(context: Path, what: str) -> tuple[str, dict[str, str], dict
             if parts and "=" not in parts[0] and len(parts) >= 2:
                 env[parts[0]] = " ".join(parts[1:])  # legacy `ENV KEY value`
             else:
-                env.update(p.split("=", 1) for p in parts if "=" in p)
+                for p in parts:
+                    if "=" in p:
+                        key, value = p.split("=", 1)
+                        env[key] = value
         elif word in ("COPY", "ADD"):
             try:
                 args = [a for a in shlex.split(rest) if not a.startswith("--chown") and not a.startswith("--chmod")]
@@ -167,8 +170,8 @@ def load_harbor_task(task_dir: str | Path) -> Task:
             meta = tomllib.loads(tpath.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
-    ttable = meta.get("task") if isinstance(meta.get("task"), dict) else {}
-    raw_name = ttable.get("name") if isinstance(ttable.get("name"), str) and ttable.get("name") else task_dir.name
+    ttable = t if isinstance(t := meta.get("task"), dict) else {}
+    raw_name = n if isinstance(n := ttable.get("name"), str) and n else task_dir.name
     name = _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"  # [task] name is the id when present
     test_sh = task_dir / "tests" / "test.sh"
     if not test_sh.is_file():
@@ -213,7 +216,7 @@ def load_harbor_task(task_dir: str | Path) -> Task:
                             f"got {build_timeout!r}")
         task_meta["build_timeout_s"] = float(build_timeout)  # claw-bench images --build kills the build then
     for table, key in (("environment", "env"), ("solution", "solution_env")):
-        t = meta.get(table) if isinstance(meta.get(table), dict) else {}
+        t = t if isinstance(t := meta.get(table), dict) else {}
         e = t.get("env", {})
         if not isinstance(e, dict) or not all(isinstance(v, str | int | float | bool) for v in e.values()):
             raise TaskError(f"{tpath}: field [{table}.env] must be a table of strings")

@@ -209,7 +209,7 @@ def plan_jobs(
                     job["image"] = task.image
                 if isinstance(task.meta.get("harbor"), dict):
                     _harbor(job, task, task.meta["harbor"], oracle=h.builtin == "oracle")
-                task_limits = task.meta.get("limits") if isinstance(task.meta.get("limits"), dict) else {}
+                task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
                 if limits or task_limits:
                     job["limits"] = {**task_limits, **(limits or {})}  # plan's flags override the task's
                 jobs.append(job)

@@ -214,7 +214,7 @@ def main():
     with open(os.path.join(VDIR, "runner.json"), encoding="utf-8") as fh:
         cfg = json.load(fh)
     ws = os.getcwd()
-    res = {"scores": {}, "reason": None}
+    res: dict = {"scores": {}, "reason": None}
     started = time.monotonic()
     try:
         reward = {"clawgym": clawgym, "pinchbench": pinchbench, "none": none}[cfg["kind"]](cfg, ws, res)

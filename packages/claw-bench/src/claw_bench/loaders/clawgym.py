@@ -78,8 +78,8 @@ def _rubric(rules: Any, where: str) -> str | None:
 
 
 def _build(*, tid: str, query: str, mount: str | None, command: str, grade_file: str | None = None,
-           workspace: dict[str, str],
-           reward_files: dict[str, str], meta: dict[str, Any], rules: Any, where: str, path: str,
+           workspace: dict[str, str | bytes],
+           reward_files: dict[str, str | bytes], meta: dict[str, Any], rules: Any, where: str, path: str,
            opts: LoadOptions) -> Task:
     if not isinstance(query, str) or not query.strip():
         raise TaskError(f"{where}: field 'user_query'/'prompt' must be a non-empty string")
@@ -91,7 +91,7 @@ def _build(*, tid: str, query: str, mount: str | None, command: str, grade_file:
     instruction = instruction.replace(mount.rstrip("/"), target)
     timeout = opts.checker_timeout_s or DEFAULT_CHECKER_TIMEOUT_S
     rubric = _rubric(rules, where)
-    hidden = {f"reward/{k}": v for k, v in reward_files.items()}
+    hidden: dict[str, str | bytes] = {f"reward/{k}": v for k, v in reward_files.items()}
     hidden["runner.json"] = runner_config(kind="clawgym", command=command, grade_file=grade_file, mount_dir=mount,
                                           workspace_dir=opts.workspace_dir, timeout_s=timeout,
                                           threshold=opts.pass_threshold, judge_files=bool(rubric))

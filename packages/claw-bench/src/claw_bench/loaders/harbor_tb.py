@@ -76,7 +76,7 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
         raise TaskError(f"{task_dir}: not a Harbor task (needs instruction.md and tests/)")
     base = load_harbor_task(task_dir)
     meta = _toml(task_dir)
-    vtable = meta.get("verifier") if isinstance(meta.get("verifier"), dict) else {}
+    vtable = t if isinstance(t := meta.get("verifier"), dict) else {}
     env = vtable.get("env", {})
     if not isinstance(env, dict):
         raise TaskError(f"{task_dir / 'task.toml'}: field [verifier] env must be a table")
@@ -88,7 +88,7 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
     hidden["tests/test.sh"] = base.verify.text
     task_meta = dict(base.meta)
     task_meta["collect"] = [HARBOR_DETAILS]
-    etable = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
+    etable = t if isinstance(t := meta.get("environment"), dict) else {}
     limits: dict[str, Any] = {}
     for key, name, kind in (("cpus", "cpus", float), ("memory_mb", "memory_mb", int), ("storage_mb", "disk_mb", int)):
         v = etable.get(key)

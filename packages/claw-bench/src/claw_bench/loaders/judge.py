@@ -68,7 +68,8 @@ def parse_score(text: str) -> float:
 
 def judge_prompt(instruction: str, rubric: str, files: dict[str, str]) -> str:
     """The user message: the task, the rubric, then the workspace files (each and all truncated)."""
-    parts, total = [], 0
+    parts: list[str] = []
+    total = 0
     for path in sorted(files):
         body = files[path]
         if len(body) > MAX_FILE_CHARS:

@@ -136,7 +136,7 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise TaskError(f"{where}: field 'timeout_seconds' must be a positive number, got {timeout!r}")
     checker_timeout = opts.checker_timeout_s or 120.0
-    hidden = {"runner.json": runner_config(kind="pinchbench" if code else "none", timeout_s=checker_timeout,
+    hidden: dict[str, str | bytes] = {"runner.json": runner_config(kind="pinchbench" if code else "none", timeout_s=checker_timeout,
                                            workspace_dir=opts.workspace_dir, threshold=opts.pass_threshold,
                                            judge_files=True)}
     if code:
