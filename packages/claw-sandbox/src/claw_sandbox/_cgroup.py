@@ -102,17 +102,19 @@ def detect(name: str = "claw-sandbox") -> CgroupSupport:
             )
         return _swept(CgroupSupport(2, (base,), "cgroup v2"))
     bases = []
-    for ctl in V1_CONTROLLERS:
-        mount = ROOT / ctl
+    for controller in V1_CONTROLLERS:
+        mount = ROOT / controller
         if not mount.is_dir():
-            alt = [p for p in ROOT.glob(f"*{ctl}*") if p.is_dir()]
+            alt = [p for p in ROOT.glob(f"*{controller}*") if p.is_dir()]
             if not alt:
-                return CgroupSupport(None, reason=f"no cgroup v1 {ctl} hierarchy under {ROOT}")
+                return CgroupSupport(
+                    None, reason=f"no cgroup v1 {controller} hierarchy under {ROOT}"
+                )
             mount = alt[0]
-        base = _below(mount, own.get(ctl, "/")) / name
+        base = _below(mount, own.get(controller, "/")) / name
         if not _writable_dir(base):
             return CgroupSupport(
-                None, reason=f"cgroup v1 {ctl} hierarchy {base} is not writable (not root?)"
+                None, reason=f"cgroup v1 {controller} hierarchy {base} is not writable (not root?)"
             )
         bases.append(base)
     return _swept(CgroupSupport(1, tuple(bases), "cgroup v1"))

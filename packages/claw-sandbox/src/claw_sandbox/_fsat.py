@@ -17,7 +17,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SWAP_TRIES = 8  # a concurrent writer swapping an entry back and forth: give up after this
@@ -143,7 +143,9 @@ def read_file(root_fd: int, parts: Sequence[str], limit: int) -> tuple[bytes, bo
     return data[:limit], len(data) > limit
 
 
-def walk(root_fd: int, descend: Callable[[tuple[str, ...]], bool]) -> Iterator[Entry]:
+def walk(
+    root_fd: int, descend: Callable[[tuple[str, ...]], bool]
+) -> Generator[Entry, None, None]:
     """Every entry under root_fd, depth first in directory order: (dir fd, the directory's parts,
     name, kind) with kind "dir", "file" (regular), "link" or "other". Only real directories are
     entered, and only those for which `descend(parts)` is true; one directory fd (and one

@@ -175,7 +175,7 @@ def _watch_exit(
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
         fut = asyncio.ensure_future(asyncio.to_thread(proc.wait))
-        fut.add_done_callback(lambda _f: exited.done() or exited.set_result(None))
+        fut.add_done_callback(lambda _f: None if exited.done() else exited.set_result(None))
         return exited
 
     def gone() -> None:

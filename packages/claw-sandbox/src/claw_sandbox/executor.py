@@ -76,10 +76,10 @@ async def _collect(job: Job, sandbox: Sandbox) -> dict[str, str]:
     await sandbox.sync_out()
     groups: dict[Path, tuple[str, list[str]]] = {}  # host dir -> (its place in the job, globs)
     for g in job.collect:
-        got = sandbox.host_root(g)
-        if got is None:
+        place = sandbox.host_root(g)
+        if place is None:
             continue
-        root, rel = got
+        root, rel = place
         prefix = g[: len(g) - len(rel)] if g.startswith("/") else ""
         groups.setdefault(root, (prefix.rstrip("/") + "/" if prefix else "", []))[1].append(rel)
     collected: dict[str, str] = {}
@@ -131,7 +131,7 @@ async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
                 r.stderr,
             )
     r = await sandbox.run(job.command, timeout_s=max(0.001, deadline - time.monotonic()))
-    fields = {
+    fields: dict = {
         "status": "timeout" if r.timed_out else "ok",
         "exit_code": r.exit_code,
         "verify": None,

@@ -75,7 +75,8 @@ def run_on_ray(
     log = log or (lambda m: None)
     items = [_as_job(j, i) for i, j in enumerate(jobs, start=1)]
     check_unique(items)
-    fd, done = (None, set())
+    fd = None
+    done: set = set()
     if out is not None:
         fd, done = _open_resumable(
             Path(out), log, {j.job_id for j in items} if retry_errors else None

@@ -168,7 +168,7 @@ class Limits:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Limits:
-        out = {}
+        out: dict[str, Any] = {}
         for key, typ in (
             ("memory_mb", int),
             ("pids", int),
@@ -486,7 +486,7 @@ class Run:
     image_run_skipped: tuple[str, ...] = ()  # the job's image_run lines this backend did not run
 
     def to_dict(self) -> dict:
-        d = {
+        d: dict[str, Any] = {
             "schema": RUN_SCHEMA,
             "job_id": self.job_id,
             "status": self.status,
@@ -569,13 +569,9 @@ def read_jobs(
         try:
             yield Job.from_dict(row, where, base_dir)
         except JobError as exc:
-            meta = (
-                row.get("meta")
-                if isinstance(row, dict) and isinstance(row.get("meta"), dict)
-                else {}
-            )
-            ok_id = isinstance(job_id, str) and bool(job_id)
-            yield BadLine(job_id=job_id if ok_id else where, error=str(exc), meta=meta)
+            meta = m if isinstance(row, dict) and isinstance(m := row.get("meta"), dict) else {}
+            ok_id = job_id if isinstance(job_id, str) and job_id else where
+            yield BadLine(job_id=ok_id, error=str(exc), meta=meta)
 
 
 def _not_json(word: str) -> Any:

@@ -41,11 +41,7 @@ def _as_job(item: JobLike, index: int) -> Job | BadLine:
         return Job.from_dict(item, f"job #{index}")
     except JobError as exc:
         job_id = item.get("job_id") if isinstance(item, dict) else None
-        meta = (
-            item.get("meta")
-            if isinstance(item, dict) and isinstance(item.get("meta"), dict)
-            else {}
-        )
+        meta = m if isinstance(item, dict) and isinstance(m := item.get("meta"), dict) else {}
         return BadLine(job_id=job_id if isinstance(job_id, str) and job_id else f"job #{index}",
                        error=str(exc), meta=meta)  # fmt: skip
 
