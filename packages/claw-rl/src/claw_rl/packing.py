@@ -12,6 +12,7 @@ tokens attend only to themselves and carry no loss.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -91,7 +92,7 @@ class Batch:
         return b, i, self.parent[b, i]
 
 
-def _pad(rows: list[Sequence], n: int, fill, dtype) -> torch.Tensor:
+def _pad(rows: Sequence[Any], n: int, fill, dtype) -> torch.Tensor:
     out = torch.full((len(rows), n), fill, dtype=dtype)
     for k, r in enumerate(rows):
         if len(r):
@@ -152,7 +153,7 @@ def chain_sample(sample_id: str, prompt_ids: Sequence[int], completion_ids: Sequ
     n = n_p + n_c
     lp = list(completion_logprobs) if completion_logprobs is not None else [0.0] * n_c
     w = 1.0 / n_c if n_c else 0.0
-    fields = dict(
+    fields: dict[str, Any] = dict(
         sample_id=sample_id, algo="grpo",
         input_ids=tuple(prompt_ids) + tuple(completion_ids),
         position_ids=tuple(range(n)), parent=tuple(range(-1, n - 1)),
