@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -219,7 +220,8 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
     loop, main_task = asyncio.get_running_loop(), asyncio.current_task()
 
     def on_sigterm() -> None:
-        main_task.cancel()
+        if main_task is not None:
+            main_task.cancel()
         loop.remove_signal_handler(signal.SIGTERM)
 
     loop.add_signal_handler(signal.SIGTERM, on_sigterm)
@@ -231,7 +233,7 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
         progress = Progress(
             console=Console(stderr=True), redirect_stdout=False, redirect_stderr=False
         )
-    task = None
+    task: Any = None
     if progress is not None:
         progress.start()
         task = progress.add_task("jobs", total=None)

@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 import attrs
@@ -284,7 +284,7 @@ async def arun_jobs(
     workdir: str | Path | None = None,
     log: Callable[[str], None] | None = None,
     retry_errors: bool = False,
-) -> AsyncIterator[dict]:
+) -> AsyncGenerator[dict, None]:
     """Async variant of :func:`run_jobs`: yields each `claw.run/v1` dict as its job finishes."""
     sched = Scheduler(get_backend(backend), parallel, retries, Path(workdir) if workdir else None,
                       log or (lambda m: None), retry_errors=retry_errors)  # fmt: skip

@@ -165,7 +165,9 @@ def _check_member(member: tarfile.TarInfo, where: str) -> None:
             )
 
 
-def build_workspace(ws: Path, files: dict[str, str], copy_from: str | None, where: str) -> None:
+def build_workspace(
+    ws: Path, files: dict[str, str | bytes], copy_from: str | None, where: str
+) -> None:
     """Fill an empty workspace directory: copy_from first, then the inline files on top."""
     ws.mkdir(parents=True, exist_ok=True)
     if copy_from:

@@ -28,7 +28,7 @@ def make_backend(name: str, **options) -> Backend:
     )
 
 
-def get_backend(name: str = "auto", **options) -> Backend:
+def get_backend(name: str | Backend = "auto", **options) -> Backend:
     """A working backend: the named one (BackendUnavailable saying why not) or, for `auto`,
     the strongest that works here: bwrap, else process (which does not isolate)."""
     if isinstance(name, Backend):

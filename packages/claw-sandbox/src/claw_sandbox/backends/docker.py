@@ -28,6 +28,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from claw_sandbox import _forward, _tmpfs
 from claw_sandbox._proc import StepResult
@@ -57,7 +58,7 @@ class DockerSandbox(Sandbox):
         self.owner = backend.owner
         self.relay: _forward.Relay | None = None
         self.image = job.image or backend.default_image
-        self.container = None  # the trial container of a `profile: "harbor"` job
+        self.container: Any = None  # the trial container of a `profile: "harbor"` job
         self.forwarder: subprocess.Popen | None = None
         if job.profile == "harbor":
             self.owner = None  # root (or the image's USER) inside owns what it writes
@@ -78,7 +79,7 @@ class DockerSandbox(Sandbox):
     def _harbor_config(self) -> dict:
         """The trial container: docker's defaults (capabilities, writable filesystem, the image's
         USER), the job's limits and network, its mounts bound, cwd = workdir."""
-        config = self._config(["sleep", "infinity"])
+        config = self._config(("sleep", "infinity"))
         for key in ("read_only", "cap_drop", "security_opt", "user"):
             config.pop(key, None)
         config["working_dir"] = self.inside_workspace
@@ -193,12 +194,12 @@ class DockerSandbox(Sandbox):
             stderr=bytes(err[-limit:] if limit else b"").decode("utf-8", errors="replace"),
         )  # fmt: skip
 
-    def _config(self, command: Command) -> dict:
+    def _config(self, command: Command) -> dict[str, Any]:
         limits = self.limits
         argv = argv_of(command) if not isinstance(command, str) else ["/bin/sh", "-c", command]
         if self.relay is not None:
             argv = ["/bin/sh", "-c", WAIT_READY, "claw-wait", *argv]
-        config = {
+        config: dict[str, Any] = {
             "image": self.image, "command": argv, "detach": True, "working_dir": "/workspace",
             "environment": self.env(), "read_only": True, "cap_drop": ["ALL"], "init": True,
             "security_opt": ["no-new-privileges"], "hostname": "sandbox",

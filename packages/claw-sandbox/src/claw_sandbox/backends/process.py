@@ -32,6 +32,7 @@ MARKER = "CLAW_SANDBOX_TOKEN"
 
 
 class ProcessSandbox(Sandbox):
+    backend: ProcessBackend
     def __init__(self, backend: ProcessBackend, job: Job, jobdir: Path) -> None:
         super().__init__(backend, job, jobdir)
         self.inside_workspace = str(self.workspace)
