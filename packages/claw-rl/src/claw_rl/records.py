@@ -100,8 +100,10 @@ class Sample:
         if row["algo"] not in ("grpo", "ppo", "rloo", "reinforce"):
             raise RecordError(f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce")
         n = len(row["input_ids"]) if isinstance(row["input_ids"], list) else None
-        ints = {k: _num_list(row, k, where, ints=True, n=n) for k in _PER_TOKEN_INT}
-        floats = {k: _num_list(row, k, where, ints=False, n=n) for k in _PER_TOKEN_FLOAT}
+        ints: dict[str, Any] = {k: _num_list(row, k, where, ints=True, n=n) for k in _PER_TOKEN_INT}
+        floats: dict[str, Any] = {
+            k: _num_list(row, k, where, ints=False, n=n) for k in _PER_TOKEN_FLOAT
+        }
         opt: dict[str, Any] = {}
         if row.get("returns") is not None:
             opt["returns"] = _num_list(row, "returns", where, ints=False, n=n)
