@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from claw_bench.check import parse_reward
+from claw_bench.reward import parse_reward
 from claw_bench.token import verify_token
 
 SECRET = b"test-secret"

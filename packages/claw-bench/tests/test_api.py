@@ -16,7 +16,7 @@ def test_all_names_exist_and_public_modules_are_covered():
         assert name in claw_bench.__all__
     public = {n for n in dir(claw_bench) if not n.startswith("_") and n[0].isalpha()}
     modules = {"agent", "check", "cli", "errors", "harbor", "harnesses", "images", "loaders", "passk", "plan", "records", "report",
-               "score", "suites", "tasks", "token"}
+               "reward", "score", "suites", "tasks", "token"}
     assert public - modules - {"annotations"} <= set(claw_bench.__all__)
 
 

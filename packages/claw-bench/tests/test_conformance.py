@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from claw_bench.check import parse_reward
 from claw_bench.errors import RecordError
 from claw_bench.records import OUTCOME, RUN, read_records
 from claw_bench.report import OUTCOME_READS, check_outcome, report
+from claw_bench.reward import parse_reward
 from claw_bench.score import RUN_READS, check_run, score_run
 from claw_bench.token import mint_token, verify_token
 

@@ -2,7 +2,7 @@
 
 from importlib.metadata import version as _version
 
-from claw_bench.check import check_task, parse_reward
+from claw_bench.check import check_task
 from claw_bench.errors import (
     ClawError,
     DockerError,
@@ -19,6 +19,7 @@ from claw_bench.passk import pass_at_k, pass_at_k_brute
 from claw_bench.plan import plan_jobs
 from claw_bench.records import read_records, write_records
 from claw_bench.report import compare, plot_report, render_text, report
+from claw_bench.reward import parse_reward
 from claw_bench.score import score_run, score_runs
 from claw_bench.suites import Suite, builtin_suites, load_suite
 from claw_bench.tasks import Task, load_task

@@ -9,7 +9,6 @@ must fail and the reference solution must pass. Task scripts are untrusted (real
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -24,30 +23,6 @@ from claw_bench.plan import plan_jobs
 from claw_bench.tasks import FileContent, Task
 
 MODES = ("untouched", "solution")
-
-
-def parse_reward(text: str) -> tuple[float | None, dict[str, float]]:
-    """A verifier reward file (docs/formats.md, Verifier reward file): a number in [0, 1], or a
-    non-empty JSON object of named sub-scores in [0, 1] whose mean is the reward.
-
-    Returns (reward, sub-scores), or (None, {}) for anything else (the caller falls back to the
-    verifier's exit code). The same rules as claw-sandbox's parser, held to
-    formats/conformance/reward-file.jsonl.
-    """
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None, {}
-
-    def unit(x: Any) -> bool:
-        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
-
-    if unit(value):
-        return float(value), {}
-    if isinstance(value, dict) and value and all(unit(v) for v in value.values()):
-        subs = {k: float(v) for k, v in value.items()}
-        return sum(subs.values()) / len(subs), subs
-    return None, {}
 
 
 def write_files(root: Path, files: dict[str, FileContent]) -> None:
@@ -82,7 +57,7 @@ def check_tasks(tasks: list[Task], modes: tuple[str, ...] = MODES, *, backend: s
     without a reference solution has no ``solution`` result. ``keep`` keeps jobs.jsonl and
     runs.jsonl there.
     """
-    from claw_bench.score import score_run  # score reads this module's parse_reward
+    from claw_bench.score import score_run  # score imports plan/harnesses; kept lazy
 
     for mode in modes:
         if mode not in MODES:

@@ -20,11 +20,11 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from claw_bench.check import parse_reward
 from claw_bench.errors import RecordError
 from claw_bench.loaders._common import checker_details
 from claw_bench.loaders.judge import Judge, apply_judge
 from claw_bench.records import OUTCOME
+from claw_bench.reward import parse_reward
 
 
 def _sub_scores(details: Any) -> dict[str, float]:

@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from claw_bench.check import parse_reward, write_files
+from claw_bench.check import write_files
 from claw_bench.errors import TaskError
 from claw_bench.loaders._common import DETAILS_FILE, JUDGE_FILES
 from claw_bench.loaders.transcript import TRANSCRIPT_FILE, transcript_from_calls
+from claw_bench.reward import parse_reward
 from claw_bench.tasks import Task
 
 
