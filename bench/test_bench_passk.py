@@ -52,9 +52,22 @@ def test_bootstrap_python_loop_baseline(benchmark):
 
 def _outcomes(harnesses=3, tasks=42, samples=8):
     rng = random.Random(1)
-    return [{"schema": "claw.outcome/v1", "session": f"s{h}-{t}-{k}", "task": f"t{t}", "harness": f"h{h}",
-             "group": f"t{t}", "status": "ok", "passed": (ok := rng.random() < 0.4), "reward": float(ok), "sample": k}
-            for h in range(harnesses) for t in range(tasks) for k in range(samples)]
+    return [
+        {
+            "schema": "claw.outcome/v1",
+            "session": f"s{h}-{t}-{k}",
+            "task": f"t{t}",
+            "harness": f"h{h}",
+            "group": f"t{t}",
+            "status": "ok",
+            "passed": (ok := rng.random() < 0.4),
+            "reward": float(ok),
+            "sample": k,
+        }
+        for h in range(harnesses)
+        for t in range(tasks)
+        for k in range(samples)
+    ]
 
 
 @pytest.mark.benchmark(group="report")

@@ -15,14 +15,37 @@ HARNESSES = [load_harness(h) for h in ("claw-agent-chat", "openclaw-chat", "clau
 
 
 def _plan():
-    return plan_jobs(list(SUITE.tasks), HARNESSES, samples=8, proxy_url="http://127.0.0.1:8000", secret=b"k", run_id="b")
+    return plan_jobs(
+        list(SUITE.tasks),
+        HARNESSES,
+        samples=8,
+        proxy_url="http://127.0.0.1:8000",
+        secret=b"k",
+        run_id="b",
+    )
 
 
 JOBS = _plan()
-RUNS = [{"schema": "claw.run/v1", "job_id": j["job_id"], "status": "ok", "exit_code": 0, "started_at": 0.0,
-         "ended_at": 1.0, "meta": j["meta"], "collected": {".claw_verify/reward.json": '{"a": 1.0, "b": 0.0}'},
-         "verify": {"exit_code": 1, "passed": False, "reward": 0.5, "details": {"a": 1.0, "b": 0.0}, "output": "FAIL b\n"}}
-        for j in JOBS]
+RUNS = [
+    {
+        "schema": "claw.run/v1",
+        "job_id": j["job_id"],
+        "status": "ok",
+        "exit_code": 0,
+        "started_at": 0.0,
+        "ended_at": 1.0,
+        "meta": j["meta"],
+        "collected": {".claw_verify/reward.json": '{"a": 1.0, "b": 0.0}'},
+        "verify": {
+            "exit_code": 1,
+            "passed": False,
+            "reward": 0.5,
+            "details": {"a": 1.0, "b": 0.0},
+            "output": "FAIL b\n",
+        },
+    }
+    for j in JOBS
+]
 RUN_LINES = [json.dumps(r) for r in RUNS]
 
 

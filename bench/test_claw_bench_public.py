@@ -21,13 +21,24 @@ import pytest
 from claw_bench.check import write_files
 from claw_bench.loaders import load_clawgym_jsonl, load_public
 
-FIXTURES = Path(__file__).resolve().parents[1] / "packages" / "claw-bench" / "tests" / "fixtures" / "public"
+FIXTURES = (
+    Path(__file__).resolve().parents[1]
+    / "packages"
+    / "claw-bench"
+    / "tests"
+    / "fixtures"
+    / "public"
+)
 TASK = FIXTURES / "clawgym" / "cg-csv-totals"
 
 
 @pytest.fixture(scope="module")
 def jsonl(tmp_path_factory) -> Path:
-    src = [json.loads(ln) for ln in (FIXTURES / "clawgym" / "clawgym_tasks.jsonl").read_text().splitlines() if ln]
+    src = [
+        json.loads(ln)
+        for ln in (FIXTURES / "clawgym" / "clawgym_tasks.jsonl").read_text().splitlines()
+        if ln
+    ]
     path = tmp_path_factory.mktemp("load") / "tasks.jsonl"
     rows = [dict(src[i % 2], task_id=f"t{i:04d}") for i in range(200)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -61,7 +72,13 @@ def test_verify_baseline_reward_sh(benchmark, tmp_path):
     shutil.copytree(TASK / "reward", ws / "reward")
     sh = ws / "reward" / "reward.sh"
     sh.write_text(sh.read_text().replace("/root/.openclaw/workspace", str(ws)))
-    out = benchmark(lambda: subprocess.run(["bash", "reward/reward.sh"], cwd=ws, capture_output=True, text=True).stdout)
+    out = benchmark(
+        lambda: (
+            subprocess.run(
+                ["bash", "reward/reward.sh"], cwd=ws, capture_output=True, text=True
+            ).stdout
+        )
+    )
     assert out.splitlines()[-1] == "0.0"
 
 
@@ -72,7 +89,9 @@ def test_verify_runner(benchmark, tmp_path):
     write_files(ws, task.verify_files())
 
     def verify() -> str:
-        subprocess.run(["bash", "-c", task.verify_command()], cwd=ws, capture_output=True, text=True)
+        subprocess.run(
+            ["bash", "-c", task.verify_command()], cwd=ws, capture_output=True, text=True
+        )
         return (ws / task.reward_file).read_text()
 
     assert float(benchmark(verify)) == 0.0

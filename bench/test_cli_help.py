@@ -35,5 +35,7 @@ def test_help_under_a_second(cli):
         r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
         times.append(time.perf_counter() - t0)
         assert r.returncode == 0, r.stderr
-    print(f"\n{cli} --help: fastest {min(times):.2f} s, runs {', '.join(f'{t:.2f}' for t in times)}")
+    print(
+        f"\n{cli} --help: fastest {min(times):.2f} s, runs {', '.join(f'{t:.2f}' for t in times)}"
+    )
     assert min(times) < GOAL_S

@@ -55,11 +55,24 @@ def _session(rng: random.Random, vocab: int, sid: str, branch: bool):
     for p in parent:
         pos.append(0 if p < 0 else pos[p] + 1)
     n_comp = sum(trainable)
-    tree = {"schema": "claw.sample/v1", "sample_id": sid, "algo": "grpo", "input_ids": ids, "position_ids": pos,
-            "parent": parent, "trainable": trainable, "logprobs": [-1.0 * t for t in trainable],
-            "advantages": [0.5 * t for t in trainable], "loss_weights": [t / n_comp for t in trainable]}
-    flat = [chain_sample(f"{sid}-{k}", p, c, [-1.0] * len(c), advantages=(0.0,) * len(p) + (0.5,) * len(c))
-            for k, (p, c) in enumerate(calls)]
+    tree = {
+        "schema": "claw.sample/v1",
+        "sample_id": sid,
+        "algo": "grpo",
+        "input_ids": ids,
+        "position_ids": pos,
+        "parent": parent,
+        "trainable": trainable,
+        "logprobs": [-1.0 * t for t in trainable],
+        "advantages": [0.5 * t for t in trainable],
+        "loss_weights": [t / n_comp for t in trainable],
+    }
+    flat = [
+        chain_sample(
+            f"{sid}-{k}", p, c, [-1.0] * len(c), advantages=(0.0,) * len(p) + (0.5,) * len(c)
+        )
+        for k, (p, c) in enumerate(calls)
+    ]
     return tree, flat
 
 
@@ -101,10 +114,18 @@ def test_tree_vs_flat_update(benchmark, setup):
     flat_tokens = sum(len(f) for f in flats)
     token_ratio = flat_tokens / tree_tokens
     speedup = min(flat_times) / min(tree_times)
-    benchmark.extra_info.update(tree_tokens=tree_tokens, flat_tokens=flat_tokens, token_ratio=token_ratio,
-                                tree_s=min(tree_times), flat_s=min(flat_times), speedup=speedup,
-                                speedup_over_token_ratio=speedup / token_ratio)
-    print(f"\ncalls {len(flats)} | tokens tree {tree_tokens} flat {flat_tokens} (ratio {token_ratio:.2f}) | "
-          f"wall tree {min(tree_times):.2f}s flat {min(flat_times):.2f}s (speedup {speedup:.2f}) | "
-          f"speedup / token ratio {speedup / token_ratio:.2f} (target >= 0.7)")
+    benchmark.extra_info.update(
+        tree_tokens=tree_tokens,
+        flat_tokens=flat_tokens,
+        token_ratio=token_ratio,
+        tree_s=min(tree_times),
+        flat_s=min(flat_times),
+        speedup=speedup,
+        speedup_over_token_ratio=speedup / token_ratio,
+    )
+    print(
+        f"\ncalls {len(flats)} | tokens tree {tree_tokens} flat {flat_tokens} (ratio {token_ratio:.2f}) | "
+        f"wall tree {min(tree_times):.2f}s flat {min(flat_times):.2f}s (speedup {speedup:.2f}) | "
+        f"speedup / token ratio {speedup / token_ratio:.2f} (target >= 0.7)"
+    )
     assert speedup >= 0.7 * token_ratio

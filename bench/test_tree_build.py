@@ -29,11 +29,22 @@ def _session(rng: np.random.Generator, name: str) -> list[Call]:
     step = (60_000 - 20_000) // TURNS
 
     def add(seq, prompt, completion, model="policy"):
-        calls.append(Call(
-            call_id=f"{name}-{seq}", session=name, seq=seq, model=model, policy_name="p",
-            policy_version=0, trainable=True, prompt_ids=prompt, completion_ids=completion,
-            completion_logprobs=-rng.random(len(completion)), finish_reason="stop", tags={},
-        ))
+        calls.append(
+            Call(
+                call_id=f"{name}-{seq}",
+                session=name,
+                seq=seq,
+                model=model,
+                policy_name="p",
+                policy_version=0,
+                trainable=True,
+                prompt_ids=prompt,
+                completion_ids=completion,
+                completion_logprobs=-rng.random(len(completion)),
+                finish_reason="stop",
+                tags={},
+            )
+        )
 
     for turn in range(TURNS):
         completion = rng.integers(0, vocab, 200)
@@ -44,7 +55,9 @@ def _session(rng: np.random.Generator, name: str) -> list[Call]:
             out[50] = (out[50] + 1) % vocab  # the harness re-rendered this turn differently
         history = np.concatenate((history, out, tool))
         if turn == 20:
-            history = np.concatenate((history[:20_300], rng.integers(0, vocab, 2_000), history[-step:]))  # cut inside a tool result
+            history = np.concatenate(
+                (history[:20_300], rng.integers(0, vocab, 2_000), history[-step:])
+            )  # cut inside a tool result
     add(TURNS, rng.integers(0, vocab, 3_000), rng.integers(0, vocab, 20), model="small")
     return calls
 
@@ -87,8 +100,11 @@ def test_build_throughput(benchmark, sized):
     stats = forest_stats(forest)
     assert stats["branch_reasons"]["root"] == n and stats["branch_reasons"]["context"] == n
     assert stats["branch_reasons"]["output"] == n
-    benchmark.extra_info.update(flat_tokens=flat, tree_tokens=forest.n_nodes,
-                                mtok_per_s=flat / benchmark.stats.stats.min / 1e6)
+    benchmark.extra_info.update(
+        flat_tokens=flat,
+        tree_tokens=forest.n_nodes,
+        mtok_per_s=flat / benchmark.stats.stats.min / 1e6,
+    )
 
 
 def test_naive_trie_baseline(benchmark):
@@ -96,23 +112,39 @@ def test_naive_trie_baseline(benchmark):
     calls = corpus(SIZES[0])
     nodes = benchmark.pedantic(naive_trie, args=(calls,), rounds=1, iterations=1)
     assert nodes == build_forest(calls).n_nodes
-    benchmark.extra_info.update(flat_tokens=flat_tokens(calls),
-                                mtok_per_s=flat_tokens(calls) / benchmark.stats.stats.min / 1e6)
+    benchmark.extra_info.update(
+        flat_tokens=flat_tokens(calls),
+        mtok_per_s=flat_tokens(calls) / benchmark.stats.stats.min / 1e6,
+    )
 
 
 def test_build_from_dicts_with_validation(benchmark):
     """End to end from claw.call/v1 dicts (as parsed from JSONL): validation + build."""
     calls = corpus(SIZES[0])
-    rows = [{
-        "schema": "claw.call/v1", "call_id": c.call_id, "session": c.session, "seq": c.seq,
-        "api": "openai.chat", "model": c.model, "policy": {"name": "p", "version": 0},
-        "prompt_ids": c.prompt_ids.tolist(), "completion_ids": c.completion_ids.tolist(),
-        "completion_logprobs": c.completion_logprobs.tolist(), "finish_reason": "stop",
-        "started_at": 0.0, "ended_at": 0.0, "tags": {},
-    } for c in calls]
+    rows = [
+        {
+            "schema": "claw.call/v1",
+            "call_id": c.call_id,
+            "session": c.session,
+            "seq": c.seq,
+            "api": "openai.chat",
+            "model": c.model,
+            "policy": {"name": "p", "version": 0},
+            "prompt_ids": c.prompt_ids.tolist(),
+            "completion_ids": c.completion_ids.tolist(),
+            "completion_logprobs": c.completion_logprobs.tolist(),
+            "finish_reason": "stop",
+            "started_at": 0.0,
+            "ended_at": 0.0,
+            "tags": {},
+        }
+        for c in calls
+    ]
     benchmark.pedantic(build_forest, args=(rows,), rounds=2, iterations=1)
-    benchmark.extra_info.update(flat_tokens=flat_tokens(calls),
-                                mtok_per_s=flat_tokens(calls) / benchmark.stats.stats.min / 1e6)
+    benchmark.extra_info.update(
+        flat_tokens=flat_tokens(calls),
+        mtok_per_s=flat_tokens(calls) / benchmark.stats.stats.min / 1e6,
+    )
 
 
 def test_scaling_report():
@@ -127,8 +159,10 @@ def test_scaling_report():
     print("\nsessions  flat_tokens  build_s  Mtok/s")
     for n, flat, t in rows:
         print(f"{n:8d}  {flat:11d}  {t:7.3f}  {flat / t / 1e6:6.1f}")
-    print(f"naive dict trie ({SIZES[0]} sessions): {naive:.2f} s, {flat_tokens(small) / naive / 1e6:.2f} Mtok/s, "
-          f"build_forest is {naive / rows[0][2]:.0f}x faster")
+    print(
+        f"naive dict trie ({SIZES[0]} sessions): {naive:.2f} s, {flat_tokens(small) / naive / 1e6:.2f} Mtok/s, "
+        f"build_forest is {naive / rows[0][2]:.0f}x faster"
+    )
     per_token = [t / flat for _, flat, t in rows]
     assert max(per_token) < 2 * min(per_token), "build time should grow linearly with corpus size"
 

@@ -23,8 +23,19 @@ N_SESSIONS = 8
 def forest_and_outcomes():
     calls = corpus(N_SESSIONS)
     forest = build_forest(calls)
-    outcomes = [{"schema": "claw.outcome/v1", "session": t.name, "task": "t", "harness": "h", "group": "t",
-                 "reward": float(i % 2), "passed": bool(i % 2), "status": "ok"} for i, t in enumerate(forest.sessions)]
+    outcomes = [
+        {
+            "schema": "claw.outcome/v1",
+            "session": t.name,
+            "task": "t",
+            "harness": "h",
+            "group": "t",
+            "reward": float(i % 2),
+            "passed": bool(i % 2),
+            "status": "ok",
+        }
+        for i, t in enumerate(forest.sessions)
+    ]
     return forest, outcomes, flat_tokens(calls)
 
 
@@ -32,10 +43,13 @@ def forest_and_outcomes():
 def test_samples_throughput(benchmark, forest_and_outcomes, algo):
     """build_samples: tree tokens packed per second (one sample per session)."""
     forest, outcomes, flat = forest_and_outcomes
-    batch = benchmark.pedantic(build_samples, args=(forest, outcomes), kwargs={"algo": algo}, rounds=3, iterations=1)
+    batch = benchmark.pedantic(
+        build_samples, args=(forest, outcomes), kwargs={"algo": algo}, rounds=3, iterations=1
+    )
     packed = sum(len(s["input_ids"]) for s in batch.samples)
-    benchmark.extra_info.update(packed_tokens=packed, flat_tokens=flat,
-                                mtok_per_s=packed / benchmark.stats.stats.min / 1e6)
+    benchmark.extra_info.update(
+        packed_tokens=packed, flat_tokens=flat, mtok_per_s=packed / benchmark.stats.stats.min / 1e6
+    )
 
 
 def test_gae_on_tree_throughput(benchmark, forest_and_outcomes):
@@ -45,5 +59,9 @@ def test_gae_on_tree_throughput(benchmark, forest_and_outcomes):
     V = rng.normal(size=forest.n_nodes)
     r = np.zeros(forest.n_nodes)
     r[[t.leaf for t in forest.trajectories]] = 1.0
-    benchmark.pedantic(gae_on_tree, args=(forest.parent, forest.trainable, V, r), rounds=3, iterations=1)
-    benchmark.extra_info.update(nodes=forest.n_nodes, mtok_per_s=forest.n_nodes / benchmark.stats.stats.min / 1e6)
+    benchmark.pedantic(
+        gae_on_tree, args=(forest.parent, forest.trainable, V, r), rounds=3, iterations=1
+    )
+    benchmark.extra_info.update(
+        nodes=forest.n_nodes, mtok_per_s=forest.n_nodes / benchmark.stats.stats.min / 1e6
+    )

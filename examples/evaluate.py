@@ -26,19 +26,35 @@ import httpx
 
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("--model", type=Path, help="HF model directory (transformers engine)")
-p.add_argument("--endpoint", help="instead of --model: an OpenAI/Anthropic-compatible base URL (passthrough)")
+p.add_argument(
+    "--endpoint", help="instead of --model: an OpenAI/Anthropic-compatible base URL (passthrough)"
+)
 p.add_argument("--endpoint-key-env", help="environment variable holding the endpoint's API key")
-p.add_argument("--tokenizer", type=Path, help="tokenizer dir for --endpoint (chat template for rendering)")
-p.add_argument("--compare-model", type=Path, help="a second model directory, reported against the first")
+p.add_argument(
+    "--tokenizer", type=Path, help="tokenizer dir for --endpoint (chat template for rendering)"
+)
+p.add_argument(
+    "--compare-model", type=Path, help="a second model directory, reported against the first"
+)
 p.add_argument("--suite", default="claw-toy")
-p.add_argument("--harness", action="append", help="repeatable (default: claw-agent-text, claw-agent-text-anthropic)")
+p.add_argument(
+    "--harness",
+    action="append",
+    help="repeatable (default: claw-agent-text, claw-agent-text-anthropic)",
+)
 p.add_argument("--task", action="append", help="only these tasks (repeatable)")
 p.add_argument("-n", type=int, default=4, help="samples per (task, harness): Pass@k up to k = n")
 p.add_argument("--backend", default="auto")
 p.add_argument("--parallel", type=int, default=4)
 p.add_argument("--max-new-tokens", type=int, default=64)
-p.add_argument("-o", "--output", dest="out", type=Path, default=Path("runs/eval"),
-               help="directory for the records, the report and the plot")
+p.add_argument(
+    "-o",
+    "--output",
+    dest="out",
+    type=Path,
+    default=Path("runs/eval"),
+    help="directory for the records, the report and the plot",
+)
 args = p.parse_args()
 if not args.model and not args.endpoint:
     p.error("give --model DIR or --endpoint URL")
@@ -58,6 +74,7 @@ def free_port() -> int:
 
 # --- one evaluation: proxy up, plan | run | score, proxy down ----------------------------------
 
+
 def evaluate(label: str, engine: str, tokenizer: Path | None) -> Path:
     d = args.out / label
     d.mkdir(parents=True, exist_ok=True)
@@ -65,9 +82,22 @@ def evaluate(label: str, engine: str, tokenizer: Path | None) -> Path:
     secret.write_text(secrets.token_hex(16) + "\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    serve = [tool("claw-proxy"), "serve", "--engine", engine, "--port", str(port), "--secret-file", str(secret),
-             "--record", str(d / "calls.jsonl"), "--max-tokens-cap", str(args.max_new_tokens),
-             "--default-max-tokens", str(args.max_new_tokens)]
+    serve = [
+        tool("claw-proxy"),
+        "serve",
+        "--engine",
+        engine,
+        "--port",
+        str(port),
+        "--secret-file",
+        str(secret),
+        "--record",
+        str(d / "calls.jsonl"),
+        "--max-tokens-cap",
+        str(args.max_new_tokens),
+        "--default-max-tokens",
+        str(args.max_new_tokens),
+    ]
     if tokenizer:
         serve += ["--tokenizer", str(tokenizer)]
     if args.endpoint_key_env:
@@ -84,17 +114,46 @@ def evaluate(label: str, engine: str, tokenizer: Path | None) -> Path:
             if proxy.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"claw-proxy did not come up for {label}")
             time.sleep(0.3)
-        plan = [tool("claw-bench"), "plan", "-s", args.suite, "-n", str(args.n), "--proxy", url,
-                "--proxy-secret-file", str(secret), "--run-id", label, "-o", str(d / "jobs.jsonl")]
+        plan = [
+            tool("claw-bench"),
+            "plan",
+            "-s",
+            args.suite,
+            "-n",
+            str(args.n),
+            "--proxy",
+            url,
+            "--proxy-secret-file",
+            str(secret),
+            "--run-id",
+            label,
+            "-o",
+            str(d / "jobs.jsonl"),
+        ]
         for h in harnesses:
             plan += ["-H", h]
         for t in args.task or []:
             plan += ["--task", t]
         subprocess.run(plan, check=True)
-        subprocess.run([tool("claw-sandbox"), "run", str(d / "jobs.jsonl"), "-o", str(d / "runs.jsonl"),
-                        "--backend", args.backend, "--parallel", str(args.parallel)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                tool("claw-sandbox"),
+                "run",
+                str(d / "jobs.jsonl"),
+                "-o",
+                str(d / "runs.jsonl"),
+                "--backend",
+                args.backend,
+                "--parallel",
+                str(args.parallel),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         with (d / "outcomes.jsonl").open("w") as f:
-            subprocess.run([tool("claw-bench"), "score", str(d / "runs.jsonl")], check=True, stdout=f)
+            subprocess.run(
+                [tool("claw-bench"), "score", str(d / "runs.jsonl")], check=True, stdout=f
+            )
     finally:
         proxy.terminate()
         proxy.wait(timeout=30)
@@ -102,11 +161,24 @@ def evaluate(label: str, engine: str, tokenizer: Path | None) -> Path:
 
 
 # --- before, after, report ---------------------------------------------------------------------
-first = evaluate("model", f"transformers:{args.model}" if args.model else f"passthrough:{args.endpoint}",
-                 args.tokenizer)
+first = evaluate(
+    "model",
+    f"transformers:{args.model}" if args.model else f"passthrough:{args.endpoint}",
+    args.tokenizer,
+)
 report = [tool("claw-bench"), "report", str(first), "-k", "1", "-k", str(args.n)]
 if args.compare_model:
     second = evaluate("compare", f"transformers:{args.compare_model}", None)
-    report = [tool("claw-bench"), "report", str(second), "-k", "1", "-k", str(args.n), "--compare", str(first)]
+    report = [
+        tool("claw-bench"),
+        "report",
+        str(second),
+        "-k",
+        "1",
+        "-k",
+        str(args.n),
+        "--compare",
+        str(first),
+    ]
 subprocess.run([*report, "--plot", str(args.out / "passk.png")], check=True)
 print(f"\nrecords in {args.out}/, plot {args.out / 'passk.png'}", file=sys.stderr)

@@ -42,24 +42,55 @@ DEFAULT_HARNESSES = ["claw-agent-text", "claw-agent-text-anthropic"]
 
 
 def options(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--run-dir", type=Path, default=Path("runs/mix"))
-    p.add_argument("--model", type=Path, help="HF model directory to start from (default: a new tiny model)")
+    p.add_argument(
+        "--model", type=Path, help="HF model directory to start from (default: a new tiny model)"
+    )
     p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
-    p.add_argument("--group-by", choices=["task", "task+harness"], default="task",
-                   help="GRPO groups: the task over all harnesses, or each (task, harness)")
-    p.add_argument("--harness", action="append", help=f"harness adapter name, repeatable (default: {DEFAULT_HARNESSES})")
-    p.add_argument("--suite", default="claw-toy", help="built-in suite name or a directory of task dirs")
-    p.add_argument("--task", action="append", help="only these task ids (repeatable; default: the whole suite)")
+    p.add_argument(
+        "--group-by",
+        choices=["task", "task+harness"],
+        default="task",
+        help="GRPO groups: the task over all harnesses, or each (task, harness)",
+    )
+    p.add_argument(
+        "--harness",
+        action="append",
+        help=f"harness adapter name, repeatable (default: {DEFAULT_HARNESSES})",
+    )
+    p.add_argument(
+        "--suite", default="claw-toy", help="built-in suite name or a directory of task dirs"
+    )
+    p.add_argument(
+        "--task", action="append", help="only these task ids (repeatable; default: the whole suite)"
+    )
     p.add_argument("--rollouts", type=int, default=4, help="rollouts per (task, harness) per step")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--engine", default="transformers", help="'transformers' (in-process, on the policy dir) or vllm:URL")
-    p.add_argument("--tokenizer", type=Path, help="tokenizer + chat template dir for a vllm: engine (default: --model)")
-    p.add_argument("--vllm-reload-method", default="claw_reload_weights",
-                   help="vLLM worker method that loads new weights (examples/gpu/claw_vllm_worker.py)")
-    p.add_argument("--backend", default="auto", help="claw-sandbox backend: auto, bwrap, docker, process")
+    p.add_argument(
+        "--engine",
+        default="transformers",
+        help="'transformers' (in-process, on the policy dir) or vllm:URL",
+    )
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer + chat template dir for a vllm: engine (default: --model)",
+    )
+    p.add_argument(
+        "--vllm-reload-method",
+        default="claw_reload_weights",
+        help="vLLM worker method that loads new weights (examples/gpu/claw_vllm_worker.py)",
+    )
+    p.add_argument(
+        "--backend", default="auto", help="claw-sandbox backend: auto, bwrap, docker, process"
+    )
     p.add_argument("--parallel", type=int, default=4, help="sandbox jobs at once")
-    p.add_argument("--max-new-tokens", type=int, default=24, help="proxy cap on tokens per model call")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=24, help="proxy cap on tokens per model call"
+    )
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--epochs", type=int, default=2, help="passes over each step's batch")
     p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
@@ -71,18 +102,23 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 
 # --- the run directory ------------------------------------------------------------------------
 
+
 def prepare_run_dir(args: argparse.Namespace) -> dict:
     """Create or reopen the run directory; a resumed run must use the same options."""
     run = args.run_dir
     run.mkdir(parents=True, exist_ok=True)
-    resolved = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "steps"}
+    resolved = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "steps"
+    }
     cfg_path = run / "config.json"
     if cfg_path.exists():
         before = json.loads(cfg_path.read_text())
         changed = {k for k in resolved if before.get(k) != resolved[k]}
         if changed:
-            raise SystemExit(f"{cfg_path}: this run was started with other options ({', '.join(sorted(changed))}); "
-                             "use a new --run-dir or the same options")
+            raise SystemExit(
+                f"{cfg_path}: this run was started with other options ({', '.join(sorted(changed))}); "
+                "use a new --run-dir or the same options"
+            )
     else:
         cfg_path.write_text(json.dumps(resolved, indent=2) + "\n")
     for name in ("secret", "admin-token"):
@@ -93,7 +129,9 @@ def prepare_run_dir(args: argparse.Namespace) -> dict:
 
 def completed_steps(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -120,28 +158,58 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         cls = claw_rl.GRPOLearner if args.algo == "grpo" else claw_rl.PPOLearner
         return cls.resume(run / "checkpoints" / f"{done:04d}")
     if args.algo == "grpo":
-        cfg = claw_rl.GRPOConfig(name="policy", lr=args.lr, epochs=args.epochs, minibatches=args.minibatches,
-                                 seed=args.seed, max_staleness=0)
+        cfg = claw_rl.GRPOConfig(
+            name="policy",
+            lr=args.lr,
+            epochs=args.epochs,
+            minibatches=args.minibatches,
+            seed=args.seed,
+            max_staleness=0,
+        )
         return claw_rl.GRPOLearner(cfg, start_model)
-    cfg = claw_rl.PPOConfig(name="policy", lr=args.lr, critic_lr=args.lr * 3, epochs=args.epochs,
-                            minibatches=args.minibatches, seed=args.seed, max_staleness=0)
+    cfg = claw_rl.PPOConfig(
+        name="policy",
+        lr=args.lr,
+        critic_lr=args.lr * 3,
+        epochs=args.epochs,
+        minibatches=args.minibatches,
+        seed=args.seed,
+        max_staleness=0,
+    )
     return claw_rl.PPOLearner(cfg, start_model)
 
 
 # --- one step ----------------------------------------------------------------------------------
 
-def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, harnesses, log) -> list[dict]:
+
+def rollouts(
+    args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, harnesses, log
+) -> list[dict]:
     """Plan, run and score this step's rollouts; resumable: finished jobs are not rerun."""
     d = run / "steps" / f"{step:04d}"
     d.mkdir(parents=True, exist_ok=True)
     runs_path = d / "runs.jsonl"
-    done = {(r["meta"]["task"], r["meta"]["harness"], r["meta"]["sample"]) for r in read_jsonl(runs_path)}
+    done = {
+        (r["meta"]["task"], r["meta"]["harness"], r["meta"]["sample"])
+        for r in read_jsonl(runs_path)
+    }
     attempt = len(list(d.glob("jobs-a*.jsonl")))
     # A retried step re-plans only the rollouts without a run record, under new session ids, so
     # calls recorded by a rollout that was cut off never mix with its rerun.
-    jobs = claw_bench.plan_jobs(tasks, harnesses, samples=args.rollouts, proxy_url=proxy_url, secret=secret,
-                                run_id=f"{run.name}-s{step}-a{attempt}", group_by=args.group_by)
-    todo = [j for j in jobs if (j["meta"]["task"], j["meta"]["harness"], j["meta"]["sample"]) not in done]
+    jobs = claw_bench.plan_jobs(
+        tasks,
+        harnesses,
+        samples=args.rollouts,
+        proxy_url=proxy_url,
+        secret=secret,
+        run_id=f"{run.name}-s{step}-a{attempt}",
+        group_by=args.group_by,
+    )
+    todo = [
+        j
+        for j in jobs
+        if (j["meta"]["task"], j["meta"]["harness"], j["meta"]["sample"]) not in done
+    ]
     if todo:
         (d / f"jobs-a{attempt}.jsonl").write_text("".join(json.dumps(j) + "\n" for j in todo))
         log(f"step {step}: running {len(todo)} rollouts ({len(done)} already done)")
@@ -155,7 +223,11 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
 def train_step(args, learner, run: Path, step: int, outcomes: list[dict], log) -> dict:
     """Trees, advantages and one policy update from this step's outcomes and recorded calls."""
     sessions = {o["session"] for o in outcomes}
-    calls = [c for c in claw_tree.read_calls(run / "calls.jsonl", skip_invalid=True).records if c.session in sessions]
+    calls = [
+        c
+        for c in claw_tree.read_calls(run / "calls.jsonl", skip_invalid=True).records
+        if c.session in sessions
+    ]
     forest = claw_tree.build_forest(calls)
     stats = claw_tree.forest_stats(forest)
     if args.algo == "grpo":
@@ -181,13 +253,27 @@ def summarise(step: int, outcomes: list[dict], trained: dict, policy: dict, seco
         "policy_version": policy["version"],
         "rollouts": len(outcomes),
         "infra_errors": sum(o["status"] != "ok" for o in outcomes),
-        "reward": {h: sum(o["reward"] for o in ok(rs)) / max(1, len(ok(rs))) for h, rs in per_harness.items()},
-        "pass@1": {h: sum(bool(o["passed"]) for o in ok(rs)) / max(1, len(ok(rs))) for h, rs in per_harness.items()},
+        "reward": {
+            h: sum(o["reward"] for o in ok(rs)) / max(1, len(ok(rs)))
+            for h, rs in per_harness.items()
+        },
+        "pass@1": {
+            h: sum(bool(o["passed"]) for o in ok(rs)) / max(1, len(ok(rs)))
+            for h, rs in per_harness.items()
+        },
         "tree_token_ratio": trained["stats"].get("tree_token_ratio"),
         "seconds": round(seconds, 2),
     }
     lm = trained["learner"]
-    for key in ("loss", "mismatch_mean_abs", "mismatch_max_abs", "mismatch_kl", "clip_frac", "approx_kl", "tokens_per_s"):
+    for key in (
+        "loss",
+        "mismatch_mean_abs",
+        "mismatch_max_abs",
+        "mismatch_kl",
+        "clip_frac",
+        "approx_kl",
+        "tokens_per_s",
+    ):
         if key in lm:
             row[key] = lm[key]
     row["learner"] = lm
@@ -195,6 +281,7 @@ def summarise(step: int, outcomes: list[dict], trained: dict, policy: dict, seco
 
 
 # --- the loop ----------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None, log=None) -> list[dict]:
     args = options(argv)
@@ -212,20 +299,36 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         claw_rl.init_tiny(start_model)
     history = completed_steps(run)
     learner = make_learner(args, run, Path(start_model), len(history))
-    policies = read_jsonl(run / "policies.jsonl")[: len(history)]  # drop a record of an unfinished step
+    policies = read_jsonl(run / "policies.jsonl")[
+        : len(history)
+    ]  # drop a record of an unfinished step
     (run / "policies.jsonl").write_text("".join(json.dumps(p) + "\n" for p in policies))
-    serving = policies[-1] if policies else {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start_model)}
+    serving = (
+        policies[-1]
+        if policies
+        else {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start_model)}
+    )
 
     suite = claw_bench.load_suite(args.suite)
     tasks = [t for t in suite.tasks if not args.task or t.id in args.task]
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
     engine = f"transformers:{serving['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start_model)
-    config = claw_proxy.ProxyConfig(engine=engine, tokenizer=tokenizer, secret=secret,
-                                    vllm_reload_method=args.vllm_reload_method, admin_token=admin, record=str(run / "calls.jsonl"),
-                                    policy_name="policy", max_tokens_cap=args.max_new_tokens,
-                                    default_max_tokens=args.max_new_tokens)
-    with claw_proxy.ProxyServer(config) as proxy, httpx.Client(base_url=proxy.url, timeout=600) as admin_api:
+    config = claw_proxy.ProxyConfig(
+        engine=engine,
+        tokenizer=tokenizer,
+        secret=secret,
+        vllm_reload_method=args.vllm_reload_method,
+        admin_token=admin,
+        record=str(run / "calls.jsonl"),
+        policy_name="policy",
+        max_tokens_cap=args.max_new_tokens,
+        default_max_tokens=args.max_new_tokens,
+    )
+    with (
+        claw_proxy.ProxyServer(config) as proxy,
+        httpx.Client(base_url=proxy.url, timeout=600) as admin_api,
+    ):
         headers = {"Authorization": f"Bearer {admin}"}
         admin_api.post("/admin/policy", json=serving, headers=headers).raise_for_status()
         for step in range(len(history), args.steps):
@@ -249,7 +352,9 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             history.append(row)
             shutil.rmtree(run / "checkpoints" / f"{step - 1:04d}", ignore_errors=True)
             admin_api.post("/admin/policy", json=policy, headers=headers).raise_for_status()
-            log(f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy v{policy['version']}")
+            log(
+                f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy v{policy['version']}"
+            )
     return history
 
 

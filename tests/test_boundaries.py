@@ -53,10 +53,14 @@ def test_only_claw_rl_and_the_proxy_extra_need_torch():
     for package in PACKAGES:
         meta = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())
         deps = meta["project"]["dependencies"]
-        has_torch = any(d.split(">")[0].split("=")[0].split("[")[0].strip() == "torch" for d in deps)
+        has_torch = any(
+            d.split(">")[0].split("=")[0].split("[")[0].strip() == "torch" for d in deps
+        )
         assert has_torch == (package == "claw-rl"), package
     proxy = tomllib.loads((ROOT / "packages/claw-proxy/pyproject.toml").read_text())
-    assert any(d.startswith("torch") for d in proxy["project"]["optional-dependencies"]["transformers"])
+    assert any(
+        d.startswith("torch") for d in proxy["project"]["optional-dependencies"]["transformers"]
+    )
 
 
 def test_no_machine_paths_in_lock():

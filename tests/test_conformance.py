@@ -13,7 +13,9 @@ RECORDS = ["job", "run", "call", "outcome", "sample", "policy"]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("conformance_generate", CONFORMANCE / "generate.py")
+    spec = importlib.util.spec_from_file_location(
+        "conformance_generate", CONFORMANCE / "generate.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -24,17 +26,26 @@ def test_case_files_are_generated():
     gen = _generator()
     for name, make in gen.FILES.items():
         want = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in make())
-        assert (CONFORMANCE / name).read_text(encoding="utf-8") == want, f"{name}: rerun generate.py"
+        assert (CONFORMANCE / name).read_text(encoding="utf-8") == want, (
+            f"{name}: rerun generate.py"
+        )
 
 
 def _record_cases():
     """The cases a schema can judge: JSON objects without NaN and without unknown fields (the
     schemas describe writers: additionalProperties false); blank lines and NaN are for readers."""
     for name in RECORDS:
-        for line in (CONFORMANCE / f"claw.{name}.v1.jsonl").read_text(encoding="utf-8").splitlines():
+        for line in (
+            (CONFORMANCE / f"claw.{name}.v1.jsonl").read_text(encoding="utf-8").splitlines()
+        ):
             case = json.loads(line)
             text = case["line"]
-            if case["verdict"] == "skip" or "NaN" in text or "Infinity" in text or "x_future" in text:
+            if (
+                case["verdict"] == "skip"
+                or "NaN" in text
+                or "Infinity" in text
+                or "x_future" in text
+            ):
                 continue
             try:
                 json.loads(text)
@@ -46,18 +57,34 @@ def _record_cases():
 # rejects a JSON Schema cannot express (lengths, trees, cross-field rules, path rules); every
 # reader enforces them, and the readers' own conformance tests hold them to it
 BEYOND_SCHEMA = {
-    "job": {"network.proxy_url not http", "verify.reward_file absolute", "collect absolute",
-            "verify.reward_file outside the workspace", "workdir a system directory"},
+    "job": {
+        "network.proxy_url not http",
+        "verify.reward_file absolute",
+        "collect absolute",
+        "verify.reward_file outside the workspace",
+        "workdir a system directory",
+    },
     "call": {"completion_logprobs shorter than completion_ids"},
-    "outcome": {"reward null although status is ok", "passed null although status is ok",
-                "reward set although status is infra_error", "passed set although status is infra_error"},
-    "sample": {"position_ids not the depth", "parent not before the child", "trainable on a root token",
-               "logprobs shorter than input_ids", "returns of the wrong length",
-               "temperatures of the wrong length"},
+    "outcome": {
+        "reward null although status is ok",
+        "passed null although status is ok",
+        "reward set although status is infra_error",
+        "passed set although status is infra_error",
+    },
+    "sample": {
+        "position_ids not the depth",
+        "parent not before the child",
+        "trainable on a root token",
+        "logprobs shorter than input_ids",
+        "returns of the wrong length",
+        "temperatures of the wrong length",
+    },
 }
 
 
-@pytest.mark.parametrize(("name", "case"), list(_record_cases()), ids=lambda x: x if isinstance(x, str) else x["case"])
+@pytest.mark.parametrize(
+    ("name", "case"), list(_record_cases()), ids=lambda x: x if isinstance(x, str) else x["case"]
+)
 def test_cases_agree_with_the_schema(name, case):
     """A case the schema can judge gets the same verdict from it as from the readers."""
     row = json.loads(case["line"])

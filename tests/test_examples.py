@@ -21,16 +21,31 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _run(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 def test_quickstart_smallest(tmp_path):
     """Two steps of the quickstart leave records, trees, a newer policy, the table and the PNG."""
     out = tmp_path / "q"
-    r = _run("quickstart.py", "--output", str(out), "--steps", "2", "--rollouts", "2", "--task", "toy-digits",
-             "--no-real-harnesses")
+    r = _run(
+        "quickstart.py",
+        "--output",
+        str(out),
+        "--steps",
+        "2",
+        "--rollouts",
+        "2",
+        "--task",
+        "toy-digits",
+        "--no-real-harnesses",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     calls = _rows(out / "calls.jsonl")
     assert {c["tags"]["harness"] for c in calls} == {"claw-agent-text", "claw-agent-text-anthropic"}
@@ -52,8 +67,20 @@ def test_quickstart_smallest(tmp_path):
 def test_reward_rises_through_the_real_pipeline(tmp_path):
     """GRPO through proxy, sandbox, verifier and trees raises the reward on the dense toy task."""
     out = tmp_path / "learn"
-    r = _run("mix_harness_rl.py", "--run-dir", str(out), "--steps", "8", "--rollouts", "6", "--task", "toy-digits",
-             "--seed", "0", timeout=1500)
+    r = _run(
+        "mix_harness_rl.py",
+        "--run-dir",
+        str(out),
+        "--steps",
+        "8",
+        "--rollouts",
+        "6",
+        "--task",
+        "toy-digits",
+        "--seed",
+        "0",
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = _rows(out / "metrics.jsonl")
     mean = [sum(m["reward"].values()) / len(m["reward"]) for m in metrics]
@@ -64,11 +91,25 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
 def test_killed_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
     """kill -9 in the middle of step 1, rerun: steps 0-2 complete, every rollout exactly once."""
     out = tmp_path / "crash"
-    args = [sys.executable, str(EXAMPLES / "mix_harness_rl.py"), "--run-dir", str(out), "--steps", "3",
-            "--rollouts", "3", "--task", "toy-digits", "--parallel", "2"]
+    args = [
+        sys.executable,
+        str(EXAMPLES / "mix_harness_rl.py"),
+        "--run-dir",
+        str(out),
+        "--steps",
+        "3",
+        "--rollouts",
+        "3",
+        "--task",
+        "toy-digits",
+        "--parallel",
+        "2",
+    ]
     log = tmp_path / "first-run.log"
     with log.open("w") as err:
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
         step1_runs = out / "steps" / "0001" / "runs.jsonl"
         deadline = time.monotonic() + 600
         while not (step1_runs.exists() and len(_rows(step1_runs)) >= 2):
@@ -86,7 +127,10 @@ def test_killed_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert [p["version"] for p in _rows(out / "policies.jsonl")] == [1, 2, 3]
     for step in ("0000", "0001", "0002"):
-        keys = [(o["task"], o["harness"], o["sample"]) for o in _rows(out / "steps" / step / "outcomes.jsonl")]
+        keys = [
+            (o["task"], o["harness"], o["sample"])
+            for o in _rows(out / "steps" / step / "outcomes.jsonl")
+        ]
         assert len(keys) == len(set(keys)) == 1 * 2 * 3, (step, keys)
         runs = _rows(out / "steps" / step / "runs.jsonl")
         assert len(runs) == len({r["job_id"] for r in runs}) == 6

@@ -66,7 +66,9 @@ def test_call_logprobs_align_in_golden_example():
 )
 def test_malformed_example_is_rejected_with_a_clear_message(tmp_path, name, mutate, expected):
     """A broken copy of a golden row is rejected; the message names file, line and field."""
-    rows = [json.loads(x) for x in (FORMATS / f"claw.{name}.v1.example.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (FORMATS / f"claw.{name}.v1.example.jsonl").read_text().splitlines()
+    ]
     mutate(rows[0])
     bad = tmp_path / f"bad.{name}.jsonl"
     bad.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

@@ -52,8 +52,15 @@ def _sample(model, prompts: list[list[int]], T: int, gen: torch.Generator):
     return torch.stack(ids, 1).tolist(), torch.stack(lps, 1).tolist()
 
 
-def _call(session: str, seq: int, prompt: list[int], ids: list[int], lps: list[float],
-          version: int, reused: int) -> dict:
+def _call(
+    session: str,
+    seq: int,
+    prompt: list[int],
+    ids: list[int],
+    lps: list[float],
+    version: int,
+    reused: int,
+) -> dict:
     """A claw.call/v1 dict as the proxy writes it (forced sampling: temperature 1, untruncated)."""
     return {
         "schema": "claw.call/v1", "call_id": f"{session}-{seq}", "session": session, "seq": seq,
@@ -67,8 +74,12 @@ def _call(session: str, seq: int, prompt: list[int], ids: list[int], lps: list[f
     }  # fmt: skip
 
 
-def _rollouts(model, step: int, version: int, gen: torch.Generator,
-              ) -> tuple[list[dict], list[dict], float]:
+def _rollouts(
+    model,
+    step: int,
+    version: int,
+    gen: torch.Generator,
+) -> tuple[list[dict], list[dict], float]:
     """One batch: G two-call rollouts per prompt; (calls, outcomes, mean reward)."""
     n_allowed = model.config.vocab_size // 10
     calls, outcomes, rewards = [], [], []
@@ -78,8 +89,10 @@ def _rollouts(model, step: int, version: int, gen: torch.Generator,
         c2, l2 = _sample(model, p2, T2, gen)
         for g in range(G):
             s = f"{step}-{k}-{g}"
-            calls += [_call(s, 0, prompt, c1[g], l1[g], version, 0),
-                      _call(s, 1, p2[g], c2[g], l2[g], version, len(prompt) + T1)]
+            calls += [
+                _call(s, 0, prompt, c1[g], l1[g], version, 0),
+                _call(s, 1, p2[g], c2[g], l2[g], version, len(prompt) + T1),
+            ]
             r = sum(t < n_allowed for t in c1[g] + c2[g]) / (T1 + T2)
             rewards.append(r)
             outcomes.append({"schema": "claw.outcome/v1", "session": s, "task": f"p{k}",

@@ -53,7 +53,10 @@ def scratch(tmp_path_factory):
         if task.is_dir():
             shutil.copytree(task, d / "ClawGym-Bench" / task.name)
     # ... and a Harbor-layout collection (one task of it broken) for the oracle / nothing example
-    shutil.copytree(ROOT / "packages" / "claw-bench" / "tests" / "fixtures" / "issue16" / "harbor", d / "harbor-tasks")
+    shutil.copytree(
+        ROOT / "packages" / "claw-bench" / "tests" / "fixtures" / "issue16" / "harbor",
+        d / "harbor-tasks",
+    )
     return d
 
 
@@ -70,9 +73,17 @@ def test_readme_shell_commands_run(package, scratch):
     assert commands, f"{package}/README.md shows no command"
     for cmd in commands:
         if cmd.startswith("claw-rl init-tiny runs/tiny"):
-            cmd = cmd.replace("runs/tiny", f"runs/tiny-{package}")  # the fixture copy already sits there
-        r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=scratch, env=_env(), capture_output=True,
-                           text=True, timeout=600)
+            cmd = cmd.replace(
+                "runs/tiny", f"runs/tiny-{package}"
+            )  # the fixture copy already sits there
+        r = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", cmd],
+            cwd=scratch,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, f"{package}/README.md: `{cmd}` failed:\n{r.stderr[-2000:]}"
 
 
@@ -94,6 +105,14 @@ def test_readme_python_snippets_run(package, scratch):
             (work / name).symlink_to(scratch / name)
         (work / "runs").mkdir()  # own outputs: the shell test may have written runs/rl already
         (work / "runs" / "tiny").symlink_to(scratch / "runs" / "tiny")
-        r = subprocess.run([sys.executable, "-c", prelude + block], cwd=work, env=_env(), capture_output=True,
-                           text=True, timeout=600)
-        assert r.returncode == 0, f"{package}/README.md python block {i} failed:\n{r.stderr[-2000:]}"
+        r = subprocess.run(
+            [sys.executable, "-c", prelude + block],
+            cwd=work,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, (
+            f"{package}/README.md python block {i} failed:\n{r.stderr[-2000:]}"
+        )

@@ -37,4 +37,8 @@ class ClawWorkerExtension:
             if quant is not None:
                 quant.process_weights_after_loading(model.lm_head)
                 repacked = True
-        return {"weights_path": weights_path, "retied_lm_head": retied, "repacked_lm_head": repacked}
+        return {
+            "weights_path": weights_path,
+            "retied_lm_head": retied,
+            "repacked_lm_head": repacked,
+        }

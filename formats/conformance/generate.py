@@ -44,7 +44,9 @@ def changed(rec: dict, path: str, value: object = _MISSING) -> dict:
     return out
 
 
-def case(name: str, text: str, verdict: str, field: str | None = None, error: str | None = None) -> dict:
+def case(
+    name: str, text: str, verdict: str, field: str | None = None, error: str | None = None
+) -> dict:
     c: dict = {"case": name, "line": text, "verdict": verdict, "field": field}
     if verdict == "reject":
         c["error"] = error if error is not None else field.rsplit(".", 1)[-1]
@@ -58,7 +60,13 @@ def common(kind: str, g: dict, other: str, number_field: str) -> list[dict]:
     out += [
         case("unknown top-level field", line({**g, "x_future": {"a": [1, 2]}}), "accept"),
         case("fields in another order", line(dict(reversed(list(g.items())))), "accept"),
-        case("wrong major version", line({**g, "schema": f"claw.{kind}/v2"}), "reject", "schema", "v2"),
+        case(
+            "wrong major version",
+            line({**g, "schema": f"claw.{kind}/v2"}),
+            "reject",
+            "schema",
+            "v2",
+        ),
         case("another record type", line({**g, "schema": other}), "reject", "schema", other),
         case("missing schema", line(changed(g, "schema")), "reject", "schema"),
         case("schema not a string", line({**g, "schema": 1}), "reject", "schema"),
@@ -98,55 +106,105 @@ def good(g: dict, items: list[tuple[str, object, str]]) -> list[dict]:
 def calls() -> list[dict]:
     g = golden("call")[1]
     out = common("call", g, "claw.policy/v1", "completion_logprobs.0")
-    out += missing(g, ["call_id", "session", "seq", "api", "model", "policy", "policy.name",
-                       "policy.version", "prompt_ids", "completion_ids", "completion_logprobs",
-                       "finish_reason", "started_at", "ended_at", "tags"])
-    out += good(g, [
-        ("engine", _MISSING, "absent"), ("trainable", _MISSING, "absent (true)"),
-        ("prefix", _MISSING, "absent"), ("usage", _MISSING, "absent"),
-        ("sampling", _MISSING, "absent (older proxy: 1, 1, 0)"),
-        ("sampling.x_future", True, "unknown key"), ("policy.x_future", "a", "unknown key"),
-        ("prefix.fresh_render_matches", False, "false (a false fork avoided)"),
-        ("sampling.temperature", 0.6, "0.6 (honored request)"), ("sampling.top_k", 20, "20"),
-        ("sampling.top_p", 0.8, "0.8"), ("sampling.temperature", 0, "0 (greedy)"),
-        ("request", {"messages": []}, "raw request kept"),
-        ("api", "anthropic.messages", "anthropic.messages"),
-        ("finish_reason", "tool_calls", "tool_calls"),
-        ("completion_logprobs", [0.0, -0.01], "0.0 (greedy token)"),
-    ])
-    passthrough = {**g, "trainable": False, "prompt_ids": [], "completion_ids": [],
-                   "completion_logprobs": []}
+    out += missing(
+        g,
+        [
+            "call_id",
+            "session",
+            "seq",
+            "api",
+            "model",
+            "policy",
+            "policy.name",
+            "policy.version",
+            "prompt_ids",
+            "completion_ids",
+            "completion_logprobs",
+            "finish_reason",
+            "started_at",
+            "ended_at",
+            "tags",
+        ],
+    )
+    out += good(
+        g,
+        [
+            ("engine", _MISSING, "absent"),
+            ("trainable", _MISSING, "absent (true)"),
+            ("prefix", _MISSING, "absent"),
+            ("usage", _MISSING, "absent"),
+            ("sampling", _MISSING, "absent (older proxy: 1, 1, 0)"),
+            ("sampling.x_future", True, "unknown key"),
+            ("policy.x_future", "a", "unknown key"),
+            ("prefix.fresh_render_matches", False, "false (a false fork avoided)"),
+            ("sampling.temperature", 0.6, "0.6 (honored request)"),
+            ("sampling.top_k", 20, "20"),
+            ("sampling.top_p", 0.8, "0.8"),
+            ("sampling.temperature", 0, "0 (greedy)"),
+            ("request", {"messages": []}, "raw request kept"),
+            ("api", "anthropic.messages", "anthropic.messages"),
+            ("finish_reason", "tool_calls", "tool_calls"),
+            ("completion_logprobs", [0.0, -0.01], "0.0 (greedy token)"),
+        ],
+    )
+    passthrough = {
+        **g,
+        "trainable": False,
+        "prompt_ids": [],
+        "completion_ids": [],
+        "completion_logprobs": [],
+    }
     out.append(case("passthrough call with no ids", line(passthrough), "accept"))
-    out += bad(g, [
-        ("call_id", "", "empty"), ("call_id", 7, "a number"), ("session", "", "empty"),
-        ("session", None, "null"), ("seq", -1, "negative"), ("seq", "1", "a string"),
-        ("seq", 1.5, "a fraction"), ("seq", True, "a boolean"),
-        ("api", "openai.completions", "unknown value"), ("model", 4, "a number"),
-        ("policy", "tiny", "a string"), ("policy.name", 0, "a number"),
-        ("policy.version", -1, "negative"), ("policy.version", "0", "a string"),
-        ("policy.version", 0.5, "a fraction"),
-        ("prompt_ids", [1, -17, 29, 5, 40, 41, 2, 8, 9], "with a negative id"),
-        ("prompt_ids", [1, 17.5, 29, 5, 40, 41, 2, 8, 9], "with a fraction"),
-        ("prompt_ids", "1 17 29", "a string"),
-        ("completion_ids", [44, -2], "with a negative id"),
-        ("completion_ids", [44, "2"], "with a string"),
-        ("completion_ids", [44, True], "with a boolean"),
-        ("completion_ids", [44, None], "with null"),
-        ("completion_logprobs", [-0.7], "shorter than completion_ids"),
-        ("completion_logprobs", [-0.7, "x"], "with a string"),
-        ("completion_logprobs", [-0.7, None], "with null"),
-        ("completion_logprobs", "-0.7", "a string"),
-        ("finish_reason", "eos", "unknown value"), ("trainable", "yes", "a string"),
-        ("tags", ["hello"], "a list"), ("started_at", "now", "a string"),
-        ("started_at", -1, "negative"), ("ended_at", None, "null"),
-        ("prefix", "c-0001", "a string"), ("prefix.reused_tokens", -1, "negative"),
-        ("prefix.rendered_tokens", "2", "a string"),
-        ("sampling", "hot", "a string"), ("sampling.temperature", -0.5, "negative"),
-        ("sampling.temperature", "1", "a string"), ("sampling.top_p", 0, "zero"),
-        ("sampling.top_p", 1.5, "above 1"), ("sampling.top_k", -2, "below -1"),
-        ("sampling.top_k", 2.5, "a fraction"), ("sampling.forced", "no", "a string"),
-        ("usage", [], "a list"), ("engine", 3, "a number"),
-    ])
+    out += bad(
+        g,
+        [
+            ("call_id", "", "empty"),
+            ("call_id", 7, "a number"),
+            ("session", "", "empty"),
+            ("session", None, "null"),
+            ("seq", -1, "negative"),
+            ("seq", "1", "a string"),
+            ("seq", 1.5, "a fraction"),
+            ("seq", True, "a boolean"),
+            ("api", "openai.completions", "unknown value"),
+            ("model", 4, "a number"),
+            ("policy", "tiny", "a string"),
+            ("policy.name", 0, "a number"),
+            ("policy.version", -1, "negative"),
+            ("policy.version", "0", "a string"),
+            ("policy.version", 0.5, "a fraction"),
+            ("prompt_ids", [1, -17, 29, 5, 40, 41, 2, 8, 9], "with a negative id"),
+            ("prompt_ids", [1, 17.5, 29, 5, 40, 41, 2, 8, 9], "with a fraction"),
+            ("prompt_ids", "1 17 29", "a string"),
+            ("completion_ids", [44, -2], "with a negative id"),
+            ("completion_ids", [44, "2"], "with a string"),
+            ("completion_ids", [44, True], "with a boolean"),
+            ("completion_ids", [44, None], "with null"),
+            ("completion_logprobs", [-0.7], "shorter than completion_ids"),
+            ("completion_logprobs", [-0.7, "x"], "with a string"),
+            ("completion_logprobs", [-0.7, None], "with null"),
+            ("completion_logprobs", "-0.7", "a string"),
+            ("finish_reason", "eos", "unknown value"),
+            ("trainable", "yes", "a string"),
+            ("tags", ["hello"], "a list"),
+            ("started_at", "now", "a string"),
+            ("started_at", -1, "negative"),
+            ("ended_at", None, "null"),
+            ("prefix", "c-0001", "a string"),
+            ("prefix.reused_tokens", -1, "negative"),
+            ("prefix.rendered_tokens", "2", "a string"),
+            ("sampling", "hot", "a string"),
+            ("sampling.temperature", -0.5, "negative"),
+            ("sampling.temperature", "1", "a string"),
+            ("sampling.top_p", 0, "zero"),
+            ("sampling.top_p", 1.5, "above 1"),
+            ("sampling.top_k", -2, "below -1"),
+            ("sampling.top_k", 2.5, "a fraction"),
+            ("sampling.forced", "no", "a string"),
+            ("usage", [], "a list"),
+            ("engine", 3, "a number"),
+        ],
+    )
     return out
 
 
@@ -154,26 +212,55 @@ def outcomes() -> list[dict]:
     g, infra = golden("outcome")
     out = common("outcome", g, "claw.run/v1", "reward")
     out += missing(g, ["session", "task", "harness", "group", "reward", "passed", "status"])
-    out += good(g, [
-        ("sample", _MISSING, "absent"), ("job_id", _MISSING, "absent"),
-        ("details", _MISSING, "absent"), ("reward", 0, "0"), ("reward", 1, "1 (an integer)"),
-        ("passed", False, "false"), ("policy_version", 3, "3"), ("policy_version", None, "null"),
-        ("meta", {"run_id": "r1"}, "an object"), ("error", None, "null"),
-        ("group", "hello+claw-agent-chat", "a task+harness key"),
-    ])
+    out += good(
+        g,
+        [
+            ("sample", _MISSING, "absent"),
+            ("job_id", _MISSING, "absent"),
+            ("details", _MISSING, "absent"),
+            ("reward", 0, "0"),
+            ("reward", 1, "1 (an integer)"),
+            ("passed", False, "false"),
+            ("policy_version", 3, "3"),
+            ("policy_version", None, "null"),
+            ("meta", {"run_id": "r1"}, "an object"),
+            ("error", None, "null"),
+            ("group", "hello+claw-agent-chat", "a task+harness key"),
+        ],
+    )
     out.append(case("not_scorable with nulls", line({**infra, "status": "not_scorable"}), "accept"))
-    out += bad(g, [
-        ("session", "", "empty"), ("task", "", "empty"), ("harness", 1, "a number"),
-        ("group", None, "null"), ("reward", 1.5, "above 1"), ("reward", -0.1, "below 0"),
-        ("reward", "1", "a string"), ("reward", True, "a boolean"),
-        ("reward", None, "null although status is ok"), ("passed", "yes", "a string"),
-        ("passed", None, "null although status is ok"), ("status", "failed", "unknown value"),
-        ("sample", -1, "negative"), ("sample", "0", "a string"), ("job_id", 7, "a number"),
-        ("details", [1], "a list"), ("policy_version", "1", "a string"),
-        ("policy_version", -1, "negative"), ("error", 5, "a number"), ("meta", "x", "a string"),
-    ])
-    out += bad(infra, [("reward", 0.5, "set although status is infra_error"),
-                       ("passed", False, "set although status is infra_error")])
+    out += bad(
+        g,
+        [
+            ("session", "", "empty"),
+            ("task", "", "empty"),
+            ("harness", 1, "a number"),
+            ("group", None, "null"),
+            ("reward", 1.5, "above 1"),
+            ("reward", -0.1, "below 0"),
+            ("reward", "1", "a string"),
+            ("reward", True, "a boolean"),
+            ("reward", None, "null although status is ok"),
+            ("passed", "yes", "a string"),
+            ("passed", None, "null although status is ok"),
+            ("status", "failed", "unknown value"),
+            ("sample", -1, "negative"),
+            ("sample", "0", "a string"),
+            ("job_id", 7, "a number"),
+            ("details", [1], "a list"),
+            ("policy_version", "1", "a string"),
+            ("policy_version", -1, "negative"),
+            ("error", 5, "a number"),
+            ("meta", "x", "a string"),
+        ],
+    )
+    out += bad(
+        infra,
+        [
+            ("reward", 0.5, "set although status is infra_error"),
+            ("passed", False, "set although status is infra_error"),
+        ],
+    )
     return out
 
 
@@ -181,18 +268,46 @@ def samples() -> list[dict]:
     g = golden("sample")[0]
     n = len(g["input_ids"])
     out = common("sample", g, "claw.call/v1", "advantages.4")
-    out += missing(g, ["sample_id", "algo", "input_ids", "position_ids", "parent", "trainable",
-                       "logprobs", "advantages", "loss_weights"])
-    out += good(g, [
-        ("policy_versions", _MISSING, "absent"), ("sessions", _MISSING, "absent"),
-        ("groups", _MISSING, "absent"), ("n_paths", _MISSING, "absent"), ("tags", _MISSING, "absent"),
-        ("returns", [0.0] * n, "present (ppo targets)"), ("algo", "rloo", "rloo"),
-        ("temperatures", [1.0] * n, "per-token temperatures"), ("top_ps", [1.0] * n, "per-token top_p"),
-        ("top_ks", [0] * n, "per-token top_k"),
-    ])
-    forked = {**g, "input_ids": [1, 2, 3, 4], "position_ids": [0, 1, 2, 2], "parent": [-1, 0, 1, 1],
-              "trainable": [0, 1, 1, 1], "logprobs": [0, -1, -1, -1], "advantages": [0, 1, 1, 1],
-              "loss_weights": [0, 0.5, 0.25, 0.25], "policy_versions": [-1, 0, 0, 0]}
+    out += missing(
+        g,
+        [
+            "sample_id",
+            "algo",
+            "input_ids",
+            "position_ids",
+            "parent",
+            "trainable",
+            "logprobs",
+            "advantages",
+            "loss_weights",
+        ],
+    )
+    out += good(
+        g,
+        [
+            ("policy_versions", _MISSING, "absent"),
+            ("sessions", _MISSING, "absent"),
+            ("groups", _MISSING, "absent"),
+            ("n_paths", _MISSING, "absent"),
+            ("tags", _MISSING, "absent"),
+            ("returns", [0.0] * n, "present (ppo targets)"),
+            ("algo", "rloo", "rloo"),
+            ("temperatures", [1.0] * n, "per-token temperatures"),
+            ("top_ps", [1.0] * n, "per-token top_p"),
+            ("top_ks", [0] * n, "per-token top_k"),
+        ],
+    )
+    forked = {
+        **g,
+        "input_ids": [1, 2, 3, 4],
+        "position_ids": [0, 1, 2, 2],
+        "parent": [-1, 0, 1, 1],
+        "trainable": [0, 1, 1, 1],
+        "logprobs": [0, -1, -1, -1],
+        "advantages": [0, 1, 1, 1],
+        "loss_weights": [0, 0.5, 0.25, 0.25],
+        "policy_versions": [-1, 0, 0, 0],
+    }
     out.append(case("a fork (two paths share a prefix)", line(forked), "accept"))
 
     def one(key: str, i: int, value: object) -> list:
@@ -205,21 +320,35 @@ def samples() -> list[dict]:
     tr, root = one("trainable", 4, 2), one("trainable", 0, 1)
     lw, adv = one("loss_weights", 4, -0.2), one("advantages", 4, "0.5")
     pv = one("policy_versions", 4, -2)
-    out += bad(g, [
-        ("sample_id", 3, "a number"), ("algo", "dpo", "unknown value"),
-        ("input_ids", neg, "with a negative id"), ("input_ids", frac, "with a fraction"),
-        ("input_ids", "1 17", "a string"), ("position_ids", pos, "not the depth"),
-        ("parent", par, "not before the child"), ("trainable", tr, "with a 2"),
-        ("trainable", root, "on a root token"), ("loss_weights", lw, "negative"),
-        ("logprobs", g["logprobs"][:-1], "shorter than input_ids"),
-        ("advantages", adv, "with a string"), ("returns", [0.0] * (n - 1), "of the wrong length"),
-        ("policy_versions", pv, "below -1"), ("sessions", "s-3f2a", "a string"),
-        ("groups", [1], "not strings"), ("n_paths", -1, "negative"), ("tags", [], "a list"),
-        ("temperatures", [1.0] * (n - 1), "of the wrong length"),
-        ("temperatures", [-1.0] + [1.0] * (n - 1), "negative"),
-        ("top_ps", [0.0] + [1.0] * (n - 1), "with a zero"), ("top_ps", [1.5] * n, "above 1"),
-        ("top_ks", [-1] + [0] * (n - 1), "negative"), ("top_ks", [0.5] * n, "fractions"),
-    ])
+    out += bad(
+        g,
+        [
+            ("sample_id", 3, "a number"),
+            ("algo", "dpo", "unknown value"),
+            ("input_ids", neg, "with a negative id"),
+            ("input_ids", frac, "with a fraction"),
+            ("input_ids", "1 17", "a string"),
+            ("position_ids", pos, "not the depth"),
+            ("parent", par, "not before the child"),
+            ("trainable", tr, "with a 2"),
+            ("trainable", root, "on a root token"),
+            ("loss_weights", lw, "negative"),
+            ("logprobs", g["logprobs"][:-1], "shorter than input_ids"),
+            ("advantages", adv, "with a string"),
+            ("returns", [0.0] * (n - 1), "of the wrong length"),
+            ("policy_versions", pv, "below -1"),
+            ("sessions", "s-3f2a", "a string"),
+            ("groups", [1], "not strings"),
+            ("n_paths", -1, "negative"),
+            ("tags", [], "a list"),
+            ("temperatures", [1.0] * (n - 1), "of the wrong length"),
+            ("temperatures", [-1.0] + [1.0] * (n - 1), "negative"),
+            ("top_ps", [0.0] + [1.0] * (n - 1), "with a zero"),
+            ("top_ps", [1.5] * n, "above 1"),
+            ("top_ks", [-1] + [0] * (n - 1), "negative"),
+            ("top_ks", [0.5] * n, "fractions"),
+        ],
+    )
     return out
 
 
@@ -227,18 +356,35 @@ def policies() -> list[dict]:
     g = golden("policy")[0]
     out = common("policy", g, "claw.sample/v1", "created_at")
     out += missing(g, ["name", "version", "path"])
-    out += good(g, [
-        ("created_at", _MISSING, "absent"), ("step", _MISSING, "absent"),
-        ("metrics", _MISSING, "absent"), ("version", 0, "0 (initial weights)"),
-        ("metrics", {"kl": 0.01, "clip_frac": 0.2}, "several"),
-    ])
-    out += bad(g, [
-        ("name", "", "empty"), ("name", 1, "a number"), ("version", -1, "negative"),
-        ("version", "1", "a string"), ("version", 1.5, "a fraction"), ("version", True, "a boolean"),
-        ("version", None, "null"), ("path", "", "empty"), ("path", ["runs"], "a list"),
-        ("created_at", "today", "a string"), ("created_at", -1, "negative"),
-        ("step", -1, "negative"), ("step", 1.5, "a fraction"), ("metrics", [0.1], "a list"),
-    ])
+    out += good(
+        g,
+        [
+            ("created_at", _MISSING, "absent"),
+            ("step", _MISSING, "absent"),
+            ("metrics", _MISSING, "absent"),
+            ("version", 0, "0 (initial weights)"),
+            ("metrics", {"kl": 0.01, "clip_frac": 0.2}, "several"),
+        ],
+    )
+    out += bad(
+        g,
+        [
+            ("name", "", "empty"),
+            ("name", 1, "a number"),
+            ("version", -1, "negative"),
+            ("version", "1", "a string"),
+            ("version", 1.5, "a fraction"),
+            ("version", True, "a boolean"),
+            ("version", None, "null"),
+            ("path", "", "empty"),
+            ("path", ["runs"], "a list"),
+            ("created_at", "today", "a string"),
+            ("created_at", -1, "negative"),
+            ("step", -1, "negative"),
+            ("step", 1.5, "a fraction"),
+            ("metrics", [0.1], "a list"),
+        ],
+    )
     return out
 
 
@@ -247,44 +393,82 @@ def jobs() -> list[dict]:
     out = common("job", g, "claw.run/v1", "timeout_s")
     out += missing(g, ["job_id", "command"])
     out += missing(g, ["verify.command", "network.policy"])
-    out += good(g, [
-        ("workspace", _MISSING, "absent"), ("verify", None, "null"), ("verify", _MISSING, "absent"),
-        ("limits", _MISSING, "absent"), ("network", _MISSING, "absent"), ("env", _MISSING, "absent"),
-        ("limits.x_future", 1, "unknown key"), ("verify.x_future", 1, "unknown key"),
-        ("network.x_future", 1, "unknown key"), ("workspace.x_future", 1, "unknown key"),
-        ("command", ["python3", "agent.py"], "an argv list"), ("keep", "failed", "failed"),
-        ("timeout_s", 0.5, "a fraction"), ("limits.cpus", 0.5, "a fraction"),
-        ("image", None, "null"), ("meta", {}, "empty"),
-        ("workdir", "/app", "absolute"), ("profile", "harbor", "harbor"),
-        ("mounts", [{"target": "/logs/verifier"}], "one writable directory"),
-        ("verify.mounts", [{"target": "/tests", "files": {"test.sh": "exit 0\n"}}], "one at verify time"),
-        ("image_run", ["RUN apt-get install -y jq"], "a list"),
-    ])
+    out += good(
+        g,
+        [
+            ("workspace", _MISSING, "absent"),
+            ("verify", None, "null"),
+            ("verify", _MISSING, "absent"),
+            ("limits", _MISSING, "absent"),
+            ("network", _MISSING, "absent"),
+            ("env", _MISSING, "absent"),
+            ("limits.x_future", 1, "unknown key"),
+            ("verify.x_future", 1, "unknown key"),
+            ("network.x_future", 1, "unknown key"),
+            ("workspace.x_future", 1, "unknown key"),
+            ("command", ["python3", "agent.py"], "an argv list"),
+            ("keep", "failed", "failed"),
+            ("timeout_s", 0.5, "a fraction"),
+            ("limits.cpus", 0.5, "a fraction"),
+            ("image", None, "null"),
+            ("meta", {}, "empty"),
+            ("workdir", "/app", "absolute"),
+            ("profile", "harbor", "harbor"),
+            ("mounts", [{"target": "/logs/verifier"}], "one writable directory"),
+            (
+                "verify.mounts",
+                [{"target": "/tests", "files": {"test.sh": "exit 0\n"}}],
+                "one at verify time",
+            ),
+            ("image_run", ["RUN apt-get install -y jq"], "a list"),
+        ],
+    )
     out.append(case("bare job (schema, job_id, command)", line(bare), "accept"))
-    out += bad(g, [
-        ("job_id", "", "empty"), ("job_id", 12, "a number"), ("command", "", "empty"),
-        ("command", [], "an empty list"), ("command", ["echo", 1], "with a number"),
-        ("command", 5, "a number"), ("setup", "make", "a string"),
-        ("setup", [""], "with an empty command"), ("env", {"A": 1}, "with a number value"),
-        ("env", ["A=1"], "a list"), ("timeout_s", 0, "zero"), ("timeout_s", -5, "negative"),
-        ("timeout_s", "600", "a string"), ("limits", 5, "a number"),
-        ("limits.memory_mb", 0, "zero"), ("limits.memory_mb", "2048", "a string"),
-        ("limits.pids", 1.5, "a fraction"), ("limits.cpus", -1, "negative"),
-        ("network", "proxy", "a string"), ("network.policy", "open", "unknown value"),
-        ("network.port", 70000, "out of range"), ("network.proxy_url", "ftp://x", "not http"),
-        ("verify", "check.py", "a string"), ("verify.timeout_s", 0, "zero"),
-        ("verify.reward_file", "/tmp/reward", "absolute"),
-        ("verify.reward_file", "../reward", "outside the workspace"),
-        ("workspace.files", {"../evil": "x"}, "escaping the workspace"),
-        ("workspace.files", {"a.txt": 5}, "with a number content"),
-        ("collect", ["/etc/*"], "absolute"), ("collect", "output/*", "a string"),
-        ("keep", "sometimes", "unknown value"), ("meta", ["s"], "a list"),
-        ("image", 5, "a number"),
-        ("workdir", "app", "relative"), ("workdir", "/etc/app", "a system directory"),
-        ("profile", "lax", "unknown value"), ("mounts", [{"target": "tests"}], "with a relative target"),
-        ("mounts", [{"files": {}}], "without a target"), ("mounts", {"target": "/x"}, "an object"),
-        ("image_run", "RUN true", "a string"),
-    ])
+    out += bad(
+        g,
+        [
+            ("job_id", "", "empty"),
+            ("job_id", 12, "a number"),
+            ("command", "", "empty"),
+            ("command", [], "an empty list"),
+            ("command", ["echo", 1], "with a number"),
+            ("command", 5, "a number"),
+            ("setup", "make", "a string"),
+            ("setup", [""], "with an empty command"),
+            ("env", {"A": 1}, "with a number value"),
+            ("env", ["A=1"], "a list"),
+            ("timeout_s", 0, "zero"),
+            ("timeout_s", -5, "negative"),
+            ("timeout_s", "600", "a string"),
+            ("limits", 5, "a number"),
+            ("limits.memory_mb", 0, "zero"),
+            ("limits.memory_mb", "2048", "a string"),
+            ("limits.pids", 1.5, "a fraction"),
+            ("limits.cpus", -1, "negative"),
+            ("network", "proxy", "a string"),
+            ("network.policy", "open", "unknown value"),
+            ("network.port", 70000, "out of range"),
+            ("network.proxy_url", "ftp://x", "not http"),
+            ("verify", "check.py", "a string"),
+            ("verify.timeout_s", 0, "zero"),
+            ("verify.reward_file", "/tmp/reward", "absolute"),
+            ("verify.reward_file", "../reward", "outside the workspace"),
+            ("workspace.files", {"../evil": "x"}, "escaping the workspace"),
+            ("workspace.files", {"a.txt": 5}, "with a number content"),
+            ("collect", ["/etc/*"], "absolute"),
+            ("collect", "output/*", "a string"),
+            ("keep", "sometimes", "unknown value"),
+            ("meta", ["s"], "a list"),
+            ("image", 5, "a number"),
+            ("workdir", "app", "relative"),
+            ("workdir", "/etc/app", "a system directory"),
+            ("profile", "lax", "unknown value"),
+            ("mounts", [{"target": "tests"}], "with a relative target"),
+            ("mounts", [{"files": {}}], "without a target"),
+            ("mounts", {"target": "/x"}, "an object"),
+            ("image_run", "RUN true", "a string"),
+        ],
+    )
     return out
 
 
@@ -292,25 +476,46 @@ def runs() -> list[dict]:
     g, infra = golden("run")
     out = common("run", g, "claw.job/v1", "duration_s")
     out += missing(g, ["job_id", "status", "started_at", "ended_at"])
-    out += good(g, [
-        ("verify", None, "null"), ("collected", _MISSING, "absent"), ("meta", _MISSING, "absent"),
-        ("limits", {"memory_mb": 4096, "pids": 1024, "cpus": 2}, "enforced bounds"),
-        ("verify.reward", None, "null"), ("verify.details", {"reward_file_error": "x"}, "with reward_file_error"),
-        ("status", "timeout", "timeout"),
-    ])
+    out += good(
+        g,
+        [
+            ("verify", None, "null"),
+            ("collected", _MISSING, "absent"),
+            ("meta", _MISSING, "absent"),
+            ("limits", {"memory_mb": 4096, "pids": 1024, "cpus": 2}, "enforced bounds"),
+            ("verify.reward", None, "null"),
+            ("verify.details", {"reward_file_error": "x"}, "with reward_file_error"),
+            ("status", "timeout", "timeout"),
+        ],
+    )
     out.append(case("infra_error run", line(infra), "accept"))
-    out += bad(g, [
-        ("job_id", "", "empty"), ("job_id", 3, "a number"), ("status", "done", "unknown value"),
-        ("exit_code", "0", "a string"), ("exit_code", 0.5, "a fraction"),
-        ("verify", "ok", "a string"), ("verify.reward", 1.5, "above 1"),
-        ("verify.reward", -0.5, "below 0"), ("verify.reward", "1", "a string"),
-        ("verify.passed", "yes", "a string"), ("verify.exit_code", "0", "a string"),
-        ("verify.details", [1], "a list"), ("verify.timed_out", "no", "a string"),
-        ("started_at", "x", "a string"), ("ended_at", -1, "negative"),
-        ("attempts", 0, "zero"), ("meta", ["s"], "a list"), ("collected", {"a": 1}, "with a number"),
-        ("error", 5, "a number"), ("stdout_tail", 5, "a number"), ("duration_s", -1, "negative"),
-        ("backend", 1, "a number"),
-    ])
+    out += bad(
+        g,
+        [
+            ("job_id", "", "empty"),
+            ("job_id", 3, "a number"),
+            ("status", "done", "unknown value"),
+            ("exit_code", "0", "a string"),
+            ("exit_code", 0.5, "a fraction"),
+            ("verify", "ok", "a string"),
+            ("verify.reward", 1.5, "above 1"),
+            ("verify.reward", -0.5, "below 0"),
+            ("verify.reward", "1", "a string"),
+            ("verify.passed", "yes", "a string"),
+            ("verify.exit_code", "0", "a string"),
+            ("verify.details", [1], "a list"),
+            ("verify.timed_out", "no", "a string"),
+            ("started_at", "x", "a string"),
+            ("ended_at", -1, "negative"),
+            ("attempts", 0, "zero"),
+            ("meta", ["s"], "a list"),
+            ("collected", {"a": 1}, "with a number"),
+            ("error", 5, "a number"),
+            ("stdout_tail", 5, "a number"),
+            ("duration_s", -1, "negative"),
+            ("backend", 1, "a number"),
+        ],
+    )
     return out
 
 
@@ -376,17 +581,24 @@ def rewards() -> list[dict]:
         return c
 
     return [
-        rw("one", "1", "accept", 1.0), rw("zero", "0", "accept", 0.0),
+        rw("one", "1", "accept", 1.0),
+        rw("zero", "0", "accept", 0.0),
         rw("a fraction with a newline", "0.25\n", "accept", 0.25),
         rw("surrounding whitespace", "  1.0 \n", "accept", 1.0),
         rw("exponent", "5e-1", "accept", 0.5),
         rw("sub-scores", '{"a": 1, "b": 0.5}', "accept", 0.75, {"a": 1.0, "b": 0.5}),
         rw("one sub-score", '{"file_exists": 0.0}\n', "accept", 0.0, {"file_exists": 0.0}),
-        rw("above 1", "1.5", "reject"), rw("below 0", "-0.1", "reject"),
-        rw("NaN", "NaN", "reject"), rw("Infinity", "Infinity", "reject"),
-        rw("boolean", "true", "reject"), rw("word", "yes", "reject"), rw("empty", "", "reject"),
-        rw("only whitespace", " \n", "reject"), rw("a quoted number", '"0.5"', "reject"),
-        rw("a list", "[0.5]", "reject"), rw("empty object", "{}", "reject"),
+        rw("above 1", "1.5", "reject"),
+        rw("below 0", "-0.1", "reject"),
+        rw("NaN", "NaN", "reject"),
+        rw("Infinity", "Infinity", "reject"),
+        rw("boolean", "true", "reject"),
+        rw("word", "yes", "reject"),
+        rw("empty", "", "reject"),
+        rw("only whitespace", " \n", "reject"),
+        rw("a quoted number", '"0.5"', "reject"),
+        rw("a list", "[0.5]", "reject"),
+        rw("empty object", "{}", "reject"),
         rw("sub-score a string", '{"a": "x"}', "reject"),
         rw("sub-score a boolean", '{"a": true}', "reject"),
         rw("sub-score above 1", '{"a": 1.5}', "reject"),
@@ -411,19 +623,38 @@ def values() -> list[dict]:
         case("not JSON (cut line)", line(g)[:30], "reject", None, "JSON"),
         case("JSON array, not an object", "[0.1, 0.2]", "reject", None, "object"),
         case("NaN value (not JSON)", marked.replace("0.123456789", "NaN"), "reject", None, "NaN"),
-        case("Infinity value (not JSON)", marked.replace("0.123456789", "Infinity"), "reject", None, "Infinity"),
+        case(
+            "Infinity value (not JSON)",
+            marked.replace("0.123456789", "Infinity"),
+            "reject",
+            None,
+            "Infinity",
+        ),
         *missing(g, ["sample_id", "values"]),
-        *bad(g, [("sample_id", "", "empty"), ("sample_id", 0, "a number"), ("values", "0.1", "a string"),
-                 ("values", [0.1, "x"], "with a string"), ("values", [0.1, None], "with null"),
-                 ("values", [[0.1]], "nested")]),
+        *bad(
+            g,
+            [
+                ("sample_id", "", "empty"),
+                ("sample_id", 0, "a number"),
+                ("values", "0.1", "a string"),
+                ("values", [0.1, "x"], "with a string"),
+                ("values", [0.1, None], "with null"),
+                ("values", [[0.1]], "nested"),
+            ],
+        ),
     ]
 
 
 FILES = {
-    "claw.call.v1.jsonl": calls, "claw.outcome.v1.jsonl": outcomes,
-    "claw.sample.v1.jsonl": samples, "claw.policy.v1.jsonl": policies,
-    "claw.job.v1.jsonl": jobs, "claw.run.v1.jsonl": runs,
-    "session-token.jsonl": tokens, "reward-file.jsonl": rewards, "values-file.jsonl": values,
+    "claw.call.v1.jsonl": calls,
+    "claw.outcome.v1.jsonl": outcomes,
+    "claw.sample.v1.jsonl": samples,
+    "claw.policy.v1.jsonl": policies,
+    "claw.job.v1.jsonl": jobs,
+    "claw.run.v1.jsonl": runs,
+    "session-token.jsonl": tokens,
+    "reward-file.jsonl": rewards,
+    "values-file.jsonl": values,
 }
 
 

@@ -55,34 +55,95 @@ def _two_turns(tool: str, args: dict) -> tuple[dict, ...]:
     return ({"text": tool_call(tool, args)}, {"text": f"Done: {OUTPUT_FILE} holds the EU rows."})
 
 
-OPENCLAW_EDIT = "its internal-context user message follows the latest turn, then moves in the next request"
+OPENCLAW_EDIT = (
+    "its internal-context user message follows the latest turn, then moves in the next request"
+)
 
 CASES = [
-    Case(name="claude-code", adapter="claude-code", binary="claude", api="Anthropic Messages",
-         answers=_two_turns("Bash", {"command": SOLVE, "description": "Write the EU rows"}), label="Claude Code"),
-    Case(name="claude-code-subagent", adapter="claude-code", binary="claude", api="Anthropic Messages",
-         label="Claude Code, sub-agent", subagents=True,
-         env={"ANTHROPIC_DEFAULT_HAIKU_MODEL": SUB_MODEL},
-         answers=(
-             {"model": MAIN_MODEL, "text": tool_call("Agent", {
-                 "description": "Filter EU rows", "subagent_type": "general-purpose", "model": "haiku", "run_in_background": False,
-                 "prompt": f"From sales.csv write {OUTPUT_FILE} with the header and the EU rows."})},
-             {"model": MAIN_MODEL, "text": f"The sub-agent wrote {OUTPUT_FILE}."},
-             {"model": SUB_MODEL, "text": tool_call("Bash", {"command": SOLVE, "description": "Write the EU rows"})},
-             {"model": SUB_MODEL, "text": f"Wrote {OUTPUT_FILE}."},
-         )),
-    Case(name="openclaw-chat", adapter="openclaw-chat", binary="openclaw", api="OpenAI chat",
-         answers=_two_turns("exec", {"command": SOLVE}), label="OpenClaw (openai-completions)", edits_history=OPENCLAW_EDIT),
-    Case(name="openclaw-anthropic", adapter="openclaw-anthropic", binary="openclaw", api="Anthropic Messages",
-         answers=_two_turns("exec", {"command": SOLVE}), label="OpenClaw (anthropic-messages)", edits_history=OPENCLAW_EDIT),
-    Case(name="openclaw-responses", adapter="openclaw-responses", binary="openclaw", api="OpenAI Responses",
-         answers=_two_turns("exec", {"command": SOLVE}), label="OpenClaw (openai-responses)", edits_history=OPENCLAW_EDIT),
-    Case(name="codex", adapter="codex", binary="codex", api="OpenAI Responses",
-         answers=_two_turns("exec_command", {"cmd": SOLVE}), label="Codex CLI"),
-    Case(name="mini-swe-agent", adapter="mini-swe-agent", binary="mini", api="OpenAI chat",
-         answers=({"text": tool_call("bash", {"command": SOLVE})},
-                  {"text": tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})}),
-         label="mini-swe-agent"),
+    Case(
+        name="claude-code",
+        adapter="claude-code",
+        binary="claude",
+        api="Anthropic Messages",
+        answers=_two_turns("Bash", {"command": SOLVE, "description": "Write the EU rows"}),
+        label="Claude Code",
+    ),
+    Case(
+        name="claude-code-subagent",
+        adapter="claude-code",
+        binary="claude",
+        api="Anthropic Messages",
+        label="Claude Code, sub-agent",
+        subagents=True,
+        env={"ANTHROPIC_DEFAULT_HAIKU_MODEL": SUB_MODEL},
+        answers=(
+            {
+                "model": MAIN_MODEL,
+                "text": tool_call(
+                    "Agent",
+                    {
+                        "description": "Filter EU rows",
+                        "subagent_type": "general-purpose",
+                        "model": "haiku",
+                        "run_in_background": False,
+                        "prompt": f"From sales.csv write {OUTPUT_FILE} with the header and the EU rows.",
+                    },
+                ),
+            },
+            {"model": MAIN_MODEL, "text": f"The sub-agent wrote {OUTPUT_FILE}."},
+            {
+                "model": SUB_MODEL,
+                "text": tool_call("Bash", {"command": SOLVE, "description": "Write the EU rows"}),
+            },
+            {"model": SUB_MODEL, "text": f"Wrote {OUTPUT_FILE}."},
+        ),
+    ),
+    Case(
+        name="openclaw-chat",
+        adapter="openclaw-chat",
+        binary="openclaw",
+        api="OpenAI chat",
+        answers=_two_turns("exec", {"command": SOLVE}),
+        label="OpenClaw (openai-completions)",
+        edits_history=OPENCLAW_EDIT,
+    ),
+    Case(
+        name="openclaw-anthropic",
+        adapter="openclaw-anthropic",
+        binary="openclaw",
+        api="Anthropic Messages",
+        answers=_two_turns("exec", {"command": SOLVE}),
+        label="OpenClaw (anthropic-messages)",
+        edits_history=OPENCLAW_EDIT,
+    ),
+    Case(
+        name="openclaw-responses",
+        adapter="openclaw-responses",
+        binary="openclaw",
+        api="OpenAI Responses",
+        answers=_two_turns("exec", {"command": SOLVE}),
+        label="OpenClaw (openai-responses)",
+        edits_history=OPENCLAW_EDIT,
+    ),
+    Case(
+        name="codex",
+        adapter="codex",
+        binary="codex",
+        api="OpenAI Responses",
+        answers=_two_turns("exec_command", {"cmd": SOLVE}),
+        label="Codex CLI",
+    ),
+    Case(
+        name="mini-swe-agent",
+        adapter="mini-swe-agent",
+        binary="mini",
+        api="OpenAI chat",
+        answers=(
+            {"text": tool_call("bash", {"command": SOLVE})},
+            {"text": tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})},
+        ),
+        label="mini-swe-agent",
+    ),
 ]
 
 
@@ -92,20 +153,26 @@ def missing_pieces(case: Case) -> str | None:
         if not (BIN / cli).exists():
             return f"{cli} is not installed next to {BIN / 'python'}"
     if not (TOOLS_BIN / case.binary).exists():
-        return f"harness {case.binary!r} is not installed in {TOOLS_BIN}: run ./dev/install-harnesses"
+        return (
+            f"harness {case.binary!r} is not installed in {TOOLS_BIN}: run ./dev/install-harnesses"
+        )
     return None
 
 
 def installed_version(case: Case) -> str:
     """The installed harness version as dev/install-harnesses recorded it."""
-    key = {"claude": "claude", "openclaw": "openclaw", "codex": "codex", "mini": "mini"}[case.binary]
+    key = {"claude": "claude", "openclaw": "openclaw", "codex": "codex", "mini": "mini"}[
+        case.binary
+    ]
     try:
         return json.loads((TOOLS_BIN.parent / "harnesses.json").read_text())[key]["version"] or "?"
     except (OSError, ValueError, KeyError):
         return "?"
 
 
-def _cli(args: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def _cli(
+    args: list[str], env: dict | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
     if r.returncode != 0:
         raise AssertionError(f"{' '.join(args[:3])} ... exited {r.returncode}\n{r.stderr[-3000:]}")
@@ -125,8 +192,14 @@ class Outcome:
     workdir: Path
 
 
-def run_case(case: Case, workdir: Path, backend: str = "auto", timeout_s: float = 300, engine: str | None = None,
-             proxy_extra: tuple[str, ...] = ("--policy-name", "scripted")) -> Outcome:
+def run_case(
+    case: Case,
+    workdir: Path,
+    backend: str = "auto",
+    timeout_s: float = 300,
+    engine: str | None = None,
+    proxy_extra: tuple[str, ...] = ("--policy-name", "scripted"),
+) -> Outcome:
     """Run one harness on csv-filter-region through claw-proxy inside claw-sandbox.
 
     The engine is the scripted one with the case's answers unless `engine` names another.
@@ -136,11 +209,33 @@ def run_case(case: Case, workdir: Path, backend: str = "auto", timeout_s: float 
         script.write_text("".join(json.dumps(a) + "\n" for a in case.answers))
         engine = f"scripted:{script}"
     t0 = time.monotonic()
-    with claw_proxy(engine, workdir, extra=proxy_extra) as (url, secret, calls_file), Tap(url) as tap:
+    with (
+        claw_proxy(engine, workdir, extra=proxy_extra) as (url, secret, calls_file),
+        Tap(url) as tap,
+    ):
         jobs_file = workdir / "jobs.jsonl"
-        _cli([str(BIN / "claw-bench"), "plan", "--suite", SUITE, "--task", TASK, "--harness", case.adapter,
-              "--proxy", tap.url, "--proxy-secret-file", str(secret), "--run-id", "h8",  # short: the sandbox puts a unix socket under the job id
-              "--model", MAIN_MODEL, "-o", str(jobs_file)])
+        _cli(
+            [
+                str(BIN / "claw-bench"),
+                "plan",
+                "--suite",
+                SUITE,
+                "--task",
+                TASK,
+                "--harness",
+                case.adapter,
+                "--proxy",
+                tap.url,
+                "--proxy-secret-file",
+                str(secret),
+                "--run-id",
+                "h8",  # short: the sandbox puts a unix socket under the job id
+                "--model",
+                MAIN_MODEL,
+                "-o",
+                str(jobs_file),
+            ]
+        )
         jobs = [json.loads(line) for line in jobs_file.read_text().splitlines() if line.strip()]
         assert len(jobs) == 1, jobs
         for job in jobs:
@@ -148,22 +243,53 @@ def run_case(case: Case, workdir: Path, backend: str = "auto", timeout_s: float 
             job["collect"] = [*job.get("collect", []), OUTPUT_FILE]
             job["timeout_s"] = timeout_s
         jobs_file.write_text("".join(json.dumps(j) + "\n" for j in jobs))
-        env = dict(os.environ, PATH=f"{TOOLS_BIN}{os.pathsep}{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        env = dict(
+            os.environ, PATH=f"{TOOLS_BIN}{os.pathsep}{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+        )
         runs_file = workdir / "runs.jsonl"
-        _cli([str(BIN / "claw-sandbox"), "run", str(jobs_file), "-o", str(runs_file), "--backend", backend,
-              "--parallel", "1", "--retries", "0",
-              # the harnesses live in the checkout (.tools, .venvs): keep it visible wherever it is
-              # cloned, also under /tmp or a home directory, which bwrap hides
-              "--ro-path", str(ROOT)],
-             env=env, timeout=timeout_s + 120)
+        _cli(
+            [
+                str(BIN / "claw-sandbox"),
+                "run",
+                str(jobs_file),
+                "-o",
+                str(runs_file),
+                "--backend",
+                backend,
+                "--parallel",
+                "1",
+                "--retries",
+                "0",
+                # the harnesses live in the checkout (.tools, .venvs): keep it visible wherever it is
+                # cloned, also under /tmp or a home directory, which bwrap hides
+                "--ro-path",
+                str(ROOT),
+            ],
+            env=env,
+            timeout=timeout_s + 120,
+        )
         requests = list(tap.requests)
     seconds = time.monotonic() - t0
     runs = [json.loads(line) for line in runs_file.read_text().splitlines() if line.strip()]
-    calls = [json.loads(line) for line in calls_file.read_text().splitlines() if line.strip()] \
-        if calls_file.exists() else []
-    stats = json.loads(_cli([str(BIN / "claw-tree"), "stats", "--json", str(calls_file)]).stdout) if calls else {}
-    return Outcome(case=case, run=runs[0], calls=calls, requests=requests, stats=stats, seconds=seconds,
-                   workdir=workdir)
+    calls = (
+        [json.loads(line) for line in calls_file.read_text().splitlines() if line.strip()]
+        if calls_file.exists()
+        else []
+    )
+    stats = (
+        json.loads(_cli([str(BIN / "claw-tree"), "stats", "--json", str(calls_file)]).stdout)
+        if calls
+        else {}
+    )
+    return Outcome(
+        case=case,
+        run=runs[0],
+        calls=calls,
+        requests=requests,
+        stats=stats,
+        seconds=seconds,
+        workdir=workdir,
+    )
 
 
 def prefix_pairs(calls: list[dict]) -> list[dict]:
@@ -187,14 +313,30 @@ def prefix_pairs(calls: list[dict]) -> list[dict]:
     for (session, model), chain in chains.items():
         for prev, cur in zip(chain, chain[1:], strict=False):
             before, now = prev["prompt_ids"] + prev["completion_ids"], cur["prompt_ids"]
-            n = next((i for i, (a, b) in enumerate(zip(before, now, strict=False)) if a != b),
-                     min(len(before), len(now)))
+            n = next(
+                (i for i, (a, b) in enumerate(zip(before, now, strict=False)) if a != b),
+                min(len(before), len(now)),
+            )
             if n == len(before):
-                kind = "extends" if (cur.get("prefix") or {}).get("parent_call") == prev["call_id"] else "not_reused"
+                kind = (
+                    "extends"
+                    if (cur.get("prefix") or {}).get("parent_call") == prev["call_id"]
+                    else "not_reused"
+                )
             elif n < len(prev["prompt_ids"]):
                 kind = "edited"
             else:
                 kind = "false_fork"
-            out.append({"session": session, "model": model, "seq": cur["seq"], "prev_seq": prev["seq"],
-                        "kind": kind, "common": n, "prev_prompt": len(prev["prompt_ids"]), "prev_total": len(before)})
+            out.append(
+                {
+                    "session": session,
+                    "model": model,
+                    "seq": cur["seq"],
+                    "prev_seq": prev["seq"],
+                    "kind": kind,
+                    "common": n,
+                    "prev_prompt": len(prev["prompt_ids"]),
+                    "prev_total": len(before),
+                }
+            )
     return out

@@ -41,14 +41,28 @@ def record(case: str, entry: dict, path: Path | None = None) -> None:
     data = load(path)
     # no path of this machine in a file that gets committed
     text = json.dumps(entry).replace(str(ROOT), "<repo>").replace(tempfile.gettempdir(), "<tmp>")
-    data["cases"][case] = {**json.loads(text), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    data["cases"][case] = {
+        **json.loads(text),
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 COLUMNS = ("harness", "version", "API", "streaming", "tool calls", "sub-agents", "passes")
-_ORDER = ("claude-code", "claude-code-subagent", "openclaw-chat", "openclaw-anthropic", "openclaw-responses",
-          "codex", "mini-swe-agent", "vllm-sdk", "vllm-reload-proxy", "vllm-reload-plain", "vllm-harness")
+_ORDER = (
+    "claude-code",
+    "claude-code-subagent",
+    "openclaw-chat",
+    "openclaw-anthropic",
+    "openclaw-responses",
+    "codex",
+    "mini-swe-agent",
+    "vllm-sdk",
+    "vllm-reload-proxy",
+    "vllm-reload-plain",
+    "vllm-harness",
+)
 
 
 def _yes(v) -> str:
@@ -57,15 +71,30 @@ def _yes(v) -> str:
 
 def row(name: str, e: dict) -> list[str]:
     if e.get("skipped"):
-        return [e.get("label", name), e.get("version", "-"), e.get("api", "-"), "-", "-", "-",
-                f"skipped: {e['skipped']}"]
+        return [
+            e.get("label", name),
+            e.get("version", "-"),
+            e.get("api", "-"),
+            "-",
+            "-",
+            "-",
+            f"skipped: {e['skipped']}",
+        ]
     subs = e.get("subagent_branches")
     return [
-        e.get("label", name), e.get("version", "?"), e.get("api", "?"),
+        e.get("label", name),
+        e.get("version", "?"),
+        e.get("api", "?"),
         _yes(e.get("streaming")) if e.get("streaming") is not None else "-",
         f"{e.get('tool_calls', 0)} executed" if e.get("tool_calls") is not None else "-",
         "-" if subs is None else f"yes ({subs} branch{'es' if subs != 1 else ''})",
-        ("pass" if e.get("passed") else f"known issue: {e['known_issue']}" if e.get("known_issue") else "FAIL")
+        (
+            "pass"
+            if e.get("passed")
+            else f"known issue: {e['known_issue']}"
+            if e.get("known_issue")
+            else "FAIL"
+        )
         + f" ({e.get('requests', '?')} requests, "
         f"{e.get('calls', '?')} records, {e.get('seconds', 0):.0f} s)",
     ]
@@ -113,14 +142,21 @@ def render(data: dict) -> str:
             "|---|---|---|---|---|---|",
         ]
         for n, d in drift:
-            lines.append(f"| {cases[n].get('label', n)} | {d.get('extends', 0)} | {d.get('edited', 0)} | "
-                         f"{d.get('rerender_differs', 0)} | {d.get('output_branches', 0)} | {d.get('note', '')} |")
+            lines.append(
+                f"| {cases[n].get('label', n)} | {d.get('extends', 0)} | {d.get('edited', 0)} | "
+                f"{d.get('rerender_differs', 0)} | {d.get('output_branches', 0)} | {d.get('note', '')} |"
+            )
     extra = [(n, cases[n]["vllm"]) for n in names if cases[n].get("vllm")]
     if extra:
         lines += ["", "## vLLM engine", ""]
         for n, v in extra:
-            lines.append(f"- {cases[n].get('label', n)}: " + "; ".join(
-                f"{k} = {json.dumps(v[k], sort_keys=True) if isinstance(v[k], dict | list) else v[k]}" for k in sorted(v)))
+            lines.append(
+                f"- {cases[n].get('label', n)}: "
+                + "; ".join(
+                    f"{k} = {json.dumps(v[k], sort_keys=True) if isinstance(v[k], dict | list) else v[k]}"
+                    for k in sorted(v)
+                )
+            )
     lines += [
         "",
         "## Reproduce",
@@ -135,5 +171,9 @@ def render(data: dict) -> str:
     ]
     when = sorted({cases[n].get("recorded_at", "")[:10] for n in names} - {""})
     backends = sorted({cases[n].get("backend") for n in names if cases[n].get("backend")})
-    lines += ["", f"Recorded {', '.join(when) or '-'}; sandbox backend: {', '.join(backends) or '-'}.", ""]
+    lines += [
+        "",
+        f"Recorded {', '.join(when) or '-'}; sandbox backend: {', '.join(backends) or '-'}.",
+        "",
+    ]
     return "\n".join(lines)

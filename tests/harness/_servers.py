@@ -30,13 +30,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen | None, timeout_s: float, log: Path | None = None) -> float:
+def wait_http(
+    url: str, proc: subprocess.Popen | None, timeout_s: float, log: Path | None = None
+) -> float:
     """Poll `url` until it answers (any status); seconds waited. Fails early if `proc` died."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
-            raise RuntimeError(f"{url}: the server exited with {proc.returncode} before answering\n{tail}")
+            raise RuntimeError(
+                f"{url}: the server exited with {proc.returncode} before answering\n{tail}"
+            )
         try:
             httpx.get(url, timeout=2.0)
             return time.monotonic() - t0
@@ -64,10 +68,26 @@ def claw_proxy(engine: str, workdir: Path, *, tokenizer: Path = TINY, extra: tup
     calls = workdir / "calls.jsonl"
     port = free_port()
     log = workdir / "proxy.log"
-    argv = [str(BIN / "claw-proxy"), "serve", "--engine", engine, "--tokenizer", str(tokenizer),
-            "--secret-file", str(secret), "--record", str(calls), "--port", str(port),
-            # re-render every prompt so the drift study covers whole harness prompts (~25k tokens)
-            "--drift-check-tokens", "200000", "--log-level", "info", *extra]
+    argv = [
+        str(BIN / "claw-proxy"),
+        "serve",
+        "--engine",
+        engine,
+        "--tokenizer",
+        str(tokenizer),
+        "--secret-file",
+        str(secret),
+        "--record",
+        str(calls),
+        "--port",
+        str(port),
+        # re-render every prompt so the drift study covers whole harness prompts (~25k tokens)
+        "--drift-check-tokens",
+        "200000",
+        "--log-level",
+        "info",
+        *extra,
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     try:
@@ -87,8 +107,15 @@ class Tap:
         self.requests: list[dict] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off", ws="none", interface="asgi3")
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            ws="none",
+            interface="asgi3",
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -113,25 +140,49 @@ class Tap:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        path = scope["path"] + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
-        entry = {"method": scope["method"], "path": path, "status": None, "bytes": 0, "t": time.time()}
+        path = scope["path"] + (
+            ("?" + scope["query_string"].decode()) if scope["query_string"] else ""
+        )
+        entry = {
+            "method": scope["method"],
+            "path": path,
+            "status": None,
+            "bytes": 0,
+            "t": time.time(),
+        }
         self.requests.append(entry)
-        headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k.decode().lower() not in HOP]
+        headers = [
+            (k.decode(), v.decode()) for k, v in scope["headers"] if k.decode().lower() not in HOP
+        ]
         async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
             try:
-                req = client.build_request(scope["method"], self.upstream + path, headers=headers, content=body)
+                req = client.build_request(
+                    scope["method"], self.upstream + path, headers=headers, content=body
+                )
                 r = await client.send(req, stream=True)
             except httpx.HTTPError as e:
                 entry["status"] = 502
                 msg = f"tap: upstream failed: {e}".encode()
-                await send({"type": "http.response.start", "status": 502,
-                            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(msg)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 502,
+                        "headers": [
+                            (b"content-type", b"text/plain"),
+                            (b"content-length", str(len(msg)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": msg})
                 return
             entry["status"] = r.status_code
             entry["content_type"] = r.headers.get("content-type", "")
-            out_headers = [(k.encode(), v.encode()) for k, v in r.headers.items() if k.lower() not in HOP]
-            await send({"type": "http.response.start", "status": r.status_code, "headers": out_headers})
+            out_headers = [
+                (k.encode(), v.encode()) for k, v in r.headers.items() if k.lower() not in HOP
+            ]
+            await send(
+                {"type": "http.response.start", "status": r.status_code, "headers": out_headers}
+            )
             try:
                 async for chunk in r.aiter_raw():
                     entry["bytes"] += len(chunk)

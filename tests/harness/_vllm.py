@@ -37,7 +37,9 @@ def vllm_missing() -> str | None:
         return f"vLLM is not installed ({VLLM_PY} missing): run ./dev/install-vllm"
     r = subprocess.run([str(VLLM_PY), "-c", "import vllm"], capture_output=True, text=True)
     if r.returncode != 0:
-        return f"vLLM does not import in {VLLM_PY.parent.parent}: {r.stderr.strip().splitlines()[-1:]}"
+        return (
+            f"vLLM does not import in {VLLM_PY.parent.parent}: {r.stderr.strip().splitlines()[-1:]}"
+        )
     return None
 
 
@@ -46,17 +48,40 @@ def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny"):
     """Run vLLM's OpenAI server (float32, eager, 1 GiB KV cache, dev routes); yields (url, ready_s)."""
     port = free_port()
     log = workdir / "vllm.log"
-    argv = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", name, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-            "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0",
-            "--host", "127.0.0.1", "--port", str(port),
-            # logprobs after temperature / top_k / top_p (what claw-proxy --sampling honor needs;
-            # at T 1 with no truncation, what --sampling force samples with, they equal the raw ones)
-            "--logprobs-mode", "processed_logprobs",
-            "--worker-extension-cls", "claw_vllm_worker.ClawWorkerExtension"]
+    argv = [
+        str(VLLM_PY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        name,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--kv-cache-memory-bytes",
+        str(1 << 30),
+        "--seed",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        # logprobs after temperature / top_k / top_p (what claw-proxy --sampling honor needs;
+        # at T 1 with no truncation, what --sampling force samples with, they equal the raw ones)
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--worker-extension-cls",
+        "claw_vllm_worker.ClawWorkerExtension",
+    ]
     here = str(Path(__file__).resolve().parents[2] / "examples" / "gpu")  # claw_vllm_worker.py
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        VLLM_SERVER_DEV_MODE="1",
+        PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p),
+    )
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     try:
@@ -66,8 +91,13 @@ def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny"):
         stop(proc)
 
 
-def reload_weights(url: str, weights_dir: str | Path, version: int, timeout: float = 300,
-                   method: str = "claw_reload_weights") -> dict:
+def reload_weights(
+    url: str,
+    weights_dir: str | Path,
+    version: int,
+    timeout: float = 300,
+    method: str = "claw_reload_weights",
+) -> dict:
     """Load an HF directory's weights into a running vLLM (see the module docstring); timings.
 
     `method` is the worker method /collective_rpc calls: vLLM's own `reload_weights`, or
@@ -75,6 +105,7 @@ def reload_weights(url: str, weights_dir: str | Path, version: int, timeout: flo
     """
     t: dict = {}
     with httpx.Client(base_url=url, timeout=timeout) as c:
+
         def step(name: str, method: str, path: str, **kw):
             t0 = time.monotonic()
             r = c.request(method, path, **kw)
@@ -85,8 +116,12 @@ def reload_weights(url: str, weights_dir: str | Path, version: int, timeout: flo
 
         step("pause_s", "POST", "/pause", params={"mode": "wait"})
         try:
-            r = step("reload_s", "POST", "/collective_rpc",
-                     json={"method": method, "kwargs": {"weights_path": str(weights_dir)}})
+            r = step(
+                "reload_s",
+                "POST",
+                "/collective_rpc",
+                json={"method": method, "kwargs": {"weights_path": str(weights_dir)}},
+            )
             t["workers"] = r.json().get("results") if r.content else None
             step("reset_prefix_cache_s", "POST", "/reset_prefix_cache")
             step("version_s", "POST", "/update_weight_version", json={"new_version": str(version)})
@@ -106,13 +141,19 @@ def perturbed_copy(src: Path, dst: Path, scale: float = 0.05, seed: int = 1) -> 
     shutil.copytree(src, dst)
     weights = load_file(str(src / "model.safetensors"))
     g = torch.Generator().manual_seed(seed)
-    noisy = {k: v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype) if v.is_floating_point() else v
-             for k, v in weights.items()}
+    noisy = {
+        k: v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype)
+        if v.is_floating_point()
+        else v
+        for k, v in weights.items()
+    }
     save_file(noisy, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst
 
 
-def eos_leaning_copy(src: Path, dst: Path, eos_id: int = 2, shift: float = 1.0, bonus: float = 0.9) -> Path:
+def eos_leaning_copy(
+    src: Path, dst: Path, eos_id: int = 2, shift: float = 1.0, bonus: float = 0.9
+) -> Path:
     """An HF directory like `src` whose model ends its answers after a few tokens (p(eos) ~ 0.3).
 
     A random tiny model almost never samples eos, and a harness fed endless text fails (Claude
@@ -146,8 +187,9 @@ class Reference:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.eval()
 
-    def logprobs(self, prompt_ids: list[int], completion_ids: list[int], sampling: dict | None = None
-                 ) -> list[float]:
+    def logprobs(
+        self, prompt_ids: list[int], completion_ids: list[int], sampling: dict | None = None
+    ) -> list[float]:
         """log p(completion_ids[i] | prompt + completion[:i]) under a call's `sampling` (default
         temperature 1, no truncation): log_softmax(logits / T) over the top_k, then top_p kept
         set (vLLM's rule: sorted ascending, drop while the cumulative probability <= 1 - top_p),
@@ -159,7 +201,7 @@ class Reference:
             return [0.0] * len(completion_ids)
         ids = torch.tensor([prompt_ids + completion_ids])
         with torch.no_grad():
-            logits = self.model(ids).logits[0, len(prompt_ids) - 1: -1].float() / t
+            logits = self.model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / t
         if 0 < top_k < logits.shape[-1]:
             kth = logits.topk(top_k, dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -torch.inf)

@@ -21,9 +21,15 @@ from _results import COMMITTED, TABLE, load, render  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="source", type=Path, help="results file of a run to merge in first")
-    ap.add_argument("--check", action="store_true", help="only check that HARNESSES.md is up to date")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--from", dest="source", type=Path, help="results file of a run to merge in first"
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="only check that HARNESSES.md is up to date"
+    )
     args = ap.parse_args(argv)
     data = load(COMMITTED)
     if args.source:
@@ -36,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render(data)
     if args.check:
         ok = TABLE.exists() and TABLE.read_text() == text
-        print(f"{TABLE}: {'up to date' if ok else 'out of date: run python tests/harness/render_table.py'}",
-              file=sys.stderr)
+        print(
+            f"{TABLE}: {'up to date' if ok else 'out of date: run python tests/harness/render_table.py'}",
+            file=sys.stderr,
+        )
         return 0 if ok else 1
     TABLE.write_text(text)
     print(f"wrote {TABLE} ({len(data['cases'])} rows)", file=sys.stderr)

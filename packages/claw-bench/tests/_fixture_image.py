@@ -14,9 +14,42 @@ import tarfile
 from pathlib import Path
 
 BASE_IMAGE = "claw-bench-fixture/base:1"
-TOOLS = ["bash", "sh", "cat", "cp", "mv", "rm", "ls", "mkdir", "mktemp", "echo", "printf", "test", "grep",
-         "sed", "awk", "head", "tail", "wc", "cut", "tr", "sha256sum", "tar", "gzip", "sleep", "id", "pwd",
-         "touch", "dirname", "basename", "timeout", "env", "true", "false", "python3"]
+TOOLS = [
+    "bash",
+    "sh",
+    "cat",
+    "cp",
+    "mv",
+    "rm",
+    "ls",
+    "mkdir",
+    "mktemp",
+    "echo",
+    "printf",
+    "test",
+    "grep",
+    "sed",
+    "awk",
+    "head",
+    "tail",
+    "wc",
+    "cut",
+    "tr",
+    "sha256sum",
+    "tar",
+    "gzip",
+    "sleep",
+    "id",
+    "pwd",
+    "touch",
+    "dirname",
+    "basename",
+    "timeout",
+    "env",
+    "true",
+    "false",
+    "python3",
+]
 
 
 def _libs(path: str) -> set[str]:
@@ -53,14 +86,26 @@ def rootfs_tar() -> bytes:
         for f in real:
             tar.add(f, _usr(f), recursive=False)
         for name, f in sorted(names.items()):
-            if name != _usr(f):  # e.g. usr/bin/python3 -> python3.11, usr/lib64/ld-linux -> usr/lib/...
+            if name != _usr(
+                f
+            ):  # e.g. usr/bin/python3 -> python3.11, usr/lib64/ld-linux -> usr/lib/...
                 info = tarfile.TarInfo(name)
                 info.type, info.linkname = tarfile.SYMTYPE, "/" + _usr(f)
                 tar.addfile(info)
         py = Path("/usr/lib") / f"python{sys.version_info.major}.{sys.version_info.minor}"
         if py.is_dir():
-            tar.add(str(py), _usr(str(py)), filter=lambda t: None if any(
-                x in t.name for x in ("site-packages", "dist-packages", "__pycache__", "/test/")) else t)
+            tar.add(
+                str(py),
+                _usr(str(py)),
+                filter=lambda t: (
+                    None
+                    if any(
+                        x in t.name
+                        for x in ("site-packages", "dist-packages", "__pycache__", "/test/")
+                    )
+                    else t
+                ),
+            )
     return buf.getvalue()
 
 
@@ -69,9 +114,16 @@ def ensure_base_image() -> str | None:
     docker = shutil.which("docker")
     if not docker:
         return "the docker CLI is not installed"
-    if subprocess.run([docker, "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0:
+    if (
+        subprocess.run([docker, "image", "inspect", BASE_IMAGE], capture_output=True).returncode
+        == 0
+    ):
         return None
     if not shutil.which("ldd"):
         return "ldd is needed to gather the base image's libraries"
     p = subprocess.run([docker, "import", "-", BASE_IMAGE], input=rootfs_tar(), capture_output=True)
-    return None if p.returncode == 0 else f"docker import failed: {p.stderr.decode(errors='replace')[-300:]}"
+    return (
+        None
+        if p.returncode == 0
+        else f"docker import failed: {p.stderr.decode(errors='replace')[-300:]}"
+    )

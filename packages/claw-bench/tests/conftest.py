@@ -33,23 +33,48 @@ def _argv(cmd: str | list[str]) -> list[str]:
 def _write(path: Path, content: str | dict[str, str]) -> None:
     """A job file entry: text, or {"content_b64": ...} for exact bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content.encode() if isinstance(content, str) else base64.b64decode(content["content_b64"]))
+    path.write_bytes(
+        content.encode() if isinstance(content, str) else base64.b64decode(content["content_b64"])
+    )
 
 
-def _harbor_argv(job: dict[str, Any], ws: Path, verifying: bool) -> Callable[[str | list[str]], list[str]]:
+def _harbor_argv(
+    job: dict[str, Any], ws: Path, verifying: bool
+) -> Callable[[str | list[str]], list[str]]:
     """For a ``profile: "harbor"`` job: run a step in bwrap with the host's root read-only, the
     workspace at ``workdir`` (the cwd), the mounts at their targets (verify mounts only for the
     verify step) and uid 0 in a user namespace: the places Harbor task scripts use."""
     bwrap = shutil.which("bwrap")
     if not bwrap:
-        pytest.skip("bwrap is needed to run a Harbor-profile job in tests (apt-get install bubblewrap)")
+        pytest.skip(
+            "bwrap is needed to run a Harbor-profile job in tests (apt-get install bubblewrap)"
+        )
     mounts = [*job.get("mounts", []), *(job.get("verify") or {}).get("mounts", [])]
     n_job = len(job.get("mounts", []))
-    places = [(str(ws), job["workdir"])] + [(str(ws.parent / f"{ws.name}.mnt{i}"), m["target"])
-                                          for i, m in enumerate(mounts) if i < n_job or verifying]
+    places = [(str(ws), job["workdir"])] + [
+        (str(ws.parent / f"{ws.name}.mnt{i}"), m["target"])
+        for i, m in enumerate(mounts)
+        if i < n_job or verifying
+    ]
     tops = {p.split("/")[1] for _, p in places}
-    args = [bwrap, "--die-with-parent", "--unshare-user", "--uid", "0", "--gid", "0", "--unshare-pid",
-            "--tmpfs", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    args = [
+        bwrap,
+        "--die-with-parent",
+        "--unshare-user",
+        "--uid",
+        "0",
+        "--gid",
+        "0",
+        "--unshare-pid",
+        "--tmpfs",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+    ]
     for name in sorted(os.listdir("/")):
         path = f"/{name}"
         if name in ("proc", "dev", "tmp") or name in tops:
@@ -69,11 +94,11 @@ def _host_path(job: dict[str, Any], ws: Path, path: str) -> Path:
     if not path.startswith("/"):
         return ws / path
     if path.startswith(job["workdir"].rstrip("/") + "/"):
-        return ws / path[len(job["workdir"]):].lstrip("/")
+        return ws / path[len(job["workdir"]) :].lstrip("/")
     mounts = [*job.get("mounts", []), *(job.get("verify") or {}).get("mounts", [])]
     for i, m in enumerate(mounts):
         if path.startswith(m["target"] + "/"):
-            return ws.parent / f"{ws.name}.mnt{i}" / path[len(m["target"]):].lstrip("/")
+            return ws.parent / f"{ws.name}.mnt{i}" / path[len(m["target"]) :].lstrip("/")
     raise AssertionError(f"{path} is in no place of job {job['job_id']}")
 
 
@@ -92,15 +117,23 @@ def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
         mounts = [*job.get("mounts", []), *(job.get("verify") or {}).get("mounts", [])]
         for i, m in enumerate(mounts):
             (root / f"{ws.name}.mnt{i}").mkdir()
-            for rel, content in (m.get("files", {}) if i < len(job.get("mounts", [])) else {}).items():
+            for rel, content in (
+                m.get("files", {}) if i < len(job.get("mounts", [])) else {}
+            ).items():
                 _write(root / f"{ws.name}.mnt{i}" / rel, content)
     env = {**os.environ, **job.get("env", {})}
     for cmd in job.get("setup", []):
         subprocess.run(argv(cmd), cwd=ws, env=env, check=True, capture_output=True)
     status, exit_code, out, err = "ok", None, "", ""
     try:
-        p = subprocess.run(argv(job["command"]), cwd=ws, env=env, capture_output=True, text=True,
-                           timeout=job.get("timeout_s", 600))
+        p = subprocess.run(
+            argv(job["command"]),
+            cwd=ws,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=job.get("timeout_s", 600),
+        )
         exit_code, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
         status = "timeout"
@@ -114,18 +147,44 @@ def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
             for rel, content in m.get("files", {}).items():
                 _write(root / f"{ws.name}.mnt{n_job + i}" / rel, content)
         vargv = _harbor_argv(job, ws, True) if harbor else _argv
-        p = subprocess.run(vargv(v["command"]), cwd=ws, capture_output=True, text=True, timeout=v.get("timeout_s", 60))
+        p = subprocess.run(
+            vargv(v["command"]),
+            cwd=ws,
+            capture_output=True,
+            text=True,
+            timeout=v.get("timeout_s", 60),
+        )
         reward, details = None, {}
-        rf = _host_path(job, ws, v["reward_file"]) if harbor and v.get("reward_file") else ws / v.get("reward_file", "")
+        rf = (
+            _host_path(job, ws, v["reward_file"])
+            if harbor and v.get("reward_file")
+            else ws / v.get("reward_file", "")
+        )
         if v.get("reward_file") and rf.is_file():
             reward, details = parse_reward(rf.read_text())
-        verify = {"exit_code": p.returncode, "passed": p.returncode == 0,
-                  "reward": reward if reward is not None else float(p.returncode == 0), "details": details,
-                  "output": p.stdout[-2000:], "timed_out": False}
-    return {"schema": "claw.run/v1", "job_id": job["job_id"], "status": status, "exit_code": exit_code,
-            "verify": verify, "stdout_tail": out[-2000:], "stderr_tail": err[-2000:], "backend": "test-process",
-            "started_at": started, "ended_at": time.time(), "duration_s": time.time() - started,
-            "meta": job.get("meta", {}), "collected": _collect(job, ws) if harbor else {}}
+        verify = {
+            "exit_code": p.returncode,
+            "passed": p.returncode == 0,
+            "reward": reward if reward is not None else float(p.returncode == 0),
+            "details": details,
+            "output": p.stdout[-2000:],
+            "timed_out": False,
+        }
+    return {
+        "schema": "claw.run/v1",
+        "job_id": job["job_id"],
+        "status": status,
+        "exit_code": exit_code,
+        "verify": verify,
+        "stdout_tail": out[-2000:],
+        "stderr_tail": err[-2000:],
+        "backend": "test-process",
+        "started_at": started,
+        "ended_at": time.time(),
+        "duration_s": time.time() - started,
+        "meta": job.get("meta", {}),
+        "collected": _collect(job, ws) if harbor else {},
+    }
 
 
 def check_task(task: Any, mode: str) -> dict[str, Any]:
@@ -135,14 +194,25 @@ def check_task(task: Any, mode: str) -> dict[str, Any]:
 
     from claw_bench import load_harness, plan_jobs, score_run
 
-    (job,) = plan_jobs([task], [load_harness({"untouched": "nothing", "solution": "oracle"}[mode])], samples=1,
-                       network="none", run_id="check")
+    (job,) = plan_jobs(
+        [task],
+        [load_harness({"untouched": "nothing", "solution": "oracle"}[mode])],
+        samples=1,
+        network="none",
+        run_id="check",
+    )
     with tempfile.TemporaryDirectory(prefix="claw-bench-test-check-") as tmp:
         run = run_job(job, Path(tmp))
     out, verify = score_run(run), run["verify"] or {}
-    r = {"task": task.id, "mode": mode, "passed": bool(out["passed"]), "reward": out["reward"],
-         "scores": verify.get("details") or {}, "verify_exit_code": verify.get("exit_code"),
-         "output": verify.get("output", "")}
+    r = {
+        "task": task.id,
+        "mode": mode,
+        "passed": bool(out["passed"]),
+        "reward": out["reward"],
+        "scores": verify.get("details") or {},
+        "verify_exit_code": verify.get("exit_code"),
+        "output": verify.get("output", ""),
+    }
     if mode == "solution":
         r["solution_exit_code"] = run["exit_code"]
         r["solution_output"] = run["stdout_tail"] + run["stderr_tail"]
@@ -155,8 +225,13 @@ def _collect(job: dict[str, Any], ws: Path) -> dict[str, str]:
     for g in job.get("collect", []):
         if g.endswith("/**"):
             d = _host_path(job, ws, g[:-3] + "/x").parent
-            out.update({f"{g[:-3]}/{p.relative_to(d).as_posix()}": p.read_text(errors="replace")
-                        for p in sorted(d.rglob("*")) if p.is_file()})
+            out.update(
+                {
+                    f"{g[:-3]}/{p.relative_to(d).as_posix()}": p.read_text(errors="replace")
+                    for p in sorted(d.rglob("*"))
+                    if p.is_file()
+                }
+            )
         elif _host_path(job, ws, g).is_file():
             out[g] = _host_path(job, ws, g).read_text(errors="replace")
     return out
@@ -184,7 +259,9 @@ class ModelServer:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                key = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
+                key = self.headers.get("x-api-key") or self.headers.get(
+                    "authorization", ""
+                ).removeprefix("Bearer ")
                 found = verify_token(key, SECRET)
                 if found is None:
                     self._send(401, {"error": {"message": "bad token"}})
@@ -192,9 +269,14 @@ class ModelServer:
                 session, tags = found
                 turn = server.turns.get(session, 0)
                 server.turns[session] = turn + 1
-                server.requests.append({"path": self.path, "session": session, "tags": tags, "body": body})
+                server.requests.append(
+                    {"path": self.path, "session": session, "tags": tags, "body": body}
+                )
                 reply = server.policy(tags, turn, body)
-                self._send(200, _chat(reply) if self.path.endswith("/chat/completions") else _anthropic(reply))
+                self._send(
+                    200,
+                    _chat(reply) if self.path.endswith("/chat/completions") else _anthropic(reply),
+                )
 
             def _send(self, code: int, obj: dict[str, Any]) -> None:
                 data = json.dumps(obj).encode()
@@ -218,21 +300,35 @@ class ModelServer:
 
 
 def _chat(reply: dict[str, Any]) -> dict[str, Any]:
-    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-             for i, (n, a) in enumerate(reply.get("tool_calls", []))]
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+        for i, (n, a) in enumerate(reply.get("tool_calls", []))
+    ]
     msg = {"role": "assistant", "content": reply.get("text", "")}
     if calls:
         msg["tool_calls"] = calls
-    return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": msg,
-            "finish_reason": "tool_calls" if calls else "stop"}]}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
+    }
 
 
 def _anthropic(reply: dict[str, Any]) -> dict[str, Any]:
     content = [{"type": "text", "text": reply.get("text", "")}] if reply.get("text") else []
-    content += [{"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": a}
-                for i, (n, a) in enumerate(reply.get("tool_calls", []))]
-    return {"id": "m", "type": "message", "role": "assistant", "content": content,
-            "stop_reason": "tool_use" if reply.get("tool_calls") else "end_turn"}
+    content += [
+        {"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": a}
+        for i, (n, a) in enumerate(reply.get("tool_calls", []))
+    ]
+    return {
+        "id": "m",
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "stop_reason": "tool_use" if reply.get("tool_calls") else "end_turn",
+    }
 
 
 @pytest.fixture

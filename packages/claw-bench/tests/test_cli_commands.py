@@ -24,23 +24,40 @@ def test_tasks_and_harnesses_listings():
     r = _run(["tasks", "--suite", "claw-toy", "--json"])
     assert r.exit_code == 0
     rows = [json.loads(x) for x in r.stdout.splitlines()]
-    assert {x["id"] for x in rows} >= {"toy-hello", "toy-yes"} and all(x["has_solution"] for x in rows)
+    assert {x["id"] for x in rows} >= {"toy-hello", "toy-yes"} and all(
+        x["has_solution"] for x in rows
+    )
     r = _run(["harnesses"])
     assert r.exit_code == 0
     lines = {x.split()[0]: x for x in r.stdout.splitlines()}
-    assert "installed" in lines["claw-agent-chat"] and "not installed (needs claude)" in lines["claude-code"]
+    assert (
+        "installed" in lines["claw-agent-chat"]
+        and "not installed (needs claude)" in lines["claude-code"]
+    )
 
 
 def test_plan_to_stdout_and_missing_secret(tmp_path):
     """`plan` writes jobs to stdout; a missing secret file is a clear error."""
     secret = tmp_path / "s"
     secret.write_text("k")
-    args = ["plan", "-s", "claw-toy", "-H", "claw-agent-text", "-n", "2", "--proxy", "http://127.0.0.1:8000"]
+    args = [
+        "plan",
+        "-s",
+        "claw-toy",
+        "-H",
+        "claw-agent-text",
+        "-n",
+        "2",
+        "--proxy",
+        "http://127.0.0.1:8000",
+    ]
     r = _run([*args, "--proxy-secret-file", str(secret), "--memory-mb", "512", "--pids", "64"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.splitlines()[0])["limits"] == {"memory_mb": 512, "pids": 64}
     n_tasks = len(load_suite("claw-toy").tasks)
-    assert [json.loads(x)["schema"] for x in r.stdout.splitlines()] == ["claw.job/v1"] * (2 * n_tasks)
+    assert [json.loads(x)["schema"] for x in r.stdout.splitlines()] == ["claw.job/v1"] * (
+        2 * n_tasks
+    )
     r = _run([*args, "--proxy-secret-file", str(tmp_path / "nope")])
     assert r.exit_code != 0 and "cannot read the proxy secret" in r.output
 
@@ -48,7 +65,9 @@ def test_plan_to_stdout_and_missing_secret(tmp_path):
 def test_score_names_the_bad_line(tmp_path):
     """`score` rejects a malformed line or another record type with file:line."""
     bad = tmp_path / "runs.jsonl"
-    bad.write_text('{"schema": "claw.run/v1", "job_id": "j", "status": "infra_error", "meta": {"session": "s", "task": "t", "harness": "h"}}\n{oops\n')
+    bad.write_text(
+        '{"schema": "claw.run/v1", "job_id": "j", "status": "infra_error", "meta": {"session": "s", "task": "t", "harness": "h"}}\n{oops\n'
+    )
     r = _run(["score", str(bad)])
     assert r.exit_code != 0 and f"{bad}:2: not JSON" in r.output
     bad.write_text('{"schema": "claw.run/v2"}\n')
@@ -58,8 +77,13 @@ def test_score_names_the_bad_line(tmp_path):
 
 def test_score_from_stdin():
     """`score` reads runs from stdin and writes outcomes to stdout (infra errors stay infra errors)."""
-    run = {"schema": "claw.run/v1", "job_id": "j", "status": "infra_error", "error": "no bwrap",
-           "meta": {"session": "s", "task": "t", "harness": "h"}}
+    run = {
+        "schema": "claw.run/v1",
+        "job_id": "j",
+        "status": "infra_error",
+        "error": "no bwrap",
+        "meta": {"session": "s", "task": "t", "harness": "h"},
+    }
     r = _run(["score"], input=json.dumps(run) + "\n")
     assert r.exit_code == 0
     out = json.loads(r.stdout)
@@ -86,7 +110,10 @@ def test_report_plot_names_the_file_it_writes(tmp_path):
 
 def test_check_command_on_a_few_tasks():
     """`check` proves tasks sound in claw-sandbox and prints one JSON line per mode."""
-    if shutil.which("claw-sandbox") is None and not (Path(sys.executable).parent / "claw-sandbox").exists():
+    if (
+        shutil.which("claw-sandbox") is None
+        and not (Path(sys.executable).parent / "claw-sandbox").exists()
+    ):
         pytest.skip("claw-sandbox is not installed: check runs tasks only in the sandbox")
     r = _run(["check", "-s", "claw-toy", "--task", "toy-yes"])
     assert r.exit_code == 0

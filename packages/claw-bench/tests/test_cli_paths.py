@@ -12,8 +12,13 @@ from claw_bench.cli import main
 from click.testing import CliRunner
 
 DATA = Path(__file__).parent / "data" / "outcomes_handmade.jsonl"
-RUN = {"schema": "claw.run/v1", "job_id": "j", "status": "infra_error", "error": "no bwrap",
-       "meta": {"session": "s", "task": "t", "harness": "h"}}
+RUN = {
+    "schema": "claw.run/v1",
+    "job_id": "j",
+    "status": "infra_error",
+    "error": "no bwrap",
+    "meta": {"session": "s", "task": "t", "harness": "h"},
+}
 
 
 def _args(cmd: str, inp: Path) -> list[str]:
@@ -22,17 +27,36 @@ def _args(cmd: str, inp: Path) -> list[str]:
     (inp / "runs.jsonl").write_text(json.dumps(RUN) + "\n")
     (inp / "calls.jsonl").write_text("")
     return {
-        "plan": ["plan", "-s", "claw-toy", "-H", "claw-agent-text", "--proxy", "http://127.0.0.1:8000",
-                 "--proxy-secret-file", str(inp / "secret"), "-o"],
+        "plan": [
+            "plan",
+            "-s",
+            "claw-toy",
+            "-H",
+            "claw-agent-text",
+            "--proxy",
+            "http://127.0.0.1:8000",
+            "--proxy-secret-file",
+            str(inp / "secret"),
+            "-o",
+        ],
         "score": ["score", str(inp / "runs.jsonl"), "-o"],
-        "regrade": ["regrade", str(inp / "runs.jsonl"), "-s", "claw-toy", "--calls", str(inp / "calls.jsonl"),
-                    "--output"],
+        "regrade": [
+            "regrade",
+            str(inp / "runs.jsonl"),
+            "-s",
+            "claw-toy",
+            "--calls",
+            str(inp / "calls.jsonl"),
+            "--output",
+        ],
         "report": ["report", str(DATA), "--plot"],
     }[cmd]
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")
+    }
 
 
 @pytest.mark.parametrize("mistake", ["directory", "missing parent"])
@@ -61,7 +85,10 @@ def test_good_output_path_still_writes(tmp_path, cmd):
     r = CliRunner().invoke(main, [*_args(cmd, inp), str(tmp_path / "out.jsonl")])
     assert r.exit_code == 0, r.output
     first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
-    assert first["schema"] == {"plan": "claw.job/v1", "score": "claw.outcome/v1", "regrade": "claw.run/v1"}[cmd]
+    assert (
+        first["schema"]
+        == {"plan": "claw.job/v1", "score": "claw.outcome/v1", "regrade": "claw.run/v1"}[cmd]
+    )
 
 
 def test_every_output_option_is_checked():

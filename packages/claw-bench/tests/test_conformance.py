@@ -32,15 +32,22 @@ def _verdict(case: dict, reads: tuple[str, ...]) -> str:
     field = case["field"]
     if field is None or case["verdict"] != "reject":
         return case["verdict"]
-    touched = any(r == field or r.startswith(field + ".") or field.startswith(r + ".") for r in reads)
+    touched = any(
+        r == field or r.startswith(field + ".") or field.startswith(r + ".") for r in reads
+    )
     return "reject" if touched else "accept"
 
 
-RECORD_CASES = [(f"claw.{kind}/v1", c) for kind in ("run", "outcome", "call")
-                for c in _cases(f"claw.{kind}.v1.jsonl")]
+RECORD_CASES = [
+    (f"claw.{kind}/v1", c)
+    for kind in ("run", "outcome", "call")
+    for c in _cases(f"claw.{kind}.v1.jsonl")
+]
 
 
-@pytest.mark.parametrize(("schema", "case"), RECORD_CASES, ids=lambda x: x if isinstance(x, str) else x["case"])
+@pytest.mark.parametrize(
+    ("schema", "case"), RECORD_CASES, ids=lambda x: x if isinstance(x, str) else x["case"]
+)
 def test_record_cases(tmp_path, schema, case):
     """read_records judges every line and schema (NaN, versions, blank lines) as the contract says."""
     path = tmp_path / "in.jsonl"
@@ -78,8 +85,11 @@ def _projection_cases(kind: str, reads: tuple[str, ...]):
         yield c, _verdict(c, reads)
 
 
-@pytest.mark.parametrize(("case", "verdict"), list(_projection_cases("run", RUN_READS)),
-                         ids=lambda x: x if isinstance(x, str) else x["case"])
+@pytest.mark.parametrize(
+    ("case", "verdict"),
+    list(_projection_cases("run", RUN_READS)),
+    ids=lambda x: x if isinstance(x, str) else x["case"],
+)
 def test_run_cases_through_score(tmp_path, case, verdict):
     """`claw-bench score`'s reader (read_records + check_run, a projection of RUN_READS) judges
     exactly the fields it reads; every run it accepts scores to an outcome."""
@@ -98,8 +108,11 @@ def test_run_cases_through_score(tmp_path, case, verdict):
         assert all(score_run(r)["schema"] == OUTCOME for r in rows)
 
 
-@pytest.mark.parametrize(("case", "verdict"), list(_projection_cases("outcome", OUTCOME_READS)),
-                         ids=lambda x: x if isinstance(x, str) else x["case"])
+@pytest.mark.parametrize(
+    ("case", "verdict"),
+    list(_projection_cases("outcome", OUTCOME_READS)),
+    ids=lambda x: x if isinstance(x, str) else x["case"],
+)
 def test_outcome_cases_through_report(tmp_path, case, verdict):
     """`claw-bench report`'s reader (read_records + check_outcome, a projection of
     OUTCOME_READS) judges exactly the fields it reads."""
@@ -108,7 +121,9 @@ def test_outcome_cases_through_report(tmp_path, case, verdict):
     if verdict == "reject":
         with pytest.raises(RecordError) as err:
             read_records(path, OUTCOME, check_outcome)
-        assert case["error"] in str(err.value) and "outcomes.jsonl:1" in str(err.value), str(err.value)
+        assert case["error"] in str(err.value) and "outcomes.jsonl:1" in str(err.value), str(
+            err.value
+        )
     else:
         rows = read_records(path, OUTCOME, check_outcome)
         assert len(rows) == (1 if verdict == "accept" else 0)

@@ -32,7 +32,10 @@ def _solution_command(task_id: str) -> str:
 
 def reference_policy(tags, turn, body):
     if turn == 0:
-        return {"text": "running the fix", "tool_calls": [("bash", {"command": _solution_command(tags["task"])})]}
+        return {
+            "text": "running the fix",
+            "tool_calls": [("bash", {"command": _solution_command(tags["task"])})],
+        }
     return {"text": "done"}
 
 
@@ -47,10 +50,27 @@ def _cli(args):
 
 
 def _pipeline(tmp_path, secret_file, policy, harnesses, runner):
-    jobs_path, runs_path, outs_path = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl", tmp_path / "outcomes.jsonl"
+    jobs_path, runs_path, outs_path = (
+        tmp_path / "jobs.jsonl",
+        tmp_path / "runs.jsonl",
+        tmp_path / "outcomes.jsonl",
+    )
     with ModelServer(policy) as srv:
-        args = ["plan", "--suite", "claw-mini", "-n", "1", "--proxy", srv.url, "--proxy-secret-file", str(secret_file),
-                "--run-id", "e2e", "-o", str(jobs_path)]
+        args = [
+            "plan",
+            "--suite",
+            "claw-mini",
+            "-n",
+            "1",
+            "--proxy",
+            srv.url,
+            "--proxy-secret-file",
+            str(secret_file),
+            "--run-id",
+            "e2e",
+            "-o",
+            str(jobs_path),
+        ]
         for h in harnesses:
             args += ["--harness", h]
         for t in TASKS:
@@ -72,25 +92,39 @@ def _test_runner(jobs_path, runs_path, jobs, tmp_path):
 
 
 def _sandbox_runner(jobs_path, runs_path, jobs, tmp_path):
-    subprocess.run(["claw-sandbox", "run", str(jobs_path), "-o", str(runs_path), "--backend", "process"],
-                   check=True, timeout=600)
+    subprocess.run(
+        ["claw-sandbox", "run", str(jobs_path), "-o", str(runs_path), "--backend", "process"],
+        check=True,
+        timeout=600,
+    )
 
 
 def _check(jobs, outcomes, srv, want_pass):
     assert len(outcomes) == len(jobs) == len(TASKS) * len({j["meta"]["harness"] for j in jobs})
     assert all(o["status"] == "ok" for o in outcomes), outcomes
     assert [o["passed"] for o in outcomes] == [want_pass] * len(outcomes), outcomes
-    assert all(o["reward"] == (1.0 if want_pass else o["reward"]) and (want_pass or o["reward"] < 1.0) for o in outcomes)
+    assert all(
+        o["reward"] == (1.0 if want_pass else o["reward"]) and (want_pass or o["reward"] < 1.0)
+        for o in outcomes
+    )
     # every job talked to the model under its own session, with {task, harness} tags
     sessions = {r["session"]: r["tags"] for r in srv.requests}
-    assert sessions == {j["meta"]["session"]: {"task": j["meta"]["task"], "harness": j["meta"]["harness"]} for j in jobs}
+    assert sessions == {
+        j["meta"]["session"]: {"task": j["meta"]["task"], "harness": j["meta"]["harness"]}
+        for j in jobs
+    }
 
 
-@pytest.mark.parametrize(("policy", "want"), [(reference_policy, True), (do_nothing_policy, False)],
-                         ids=["reference-passes", "do-nothing-fails"])
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [(reference_policy, True), (do_nothing_policy, False)],
+    ids=["reference-passes", "do-nothing-fails"],
+)
 def test_plan_run_score_chat(tmp_path, secret_file, policy, want):
     """Through claw-agent over OpenAI chat: the reference agent passes every task, doing nothing fails all."""
-    jobs, outcomes, srv = _pipeline(tmp_path, secret_file, policy, ["claw-agent-chat"], _test_runner)
+    jobs, outcomes, srv = _pipeline(
+        tmp_path, secret_file, policy, ["claw-agent-chat"], _test_runner
+    )
     _check(jobs, outcomes, srv, want)
     rep = json.loads(_cli(["report", str(tmp_path / "outcomes.jsonl"), "--json"]).output)
     assert rep["harnesses"][0]["pass@1"]["value"] == (1.0 if want else 0.0)
@@ -99,8 +133,13 @@ def test_plan_run_score_chat(tmp_path, secret_file, policy, want):
 @pytest.mark.slow
 def test_plan_run_score_two_harness_kinds(tmp_path, secret_file):
     """Mix-harness: chat and Anthropic claw-agent in one plan; the reference passes through both."""
-    jobs, outcomes, srv = _pipeline(tmp_path, secret_file, reference_policy,
-                                    ["claw-agent-chat", "claw-agent-anthropic"], _test_runner)
+    jobs, outcomes, srv = _pipeline(
+        tmp_path,
+        secret_file,
+        reference_policy,
+        ["claw-agent-chat", "claw-agent-anthropic"],
+        _test_runner,
+    )
     _check(jobs, outcomes, srv, True)
     assert {r["path"] for r in srv.requests} == {"/v1/chat/completions", "/v1/messages"}
 
@@ -110,5 +149,7 @@ def test_plan_run_score_two_harness_kinds(tmp_path, secret_file):
 @pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
 def test_plan_run_score_through_claw_sandbox(tmp_path, secret_file):
     """The same pipeline through the real claw-sandbox CLI (process backend), when installed."""
-    jobs, outcomes, srv = _pipeline(tmp_path, secret_file, reference_policy, ["claw-agent-chat"], _sandbox_runner)
+    jobs, outcomes, srv = _pipeline(
+        tmp_path, secret_file, reference_policy, ["claw-agent-chat"], _sandbox_runner
+    )
     _check(jobs, outcomes, srv, True)

@@ -17,12 +17,22 @@ def test_harbor_task_loads_with_its_settings():
     """instruction.md, task.toml timeouts / image / tags, tests/ and solution/ are read."""
     t = load_harbor_task(FIXTURE)
     assert t.id == "hello-harbor" and t.source == "harbor" and "hello, harbor" in t.instruction
-    assert (t.timeout_s, t.verify_timeout_s, t.image, t.difficulty) == (120.0, 30.0, "ubuntu:24.04", "easy")
+    assert (t.timeout_s, t.verify_timeout_s, t.image, t.difficulty) == (
+        120.0,
+        30.0,
+        "ubuntu:24.04",
+        "easy",
+    )
     assert t.tags == ("files", "harbor") and t.solution is not None
     assert set(t.hidden) == {"tests/check_hello.sh"} and t.verify.name == "tests/test.sh"
-    assert t.verify.text == (FIXTURE / "tests" / "test.sh").read_text()  # run from /tests, unchanged
+    assert (
+        t.verify.text == (FIXTURE / "tests" / "test.sh").read_text()
+    )  # run from /tests, unchanged
     assert t.reward_file == harbor_reward_file() == "/logs/verifier/reward.txt"
-    assert t.meta["dockerfile"].endswith("environment/Dockerfile") and t.meta["harbor"]["workdir"] == "/app"
+    assert (
+        t.meta["dockerfile"].endswith("environment/Dockerfile")
+        and t.meta["harbor"]["workdir"] == "/app"
+    )
     assert "docker_context" not in t.meta  # docker_image names the image: nothing to build
 
 
@@ -30,9 +40,13 @@ def test_dockerfile_image_tag_follows_the_environment_content(tmp_path):
     """Without docker_image the tag hashes environment/: a changed Dockerfile or context file gives a new tag."""
     d = tmp_path / "My_Task"
     shutil.copytree(FIXTURE, d)
-    (d / "task.toml").write_text((d / "task.toml").read_text().replace('docker_image = "ubuntu:24.04"\n', ""))
+    (d / "task.toml").write_text(
+        (d / "task.toml").read_text().replace('docker_image = "ubuntu:24.04"\n', "")
+    )
     t = load_harbor_task(d)
-    assert t.image == context_tag("My_Task", d / "environment") and t.image.startswith("claw-harbor/my-task:")
+    assert t.image == context_tag("My_Task", d / "environment") and t.image.startswith(
+        "claw-harbor/my-task:"
+    )
     assert t.meta["docker_context"] == str(d / "environment")
     assert load_harbor_task(d).image == t.image
     (d / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /srv\n")
@@ -43,7 +57,10 @@ def test_dockerfile_image_tag_follows_the_environment_content(tmp_path):
 
 def test_harbor_task_verifies_untouched_fails_solution_passes():
     """check (in claw-sandbox): the oracle solution passes with reward 1 read from reward.txt; untouched fails with 0."""
-    if shutil.which("claw-sandbox") is None and not (Path(sys.executable).parent / "claw-sandbox").exists():
+    if (
+        shutil.which("claw-sandbox") is None
+        and not (Path(sys.executable).parent / "claw-sandbox").exists()
+    ):
         pytest.skip("claw-sandbox is not installed: check runs tasks only in the sandbox")
     t = load_harbor_task(FIXTURE)
     assert check_task(t, "untouched")["reward"] == 0.0
@@ -83,14 +100,22 @@ def test_dockerfile_gives_workdir_env_local_copies_and_lists_the_rest(tmp_path):
     (env / "data.bin").write_bytes(b"\xff\x00")
     (env / "cfg.ini").write_text("a = 1\n")
     (env / "Dockerfile").write_text(
-        "FROM base\nWORKDIR /srv\nWORKDIR app\nENV A=1 B=\"two words\"\nENV LEGACY value here\n"
+        'FROM base\nWORKDIR /srv\nWORKDIR app\nENV A=1 B="two words"\nENV LEGACY value here\n'
         "# a comment\nRUN apt-get update && \\\n    apt-get install -y jq\nCOPY src/ ./src/\n"
         "COPY data.bin cfg.ini ./\nADD cfg.ini /etc/cfg.ini\nCOPY --from=build /out /srv/app/out\n"
-        "COPY --chown=1000 cfg.ini conf/app.ini\n")
+        "COPY --chown=1000 cfg.ini conf/app.ini\n"
+    )
     workdir, denv, files, skipped = read_dockerfile(env, "task t")
     assert workdir == "/srv/app"
     assert denv == {"A": "1", "B": "two words", "LEGACY": "value here"}
-    assert files == {"src/main.py": "print(1)\n", "data.bin": b"\xff\x00", "cfg.ini": "a = 1\n",
-                     "conf/app.ini": "a = 1\n"}
-    assert skipped == ["RUN apt-get update && apt-get install -y jq", "COPY --from=build /out /srv/app/out",
-                       "ADD cfg.ini /etc/cfg.ini"]
+    assert files == {
+        "src/main.py": "print(1)\n",
+        "data.bin": b"\xff\x00",
+        "cfg.ini": "a = 1\n",
+        "conf/app.ini": "a = 1\n",
+    }
+    assert skipped == [
+        "RUN apt-get update && apt-get install -y jq",
+        "COPY --from=build /out /srv/app/out",
+        "ADD cfg.ini /etc/cfg.ini",
+    ]

@@ -26,7 +26,7 @@ HERE = Path(__file__).parent
 TB = HERE / "fixtures" / "public" / "harbor" / "tb-fix-config"
 HELLO = HERE / "data" / "harbor" / "hello-harbor"
 
-FAKE_DOCKER = r'''#!{python}
+FAKE_DOCKER = r"""#!{python}
 import json, os, sys
 state = os.environ["FAKE_DOCKER_STATE"]
 args = sys.argv[1:]
@@ -59,7 +59,7 @@ elif args[0] == "build":
         f.write(tag + "\n")
 else:
     sys.exit(f"fake docker: unexpected {args}")
-'''
+"""
 
 
 class FakeDocker:
@@ -102,7 +102,9 @@ def suite_dir(tmp_path) -> Path:
     d = tmp_path / "suite"
     shutil.copytree(TB, d / "tb-fix-config")
     shutil.copytree(TB, d / "tb-other")
-    (d / "tb-other" / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /other\n")
+    (d / "tb-other" / "environment" / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\nWORKDIR /other\n"
+    )
     shutil.copytree(HELLO, d / "hello-harbor")
     shutil.copytree(load_suite("claw-toy").get("toy-yes").path, d / "toy-yes")
     return d
@@ -122,18 +124,28 @@ def test_listing_reports_each_task_image_and_builds_nothing(docker, suite_dir):
     docker.have(img["tb-fix-config"], "ubuntu:24.04")
     rows = {r.task: r for r in list_images(load_suite(suite_dir).tasks)}
     assert {k: (r.status, r.image) for k, r in rows.items()} == {
-        "hello-harbor": ("present", "ubuntu:24.04"), "tb-fix-config": ("present", img["tb-fix-config"]),
-        "tb-other": ("missing", img["tb-other"]), "toy-yes": ("default", None)}
+        "hello-harbor": ("present", "ubuntu:24.04"),
+        "tb-fix-config": ("present", img["tb-fix-config"]),
+        "tb-other": ("missing", img["tb-other"]),
+        "toy-yes": ("default", None),
+    }
     assert rows["tb-other"].context == str(suite_dir / "tb-other" / "environment")
     assert rows["hello-harbor"].context is None  # named by docker_image: never built here
     r = _run(str(suite_dir))
     assert r.exit_code == 0, r.output
     lines = {x.split()[0]: x.split()[1:] for x in r.stdout.splitlines()}
-    assert lines["tb-other"] == ["missing", img["tb-other"]] and lines["toy-yes"] == ["default", "default", "image"]
+    assert lines["tb-other"] == ["missing", img["tb-other"]] and lines["toy-yes"] == [
+        "default",
+        "default",
+        "image",
+    ]
     assert "4 tasks: 2 present, 1 missing, 1 default image" in r.stderr
     r = _run(str(suite_dir), "--task", "tb-other", "--json")
     assert [json.loads(x)["status"] for x in r.stdout.splitlines()] == ["missing"]
-    assert docker.calls("build") == [] and ["image", "inspect", "--format", "{{.Id}}", img["tb-other"]] in docker.calls()
+    assert (
+        docker.calls("build") == []
+        and ["image", "inspect", "--format", "{{.Id}}", img["tb-other"]] in docker.calls()
+    )
 
 
 def test_build_builds_only_the_missing_images(docker, suite_dir):
@@ -142,11 +154,18 @@ def test_build_builds_only_the_missing_images(docker, suite_dir):
     docker.have(img["tb-fix-config"], "ubuntu:24.04")
     r = _run(str(suite_dir), "--build")
     assert r.exit_code == 0, r.output
-    assert docker.calls("build") == [["build", "-t", img["tb-other"], str(suite_dir / "tb-other" / "environment")]]
-    assert f"[1/1] building {img['tb-other']} for tb-other" in r.stderr and f"[1/1] built {img['tb-other']}" in r.stderr
+    assert docker.calls("build") == [
+        ["build", "-t", img["tb-other"], str(suite_dir / "tb-other" / "environment")]
+    ]
+    assert (
+        f"[1/1] building {img['tb-other']} for tb-other" in r.stderr
+        and f"[1/1] built {img['tb-other']}" in r.stderr
+    )
     assert "4 tasks: 2 present, 1 built, 1 default image" in r.stderr
     assert {x.split()[0]: x.split()[1] for x in r.stdout.splitlines()}["tb-other"] == "built"
-    rows = {r.task: r for r in build_images(load_suite(suite_dir).tasks)}  # now all here: nothing to build
+    rows = {
+        r.task: r for r in build_images(load_suite(suite_dir).tasks)
+    }  # now all here: nothing to build
     assert rows["tb-other"].status == "present" and len(docker.calls("build")) == 1
 
 
@@ -160,17 +179,23 @@ def test_failed_build_is_reported_with_its_output_and_the_others_still_build(doc
     assert rows["tb-fix-config"].status == "failed" and rows["tb-other"].status == "built"
     out = rows["tb-fix-config"].output.splitlines()
     assert len(out) == 20 and out[-1] == "ERROR: boom" and out[0] == "log line 11"
-    assert lines[1].startswith(f"[1/2] FAILED {img['tb-fix-config']}") and lines[3].startswith("[2/2] built")
+    assert lines[1].startswith(f"[1/2] FAILED {img['tb-fix-config']}") and lines[3].startswith(
+        "[2/2] built"
+    )
     r = _run(str(suite_dir), "--build")
     assert r.exit_code == 1
     assert "tb-fix-config: docker build -t" in r.stderr and "log line 29\nERROR: boom" in r.stderr
-    assert "4 tasks: 2 present, 1 failed, 1 default image" in r.stderr  # tb-other was built by the first call
+    assert (
+        "4 tasks: 2 present, 1 failed, 1 default image" in r.stderr
+    )  # tb-other was built by the first call
 
 
 def test_build_is_killed_at_the_tasks_build_timeout(docker, suite_dir):
     """[environment] build_timeout_sec kills a build that runs longer; the row says why."""
     toml = suite_dir / "tb-fix-config" / "task.toml"
-    toml.write_text(toml.read_text().replace("[environment]", "[environment]\nbuild_timeout_sec = 0.5"))
+    toml.write_text(
+        toml.read_text().replace("[environment]", "[environment]\nbuild_timeout_sec = 0.5")
+    )
     task = load_suite(suite_dir).get("tb-fix-config")
     assert task.meta["build_timeout_s"] == 0.5
     (docker.state / "slow").write_text(f"{task.image}\n")
@@ -201,7 +226,11 @@ def test_docker_missing_or_engine_down_is_one_clear_error(docker, suite_dir, tmp
     with pytest.raises(DockerError, match="docker: command not found on PATH"):
         build_images(load_suite(suite_dir).tasks)
     r = _run(str(suite_dir), "--build")
-    assert r.exit_code == 1 and "Error: docker: command not found on PATH" in r.stderr and "Traceback" not in r.output
+    assert (
+        r.exit_code == 1
+        and "Error: docker: command not found on PATH" in r.stderr
+        and "Traceback" not in r.output
+    )
     r = _run("claw-toy")  # every task on the default image: Docker is not needed
     assert r.exit_code == 0 and all(x.split()[1] == "default" for x in r.stdout.splitlines())
 
@@ -216,7 +245,11 @@ def _static_busybox() -> str | None:
     if not path or not shutil.which("ldd"):
         return None
     ldd = subprocess.run(["ldd", path], capture_output=True, text=True)
-    return path if ldd.returncode != 0 or "not a dynamic executable" in ldd.stdout + ldd.stderr else None
+    return (
+        path
+        if ldd.returncode != 0 or "not a dynamic executable" in ldd.stdout + ldd.stderr
+        else None
+    )
 
 
 def _rootfs(busybox: str) -> bytes:
@@ -241,12 +274,18 @@ def base_image():
         pytest.skip("no docker CLI on PATH")
     info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
     if info.returncode != 0:
-        pytest.skip(f"no Docker engine answering `docker info`: {(info.stderr.strip().splitlines() or ['?'])[-1]}")
+        pytest.skip(
+            f"no Docker engine answering `docker info`: {(info.stderr.strip().splitlines() or ['?'])[-1]}"
+        )
     busybox = _static_busybox()
     if busybox is None:
-        pytest.skip("no static busybox to make the base image from (apt-get install busybox-static)")
+        pytest.skip(
+            "no static busybox to make the base image from (apt-get install busybox-static)"
+        )
     tag = f"claw-bench-test-base:{uuid.uuid4().hex[:8]}"
-    subprocess.run(["docker", "import", "-", tag], input=_rootfs(busybox), capture_output=True, check=True)
+    subprocess.run(
+        ["docker", "import", "-", tag], input=_rootfs(busybox), capture_output=True, check=True
+    )
     yield tag
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
@@ -257,10 +296,13 @@ def test_real_engine_builds_a_harbor_task_image(base_image, tmp_path):
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
     (task / "instruction.md").write_text("Write hello to hello.txt.\n")
-    (task / "tests" / "test.sh").write_text("grep -q hello hello.txt && echo 1 > /logs/verifier/reward.txt\n")
+    (task / "tests" / "test.sh").write_text(
+        "grep -q hello hello.txt && echo 1 > /logs/verifier/reward.txt\n"
+    )
     (task / "environment" / "greeting.txt").write_text("from the build context\n")
     (task / "environment" / "Dockerfile").write_text(
-        f"FROM {base_image}\nCOPY greeting.txt /greeting.txt\nRUN echo built > /built.txt\nWORKDIR /app\n")
+        f"FROM {base_image}\nCOPY greeting.txt /greeting.txt\nRUN echo built > /built.txt\nWORKDIR /app\n"
+    )
     tasks = load_suite(tmp_path / "suite").tasks
     image = tasks[0].image
     assert image.startswith("claw-harbor/busybox-hello:")
@@ -268,10 +310,16 @@ def test_real_engine_builds_a_harbor_task_image(base_image, tmp_path):
         [row] = build_images(tasks)
         assert row.status == "built", row.output
         assert [r.status for r in list_images(tasks)] == ["present"]
-        run = subprocess.run(["docker", "run", "--rm", image, "sh", "-c", "echo ok; cat /greeting.txt /built.txt"],
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            ["docker", "run", "--rm", image, "sh", "-c", "echo ok; cat /greeting.txt /built.txt"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         assert run.stdout.splitlines() == ["ok", "from the build context", "built"]
     finally:
         subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
-    assert subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0
+    assert (
+        subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0
+    )

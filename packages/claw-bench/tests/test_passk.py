@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 def test_estimator_equals_brute_force(results, data):
     """For any pass pattern and k <= n, the closed form equals the fraction of k-subsets with a pass."""
     k = data.draw(st.integers(1, len(results)))
-    assert math.isclose(pass_at_k(len(results), sum(results), k), pass_at_k_brute(results, k), abs_tol=1e-12)
+    assert math.isclose(
+        pass_at_k(len(results), sum(results), k), pass_at_k_brute(results, k), abs_tol=1e-12
+    )
 
 
 def test_exhaustive_small_cases_and_known_values():
@@ -26,7 +28,9 @@ def test_exhaustive_small_cases_and_known_values():
     for n in range(1, 7):
         for pattern in itertools.product([False, True], repeat=n):
             for k in range(1, n + 1):
-                assert math.isclose(pass_at_k(n, sum(pattern), k), pass_at_k_brute(list(pattern), k))
+                assert math.isclose(
+                    pass_at_k(n, sum(pattern), k), pass_at_k_brute(list(pattern), k)
+                )
         for c in range(n + 1):
             assert math.isclose(pass_at_k(n, c, 1), c / n)
     assert math.isclose(pass_at_k(4, 2, 2), 5 / 6)

@@ -25,9 +25,15 @@ def test_one_job_per_task_harness_sample_and_all_valid():
         validate(j, "job")
     assert len({j["job_id"] for j in jobs}) == 12 == len({j["meta"]["session"] for j in jobs})
     j = jobs[0]
-    assert j["meta"] == {"session": "r1-csv-to-json-people-claw-agent-chat-0", "task": "csv-to-json-people",
-                         "harness": "claw-agent-chat", "sample": 0, "group": "csv-to-json-people", "run_id": "r1",
-                         "api": "chat"}
+    assert j["meta"] == {
+        "session": "r1-csv-to-json-people-claw-agent-chat-0",
+        "task": "csv-to-json-people",
+        "harness": "claw-agent-chat",
+        "sample": 0,
+        "group": "csv-to-json-people",
+        "run_id": "r1",
+        "api": "chat",
+    }
     assert j["network"] == {"policy": "proxy", "proxy_url": "http://127.0.0.1:8123", "port": 8123}
     assert j["env"]["OPENAI_BASE_URL"] == "http://127.0.0.1:8123/v1"
 
@@ -35,7 +41,12 @@ def test_one_job_per_task_harness_sample_and_all_valid():
 def test_tokens_are_signed_with_task_and_harness_tags():
     """Each job's API key is a token the proxy accepts, carrying its session and {task, harness} tags."""
     for j in _plan():
-        key = j["env"].get("OPENAI_API_KEY") or j["workspace"]["files"][".claw_harness/openclaw.json5"].split('apiKey: "')[1].split('"')[0]
+        key = (
+            j["env"].get("OPENAI_API_KEY")
+            or j["workspace"]["files"][".claw_harness/openclaw.json5"]
+            .split('apiKey: "')[1]
+            .split('"')[0]
+        )
         session, tags = verify_token(key, KEY)
         assert session == j["meta"]["session"]
         assert tags == {"task": j["meta"]["task"], "harness": j["meta"]["harness"]}
@@ -59,8 +70,13 @@ def test_group_by_install_model_and_threshold():
     assert oc["meta"]["group"] == "csv-to-json-people+openclaw-anthropic"
     assert oc["setup"] == ["npm install -g openclaw"]
     assert "--model claw/policy-x" in oc["command"]
-    toy = plan_jobs(list(load_suite("claw-toy").select(["toy-short"]).tasks), [load_harness("claw-agent-text")],
-                    samples=1, proxy_url="http://localhost:80", secret=KEY)
+    toy = plan_jobs(
+        list(load_suite("claw-toy").select(["toy-short"]).tasks),
+        [load_harness("claw-agent-text")],
+        samples=1,
+        proxy_url="http://localhost:80",
+        secret=KEY,
+    )
     assert toy[0]["meta"]["pass_threshold"] == 0.9 and "--no-tools" in toy[0]["command"]
 
 

@@ -33,16 +33,23 @@ class Recorder:
         if self.status != 200:
             return httpx.Response(self.status, text="upstream overloaded")
         if request.url.path.endswith("/messages"):
-            return httpx.Response(200, json={"type": "message", "content": [{"type": "text", "text": self.answer}]})
-        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": self.answer}}]})
+            return httpx.Response(
+                200, json={"type": "message", "content": [{"type": "text", "text": self.answer}]}
+            )
+        return httpx.Response(
+            200, json={"choices": [{"message": {"role": "assistant", "content": self.answer}}]}
+        )
 
 
-@pytest.mark.parametrize(("text", "score"), [
-    ('{"score": 0.75, "reasoning": "ok"}', 0.75),
-    ('Thinking... {"a": 1} then {"score": "0.5", "reasoning": "meh"}', 0.5),
-    ("Score: 3/4", 0.75),
-    ("final score = 1", 1.0),
-])
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ('{"score": 0.75, "reasoning": "ok"}', 0.75),
+        ('Thinking... {"a": 1} then {"score": "0.5", "reasoning": "meh"}', 0.5),
+        ("Score: 3/4", 0.75),
+        ("final score = 1", 1.0),
+    ],
+)
 def test_parse_score(text, score):
     """The last JSON object with a score wins; 'score: x' and 'x/y' forms are understood."""
     assert parse_score(text) == pytest.approx(score)
@@ -57,23 +64,51 @@ def test_parse_score_refuses_garbage(text):
 
 def test_openai_and_anthropic_requests_carry_rubric_instruction_and_files():
     """Both APIs get the instruction, the rubric and the workspace files; keys go in the right header."""
-    files = {"RELEASE.md": "# 1.2\n- fix", ".claw_verify/grade.py": "secret", ".claw_harness/instruction.md": "x"}
-    for api, path, header in (("openai", "/v1/chat/completions", "authorization"), ("anthropic", "/v1/messages", "x-api-key")):
+    files = {
+        "RELEASE.md": "# 1.2\n- fix",
+        ".claw_verify/grade.py": "secret",
+        ".claw_harness/instruction.md": "x",
+    }
+    for api, path, header in (
+        ("openai", "/v1/chat/completions", "authorization"),
+        ("anthropic", "/v1/messages", "x-api-key"),
+    ):
         rec = Recorder('{"score": 0.5, "reasoning": "half"}')
-        j = Judge(base_url="http://judge.test/v1", model="m", api=api, api_key="k1", transport=httpx.MockTransport(rec))
-        score, raw = j.grade(instruction="Write RELEASE.md", rubric="Score 1 when clear", files=workspace_files(files))
+        j = Judge(
+            base_url="http://judge.test/v1",
+            model="m",
+            api=api,
+            api_key="k1",
+            transport=httpx.MockTransport(rec),
+        )
+        score, raw = j.grade(
+            instruction="Write RELEASE.md",
+            rubric="Score 1 when clear",
+            files=workspace_files(files),
+        )
         assert (score, raw) == (0.5, '{"score": 0.5, "reasoning": "half"}')
         got_path, headers, body = rec.requests[0]
         assert got_path == path and "k1" in headers[header] and body["model"] == "m"
         text = json.dumps(body)
-        assert "Write RELEASE.md" in text and "Score 1 when clear" in text and "=== RELEASE.md ===" in text
+        assert (
+            "Write RELEASE.md" in text
+            and "Score 1 when clear" in text
+            and "=== RELEASE.md ===" in text
+        )
         assert "secret" not in text and "instruction.md" not in text
 
 
 def test_judge_http_errors_are_named():
     """A failing endpoint raises JudgeError naming the request and status."""
-    j = Judge(base_url="http://judge.test/v1", model="m", transport=httpx.MockTransport(Recorder("", status=503)))
-    with pytest.raises(JudgeError, match=r"POST http://judge\.test/v1/chat/completions: HTTP 503: upstream overloaded"):
+    j = Judge(
+        base_url="http://judge.test/v1",
+        model="m",
+        transport=httpx.MockTransport(Recorder("", status=503)),
+    )
+    with pytest.raises(
+        JudgeError,
+        match=r"POST http://judge\.test/v1/chat/completions: HTTP 503: upstream overloaded",
+    ):
         j.ask("hi")
     with pytest.raises(JudgeError, match="judge api must be one of"):
         Judge(base_url="http://x", model="m", api="gemini")
@@ -86,13 +121,19 @@ def test_prompt_truncates_large_workspaces():
 
 
 def _judge(score: float) -> tuple[Judge, Recorder]:
-    rec = Recorder(f"Looks fine.\n{{\"score\": {score}, \"reasoning\": \"because\"}}")
-    return Judge(base_url="http://judge.test/v1", model="judge-m", transport=httpx.MockTransport(rec)), rec
+    rec = Recorder(f'Looks fine.\n{{"score": {score}, "reasoning": "because"}}')
+    return Judge(
+        base_url="http://judge.test/v1", model="judge-m", transport=httpx.MockTransport(rec)
+    ), rec
 
 
 def test_hybrid_without_judge_is_not_scorable_never_failed(tmp_path):
     """PinchBench hybrid / llm_judge and ClawGym hybrid tasks without a judge: status not_scorable, reward null."""
-    for suite, tid in ((PB, "task_02_release_note"), (PB, "task_03_haiku"), (PUBLIC / "clawgym", "cg-meeting-notes")):
+    for suite, tid in (
+        (PB, "task_02_release_note"),
+        (PB, "task_03_haiku"),
+        (PUBLIC / "clawgym", "cg-meeting-notes"),
+    ):
         task = load_suite(suite).get(tid)
         out = run_task(task, tmp_path, solution(task))
         assert (out["status"], out["reward"], out["passed"]) == ("not_scorable", None, None)
@@ -105,21 +146,34 @@ def test_hybrid_reward_is_weighted_and_judge_answer_recorded(tmp_path):
     judge, rec = _judge(0.5)
     out = run_task(task, tmp_path, solution(task), judge=judge)
     d = out["details"]
-    assert out["status"] == "ok" and out["reward"] == pytest.approx(0.6 * 1.0 + 0.4 * 0.5) and out["passed"] is False
+    assert (
+        out["status"] == "ok"
+        and out["reward"] == pytest.approx(0.6 * 1.0 + 0.4 * 0.5)
+        and out["passed"] is False
+    )
     assert (d["judge_score"], d["judge_model"], d["automated_score"]) == (0.5, "judge-m", 1.0)
     assert '"reasoning": "because"' in d["judge_raw"] and d["heading"] == 1.0
     assert "Fixed a crash on empty input" in json.dumps(rec.requests[0][2])
     half = run_task(task, tmp_path, "printf '# 1.2\\n' > RELEASE.md", judge=_judge(1.0)[0])
     assert half["reward"] == pytest.approx(0.6 * 0.5 + 0.4 * 1.0)
-    assert run_task(task, tmp_path, solution(task), judge=_judge(0.5)[0], threshold=0.8)["passed"] is True
+    assert (
+        run_task(task, tmp_path, solution(task), judge=_judge(0.5)[0], threshold=0.8)["passed"]
+        is True
+    )
 
 
 def test_judge_failure_is_infra_error_not_zero(tmp_path):
     """An unreachable judge or one without a score makes the outcome infra_error, with the reason."""
     task = load_suite(PB).get("task_03_haiku")
-    bad = Judge(base_url="http://judge.test/v1", model="m", transport=httpx.MockTransport(Recorder("no idea")))
+    bad = Judge(
+        base_url="http://judge.test/v1",
+        model="m",
+        transport=httpx.MockTransport(Recorder("no idea")),
+    )
     out = run_task(task, tmp_path, solution(task), judge=bad)
-    assert (out["status"], out["reward"]) == ("infra_error", None) and "holds no score" in out["error"]
+    assert (out["status"], out["reward"]) == ("infra_error", None) and "holds no score" in out[
+        "error"
+    ]
 
 
 def test_apply_judge_leaves_unscored_runs_alone():
@@ -142,7 +196,9 @@ def test_judge_through_a_real_loopback_server(tmp_path):
         from claw_bench.token import mint_token
         from conftest import SECRET
 
-        judge = Judge(base_url=f"{srv.url}/v1", model="judge", api_key=mint_token("judge", SECRET, {}))
+        judge = Judge(
+            base_url=f"{srv.url}/v1", model="judge", api_key=mint_token("judge", SECRET, {})
+        )
         task = load_suite(PB).get("task_03_haiku")
         out = run_task(task, tmp_path, solution(task), judge=judge)
     assert out["reward"] == 1.0 and out["passed"] is True and "haiku.txt" in json.dumps(seen[0])

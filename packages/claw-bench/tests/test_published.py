@@ -59,13 +59,20 @@ def test_task_toml_fields_and_binary_files_are_kept():
     t = load_suite(HB).get("claw-fixtures-checksum")
     assert t.meta["allow_internet"] is False and t.meta["env"] == {"GREETING": "hello"}
     assert t.meta["solution_env"] == {"SOLVE_MODE": "reference"}
-    assert t.meta["limits"] == {"cpus": 1.0, "memory_mb": 512, "disk_mb": 256}  # storage_mb is disk_mb
+    assert t.meta["limits"] == {
+        "cpus": 1.0,
+        "memory_mb": 512,
+        "disk_mb": 256,
+    }  # storage_mb is disk_mb
     blob = (HB / "hb-checksum" / "tests" / "data" / "blob.bin").read_bytes()
     assert t.hidden["tests/data/blob.bin"] == blob
     assert sorted(t.solution_files) == ["notes.md", "solve.sh", "write_report.py"]
     (job,) = plan_jobs([t], [load_harness("nothing")], samples=1)
     tests = job["verify"]["mounts"][0]
-    assert tests["target"] == "/tests" and base64.b64decode(tests["files"]["data/blob.bin"]["content_b64"]) == blob
+    assert (
+        tests["target"] == "/tests"
+        and base64.b64decode(tests["files"]["data/blob.bin"]["content_b64"]) == blob
+    )
     assert job["env"] == {"GREETING": "hello"} and job["network"] == {"policy": "none"}
 
 
@@ -112,7 +119,9 @@ def _pinchbench_checkout(root: Path, manifest: list[str] | None) -> Path:
         (root / "tasks" / f"{tid}.md").write_text(PB_TASK.format(id=tid))
     (root / "tasks" / "task_bad.md").write_text("---\nid: bad\n---\n## Prompt\nx\n")
     if manifest is not None:
-        (root / "tasks" / "manifest.yaml").write_text("tasks:\n" + "".join(f"  - {m}\n" for m in manifest))
+        (root / "tasks" / "manifest.yaml").write_text(
+            "tasks:\n" + "".join(f"  - {m}\n" for m in manifest)
+        )
     return root
 
 
@@ -120,7 +129,9 @@ def test_pinchbench_checkout_root_and_manifest(tmp_path):
     """A checkout root with SKILL.md loads tasks/task_*.md (no template); manifest.yaml picks and orders."""
     s = load_suite(_pinchbench_checkout(tmp_path / "a", None))
     assert [t.id for t in s.tasks] == ["task_a", "task_b"]
-    assert [Path(p).name for p, _ in s.skipped] == ["task_bad.md"] and "missing checker" in s.skipped[0][1]
+    assert [Path(p).name for p, _ in s.skipped] == [
+        "task_bad.md"
+    ] and "missing checker" in s.skipped[0][1]
     s = load_suite(_pinchbench_checkout(tmp_path / "b", ["task_b", "task_a", "task_gone"]))
     assert [t.id for t in s.tasks] == ["task_b", "task_a"]
     assert len(s.skipped) == 1 and "'task_gone' names no file" in s.skipped[0][1]
@@ -130,22 +141,37 @@ def test_pinchbench_checkout_root_and_manifest(tmp_path):
 def test_multi_session_pinchbench_task_is_refused_not_truncated(tmp_path):
     """A PinchBench task with sessions[] is skipped with that reason rather than run with one prompt."""
     root = _pinchbench_checkout(tmp_path / "c", None)
-    text = PB_TASK.format(id="task_multi").replace("grading_type: automated\n", "grading_type: automated\n"
-                                                     "sessions:\n  - prompt: first\n  - prompt: second\n"
-                                                     "    new_session: true\n")
+    text = PB_TASK.format(id="task_multi").replace(
+        "grading_type: automated\n",
+        "grading_type: automated\n"
+        "sessions:\n  - prompt: first\n  - prompt: second\n"
+        "    new_session: true\n",
+    )
     (root / "tasks" / "task_multi.md").write_text(text)
     s = load_suite(root)
     reasons = {Path(p).name: r for p, r in s.skipped}
-    assert "task_multi" not in [t.id for t in s.tasks] and "multi-session" in reasons["task_multi.md"]
+    assert (
+        "task_multi" not in [t.id for t in s.tasks] and "multi-session" in reasons["task_multi.md"]
+    )
 
 
 def test_oracle_passes_nothing_fails_without_a_proxy(tmp_path):
     """plan oracle + nothing with --network none: oracle 1.0 where a solution exists, not scorable where not."""
     s = load_suite(HB)
-    jobs = plan_jobs(list(s.tasks), [load_harness("oracle"), load_harness("nothing")], samples=1,
-                     network="none", run_id="r")
-    assert all(j["network"] == {"policy": "none"} and "ANTHROPIC_BASE_URL" not in j["env"] for j in jobs)
-    got = {(o["task"], o["harness"]): (o["status"], o["reward"], o["passed"]) for o in _run_all(jobs, tmp_path)}
+    jobs = plan_jobs(
+        list(s.tasks),
+        [load_harness("oracle"), load_harness("nothing")],
+        samples=1,
+        network="none",
+        run_id="r",
+    )
+    assert all(
+        j["network"] == {"policy": "none"} and "ANTHROPIC_BASE_URL" not in j["env"] for j in jobs
+    )
+    got = {
+        (o["task"], o["harness"]): (o["status"], o["reward"], o["passed"])
+        for o in _run_all(jobs, tmp_path)
+    }
     assert got == {
         ("claw-fixtures-checksum", "oracle"): ("ok", 1.0, True),
         ("claw-fixtures-checksum", "nothing"): ("ok", 0.0, False),
@@ -161,7 +187,9 @@ def test_oracle_passes_nothing_fails_without_a_proxy(tmp_path):
 def test_oracle_runs_claw_tasks_reference_solution(tmp_path):
     """On a claw task the oracle runs solution.sh / .py and passes; nothing fails."""
     tasks = list(load_suite("claw-toy").select(["toy-hello", "toy-yes"]).tasks)
-    jobs = plan_jobs(tasks, [load_harness("oracle"), load_harness("nothing")], samples=1, run_id="c")
+    jobs = plan_jobs(
+        tasks, [load_harness("oracle"), load_harness("nothing")], samples=1, run_id="c"
+    )
     outs = _run_all(jobs, tmp_path)
     assert [(o["harness"], o["passed"]) for o in outs] == [("oracle", True), ("nothing", False)] * 2
 
@@ -174,23 +202,48 @@ def test_network_choice_and_allow_internet(tmp_path):
     with pytest.raises(PlanError, match="--proxy and --proxy-secret-file are needed"):
         plan_jobs([t], [chat], samples=1)
     with pytest.raises(PlanError, match="--network none"):
-        plan_jobs([t], [chat], samples=1, proxy_url="http://127.0.0.1:8000", secret=SECRET, network="none")
+        plan_jobs(
+            [t], [chat], samples=1, proxy_url="http://127.0.0.1:8000", secret=SECRET, network="none"
+        )
     (j,) = plan_jobs([other], [chat], samples=1, proxy_url="http://127.0.0.1:8000", secret=SECRET)
     assert j["network"] == {"policy": "proxy", "proxy_url": "http://127.0.0.1:8000", "port": 8000}
-    jobs = plan_jobs([other, t], [chat, load_harness("oracle")], samples=1, proxy_url="http://10.0.0.2:8000",
-                     secret=SECRET, network="internet")
+    jobs = plan_jobs(
+        [other, t],
+        [chat, load_harness("oracle")],
+        samples=1,
+        proxy_url="http://10.0.0.2:8000",
+        secret=SECRET,
+        network="internet",
+    )
     nets = {(j["meta"]["task"], j["meta"]["harness"]): j["network"]["policy"] for j in jobs}
-    assert nets == {("hb-tarball", "claw-agent-chat"): "host", ("hb-tarball", "oracle"): "host",
-                    ("claw-fixtures-checksum", "claw-agent-chat"): "proxy",
-                    ("claw-fixtures-checksum", "oracle"): "none"}
+    assert nets == {
+        ("hb-tarball", "claw-agent-chat"): "host",
+        ("hb-tarball", "oracle"): "host",
+        ("claw-fixtures-checksum", "claw-agent-chat"): "proxy",
+        ("claw-fixtures-checksum", "oracle"): "none",
+    }
     assert jobs[0]["env"]["OPENAI_BASE_URL"].startswith("http://10.0.0.2:8000")
 
 
 def test_plan_cli_oracle_needs_no_proxy(tmp_path):
     """`plan --harness oracle --network none` works without --proxy; a model harness without it is a usage error."""
     out = tmp_path / "jobs.jsonl"
-    r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "oracle", "-H", "nothing", "--network", "none",
-                                  "-o", str(out)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "-s",
+            str(HB),
+            "-H",
+            "oracle",
+            "-H",
+            "nothing",
+            "--network",
+            "none",
+            "-o",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert len(out.read_text().splitlines()) == 8 and "warning: skipped" in r.stderr
     r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "claw-agent-chat"])
@@ -200,16 +253,25 @@ def test_plan_cli_oracle_needs_no_proxy(tmp_path):
 def test_harness_that_cannot_start_is_an_infra_error(tmp_path):
     """A harness whose executable is missing exits 127 with the reason and scores infra_error, not 0."""
     adapter = tmp_path / "ghost.toml"
-    adapter.write_text('api = "chat"\nrequires = ["claw-no-such-tool"]\ninstruction = "file"\n'
-                       'command = "claw-no-such-tool {{instruction_file}}"\n')
+    adapter.write_text(
+        'api = "chat"\nrequires = ["claw-no-such-tool"]\ninstruction = "file"\n'
+        'command = "claw-no-such-tool {{instruction_file}}"\n'
+    )
     task = load_suite("claw-toy").get("toy-yes")
-    (job,) = plan_jobs([task], [load_harness(str(adapter))], samples=1, proxy_url="http://127.0.0.1:9",
-                       secret=SECRET)
+    (job,) = plan_jobs(
+        [task],
+        [load_harness(str(adapter))],
+        samples=1,
+        proxy_url="http://127.0.0.1:9",
+        secret=SECRET,
+    )
     run = run_job(job, tmp_path / "runs")
     assert run["exit_code"] == 127
     out = score_run(run)
     assert out["status"] == "infra_error" and out["reward"] is None
-    assert "could not start" in out["error"] and "claw-no-such-tool is not installed" in out["error"]
+    assert (
+        "could not start" in out["error"] and "claw-no-such-tool is not installed" in out["error"]
+    )
     plain = score_run({**run, "stderr_tail": "bash: line 1: claude: command not found\n"})
     assert plain["status"] == "infra_error" and "command not found" in plain["error"]
 
@@ -217,20 +279,45 @@ def test_harness_that_cannot_start_is_an_infra_error(tmp_path):
 def _flow(tmp_path: Path, backend: str, *extra: str) -> dict:
     """plan --harness oracle --harness nothing --network none -> claw-sandbox run -> score: the outcomes."""
     jobs, runs, outs = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl", tmp_path / "outcomes.jsonl"
-    r = CliRunner().invoke(main, ["plan", "-s", str(HB), "-H", "oracle", "-H", "nothing", "--network", "none",
-                                  "-o", str(jobs)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "-s",
+            str(HB),
+            "-H",
+            "oracle",
+            "-H",
+            "nothing",
+            "--network",
+            "none",
+            "-o",
+            str(jobs),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    doctor = subprocess.run(["claw-sandbox", "doctor"], capture_output=True, text=True).stdout.splitlines()
+    doctor = subprocess.run(
+        ["claw-sandbox", "doctor"], capture_output=True, text=True
+    ).stdout.splitlines()
     if not any(line.split()[:2] == ["ok", backend] for line in doctor):
         pytest.skip(f"{backend} backend unavailable here (claw-sandbox doctor)")
-    p = subprocess.run(["claw-sandbox", "run", str(jobs), "-o", str(runs), "--backend", backend, *extra],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        ["claw-sandbox", "run", str(jobs), "-o", str(runs), "--backend", backend, *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     r = CliRunner().invoke(main, ["score", str(runs), "-o", str(outs)])
     assert r.exit_code == 0, r.output
-    return {"stderr": p.stderr, "runs": [json.loads(x) for x in runs.read_text().splitlines()],
-            "outcomes": {(o["task"], o["harness"]): (o["status"], o["reward"], o["passed"])
-                         for o in map(json.loads, outs.read_text().splitlines())}}
+    return {
+        "stderr": p.stderr,
+        "runs": [json.loads(x) for x in runs.read_text().splitlines()],
+        "outcomes": {
+            (o["task"], o["harness"]): (o["status"], o["reward"], o["passed"])
+            for o in map(json.loads, outs.read_text().splitlines())
+        },
+    }
 
 
 def _assert_oracle_passes_nothing_fails(got: dict) -> None:
@@ -251,7 +338,9 @@ def test_plan_sandbox_score_flow_without_a_proxy(tmp_path):
     _assert_oracle_passes_nothing_fails(flow["outcomes"])
     assert flow["stderr"].count("does not build images") == 1
     wd = [r for r in flow["runs"] if r["meta"]["task"] == "hb-workdir-app"]
-    assert all(r["image_run_skipped"] == ['RUN echo "built by the image" > /opt/built.txt'] for r in wd)
+    assert all(
+        r["image_run_skipped"] == ['RUN echo "built by the image" > /opt/built.txt'] for r in wd
+    )
 
 
 @pytest.mark.slow
@@ -269,10 +358,15 @@ def test_plan_sandbox_score_flow_on_docker(tmp_path):
     assert r.exit_code == 0, r.output
     flow = _flow(tmp_path, "docker", "--image", BASE_IMAGE)
     _assert_oracle_passes_nothing_fails(flow["outcomes"])
-    assert not any(r.get("image_run_skipped") for r in flow["runs"])  # docker ran the image's RUN lines
+    assert not any(
+        r.get("image_run_skipped") for r in flow["runs"]
+    )  # docker ran the image's RUN lines
 
 
 def test_fixture_blob_matches_its_checksum():
     """The binary fixture is what its checksum file says (guards against a text-mode checkout)."""
     d = HB / "hb-checksum" / "tests" / "data"
-    assert hashlib.sha256((d / "blob.bin").read_bytes()).hexdigest() == (d / "blob.sha256").read_text().strip()
+    assert (
+        hashlib.sha256((d / "blob.bin").read_bytes()).hexdigest()
+        == (d / "blob.sha256").read_text().strip()
+    )

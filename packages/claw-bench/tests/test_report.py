@@ -12,8 +12,10 @@ DATA = Path(__file__).parent / "data" / "outcomes_handmade.jsonl"
 # Hand-made: per task passes out of 4 samples.
 #   claw-agent-chat: 4, 3, 2, 1, 0  -> pass@1 = 0.5,  pass@2 = (1+1+5/6+1/2+0)/5, pass@4 = 0.8
 #   openclaw-chat:   4, 4, 2, 2, 1  -> pass@1 = 0.65, pass@2 = (1+1+5/6+5/6+1/2)/5, pass@4 = 1.0
-EXPECTED = {"claw-agent-chat": {1: 0.5, 2: (1 + 1 + 5 / 6 + 1 / 2 + 0) / 5, 4: 0.8},
-            "openclaw-chat": {1: 0.65, 2: (1 + 1 + 5 / 6 + 5 / 6 + 1 / 2) / 5, 4: 1.0}}
+EXPECTED = {
+    "claw-agent-chat": {1: 0.5, 2: (1 + 1 + 5 / 6 + 1 / 2 + 0) / 5, 4: 0.8},
+    "openclaw-chat": {1: 0.65, 2: (1 + 1 + 5 / 6 + 5 / 6 + 1 / 2) / 5, 4: 1.0},
+}
 
 
 def _rep(**kw):
@@ -31,7 +33,9 @@ def test_pass_at_k_per_harness_matches_hand_computation():
             assert cell["lo"] <= cell["value"] <= cell["hi"]
     assert rows["openclaw-chat"]["infra_errors"] == 1 and rows["openclaw-chat"]["samples"] == 20
     assert rows["claw-agent-chat"]["tasks"] == 5
-    assert math.isclose(rows["openclaw-chat"]["pass_rate"], 0.65) and math.isclose(rows["claw-agent-chat"]["mean_reward"], 0.55)
+    assert math.isclose(rows["openclaw-chat"]["pass_rate"], 0.65) and math.isclose(
+        rows["claw-agent-chat"]["mean_reward"], 0.55
+    )
 
 
 def test_not_scorable_outcomes_are_counted_apart():
@@ -55,11 +59,15 @@ def test_default_ks_and_per_task_rows():
 def test_compare_before_after():
     """--compare: per harness and task, before/after and delta in Pass@k."""
     before = _rep()
-    after_rows = [dict(o, passed=True, reward=1.0) if o["status"] == "ok" else o
-                  for o in read_records(DATA, "claw.outcome/v1")]
+    after_rows = [
+        dict(o, passed=True, reward=1.0) if o["status"] == "ok" else o
+        for o in read_records(DATA, "claw.outcome/v1")
+    ]
     cmp = compare(before, report(after_rows, ks=before["ks"]))
     row = [r for r in cmp["harnesses"] if r["harness"] == "claw-agent-chat"][0]
-    assert math.isclose(row["pass@1"]["delta"], 0.5) and math.isclose(row["pass@4"]["after"]["value"], 1.0)
+    assert math.isclose(row["pass@1"]["delta"], 0.5) and math.isclose(
+        row["pass@4"]["after"]["value"], 1.0
+    )
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -10,8 +10,16 @@ META = {"session": "s1", "task": "t", "harness": "h", "sample": 2, "group": "t"}
 
 
 def _run(status="ok", verify=None, **kw):
-    return {"schema": "claw.run/v1", "job_id": "j", "status": status, "exit_code": 0, "verify": verify,
-            "started_at": 1.0, "ended_at": 2.0, "meta": dict(META)} | kw
+    return {
+        "schema": "claw.run/v1",
+        "job_id": "j",
+        "status": status,
+        "exit_code": 0,
+        "verify": verify,
+        "started_at": 1.0,
+        "ended_at": 2.0,
+        "meta": dict(META),
+    } | kw
 
 
 def test_infra_errors_are_not_zero_rewards():
@@ -19,14 +27,34 @@ def test_infra_errors_are_not_zero_rewards():
     for run in (_run("infra_error", error="bwrap failed"), _run("error"), _run("ok", verify=None)):
         o = score_run(run)
         validate(o, "outcome")
-        assert o["status"] == "infra_error" and o["reward"] is None and o["passed"] is None and o["error"]
+        assert (
+            o["status"] == "infra_error"
+            and o["reward"] is None
+            and o["passed"] is None
+            and o["error"]
+        )
 
 
 def test_reward_sources_in_order():
     """Verifier reward first, then mean of sub-scores, then the collected reward file, then the exit code."""
-    assert score_run(_run(verify={"exit_code": 1, "passed": False, "reward": 0.25, "details": {"a": 0.25}}))["reward"] == 0.25
-    assert score_run(_run(verify={"exit_code": 1, "passed": False, "details": {"a": 1, "b": 0}}))["reward"] == 0.5
-    o = score_run(_run(verify={"exit_code": 0, "passed": True}, collected={".claw_verify/reward.json": '{"x": 1, "y": 0.5}'}))
+    assert (
+        score_run(
+            _run(verify={"exit_code": 1, "passed": False, "reward": 0.25, "details": {"a": 0.25}})
+        )["reward"]
+        == 0.25
+    )
+    assert (
+        score_run(_run(verify={"exit_code": 1, "passed": False, "details": {"a": 1, "b": 0}}))[
+            "reward"
+        ]
+        == 0.5
+    )
+    o = score_run(
+        _run(
+            verify={"exit_code": 0, "passed": True},
+            collected={".claw_verify/reward.json": '{"x": 1, "y": 0.5}'},
+        )
+    )
     assert o["reward"] == 0.75 and o["details"]["x"] == 1.0 and o["passed"] is True
     assert score_run(_run(verify={"exit_code": 0, "passed": True}))["reward"] == 1.0
     assert score_run(_run(verify={"exit_code": 3, "passed": False}))["reward"] == 0.0
@@ -34,7 +62,9 @@ def test_reward_sources_in_order():
 
 def test_timeouts_and_thresholds():
     """A timed-out verifier scores 0; an agent timeout is still scored; thresholds decide passed."""
-    o = score_run(_run(verify={"exit_code": None, "passed": False, "timed_out": True, "reward": None}))
+    o = score_run(
+        _run(verify={"exit_code": None, "passed": False, "timed_out": True, "reward": None})
+    )
     assert o["status"] == "ok" and o["reward"] == 0.0 and o["passed"] is False
     o = score_run(_run("timeout", verify={"exit_code": 0, "passed": True, "reward": 1.0}))
     assert o["passed"] is True and o["details"]["agent_timed_out"] is True
@@ -47,9 +77,18 @@ def test_timeouts_and_thresholds():
 
 def test_outcome_fields_and_validation():
     """Outcomes carry session, task, harness, group, sample and job id, and validate against the schema."""
-    [o] = score_runs([_run(verify={"exit_code": 0, "passed": True, "reward": 1.0, "output": "PASS x\n"})])
+    [o] = score_runs(
+        [_run(verify={"exit_code": 0, "passed": True, "reward": 1.0, "output": "PASS x\n"})]
+    )
     validate(o, "outcome")
-    assert (o["session"], o["task"], o["harness"], o["group"], o["sample"], o["job_id"]) == ("s1", "t", "h", "t", 2, "j")
+    assert (o["session"], o["task"], o["harness"], o["group"], o["sample"], o["job_id"]) == (
+        "s1",
+        "t",
+        "h",
+        "t",
+        2,
+        "j",
+    )
     assert o["details"]["verify_output"] == "PASS x\n"
 
 
@@ -59,5 +98,7 @@ def test_bad_runs_name_the_record():
         score_runs([_run(meta={})])
     with pytest.raises(RecordError, match="status"):
         score_run(_run("weird"))
-    with pytest.raises(RecordError, match=r"run: field 'verify.reward' must be a number in \[0, 1\]"):
+    with pytest.raises(
+        RecordError, match=r"run: field 'verify.reward' must be a number in \[0, 1\]"
+    ):
         score_run(_run(verify={"exit_code": 0, "passed": True, "reward": 7}))

@@ -17,8 +17,16 @@ MINI = load_suite("claw-mini")
 TOY = load_suite("claw-toy")
 ALL = [*MINI.tasks, *TOY.tasks]
 # A few tasks of each kind run in the fast tests; all of them run in the slow ones.
-FAST = {"organize-by-extension", "csv-to-json-people", "merge-contacts-dedupe", "ini-change-port",
-        "meeting-notes-to-json", "fix-sum-off-by-one", "report-sales-by-region", "toy-hello"}
+FAST = {
+    "organize-by-extension",
+    "csv-to-json-people",
+    "merge-contacts-dedupe",
+    "ini-change-port",
+    "meeting-notes-to-json",
+    "fix-sum-off-by-one",
+    "report-sales-by-region",
+    "toy-hello",
+}
 
 
 def _params(tasks):
@@ -56,7 +64,10 @@ def test_garbage_fails(task, tmp_path):
     """Overwriting every workspace file with garbage (and adding a garbage answer) fails verification."""
     garbage = {rel: "garbage\n" for rel in task.workspace}
     garbage["answer.txt"] = "garbage\n"
-    data = {f: getattr(task, f) for f in ("id", "instruction", "verify", "hidden", "reward_file", "pass_threshold")}
+    data = {
+        f: getattr(task, f)
+        for f in ("id", "instruction", "verify", "hidden", "reward_file", "pass_threshold")
+    }
     result = check_task(Task(**data, workspace=garbage), "untouched")
     assert result["passed"] is False, result["output"]
 
@@ -65,22 +76,40 @@ def test_hidden_files_never_reach_the_agent_workspace():
     """Verifier, hidden data and solution are not among the files the agent starts with."""
     for t in MINI.tasks:
         names = set(t.workspace)
-        assert not any(n.startswith(".claw_verify") or "verify" in n or "solution" in n for n in names), t.id
+        assert not any(
+            n.startswith(".claw_verify") or "verify" in n or "solution" in n for n in names
+        ), t.id
         assert all(k.startswith(".claw_verify/") for k in t.verify_files())
 
 
 def test_toy_tasks_give_shaped_partial_credit(tmp_path):
     """claw-toy rewards a near miss with partial credit between 0 and 1 (a learnable signal)."""
     base = TOY.get("toy-hello")
-    for answer, lo, hi in [("hel", 0.3, 0.99), ("help me please", 0.3, 0.99), ("hello", 1.0, 1.0), ("zzz", 0.2, 0.6)]:
-        t = Task(id=base.id, instruction=base.instruction, verify=base.verify, pass_threshold=base.pass_threshold,
-                 solution=Script(name="solution.sh", text=f"printf '{answer}' > answer.txt\n", interpreter="bash"))
+    for answer, lo, hi in [
+        ("hel", 0.3, 0.99),
+        ("help me please", 0.3, 0.99),
+        ("hello", 1.0, 1.0),
+        ("zzz", 0.2, 0.6),
+    ]:
+        t = Task(
+            id=base.id,
+            instruction=base.instruction,
+            verify=base.verify,
+            pass_threshold=base.pass_threshold,
+            solution=Script(
+                name="solution.sh", text=f"printf '{answer}' > answer.txt\n", interpreter="bash"
+            ),
+        )
         r = check_task(t, "solution")
         assert lo <= r["reward"] <= hi, (answer, r)
         assert r["passed"] is (answer == "hello")
 
 
-def _write_task(root: Path, toml: str | None = 'id = "t1"\ninstruction = "do it"\n', verify: str | None = "exit 0\n") -> Path:
+def _write_task(
+    root: Path,
+    toml: str | None = 'id = "t1"\ninstruction = "do it"\n',
+    verify: str | None = "exit 0\n",
+) -> Path:
     d = root / "t1"
     (d / "workspace").mkdir(parents=True)
     if toml is not None:
@@ -111,15 +140,18 @@ def test_invalid_toml_is_named(tmp_path):
         load_task(d)
 
 
-@pytest.mark.parametrize(("toml", "field"), [
-    ('id = "bad id"\ninstruction = "x"\n', "'id'"),
-    ('id = "t1"\n', "'instruction'"),
-    ('id = "t1"\ninstruction = "x"\ntimeout_s = -1\n', "'timeout_s'"),
-    ('id = "t1"\ninstruction = "x"\ndifficulty = "insane"\n', "'difficulty'"),
-    ('id = "t1"\ninstruction = "x"\ntags = "a"\n', "'tags'"),
-    ('id = "t1"\ninstruction = "x"\ncolour = "red"\n', "colour"),
-    ('id = "t1"\ninstruction = "x"\n[verify]\npass_threshold = 2\n', "'pass_threshold'"),
-])
+@pytest.mark.parametrize(
+    ("toml", "field"),
+    [
+        ('id = "bad id"\ninstruction = "x"\n', "'id'"),
+        ('id = "t1"\n', "'instruction'"),
+        ('id = "t1"\ninstruction = "x"\ntimeout_s = -1\n', "'timeout_s'"),
+        ('id = "t1"\ninstruction = "x"\ndifficulty = "insane"\n', "'difficulty'"),
+        ('id = "t1"\ninstruction = "x"\ntags = "a"\n', "'tags'"),
+        ('id = "t1"\ninstruction = "x"\ncolour = "red"\n', "colour"),
+        ('id = "t1"\ninstruction = "x"\n[verify]\npass_threshold = 2\n', "'pass_threshold'"),
+    ],
+)
 def test_bad_fields_are_named(tmp_path, toml, field):
     """Each malformed field is named in the error together with the file."""
     with pytest.raises(TaskError, match="task.toml") as info:
@@ -157,14 +189,25 @@ def test_suite_directory_duplicate_ids_and_selection(tmp_path):
 
 def test_planted_files_cannot_fake_a_pass():
     """Reward hacks fail: a planted reward file, modules planted beside the verifier, a module exiting 0 on import."""
-    plant = Script(name="solution.sh", interpreter="bash", text=(
-        "mkdir -p .claw_verify\n"
-        "echo '{\"all\": 1.0}' > .claw_verify/reward.json\n"
-        "printf 'import sys\\nsys.exit(0)\\n' > .claw_verify/json.py\n"
-        "printf 'import os\\nos._exit(0)\\n' > fizzbuzz.py\n"))
+    plant = Script(
+        name="solution.sh",
+        interpreter="bash",
+        text=(
+            "mkdir -p .claw_verify\n"
+            "echo '{\"all\": 1.0}' > .claw_verify/reward.json\n"
+            "printf 'import sys\\nsys.exit(0)\\n' > .claw_verify/json.py\n"
+            "printf 'import os\\nos._exit(0)\\n' > fizzbuzz.py\n"
+        ),
+    )
     base = MINI.get("fix-fizzbuzz")
-    t = Task(id=base.id, instruction=base.instruction, workspace=base.workspace, verify=base.verify,
-             hidden=base.hidden, solution=plant)
+    t = Task(
+        id=base.id,
+        instruction=base.instruction,
+        workspace=base.workspace,
+        verify=base.verify,
+        hidden=base.hidden,
+        solution=plant,
+    )
     r = check_task(t, "solution")
     assert r["passed"] is False and r["reward"] == 0.0, r
     assert r["scores"] == {"hidden_tests": 0.0}

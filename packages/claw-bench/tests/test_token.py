@@ -30,8 +30,10 @@ def test_token_matches_the_contract_computed_by_hand(tmp_path):
     assert mint_token("s", b"k") == f"s.{_b64(hmac.new(b'k', b's', hashlib.sha256).digest())}"
 
 
-@given(session=st.from_regex(r"[A-Za-z0-9_-]{1,128}", fullmatch=True),
-       tags=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=3))
+@given(
+    session=st.from_regex(r"[A-Za-z0-9_-]{1,128}", fullmatch=True),
+    tags=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=3),
+)
 def test_round_trip_and_forgery(session, tags):
     """verify_token recovers session and tags; any change to the token is rejected."""
     tok = mint_token(session, b"key", tags)
@@ -39,7 +41,7 @@ def test_round_trip_and_forgery(session, tags):
     assert verify_token(tok, b"other") is None
     assert verify_token(tok[:-1] + ("A" if tok[-1] != "A" else "B"), b"key") is None
     forged = f"x{session[1:]}" if session[0] != "x" else f"y{session[1:]}"
-    assert verify_token(forged + tok[len(session):], b"key") is None
+    assert verify_token(forged + tok[len(session) :], b"key") is None
 
 
 def test_bad_session_and_secret(tmp_path):

@@ -38,7 +38,10 @@ def _free_port() -> int:
 
 
 SCRIPTS = Path(__file__).parent / "data" / "harness-scripts"
-AGENT_SCRIPT = ['<tool_call>\n{"name": "bash", "arguments": {"command": "echo working"}}\n</tool_call>', "hello"]
+AGENT_SCRIPT = [
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "echo working"}}\n</tool_call>',
+    "hello",
+]
 
 
 @contextlib.contextmanager
@@ -46,10 +49,24 @@ def serve(tmp_path: Path, script: Path, secret_file: Path):
     """Run `claw-proxy serve` with a scripted engine; yield (url, calls file)."""
     port = _free_port()
     log = (tmp_path / "proxy.log").open("w")
-    proc = subprocess.Popen(["claw-proxy", "serve", "--engine", f"scripted:{script}", "--tokenizer", str(FIXTURE),
-                             "--secret-file", str(secret_file), "--port", str(port),
-                             "--record", str(tmp_path / "calls.jsonl")],
-                            stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(
+        [
+            "claw-proxy",
+            "serve",
+            "--engine",
+            f"scripted:{script}",
+            "--tokenizer",
+            str(FIXTURE),
+            "--secret-file",
+            str(secret_file),
+            "--port",
+            str(port),
+            "--record",
+            str(tmp_path / "calls.jsonl"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -77,24 +94,43 @@ def test_claw_agent_through_the_proxy(tmp_path, secret_file):
 
 def _agent_jobs(tmp_path, url, calls):
     task = load_suite("claw-toy").get("toy-hello")
-    jobs = plan_jobs([task], [load_harness("claw-agent-chat"), load_harness("claw-agent-anthropic")], samples=1,
-                     proxy_url=url, secret=SECRET, run_id="px")
+    jobs = plan_jobs(
+        [task],
+        [load_harness("claw-agent-chat"), load_harness("claw-agent-anthropic")],
+        samples=1,
+        proxy_url=url,
+        secret=SECRET,
+        run_id="px",
+    )
     outcomes = score_runs([run_job(j, tmp_path / "sb") for j in jobs])
     assert [(o["status"], o["passed"], o["reward"]) for o in outcomes] == [("ok", True, 1.0)] * 2
     sessions = {json.loads(x)["session"] for x in calls.read_text().splitlines()}
     assert sessions == {j["meta"]["session"] for j in jobs}
 
 
-@pytest.mark.skipif(os.environ.get("CLAW_BENCH_REAL_HARNESSES") != "1",
-                    reason="set CLAW_BENCH_REAL_HARNESSES=1 to run installed real harnesses (minutes)")
-@pytest.mark.parametrize("harness", ["claude-code", "openclaw-chat", "openclaw-anthropic", "openclaw-responses",
-                                     "codex", "mini-swe-agent"])
+@pytest.mark.skipif(
+    os.environ.get("CLAW_BENCH_REAL_HARNESSES") != "1",
+    reason="set CLAW_BENCH_REAL_HARNESSES=1 to run installed real harnesses (minutes)",
+)
+@pytest.mark.parametrize(
+    "harness",
+    [
+        "claude-code",
+        "openclaw-chat",
+        "openclaw-anthropic",
+        "openclaw-responses",
+        "codex",
+        "mini-swe-agent",
+    ],
+)
 def test_real_harness_adapter_through_the_proxy(tmp_path, secret_file, harness):
     """A real harness, run by its adapter's command against the proxy, executes the scripted tool call."""
     h = load_harness(harness)
     if not h.installed():
         pytest.skip(f"{harness} is not installed (needs {', '.join(h.requires)} on PATH)")
-    script = SCRIPTS / f"{harness.split('-')[0] if harness.startswith('openclaw') else harness}.jsonl"
+    script = (
+        SCRIPTS / f"{harness.split('-')[0] if harness.startswith('openclaw') else harness}.jsonl"
+    )
     task = load_suite("claw-mini").get("csv-filter-region")
     with serve(tmp_path, script, secret_file) as (url, calls):
         [job] = plan_jobs([task], [h], samples=1, proxy_url=url, secret=SECRET, run_id="real")
@@ -103,4 +139,6 @@ def test_real_harness_adapter_through_the_proxy(tmp_path, secret_file, harness):
         run = run_job(job, tmp_path / "sb")
     [o] = score_runs([run])
     assert (o["status"], o["passed"], o["reward"]) == ("ok", True, 1.0), run["stderr_tail"]
-    assert job["meta"]["session"] in {json.loads(x)["session"] for x in calls.read_text().splitlines()}
+    assert job["meta"]["session"] in {
+        json.loads(x)["session"] for x in calls.read_text().splitlines()
+    }

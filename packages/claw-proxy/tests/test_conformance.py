@@ -68,6 +68,8 @@ def test_session_token_cases(case):
 
 def test_unknown_fields_survive_a_pass_through():
     """A newer writer's field is kept by Call.from_dict and written back by to_dict."""
-    line = next(c["line"] for c in _cases("claw.call.v1.jsonl") if c["case"] == "unknown top-level field")
+    line = next(
+        c["line"] for c in _cases("claw.call.v1.jsonl") if c["case"] == "unknown top-level field"
+    )
     d = json.loads(line)
     assert Call.from_dict(d).to_dict()["x_future"] == d["x_future"]

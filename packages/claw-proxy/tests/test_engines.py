@@ -147,8 +147,12 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     assert seen[0]["return_token_ids"] is True and seen[0]["logprobs"] == 1
     assert call.engine == "vllm:http://vllm.test"
     assert call.sampling == {
-        "temperature": 0.5, "top_p": 0.9, "top_k": 7, "forced": False,
-        "max_tokens": seen[0]["max_tokens"], "seed": 3,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 7,
+        "forced": False,
+        "max_tokens": seen[0]["max_tokens"],
+        "seed": 3,
     }
     # a LoRA adapter directory is loaded as the new policy
     adapter = tmp_path / "lora"
@@ -331,13 +335,23 @@ def test_passthrough_forwards_and_records_text_only(make_server, clients):
     )
     assert a.request["messages"][0]["content"] == "hi" and "real " in b.response["sse"]
     # the sampling recorded is what was sent upstream, unchanged by --sampling force (the default)
-    assert a.sampling == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": False, "seed": None}
+    assert a.sampling == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "forced": False,
+        "seed": None,
+    }
     client.chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=0.3, top_p=0.5
     )
     assert (seen[-1][1]["temperature"], seen[-1][1]["top_p"]) == (0.3, 0.5)
     c = list(read_calls(srv.config.record))[-1]
-    assert (c.sampling["temperature"], c.sampling["top_p"], c.sampling["forced"]) == (0.3, 0.5, False)
+    assert (c.sampling["temperature"], c.sampling["top_p"], c.sampling["forced"]) == (
+        0.3,
+        0.5,
+        False,
+    )
     assert all(
         token("p1") not in json.dumps(h) for h, _ in seen
     )  # the session token is never forwarded

@@ -17,5 +17,7 @@ def test_import_and_cli_pull_no_engine_dependency():
         "    assert e.code == 0, e.code\n"
         f"print('LOADED', *[m for m in {HEAVY!r} if m in sys.modules])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.splitlines()[-1].split() == ["LOADED"]

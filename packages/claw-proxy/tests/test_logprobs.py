@@ -15,7 +15,10 @@ def _post(srv, body, session="s1"):
         return c.post(
             "/v1/chat/completions",
             content=json.dumps(body),
-            headers={"content-type": "application/json", "authorization": f"Bearer {token(session)}"},
+            headers={
+                "content-type": "application/json",
+                "authorization": f"Bearer {token(session)}",
+            },
         )
 
 
@@ -36,7 +39,9 @@ def test_scripted_answer_carries_one_entry_per_token(make_server):
     entries = choice["logprobs"]["content"]
     assert _joined(entries) == choice["message"]["content"] == "héllo wörld"
     assert all(set(e) == {"token", "logprob", "bytes", "top_logprobs"} for e in entries)
-    assert all(e["logprob"] == 0.0 and e["top_logprobs"] == [] for e in entries)  # a script is deterministic
+    assert all(
+        e["logprob"] == 0.0 and e["top_logprobs"] == [] for e in entries
+    )  # a script is deterministic
     (call,) = read_calls(srv.config.record)
     assert len(entries) == len(call.completion_ids) - 1  # the recorded ids end with the EOS
 
@@ -45,7 +50,9 @@ def test_no_logprobs_unless_asked(make_server):
     """Without logprobs: true the choice's logprobs is null, in answers and in chunks."""
     srv = make_server(["hello", "hello"])
     assert _post(srv, _chat()).json()["choices"][0]["logprobs"] is None
-    lines = [ln for ln in _post(srv, _chat(stream=True)).text.splitlines() if ln.startswith("data: {")]
+    lines = [
+        ln for ln in _post(srv, _chat(stream=True)).text.splitlines() if ln.startswith("data: {")
+    ]
     assert lines and all(json.loads(ln[6:])["choices"][0]["logprobs"] is None for ln in lines)
 
 
@@ -80,9 +87,16 @@ def test_sdk_stream_and_non_stream_logprobs_agree_with_the_record(tiny_server, c
     )
     full = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True))
-    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    streamed = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
     plain = full.choices[0].logprobs.content
-    assert [(e.token, e.bytes, e.logprob) for e in streamed] == [(e.token, e.bytes, e.logprob) for e in plain]
+    assert [(e.token, e.bytes, e.logprob) for e in streamed] == [
+        (e.token, e.bytes, e.logprob) for e in plain
+    ]
     assert len(plain) > 0 and any(e.logprob < 0 for e in plain)
     calls = [c for c in read_calls(tiny_server.config.record) if c.session == "lp1"]
     assert len(calls) == 2 and calls[0].completion_ids == calls[1].completion_ids
@@ -90,9 +104,15 @@ def test_sdk_stream_and_non_stream_logprobs_agree_with_the_record(tiny_server, c
 
     tok = AutoTokenizer.from_pretrained(str(TINY))
     stops = {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
-    kept = [(i, lp) for i, lp in zip(calls[0].completion_ids, calls[0].completion_logprobs, strict=True) if i not in stops]
+    kept = [
+        (i, lp)
+        for i, lp in zip(calls[0].completion_ids, calls[0].completion_logprobs, strict=True)
+        if i not in stops
+    ]
     assert [e.logprob for e in plain] == [lp for _, lp in kept]
-    assert bytes(b for e in plain for b in e.bytes) == tok.decode([i for i, _ in kept]).encode("utf-8")
+    assert bytes(b for e in plain for b in e.bytes) == tok.decode([i for i, _ in kept]).encode(
+        "utf-8"
+    )
 
 
 def _responses(srv, body, session="s1"):
@@ -100,7 +120,10 @@ def _responses(srv, body, session="s1"):
         return c.post(
             "/v1/responses",
             content=json.dumps(body),
-            headers={"content-type": "application/json", "authorization": f"Bearer {token(session)}"},
+            headers={
+                "content-type": "application/json",
+                "authorization": f"Bearer {token(session)}",
+            },
         )
 
 
@@ -110,8 +133,14 @@ def test_responses_include_output_text_logprobs(make_server):
     body = {"model": "m", "input": "hi", "include": ["message.output_text.logprobs"]}
     (part,) = _responses(srv, body).json()["output"][0]["content"]
     assert _joined(part["logprobs"]) == part["text"] == "héllo wörld"
-    events = [json.loads(ln[6:]) for ln in _responses(srv, {**body, "stream": True}).text.splitlines() if ln.startswith("data: ")]
-    deltas = [e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]]
+    events = [
+        json.loads(ln[6:])
+        for ln in _responses(srv, {**body, "stream": True}).text.splitlines()
+        if ln.startswith("data: ")
+    ]
+    deltas = [
+        e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]
+    ]
     (done,) = [ev for ev in events if ev["type"] == "response.completed"]
     assert deltas == part["logprobs"] == done["response"]["output"][0]["content"][0]["logprobs"]
     plain = _responses(srv, {"model": "m", "input": "hi"}).json()
@@ -122,9 +151,26 @@ def test_sdk_responses_stream_and_non_stream_logprobs_agree(tiny_server, clients
     """The openai SDK's Responses client reads the output_text logprobs; streamed deltas give the same entries."""
     pytest.importorskip("torch", reason="the transformers engine needs claw-proxy[transformers]")
     client = clients.openai(tiny_server, "lp2")
-    kw = dict(model="m", input="say something", temperature=1.0, max_output_tokens=12, include=["message.output_text.logprobs"])
+    kw = dict(
+        model="m",
+        input="say something",
+        temperature=1.0,
+        max_output_tokens=12,
+        include=["message.output_text.logprobs"],
+    )
     full = client.responses.create(**kw, extra_body={"seed": 3})
-    entries = [(e.token, e.logprob) for item in full.output if item.type == "message" for p in item.content for e in p.logprobs]
+    entries = [
+        (e.token, e.logprob)
+        for item in full.output
+        if item.type == "message"
+        for p in item.content
+        for e in p.logprobs
+    ]
     events = list(client.responses.create(**kw, stream=True, extra_body={"seed": 3}))
-    streamed = [(e.token, e.logprob) for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    streamed = [
+        (e.token, e.logprob)
+        for ev in events
+        if ev.type == "response.output_text.delta"
+        for e in ev.logprobs
+    ]
     assert entries and streamed == entries

@@ -14,7 +14,9 @@ from claw_proxy.messages import Sampling
 from claw_proxy.records import Call, sampling_record
 from conftest import SECRET, TINY, reference_logprobs, token
 
-torch = pytest.importorskip("torch", reason="the transformers engine needs claw-proxy[transformers]")
+torch = pytest.importorskip(
+    "torch", reason="the transformers engine needs claw-proxy[transformers]"
+)
 
 TOL = 2e-3  # the issue's bound; measured: <= 4.8e-7 (float32; KV cache vs one plain forward)
 MSGS = [{"role": "user", "content": "tell me a story"}]
@@ -79,7 +81,12 @@ def test_honor_records_the_requested_temperature_and_its_logprobs(servers, model
     to log_softmax(logits / 0.6) of an independent forward (and clearly not the T 1 ones)."""
     call = _ask(servers["honor"], "h06", temperature=0.6)
     assert call.sampling == {
-        "temperature": 0.6, "top_p": 1.0, "top_k": 0, "forced": False, "max_tokens": 24, "seed": 11
+        "temperature": 0.6,
+        "top_p": 1.0,
+        "top_k": 0,
+        "forced": False,
+        "max_tokens": 24,
+        "seed": 11,
     }
     assert _max_diff(call.completion_logprobs, _forward_logp(model, call, 0.6)) <= TOL
     assert _max_diff(call.completion_logprobs, _forward_logp(model, call, 1.0)) > 0.05
@@ -90,7 +97,9 @@ def test_honor_top_p_top_k_logprobs_are_truncated_and_renormalised(servers, mode
     distribution at the call's temperature (vLLM's rule), which is above the untruncated one."""
     call = _ask(servers["honor"], "htrunc", temperature=0.8, top_p=0.7, top_k=40)
     assert (call.sampling["temperature"], call.sampling["top_p"], call.sampling["top_k"]) == (
-        0.8, 0.7, 40
+        0.8,
+        0.7,
+        40,
     )
     assert _max_diff(call.completion_logprobs, reference_logprobs(model, call)) <= TOL
     untruncated = _forward_logp(model, call, 0.8)
@@ -111,7 +120,12 @@ def test_force_default_records_temperature_one_and_plain_logprobs(servers, model
     with logprobs = log_softmax(logits); a request asking for T 1 is not marked forced."""
     call = _ask(servers["force"], "f06", temperature=0.6, top_p=0.9, top_k=5)
     assert call.sampling == {
-        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": True, "max_tokens": 24, "seed": 11
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "forced": True,
+        "max_tokens": 24,
+        "seed": 11,
     }
     assert _max_diff(call.completion_logprobs, _forward_logp(model, call, 1.0)) <= TOL
     assert _ask(servers["force"], "f10", temperature=1.0).sampling["forced"] is False
@@ -123,7 +137,10 @@ def test_force_default_records_temperature_one_and_plain_logprobs(servers, model
     [
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":NaN}', None),
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":Infinity}', None),
-        (b'{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":-1}', "temperature"),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":-1}',
+            "temperature",
+        ),
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0}', "top_p"),
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"top_k":-2}', "top_k"),
     ],
@@ -162,17 +179,26 @@ def test_resolve_sampling_rules():
     honor = ProxyConfig(engine="scripted:x", secret="s", sampling="honor", max_temperature=1.5)
     assert resolve_sampling(force, Sampling()) == (1.0, 1.0, 0, False)
     assert resolve_sampling(force, Sampling(temperature=1.0, top_p=1.0, top_k=0)) == (
-        1.0, 1.0, 0, False
+        1.0,
+        1.0,
+        0,
+        False,
     )
     assert resolve_sampling(force, Sampling(top_k=3)) == (1.0, 1.0, 0, True)
     assert resolve_sampling(force, Sampling(temperature=0.0)) == (1.0, 1.0, 0, True)
     assert resolve_sampling(honor, Sampling()) == (1.0, 1.0, 0, False)
     assert resolve_sampling(honor, Sampling(temperature=0.6, top_p=0.9, top_k=5)) == (
-        0.6, 0.9, 5, False
+        0.6,
+        0.9,
+        5,
+        False,
     )
     assert resolve_sampling(honor, Sampling(temperature=9.0)) == (1.5, 1.0, 0, False)
     assert resolve_sampling(honor, Sampling(temperature=1e-6, top_p=0.5, top_k=3)) == (
-        0.0, 1.0, 0, False
+        0.0,
+        1.0,
+        0,
+        False,
     )
     from claw_proxy.messages import sampling_from
 
@@ -209,16 +235,31 @@ def test_sampling_record_shape_and_reader_checks():
     """The record's sampling object has the contract's shape; readers refuse bad values naming the
     field and read a call without `sampling` (older proxies) as T 1, top_p 1, top_k 0."""
     assert sampling_record(0.6, 0.9, 5, False, max_tokens=8, seed=None) == {
-        "temperature": 0.6, "top_p": 0.9, "top_k": 5, "forced": False, "max_tokens": 8, "seed": None
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "top_k": 5,
+        "forced": False,
+        "max_tokens": 8,
+        "seed": None,
     }
     for bad in ((math.nan, 1.0, 0), (0.5, math.inf, 0), (0.5, 1.0, -1)):
         with pytest.raises(RecordError):
             sampling_record(*bad, False)
     base = {
-        "schema": "claw.call/v1", "call_id": "c", "session": "s", "seq": 0, "api": "openai.chat",
-        "model": "m", "policy": {"name": "p", "version": 0}, "prompt_ids": [1],
-        "completion_ids": [2], "completion_logprobs": [-0.1], "finish_reason": "stop",
-        "started_at": 1.0, "ended_at": 2.0, "tags": {},
+        "schema": "claw.call/v1",
+        "call_id": "c",
+        "session": "s",
+        "seq": 0,
+        "api": "openai.chat",
+        "model": "m",
+        "policy": {"name": "p", "version": 0},
+        "prompt_ids": [1],
+        "completion_ids": [2],
+        "completion_logprobs": [-0.1],
+        "finish_reason": "stop",
+        "started_at": 1.0,
+        "ended_at": 2.0,
+        "tags": {},
     }
     assert Call.from_dict(base).sampled_with == (1.0, 1.0, 0)
     for sampling, field in (

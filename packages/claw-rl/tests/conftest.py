@@ -16,9 +16,18 @@ def tiny(tmp_path_factory) -> Path:
     return init_tiny(tmp_path_factory.mktemp("models") / "tiny")
 
 
-def tree_sample(parent: list[int], trainable: list[int], *, seed: int = 0, sample_id: str = "s",
-                vocab: int = 2000, returns: bool = False, weights: list[float] | None = None,
-                versions: list[int] | None = None, logprobs: list[float] | None = None) -> dict:
+def tree_sample(
+    parent: list[int],
+    trainable: list[int],
+    *,
+    seed: int = 0,
+    sample_id: str = "s",
+    vocab: int = 2000,
+    returns: bool = False,
+    weights: list[float] | None = None,
+    versions: list[int] | None = None,
+    logprobs: list[float] | None = None,
+) -> dict:
     """A claw.sample/v1 dict for a given forest; random tokens and advantages (seeded)."""
     rng = random.Random(seed)
     n = len(parent)
@@ -27,12 +36,20 @@ def tree_sample(parent: list[int], trainable: list[int], *, seed: int = 0, sampl
         pos.append(0 if p < 0 else pos[p] + 1)
     adv = [round(rng.uniform(-1, 1), 3) if t else 0.0 for t in trainable]
     row = {
-        "schema": "claw.sample/v1", "sample_id": sample_id, "algo": "ppo" if returns else "grpo",
-        "input_ids": [rng.randrange(3, vocab) for _ in range(n)], "position_ids": pos, "parent": parent,
+        "schema": "claw.sample/v1",
+        "sample_id": sample_id,
+        "algo": "ppo" if returns else "grpo",
+        "input_ids": [rng.randrange(3, vocab) for _ in range(n)],
+        "position_ids": pos,
+        "parent": parent,
         "trainable": trainable,
-        "logprobs": logprobs if logprobs is not None else [round(-rng.uniform(0, 8), 3) if t else 0.0 for t in trainable],
+        "logprobs": logprobs
+        if logprobs is not None
+        else [round(-rng.uniform(0, 8), 3) if t else 0.0 for t in trainable],
         "advantages": adv,
-        "loss_weights": weights if weights is not None else [1.0 / max(sum(trainable), 1) * t for t in trainable],
+        "loss_weights": weights
+        if weights is not None
+        else [1.0 / max(sum(trainable), 1) * t for t in trainable],
     }
     if returns:
         row["returns"] = [round(rng.uniform(-1, 1), 3) if t else 0.0 for t in trainable]

@@ -23,13 +23,28 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     o = Path(out)
     o.mkdir(parents=True, exist_ok=True)
     # 5 samples, 1 per micro-batch, 2 minibatches: ranks own unequal shares (FSDP pads)
-    rows = [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True) for k in range(5)]
+    rows = [
+        tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True)
+        for k in range(5)
+    ]
     grpo_rows = [{**{k: v for k, v in r.items() if k != "returns"}, "algo": "grpo"} for r in rows]
-    g = GRPOLearner(GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1, loss_agg="token_mean",
-                               kl_coef=0.1, parallelism=parallelism), model)
+    g = GRPOLearner(
+        GRPOConfig(
+            lr=1e-3,
+            epochs=2,
+            minibatches=2,
+            micro_batch_size=1,
+            loss_agg="token_mean",
+            kl_coef=0.1,
+            parallelism=parallelism,
+        ),
+        model,
+    )
     g.step(grpo_rows)
     held = sum(p.to_local().numel() if is_sharded(p) else p.numel() for p in g.model.parameters())
-    (o / f"params-rank{rank}").write_text(f"{held} {sum(p.numel() for p in g.model.parameters())}\n")
+    (o / f"params-rank{rank}").write_text(
+        f"{held} {sum(p.numel() for p in g.model.parameters())}\n"
+    )
     g.save_checkpoint(o / "grpo-ckpt")
     g = GRPOLearner.resume(o / "grpo-ckpt")
     g.step(grpo_rows[::-1])
@@ -37,7 +52,9 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     p = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=2, parallelism=parallelism), model)
     m = p.step(rows)
     p.save(o / "ppo")
-    c = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=1, critic="model", parallelism=parallelism), model)
+    c = PPOLearner(
+        PPOConfig(lr=1e-3, micro_batch_size=1, critic="model", parallelism=parallelism), model
+    )
     c.step(rows[:3])
     c.save(o / "ppo-critic-model")
     try:  # a taken directory: every rank gets the error, none is left waiting

@@ -26,23 +26,60 @@ def _invoke(args, input=None):
 
 def test_train_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
     """Two steps -> two policy lines on stdout; --resume continues the versions."""
-    samples = _write(tmp_path / "s.jsonl", [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000)
-                                            for k in range(4)])
+    samples = _write(
+        tmp_path / "s.jsonl",
+        [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000) for k in range(4)],
+    )
     out = tmp_path / "run"
     cfg = tmp_path / "c.toml"
     cfg.write_text('[grpo]\nlr = 1e-4\nname = "tiny"\nepochs = 2\n')
-    r = _invoke(["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(samples), "--output", str(out),
-                 "--config", str(cfg), "--lr", "2e-4", "--batch-size", "2", "--is-correction", "mis_token"])
+    r = _invoke(
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--model",
+            str(tiny),
+            "--samples",
+            str(samples),
+            "--output",
+            str(out),
+            "--config",
+            str(cfg),
+            "--lr",
+            "2e-4",
+            "--batch-size",
+            "2",
+            "--is-correction",
+            "mis_token",
+        ]
+    )
     assert r.exit_code == 0
     policies = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(p["name"], p["version"]) for p in policies] == [("tiny", 1), ("tiny", 2)]
-    assert policies[1]["path"].endswith("policy/v2") and (out / "policy" / "v2" / "model.safetensors").exists()
+    assert (
+        policies[1]["path"].endswith("policy/v2")
+        and (out / "policy" / "v2" / "model.safetensors").exists()
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and all("mismatch_kl_k3" in m for m in metrics)
     resolved = config_from_toml(out / "config.toml", "grpo")
-    assert GRPOConfig.from_dict(resolved) == GRPOConfig(lr=2e-4, name="tiny", epochs=2, is_correction="mis_token")
-    r = _invoke(["train", "--algo", "grpo", "--resume", str(out / "checkpoint"), "--samples", str(samples),
-                 "--output", str(out)])
+    assert GRPOConfig.from_dict(resolved) == GRPOConfig(
+        lr=2e-4, name="tiny", epochs=2, is_correction="mis_token"
+    )
+    r = _invoke(
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--resume",
+            str(out / "checkpoint"),
+            "--samples",
+            str(samples),
+            "--output",
+            str(out),
+        ]
+    )
     assert [json.loads(x)["version"] for x in r.stdout.splitlines()] == [3]
 
 
@@ -51,26 +88,84 @@ def test_train_rejects_bad_input_naming_file_line_and_flags(tiny, tmp_path):
     good = json.dumps(tree_sample(PARENT, TRAIN, vocab=2000))
     bad = _write(tmp_path / "bad.jsonl", [json.loads(good)])
     bad.write_text(good + "\n" + good.replace('"trainable": [0, 0', '"trainable": [1, 0') + "\n")
-    r = CliRunner().invoke(main, ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad),
-                                  "--output", str(tmp_path / "o")])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--model",
+            str(tiny),
+            "--samples",
+            str(bad),
+            "--output",
+            str(tmp_path / "o"),
+        ],
+    )
     assert r.exit_code != 0 and "bad.jsonl:2" in r.output and "root" in r.output
-    r = CliRunner().invoke(main, ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad),
-                                  "--output", str(tmp_path / "o"), "--vf-coef", "1.0"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--model",
+            str(tiny),
+            "--samples",
+            str(bad),
+            "--output",
+            str(tmp_path / "o"),
+            "--vf-coef",
+            "1.0",
+        ],
+    )
     assert r.exit_code != 0 and "--vf-coef does not apply to --algo grpo" in r.output
-    r = CliRunner().invoke(main, ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad),
-                                  "--output", str(tmp_path / "o"), "--is-cap", "0.5"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--model",
+            str(tiny),
+            "--samples",
+            str(bad),
+            "--output",
+            str(tmp_path / "o"),
+            "--is-cap",
+            "0.5",
+        ],
+    )
     assert r.exit_code != 0 and "is_cap" in r.output
 
 
 def test_values_then_ppo_train(tiny, tmp_path):
     """values -> (GAE elsewhere) -> train --algo ppo -> values from the trained critic."""
-    rows = [tree_sample(PARENT, TRAIN, seed=k, sample_id=f"p{k}", vocab=2000, returns=True) for k in range(2)]
+    rows = [
+        tree_sample(PARENT, TRAIN, seed=k, sample_id=f"p{k}", vocab=2000, returns=True)
+        for k in range(2)
+    ]
     samples = _write(tmp_path / "s.jsonl", rows)
     r = _invoke(["values", "--model", str(tiny), "--samples", str(samples)])
     vals = [json.loads(x) for x in r.stdout.splitlines()]
-    assert [v["sample_id"] for v in vals] == ["p0", "p1"] and vals[0]["values"] == [0.0] * len(PARENT)
-    r = _invoke(["train", "--algo", "ppo", "--model", str(tiny), "--samples", str(samples),
-                 "--output", str(tmp_path / "run"), "--critic-lr", "0.05"])
+    assert [v["sample_id"] for v in vals] == ["p0", "p1"] and vals[0]["values"] == [0.0] * len(
+        PARENT
+    )
+    r = _invoke(
+        [
+            "train",
+            "--algo",
+            "ppo",
+            "--model",
+            str(tiny),
+            "--samples",
+            str(samples),
+            "--output",
+            str(tmp_path / "run"),
+            "--critic-lr",
+            "0.05",
+        ]
+    )
     path = json.loads(r.stdout)["path"]
     r = _invoke(["values", "--model", path, "--samples", str(samples)])
     vals = [json.loads(x) for x in r.stdout.splitlines()]
@@ -83,14 +178,29 @@ def test_logprobs_reports_the_mismatch_per_call(tiny, tmp_path):
     prompt, completion = [5, 6, 7, 8], [40, 41, 42]
     from claw_rl.packing import chain_sample
 
-    own = learner.logprobs([chain_sample("c", prompt, completion)])[0][len(prompt):]
-    base = {"schema": "claw.call/v1", "session": "s1", "prompt_ids": prompt, "completion_ids": completion}
-    calls = _write(tmp_path / "calls.jsonl", [
-        {**base, "call_id": "c0", "seq": 0, "completion_logprobs": own},
-        {**base, "call_id": "c1", "seq": 1, "completion_logprobs": [own[0] - 1.0, *own[1:]]},
-        {**base, "call_id": "c2", "seq": 2, "trainable": False, "prompt_ids": [], "completion_ids": [],
-         "completion_logprobs": []},
-    ])
+    own = learner.logprobs([chain_sample("c", prompt, completion)])[0][len(prompt) :]
+    base = {
+        "schema": "claw.call/v1",
+        "session": "s1",
+        "prompt_ids": prompt,
+        "completion_ids": completion,
+    }
+    calls = _write(
+        tmp_path / "calls.jsonl",
+        [
+            {**base, "call_id": "c0", "seq": 0, "completion_logprobs": own},
+            {**base, "call_id": "c1", "seq": 1, "completion_logprobs": [own[0] - 1.0, *own[1:]]},
+            {
+                **base,
+                "call_id": "c2",
+                "seq": 2,
+                "trainable": False,
+                "prompt_ids": [],
+                "completion_ids": [],
+                "completion_logprobs": [],
+            },
+        ],
+    )
     r = CliRunner().invoke(main, ["logprobs", "--model", str(tiny), "--calls", str(calls)])
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in r.stdout.splitlines()]

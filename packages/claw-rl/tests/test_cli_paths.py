@@ -15,17 +15,32 @@ TRAIN = [0, 0, 1, 1, 1, 1]
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")
+    }
 
 
 def _inputs(inp: Path) -> dict[str, Path]:
     inp.mkdir()
     samples = inp / "s.jsonl"
-    samples.write_text(json.dumps(tree_sample(PARENT, TRAIN, sample_id="a", vocab=2000, returns=True)) + "\n")
+    samples.write_text(
+        json.dumps(tree_sample(PARENT, TRAIN, sample_id="a", vocab=2000, returns=True)) + "\n"
+    )
     calls = inp / "calls.jsonl"
-    calls.write_text(json.dumps({"schema": "claw.call/v1", "call_id": "c0", "session": "s", "seq": 0,
-                                 "prompt_ids": [5, 6, 7], "completion_ids": [40, 41],
-                                 "completion_logprobs": [-1.0, -2.0]}) + "\n")
+    calls.write_text(
+        json.dumps(
+            {
+                "schema": "claw.call/v1",
+                "call_id": "c0",
+                "session": "s",
+                "seq": 0,
+                "prompt_ids": [5, 6, 7],
+                "completion_ids": [40, 41],
+                "completion_logprobs": [-1.0, -2.0],
+            }
+        )
+        + "\n"
+    )
     return {"values": samples, "logprobs": calls}
 
 
@@ -64,7 +79,17 @@ def test_refused_train_leaves_the_run_untouched(tiny, tmp_path):
     """train --output over a run whose policy/v1 exists is refused before it writes: config.toml stays byte-identical."""
     samples = _inputs(tmp_path / "in")["values"]
     out = tmp_path / "run"
-    args = ["train", "--algo", "ppo", "--model", str(tiny), "--samples", str(samples), "--output", str(out)]
+    args = [
+        "train",
+        "--algo",
+        "ppo",
+        "--model",
+        str(tiny),
+        "--samples",
+        str(samples),
+        "--output",
+        str(out),
+    ]
     r = CliRunner().invoke(main, [*args, "--lr", "1e-4"])
     assert r.exit_code == 0, r.output
     before = _tree(out)
@@ -77,4 +102,7 @@ def test_refused_train_leaves_the_run_untouched(tiny, tmp_path):
     assert _tree(out) == before
     r = CliRunner().invoke(main, [*args, "--start-version", "1"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["version"] == 2 and (out / "policy" / "v2" / "model.safetensors").is_file()
+    assert (
+        json.loads(r.stdout)["version"] == 2
+        and (out / "policy" / "v2" / "model.safetensors").is_file()
+    )

@@ -30,11 +30,19 @@ def test_every_field_is_a_train_flag():
             assert "--" + f.name.replace("_", "-") in out, f.name
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    ({"is_correction": "magic"}, "is_correction"), ({"lr": 0.0}, "lr"), ({"is_min": 2.0}, "is_min"),
-    ({"loss_agg": "sum"}, "loss_agg"), ({"dtype": "int8"}, "dtype"), ({"mis_seq_tol": 0.0}, "mis_seq_tol"),
-    ({"kl_estimator": "k1"}, "k1.*zero expected gradient"), ({"kl_estimator": "k4"}, "kl_estimator"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"is_correction": "magic"}, "is_correction"),
+        ({"lr": 0.0}, "lr"),
+        ({"is_min": 2.0}, "is_min"),
+        ({"loss_agg": "sum"}, "loss_agg"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"mis_seq_tol": 0.0}, "mis_seq_tol"),
+        ({"kl_estimator": "k1"}, "k1.*zero expected gradient"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+    ],
+)
 def test_invalid_values(kw, message):
     """Invalid values raise ConfigError naming the field."""
     with pytest.raises(ConfigError, match=message):

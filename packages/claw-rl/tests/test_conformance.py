@@ -14,8 +14,17 @@ from claw_rl.errors import RecordError
 from claw_rl.records import Policy, iter_jsonl, read_samples
 
 CONFORMANCE = Path(__file__).resolve().parents[3] / "formats" / "conformance"
-CALL_READS = {"schema", "call_id", "trainable", "prompt_ids", "completion_ids", "completion_logprobs",
-              "sampling.temperature", "sampling.top_p", "sampling.top_k"}
+CALL_READS = {
+    "schema",
+    "call_id",
+    "trainable",
+    "prompt_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "sampling.temperature",
+    "sampling.top_p",
+    "sampling.top_k",
+}
 
 
 def _cases(name: str) -> list[dict]:
@@ -28,7 +37,9 @@ def _verdict(case: dict, reads: set[str] | None) -> str:
     field = case["field"]
     if reads is None or field is None or case["verdict"] != "reject":
         return case["verdict"]
-    touched = any(r == field or r.startswith(field + ".") or field.startswith(r + ".") for r in reads)
+    touched = any(
+        r == field or r.startswith(field + ".") or field.startswith(r + ".") for r in reads
+    )
     return "reject" if touched else "accept"
 
 

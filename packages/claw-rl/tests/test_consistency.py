@@ -43,12 +43,20 @@ def test_mis_sequence_on_a_tree():
     parent = [-1, 0, 1, 1, 3]
     trainable = torch.tensor([0, 1, 1, 1, 1], dtype=torch.bool)
     paths = torch.from_numpy(path_matrix(parent))
-    log_rho = torch.tensor([0.0, 0.0, 0.0, 0.03, 0.03], dtype=torch.float64)  # path 2 mean 0.02 > 0.01
-    keep = mis_sequence_keep(log_rho, paths, trainable, 0.01, path_shares(paths, trainable, "inverse_length"))
+    log_rho = torch.tensor(
+        [0.0, 0.0, 0.0, 0.03, 0.03], dtype=torch.float64
+    )  # path 2 mean 0.02 > 0.01
+    keep = mis_sequence_keep(
+        log_rho, paths, trainable, 0.01, path_shares(paths, trainable, "inverse_length")
+    )
     assert keep.tolist() == pytest.approx([1.0, (1 / 2) / (1 / 2 + 1 / 3), 1.0, 0.0, 0.0])
-    keep = mis_sequence_keep(log_rho, paths, trainable, 0.01, path_shares(paths, trainable, "equal"))
+    keep = mis_sequence_keep(
+        log_rho, paths, trainable, 0.01, path_shares(paths, trainable, "equal")
+    )
     assert keep.tolist() == pytest.approx([1.0, 0.5, 1.0, 0.0, 0.0])
-    keep = mis_sequence_keep(log_rho, paths, trainable, 0.05, path_shares(paths, trainable, "equal"))
+    keep = mis_sequence_keep(
+        log_rho, paths, trainable, 0.05, path_shares(paths, trainable, "equal")
+    )
     assert keep.tolist() == [1.0] * 5  # inside the wider band
 
 
@@ -60,4 +68,7 @@ def test_mis_sequence_band_is_symmetric_in_log_space():
     shares = path_shares(paths, trainable, "equal")
     for drift, kept in ((0.02, 0.0), (-0.02, 0.0), (0.005, 1.0), (-0.005, 1.0)):
         log_rho = torch.tensor([0.0, drift, drift], dtype=torch.float64)
-        assert mis_sequence_keep(log_rho, paths, trainable, 0.01, shares)[1:].tolist() == [kept, kept]
+        assert mis_sequence_keep(log_rho, paths, trainable, 0.01, shares)[1:].tolist() == [
+            kept,
+            kept,
+        ]

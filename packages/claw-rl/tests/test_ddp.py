@@ -38,7 +38,11 @@ def one_process(tiny, tmp_path_factory):
 SAVED = {
     "grpo": ["model.safetensors"],
     "ppo": ["model.safetensors", "critic/value_head.safetensors"],
-    "ppo-critic-model": ["model.safetensors", "critic/model.safetensors", "critic/value_head.safetensors"],
+    "ppo-critic-model": [
+        "model.safetensors",
+        "critic/model.safetensors",
+        "critic/value_head.safetensors",
+    ],
 }
 
 
@@ -52,9 +56,25 @@ def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
     one process's sequence): a few ulps at |w| <= ~1 (1 ulp = 1.19e-7); measured max 1.19e-7 in
     both modes. The clip coefficient is order-free (float64 norms, see ``_dist._sq_norm``)."""
     two = tmp_path / "two"
-    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(tiny),
-          str(two), parallelism])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            str(WORKER),
+            str(tiny),
+            str(two),
+            parallelism,
+        ]
+    )
     assert (two / "world").read_text().split()[0] == "2"
     for run, files in SAVED.items():
         for f in files:
@@ -84,16 +104,48 @@ def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
     """`torchrun -m claw_rl.cli train` with 2 ranks writes one policy equal to the 1-process one."""
     from conftest import tree_sample
 
-    rows = [tree_sample([-1, 0, 1, 2, 2, 4], [0, 0, 1, 1, 1, 1], seed=k, sample_id=str(k), vocab=2000)
-            for k in range(3)]
+    rows = [
+        tree_sample([-1, 0, 1, 2, 2, 4], [0, 0, 1, 1, 1, 1], seed=k, sample_id=str(k), vocab=2000)
+        for k in range(3)
+    ]
     samples = tmp_path / "s.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(samples), "--lr", "1e-3",
-            "--micro-batch-size", "1"]
+    args = [
+        "train",
+        "--algo",
+        "grpo",
+        "--model",
+        str(tiny),
+        "--samples",
+        str(samples),
+        "--lr",
+        "1e-3",
+        "--micro-batch-size",
+        "1",
+    ]
     _run([sys.executable, "-m", "claw_rl.cli", *args, "--output", str(tmp_path / "one")])
-    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-          "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "claw_rl.cli", *args,
-          "--parallelism", parallelism, "--output", str(tmp_path / "two")])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "claw_rl.cli",
+            *args,
+            "--parallelism",
+            parallelism,
+            "--output",
+            str(tmp_path / "two"),
+        ]
+    )
     assert len((tmp_path / "two" / "policies.jsonl").read_text().splitlines()) == 1
     a = load_file(str(tmp_path / "one" / "policy" / "v1" / "model.safetensors"))
     b = load_file(str(tmp_path / "two" / "policy" / "v1" / "model.safetensors"))

@@ -31,7 +31,9 @@ def test_help_pulls_no_torch():
         "        assert e.code == 0, e.code\n"
         "print('LOADED', *[m for m in ('torch', 'transformers') if m in sys.modules])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.splitlines()[-1].split() == ["LOADED"]
 
 
@@ -41,7 +43,11 @@ def test_all_is_complete_and_lazy_names_resolve():
         assert getattr(claw_rl, name) is not None, name
     assert claw_rl.PPOLearner.__module__ == "claw_rl.ppo"
     assert claw_rl.GRPOLearner.__module__ == "claw_rl.learner"
-    public = {n for n in dir(claw_rl) if not n.startswith("_") and not isinstance(getattr(claw_rl, n), types.ModuleType)}
+    public = {
+        n
+        for n in dir(claw_rl)
+        if not n.startswith("_") and not isinstance(getattr(claw_rl, n), types.ModuleType)
+    }
     assert public == set(claw_rl.__all__) - {"__version__"}
 
 

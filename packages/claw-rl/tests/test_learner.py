@@ -23,15 +23,27 @@ def _tree_and_flat(vocab: int, returns: bool = False):
     base = tree_sample(PARENT, TRAIN, seed=3, vocab=vocab, returns=returns)
     paths = path_matrix(PARENT)
     T = [int(sum(TRAIN[j] for j in np.nonzero(row)[0])) for row in paths]
-    w = [sum(1 / len(paths) / T[p] for p in range(len(paths)) if paths[p, i]) * TRAIN[i] for i in range(len(PARENT))]
+    w = [
+        sum(1 / len(paths) / T[p] for p in range(len(paths)) if paths[p, i]) * TRAIN[i]
+        for i in range(len(PARENT))
+    ]
     tree = dict(base, loss_weights=w)
     flat = []
     for p, row in enumerate(paths):
         idx = np.nonzero(row)[0].tolist()
         n = len(idx)
-        s = {k: [base[k][j] for j in idx] for k in ("input_ids", "trainable", "logprobs", "advantages")}
-        s.update(schema="claw.sample/v1", sample_id=f"path{p}", algo=base["algo"], position_ids=list(range(n)),
-                 parent=list(range(-1, n - 1)), loss_weights=[t / len(paths) / T[p] for t in s["trainable"]])
+        s = {
+            k: [base[k][j] for j in idx]
+            for k in ("input_ids", "trainable", "logprobs", "advantages")
+        }
+        s.update(
+            schema="claw.sample/v1",
+            sample_id=f"path{p}",
+            algo=base["algo"],
+            position_ids=list(range(n)),
+            parent=list(range(-1, n - 1)),
+            loss_weights=[t / len(paths) / T[p] for t in s["trainable"]],
+        )
         if returns:
             s["returns"] = [base["returns"][j] for j in idx]
         flat.append(s)
@@ -63,13 +75,17 @@ def test_tree_packed_loss_equals_flat_per_path_loss(tiny):
     g_flat, m_flat = _grads_after_step(GRPOLearner(cfg, tiny), flat)
     assert m_tree["loss"] == pytest.approx(m_flat["loss"], abs=1e-6)
     assert max(float((g_tree[n] - g_flat[n]).abs().max()) for n in g_tree) < 1e-5
-    assert m_tree["dedup_factor"] == pytest.approx(sum(len(f["input_ids"]) for f in flat) / len(PARENT))
+    assert m_tree["dedup_factor"] == pytest.approx(
+        sum(len(f["input_ids"]) for f in flat) / len(PARENT)
+    )
 
 
 def test_single_path_sample_gives_the_ordinary_loss(tiny):
     """A chain sample's loss is the plain per-token mean of -A * logp-ratio terms (ratio 1)."""
     learner = GRPOLearner(GRPOConfig(is_correction="none"), tiny)
-    s = tree_sample([-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size)
+    s = tree_sample(
+        [-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size
+    )
     m = learner.step([s])
     # at epoch 1 pi_theta = pi_old, so l_i = -A_i and the loss is the mean over the 3 tokens
     assert m["loss"] == pytest.approx(-sum(s["advantages"]) / 3, abs=1e-6)
@@ -81,7 +97,9 @@ def test_masked_tokens_leave_the_denominator(tiny, agg):
     """Token MIS drops the token whose rho = e > is_cap: the loss is the mean of -A over the
     other tokens (denominator 2, not 3), as if the masked token had never been in the batch."""
     learner = GRPOLearner(GRPOConfig(is_correction="mis_token", loss_agg=agg), tiny)
-    s = tree_sample([-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size)
+    s = tree_sample(
+        [-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size
+    )
     own = learner.logprobs([s])[0]
     own[3] -= 1.0  # engine logprob 1 nat lower: rho = pi_old / pi_engine = e
     m = learner.step([dict(s, logprobs=own)])
@@ -111,7 +129,12 @@ def test_staleness_is_reported_and_optionally_dropped(tiny):
     fresh = tree_sample([-1, 0, 1], [0, 1, 1], sample_id="fresh", vocab=vocab, versions=[-1, 3, 3])
     old = tree_sample([-1, 0, 1], [0, 1, 1], sample_id="old", vocab=vocab, versions=[-1, 0, 0])
     m = GRPOLearner(GRPOConfig(), tiny, version=3).step([fresh, old])
-    assert (m["stale_samples"], m["staleness_max"], m["samples"], m["dropped_stale"]) == (1, 3, 2, 0)
+    assert (m["stale_samples"], m["staleness_max"], m["samples"], m["dropped_stale"]) == (
+        1,
+        3,
+        2,
+        0,
+    )
     m = GRPOLearner(GRPOConfig(drop_stale=True), tiny, version=3).step([fresh, old])
     assert (m["stale_samples"], m["samples"], m["dropped_stale"]) == (1, 1, 1)
     with pytest.raises(ClawError, match="stale"):
@@ -128,7 +151,9 @@ def test_save_writes_an_hf_dir_and_a_policy_record(tiny, tmp_path):
     assert pol.metrics["loss"] == learner.last_metrics["loss"]
     json.dumps(rec, allow_nan=False)
     loaded = AutoModelForCausalLM.from_pretrained(pol.path)
-    for (n, p), (_, q) in zip(learner.model.named_parameters(), loaded.named_parameters(), strict=True):
+    for (n, p), (_, q) in zip(
+        learner.model.named_parameters(), loaded.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     assert (tmp_path / "v1" / "tokenizer.json").exists()
     assert learner.save(tmp_path / "again")["version"] == 1  # unchanged weights keep their version
@@ -147,10 +172,20 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
         cls, cfg = GRPOLearner, GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1)
     else:
         cls, cfg = PPOLearner, PPOConfig(lr=1e-3, critic=algo[4:], micro_batch_size=1)
-    batches = [[tree_sample(PARENT, TRAIN, seed=10 * k + j, sample_id=f"{k}-{j}", vocab=2000, returns=True)
-                for j in range(3)] for k in range(2)]
+    batches = [
+        [
+            tree_sample(
+                PARENT, TRAIN, seed=10 * k + j, sample_id=f"{k}-{j}", vocab=2000, returns=True
+            )
+            for j in range(3)
+        ]
+        for k in range(2)
+    ]
     if algo == "grpo":
-        batches = [[{**{k: v for k, v in s.items() if k != "returns"}, "algo": "grpo"} for s in b] for b in batches]
+        batches = [
+            [{**{k: v for k, v in s.items() if k != "returns"}, "algo": "grpo"} for s in b]
+            for b in batches
+        ]
     straight = cls(cfg, tiny)
     m_a = [straight.step(b) for b in batches]
     half = cls(cfg, tiny)
@@ -158,10 +193,14 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
     half.save_checkpoint(tmp_path / "ckpt")
     resumed = cls.resume(tmp_path / "ckpt")
     m_b = resumed.step(batches[1])
-    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+    for (n, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     if algo != "grpo":
-        for p, q in zip(straight.value_head.parameters(), resumed.value_head.parameters(), strict=True):
+        for p, q in zip(
+            straight.value_head.parameters(), resumed.value_head.parameters(), strict=True
+        ):
             assert torch.equal(p, q)
     assert m_a[1]["loss"] == m_b["loss"] and resumed.step_count == 2
 
@@ -172,7 +211,10 @@ def test_critic_learns_and_round_trips_through_save(tiny, tmp_path, kind):
     """Value loss falls over steps; the saved critic/ reloads with the same values."""
     cfg = PPOConfig(lr=1e-4, critic_lr=1e-2, critic=kind, epochs=1, minibatches=1)
     learner = PPOLearner(cfg, tiny)
-    samples = [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True) for k in range(2)]
+    samples = [
+        tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True)
+        for k in range(2)
+    ]
     first = learner.step(samples)["value_loss"]
     for _ in range(8):
         last = learner.step(samples)["value_loss"]
@@ -182,10 +224,13 @@ def test_critic_learns_and_round_trips_through_save(tiny, tmp_path, kind):
     rec = learner.save(tmp_path / "p")
     assert (tmp_path / "p" / "critic" / "value_head.safetensors").exists()
     assert set(load_file(str(tmp_path / "p" / "model.safetensors"))) == set(
-        load_file(str(tiny / "model.safetensors")))  # the policy dir holds only the policy weights
+        load_file(str(tiny / "model.safetensors"))
+    )  # the policy dir holds only the policy weights
     again = PPOLearner(PPOConfig(critic=kind), rec["path"])
     for a, b in zip(again.values(samples), vals, strict=True):
-        assert a["sample_id"] == b["sample_id"] and a["values"] == pytest.approx(b["values"], abs=1e-6)
+        assert a["sample_id"] == b["sample_id"] and a["values"] == pytest.approx(
+            b["values"], abs=1e-6
+        )
     with pytest.raises(ClawError, match="kind"):
         PPOLearner(PPOConfig(critic="model" if kind == "head" else "head"), rec["path"])
 
@@ -206,8 +251,15 @@ def test_wrong_samples_are_rejected(tiny):
 def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
     """KL to the reference is 0 on step 1 and > 0 once the policy moved; once pi_old drifts from the
     engine's logprobs, sequence MIS drops paths; every option runs."""
-    cfg = GRPOConfig(lr=1e-3, kl_coef=0.5, kl_estimator="k3", entropy_coef=0.01, is_correction="mis_sequence",
-                     loss_agg=agg, constant_len=8)
+    cfg = GRPOConfig(
+        lr=1e-3,
+        kl_coef=0.5,
+        kl_estimator="k3",
+        entropy_coef=0.01,
+        is_correction="mis_sequence",
+        loss_agg=agg,
+        constant_len=8,
+    )
     learner = GRPOLearner(cfg, tiny)
     s = tree_sample(PARENT, TRAIN, seed=2, vocab=learner.model.config.vocab_size)
     s = dict(s, logprobs=learner.logprobs([s])[0])
@@ -215,6 +267,8 @@ def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
     second = learner.step([s])
     assert first["kl_ref"] == pytest.approx(0.0, abs=1e-9) and second["kl_ref"] > 0
     assert first["mismatch_max_abs"] < 1e-5 and first["is_weight_mean"] == 1.0
-    assert second["mismatch_max_abs"] > 1e-3  # pi_old moved off the engine's logprobs after one step
+    assert (
+        second["mismatch_max_abs"] > 1e-3
+    )  # pi_old moved off the engine's logprobs after one step
     assert second["is_weight_mean"] < 1.0  # ... by more than the band: sequence MIS drops paths
     assert all(v is None or np.isfinite(v) for v in second.values() if isinstance(v, float))

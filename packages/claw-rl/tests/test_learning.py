@@ -31,8 +31,17 @@ def test_grpo_raises_reward_on_tree_packed_groups(tiny, tmp_path):
             ids, lps = sample_group(learner.model, prompt, G, T, gen)
             r = allowed(ids, V).mean(1)
             rewards.append(r)
-            batch.append(group_sample(f"{step}-{k}", prompt, ids, lps, grpo_advantages(r),
-                                      G * len(PROMPTS), learner.version))
+            batch.append(
+                group_sample(
+                    f"{step}-{k}",
+                    prompt,
+                    ids,
+                    lps,
+                    grpo_advantages(r),
+                    G * len(PROMPTS),
+                    learner.version,
+                )
+            )
         m = learner.step(batch)
         assert m["mismatch_max_abs"] < 1e-4  # the sampler is the learner's own model
         assert m["dedup_factor"] > 1.3  # the prompt is shared by 8 paths
@@ -53,10 +62,17 @@ def test_ppo_raises_reward_with_a_shaped_reward(tiny):
         raw = []
         for k, prompt in enumerate(PROMPTS):
             ids, lps = sample_group(learner.model, prompt, G, T, gen)
-            raw += [(f"{step}-{k}-{g}", prompt, ids[g], lps[g], allowed(ids[g], V)) for g in range(G)]
+            raw += [
+                (f"{step}-{k}-{g}", prompt, ids[g], lps[g], allowed(ids[g], V)) for g in range(G)
+            ]
         n = len(raw)
-        values = learner.values([chain_ppo_sample(a, p, i, lp, None, r, n) for a, p, i, lp, r in raw])
-        batch = [chain_ppo_sample(a, p, i, lp, v["values"], r, n) for (a, p, i, lp, r), v in zip(raw, values, strict=True)]
+        values = learner.values(
+            [chain_ppo_sample(a, p, i, lp, None, r, n) for a, p, i, lp, r in raw]
+        )
+        batch = [
+            chain_ppo_sample(a, p, i, lp, v["values"], r, n)
+            for (a, p, i, lp, r), v in zip(raw, values, strict=True)
+        ]
         m = learner.step(batch)
         ev.append(m["explained_variance"])
         curve.append(float(torch.stack([r.mean() for *_, r in raw]).mean()))

@@ -19,8 +19,9 @@ def test_ppo_clip_loss_hand_computed():
 
 def test_clip_higher_widens_only_the_upper_range():
     """DAPO clip-higher: eps_high = 0.28 lets r = 1.25 through for a positive advantage."""
-    lt, clipped = losses.ppo_clip_loss(torch.log(torch.tensor([1.25, 0.7])), torch.zeros(2),
-                                      torch.tensor([1.0, -1.0]), 0.2, 0.28)
+    lt, clipped = losses.ppo_clip_loss(
+        torch.log(torch.tensor([1.25, 0.7])), torch.zeros(2), torch.tensor([1.0, -1.0]), 0.2, 0.28
+    )
     assert lt.tolist() == pytest.approx([-1.25, 0.8])
     assert clipped.tolist() == [0, 1]
 
@@ -50,7 +51,10 @@ def _expected_grad(loss_fn, theta: torch.Tensor, ref: torch.Tensor) -> torch.Ten
 def test_kl_losses_have_the_reverse_kl_gradient(name):
     """k2 and the corrected k3: expected gradient over y ~ pi = grad KL(pi || ref), exactly."""
     gen = torch.Generator().manual_seed(0)
-    theta, ref = torch.randn(7, generator=gen, dtype=torch.float64), torch.randn(7, generator=gen, dtype=torch.float64)
+    theta, ref = (
+        torch.randn(7, generator=gen, dtype=torch.float64),
+        torch.randn(7, generator=gen, dtype=torch.float64),
+    )
     t = theta.clone().requires_grad_(True)
     logp, logr = torch.log_softmax(t, -1), torch.log_softmax(ref, -1)
     (true,) = torch.autograd.grad((logp.exp() * (logp - logr)).sum(), t)
@@ -61,8 +65,13 @@ def test_kl_losses_have_the_reverse_kl_gradient(name):
 def test_k1_and_plain_k3_have_the_wrong_gradient():
     """k1 as a loss: zero expected gradient; k3 as a loss: the gradient of KL(ref || pi)."""
     gen = torch.Generator().manual_seed(1)
-    theta, ref = torch.randn(7, generator=gen, dtype=torch.float64), torch.randn(7, generator=gen, dtype=torch.float64)
-    assert torch.allclose(_expected_grad(losses.kl_k1, theta, ref), torch.zeros(7, dtype=torch.float64), atol=1e-12)
+    theta, ref = (
+        torch.randn(7, generator=gen, dtype=torch.float64),
+        torch.randn(7, generator=gen, dtype=torch.float64),
+    )
+    assert torch.allclose(
+        _expected_grad(losses.kl_k1, theta, ref), torch.zeros(7, dtype=torch.float64), atol=1e-12
+    )
     t = theta.clone().requires_grad_(True)
     logr = torch.log_softmax(ref, -1)
     (forward,) = torch.autograd.grad((logr.exp() * (logr - torch.log_softmax(t, -1))).sum(), t)

@@ -57,11 +57,17 @@ def _batch(vocab: int, weighting: str, ppo: bool, seed: int = 0) -> list[dict]:
         else:  # "token": each trainable token of the rollout weighs 1 / (R * U), split over its paths
             u = (paths & tr) / (R * tr.sum() * c[None, :])
         row = {
-            "schema": "claw.sample/v1", "sample_id": f"s{k}", "algo": "ppo" if ppo else "grpo",
-            "input_ids": rng.integers(3, vocab, n).tolist(), "position_ids": pos, "parent": parent,
-            "trainable": trainable, "logprobs": [0.0] * n,
+            "schema": "claw.sample/v1",
+            "sample_id": f"s{k}",
+            "algo": "ppo" if ppo else "grpo",
+            "input_ids": rng.integers(3, vocab, n).tolist(),
+            "position_ids": pos,
+            "parent": parent,
+            "trainable": trainable,
+            "logprobs": [0.0] * n,
             "advantages": np.where(tr, rng.uniform(-1, 1, n), 0.0).tolist(),
-            "loss_weights": u.sum(0).tolist(), "tags": {"path_weighting": weighting},
+            "loss_weights": u.sum(0).tolist(),
+            "tags": {"path_weighting": weighting},
             "_u": u,
         }
         if ppo:
@@ -89,10 +95,18 @@ def _flat(samples: list[dict]) -> list[dict]:
         for p, row in enumerate(path_matrix(s["parent"])):
             idx = np.nonzero(row)[0]
             n = len(idx)
-            f = {k: [s[k][j] for j in idx] for k in ("input_ids", "trainable", "logprobs", "advantages")}
-            f.update(schema="claw.sample/v1", sample_id=f"{s['sample_id']}-p{p}", algo=s["algo"],
-                     position_ids=list(range(n)), parent=list(range(-1, n - 1)),
-                     loss_weights=[float(s["_u"][p, j]) for j in idx])
+            f = {
+                k: [s[k][j] for j in idx]
+                for k in ("input_ids", "trainable", "logprobs", "advantages")
+            }
+            f.update(
+                schema="claw.sample/v1",
+                sample_id=f"{s['sample_id']}-p{p}",
+                algo=s["algo"],
+                position_ids=list(range(n)),
+                parent=list(range(-1, n - 1)),
+                loss_weights=[float(s["_u"][p, j]) for j in idx],
+            )
             if "returns" in s:
                 f["returns"] = [s["returns"][j] for j in idx]
             out.append(f)
@@ -132,15 +146,25 @@ def _compare(cls, cfg, tiny, weighting: str, ppo: bool) -> tuple[float, float, d
 
 
 # token_mean and constant ignore the loss weights: one weighting covers them
-GRPO_CASES = [(agg, corr, weighting) for agg in ("weights", "token_mean", "constant") for corr in CORRECTIONS
-              for weighting in (("token", "rollout") if agg == "weights" else ("token",))]
+GRPO_CASES = [
+    (agg, corr, weighting)
+    for agg in ("weights", "token_mean", "constant")
+    for corr in CORRECTIONS
+    for weighting in (("token", "rollout") if agg == "weights" else ("token",))
+]
 
 
 @pytest.mark.parametrize(("agg", "correction", "weighting"), GRPO_CASES)
 def test_grpo_packed_gradient_equals_flat(tiny, agg, correction, weighting):
     """GRPO: packed and flat per-path gradients agree to 1e-5 for every aggregator x correction."""
-    cfg = GRPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction=correction, loss_agg=agg, constant_len=8,
-                     entropy_coef=0.01)
+    cfg = GRPOConfig(
+        lr=1e-3,
+        max_grad_norm=0.0,
+        is_correction=correction,
+        loss_agg=agg,
+        constant_len=8,
+        entropy_coef=0.01,
+    )
     worst, _, m = _compare(GRPOLearner, cfg, tiny, weighting, ppo=False)
     assert worst <= TOL, f"{agg} x {correction} ({weighting}): max |g_tree - g_flat| = {worst:.3g}"
     if correction != "none":  # the perturbation makes every correction act on some tokens
@@ -163,7 +187,9 @@ def test_clip_frac_and_approx_kl_are_per_path(tiny, agg):
 
     adam_eps = 1 makes the first update ~ lr * g (not lr * sign g), so the 1e-7 gradient
     differences between the two runs stay 1e-7 in the weights."""
-    cfg = GRPOConfig(lr=3.0, adam_eps=1.0, max_grad_norm=0.0, epochs=2, is_correction="none", loss_agg=agg)
+    cfg = GRPOConfig(
+        lr=3.0, adam_eps=1.0, max_grad_norm=0.0, epochs=2, is_correction="none", loss_agg=agg
+    )
     a = GRPOLearner(cfg, tiny)
     samples = _batch(a.model.config.vocab_size, "rollout", ppo=False)
     _engine_logprobs(a, samples, seed=1)

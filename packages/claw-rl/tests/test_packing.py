@@ -20,7 +20,9 @@ PARENT = [-1, 0, 1, 1, 3]
 
 def test_ancestor_matrix_worked_example():
     """The mask of the documented example, row by row."""
-    want = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], bool)
+    want = np.array(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]], bool
+    )
     assert (ancestor_matrix(PARENT) == want).all()
     assert leaf_counts(PARENT).tolist() == [2, 2, 1, 1, 1]
     assert path_matrix(PARENT).astype(int).tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 1, 1]]
@@ -48,7 +50,9 @@ def _path_reference(model, sample: Sample) -> dict[int, float]:
         for k, j in enumerate(idx):
             if sample.trainable[j]:
                 val = float(logp[k - 1, sample.input_ids[j]])
-                assert out.setdefault(j, val) == pytest.approx(val, abs=1e-5)  # same prefix, same value
+                assert out.setdefault(j, val) == pytest.approx(
+                    val, abs=1e-5
+                )  # same prefix, same value
     return out
 
 
@@ -61,7 +65,11 @@ def test_tree_forward_equals_per_path_forward(tiny, seed):
     for k, n in enumerate([40, 23, 57]):
         parent = random_tree(n, seed * 10 + k)
         trainable = [0 if p < 0 else int(j % 3 != 0) for j, p in enumerate(parent)]
-        samples.append(Sample.from_dict(tree_sample(parent, trainable, seed=seed + k, sample_id=f"t{k}", vocab=vocab)))
+        samples.append(
+            Sample.from_dict(
+                tree_sample(parent, trainable, seed=seed + k, sample_id=f"t{k}", vocab=vocab)
+            )
+        )
     batch = pack(samples)
     with torch.no_grad():
         lp = token_logprobs(model, backbone_hidden(model, batch), batch).logprobs
@@ -69,7 +77,11 @@ def test_tree_forward_equals_per_path_forward(tiny, seed):
     worst = 0.0
     for k, s in enumerate(samples):
         ref = _path_reference(model, s)
-        got = {int(j): float(v) for bb, j, v in zip(b.tolist(), i.tolist(), lp.tolist(), strict=True) if bb == k}
+        got = {
+            int(j): float(v)
+            for bb, j, v in zip(b.tolist(), i.tolist(), lp.tolist(), strict=True)
+            if bb == k
+        }
         assert set(got) == set(ref)
         worst = max(worst, max(abs(got[j] - ref[j]) for j in ref))
     assert worst < 1e-5, worst

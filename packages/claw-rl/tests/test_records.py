@@ -20,24 +20,39 @@ def test_sample_round_trip():
     row = tree_sample([-1, 0, 1, 1, 3], [0, 1, 1, 1, 1], returns=True, versions=[-1, 2, 2, 2, 2])
     s = Sample.from_dict(row)
     assert Sample.from_dict(s.to_dict()) == s
-    example = {"schema": "claw.sample/v1", "sample_id": "grpo-0", "algo": "grpo",
-               "input_ids": [1, 17, 29, 5, 40], "position_ids": [0, 1, 2, 3, 4], "parent": [-1, 0, 1, 2, 3],
-               "trainable": [0, 0, 0, 0, 1], "logprobs": [0, 0, 0, 0, -0.5], "advantages": [0, 0, 0, 0, 0.5],
-               "loss_weights": [0, 0, 0, 0, 1], "sessions": ["s"], "groups": ["g"], "n_paths": 1, "tags": {}}
+    example = {
+        "schema": "claw.sample/v1",
+        "sample_id": "grpo-0",
+        "algo": "grpo",
+        "input_ids": [1, 17, 29, 5, 40],
+        "position_ids": [0, 1, 2, 3, 4],
+        "parent": [-1, 0, 1, 2, 3],
+        "trainable": [0, 0, 0, 0, 1],
+        "logprobs": [0, 0, 0, 0, -0.5],
+        "advantages": [0, 0, 0, 0, 0.5],
+        "loss_weights": [0, 0, 0, 0, 1],
+        "sessions": ["s"],
+        "groups": ["g"],
+        "n_paths": 1,
+        "tags": {},
+    }
     assert len(Sample.from_dict(example)) == 5
 
 
-@pytest.mark.parametrize(("patch", "message"), [
-    ({"schema": "claw.sample/v2"}, "unsupported version"),
-    ({"schema": "claw.call/v1"}, "record type"),
-    ({"parent": [-1, 0, 2]}, r"parent\[2\] = 2"),
-    ({"position_ids": [0, 1, 1]}, r"position_ids\[2\] = 1, but its depth in the tree is 2"),
-    ({"trainable": [1, 1, 1]}, "root"),
-    ({"logprobs": [0.0, -1.0]}, "'logprobs' has 2 entries, input_ids has 3"),
-    ({"advantages": [0, "x", 0]}, r"'advantages'\[1\] must be a finite number"),
-    ({"loss_weights": [0, -1.0, 0]}, "negative"),
-    ({"algo": "dpo"}, "algo"),
-])
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"schema": "claw.sample/v2"}, "unsupported version"),
+        ({"schema": "claw.call/v1"}, "record type"),
+        ({"parent": [-1, 0, 2]}, r"parent\[2\] = 2"),
+        ({"position_ids": [0, 1, 1]}, r"position_ids\[2\] = 1, but its depth in the tree is 2"),
+        ({"trainable": [1, 1, 1]}, "root"),
+        ({"logprobs": [0.0, -1.0]}, "'logprobs' has 2 entries, input_ids has 3"),
+        ({"advantages": [0, "x", 0]}, r"'advantages'\[1\] must be a finite number"),
+        ({"loss_weights": [0, -1.0, 0]}, "negative"),
+        ({"algo": "dpo"}, "algo"),
+    ],
+)
 def test_bad_samples_name_file_line_and_field(tmp_path, patch, message):
     """Each defect is reported with the file, the line and the field."""
     good = tree_sample([-1, 0, 1], [0, 1, 1])
@@ -51,9 +66,13 @@ def test_bad_lines_and_duplicates(tmp_path):
     """Not JSON, not an object, NaN, missing field, repeated sample_id (blank lines are skipped)."""
     good = json.dumps(tree_sample([-1, 0], [0, 1]))
     assert len(read_samples(_file(tmp_path, [good, "  "]))) == 1
-    for lines, message in [([good, "{nope"], "s.jsonl:2: not valid JSON"), ([good, "[1]"], "expected a JSON object"),
-                           ([good, "", "NaN"], "s.jsonl:3: .*NaN"), ([good, good], "repeats .*s.jsonl:1"),
-                           (['{"schema": "claw.sample/v1", "sample_id": "x"}'], "missing required field 'algo'")]:
+    for lines, message in [
+        ([good, "{nope"], "s.jsonl:2: not valid JSON"),
+        ([good, "[1]"], "expected a JSON object"),
+        ([good, "", "NaN"], "s.jsonl:3: .*NaN"),
+        ([good, good], "repeats .*s.jsonl:1"),
+        (['{"schema": "claw.sample/v1", "sample_id": "x"}'], "missing required field 'algo'"),
+    ]:
         with pytest.raises(RecordError, match=message):
             read_samples(_file(tmp_path, lines))
 

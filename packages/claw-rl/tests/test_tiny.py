@@ -49,18 +49,32 @@ def test_chat_template_renders_tools_calls_and_results(tiny):
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": "1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}],
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+                }
+            ],
         },
         {"role": "tool", "tool_call_id": "1", "content": "a.txt"},
         {"role": "tool", "tool_call_id": "2", "content": "b.txt"},
         {"role": "system", "content": "reminder"},
     ]
-    text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        messages, tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     assert '\n<tools>\n{"type": "function", "function": {"name": "bash"' in text
     assert "<|im_start|>user\nlist files<|im_end|>\n" in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>\n' in text
-    assert "<|im_start|>user\n<tool_response>\na.txt\n</tool_response>\n<tool_response>\nb.txt\n</tool_response><|im_end|>\n" in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>\n'
+        in text
+    )
+    assert (
+        "<|im_start|>user\n<tool_response>\na.txt\n</tool_response>\n<tool_response>\nb.txt\n</tool_response><|im_end|>\n"
+        in text
+    )
     assert text.endswith("<|im_start|>system\nreminder<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -78,7 +92,10 @@ def test_same_seed_same_files(tmp_path):
     spec = TinySpec(seed=3, num_hidden_layers=1)
     a, b = init_tiny(tmp_path / "a", spec), init_tiny(tmp_path / "b", spec)
     for name in ["tokenizer.json", "model.safetensors", "config.json"]:
-        assert hashlib.sha256((a / name).read_bytes()).digest() == hashlib.sha256((b / name).read_bytes()).digest(), name
+        assert (
+            hashlib.sha256((a / name).read_bytes()).digest()
+            == hashlib.sha256((b / name).read_bytes()).digest()
+        ), name
 
 
 def test_refuses_non_empty_directory(tmp_path):

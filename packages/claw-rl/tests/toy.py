@@ -31,13 +31,28 @@ def sample_group(model, prompt: list[int], G: int, T: int, gen: torch.Generator)
     return torch.stack(ids, 1), torch.stack(lps, 1)
 
 
-def group_sample(sample_id: str, prompt: list[int], ids: torch.Tensor, lps: torch.Tensor,
-                 adv: torch.Tensor, n_traj_total: int, version: int) -> dict:
+def group_sample(
+    sample_id: str,
+    prompt: list[int],
+    ids: torch.Tensor,
+    lps: torch.Tensor,
+    adv: torch.Tensor,
+    n_traj_total: int,
+    version: int,
+) -> dict:
     """One claw.sample/v1 dict: the prompt once, then each completion as a branch."""
     P = len(prompt)
     G, T = ids.shape
     input_ids, parent, pos, trainable, logprobs, advantages, weights, versions = (
-        list(prompt), [-1, *range(P - 1)], list(range(P)), [0] * P, [0.0] * P, [0.0] * P, [0.0] * P, [-1] * P)
+        list(prompt),
+        [-1, *range(P - 1)],
+        list(range(P)),
+        [0] * P,
+        [0.0] * P,
+        [0.0] * P,
+        [0.0] * P,
+        [-1] * P,
+    )
     for g in range(G):
         prev = P - 1
         for t in range(T):
@@ -50,9 +65,20 @@ def group_sample(sample_id: str, prompt: list[int], ids: torch.Tensor, lps: torc
             advantages.append(float(adv[g]))
             weights.append(1.0 / (n_traj_total * T))
             versions.append(version)
-    return {"schema": "claw.sample/v1", "sample_id": sample_id, "algo": "grpo", "input_ids": input_ids,
-            "position_ids": pos, "parent": parent, "trainable": trainable, "logprobs": logprobs,
-            "advantages": advantages, "loss_weights": weights, "policy_versions": versions, "n_paths": G}
+    return {
+        "schema": "claw.sample/v1",
+        "sample_id": sample_id,
+        "algo": "grpo",
+        "input_ids": input_ids,
+        "position_ids": pos,
+        "parent": parent,
+        "trainable": trainable,
+        "logprobs": logprobs,
+        "advantages": advantages,
+        "loss_weights": weights,
+        "policy_versions": versions,
+        "n_paths": G,
+    }
 
 
 def grpo_advantages(r: torch.Tensor) -> torch.Tensor:
@@ -60,9 +86,17 @@ def grpo_advantages(r: torch.Tensor) -> torch.Tensor:
     return (r - r.mean()) / (r.std() + 1e-4)
 
 
-def chain_ppo_sample(sample_id: str, prompt: list[int], ids: torch.Tensor, lps: torch.Tensor,
-                     values: list[float] | None, rewards: torch.Tensor, n_traj_total: int,
-                     gamma: float = 1.0, lam: float = 0.95) -> dict:
+def chain_ppo_sample(
+    sample_id: str,
+    prompt: list[int],
+    ids: torch.Tensor,
+    lps: torch.Tensor,
+    values: list[float] | None,
+    rewards: torch.Tensor,
+    n_traj_total: int,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> dict:
     """A single-path PPO sample with GAE (Schulman et al. 2016) over per-token rewards.
 
     ``values`` are the critic's V(s_i) aligned with the packed tokens (from ``values()``), or
@@ -70,11 +104,19 @@ def chain_ppo_sample(sample_id: str, prompt: list[int], ids: torch.Tensor, lps: 
     """
     P, T = len(prompt), ids.shape[0]
     n = P + T
-    row = {"schema": "claw.sample/v1", "sample_id": sample_id, "algo": "ppo",
-           "input_ids": list(prompt) + ids.tolist(), "position_ids": list(range(n)),
-           "parent": list(range(-1, n - 1)), "trainable": [0] * P + [1] * T,
-           "logprobs": [0.0] * P + lps.tolist(), "advantages": [0.0] * n, "returns": [0.0] * n,
-           "loss_weights": [0.0] * P + [1.0 / (n_traj_total * T)] * T}
+    row = {
+        "schema": "claw.sample/v1",
+        "sample_id": sample_id,
+        "algo": "ppo",
+        "input_ids": list(prompt) + ids.tolist(),
+        "position_ids": list(range(n)),
+        "parent": list(range(-1, n - 1)),
+        "trainable": [0] * P + [1] * T,
+        "logprobs": [0.0] * P + lps.tolist(),
+        "advantages": [0.0] * n,
+        "returns": [0.0] * n,
+        "loss_weights": [0.0] * P + [1.0 / (n_traj_total * T)] * T,
+    }
     if values is not None:
         v = values[P:]
         adv, last = [0.0] * T, 0.0

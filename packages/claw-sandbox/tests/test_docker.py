@@ -93,7 +93,9 @@ def test_no_engine_is_a_reason_and_leaks_no_socket(monkeypatch, tmp_path, host):
     """Without an engine (a missing unix socket, a closed TCP port) `unavailable` gives a reason
     and the failed connection leaves no unclosed socket behind (a ResourceWarning later)."""
     pytest.importorskip("docker")
-    url = f"unix://{tmp_path / 'none.sock'}" if host == "unix" else f"tcp://127.0.0.1:{_free_port()}"
+    url = (
+        f"unix://{tmp_path / 'none.sock'}" if host == "unix" else f"tcp://127.0.0.1:{_free_port()}"
+    )
     monkeypatch.setenv("DOCKER_HOST", url)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -206,5 +208,7 @@ def test_harbor_job_on_docker(docker_backend, tmp_path):
     runs = {r["job_id"]: r for r in run_jobs([j, slow], backend=docker_backend, workdir=tmp_path)}
     check_harbor_run(runs["hbd"])
     # a step past its timeout is killed in the container, which lives on for the verify step
-    assert runs["hbslow"]["status"] == "timeout" and runs["hbslow"]["verify"]["exit_code"] is not None
+    assert (
+        runs["hbslow"]["status"] == "timeout" and runs["hbslow"]["verify"]["exit_code"] is not None
+    )
     assert runs["hbslow"]["collected"]["/logs/agent/started"] == "started\n"

@@ -46,7 +46,9 @@ def test_harbor_job_on_bwrap(bwrap):
     only for verify at its absolute place (a test that cd's away still finds it)."""
     logged: list[str] = []
     j = harbor_job("hb", image_run=["RUN apt-get install -y jq"])
-    runs = run_jobs([j, harbor_job("hb2", image_run=["RUN true"])], backend=bwrap, log=logged.append)
+    runs = run_jobs(
+        [j, harbor_job("hb2", image_run=["RUN true"])], backend=bwrap, log=logged.append
+    )
     (run,) = [r for r in runs if r["job_id"] == "hb"]
     check_harbor_run(run)  # the default job root (above): reachable by the job's uid
     assert run["image_run_skipped"] == ["RUN apt-get install -y jq"]  # bwrap builds no image
@@ -66,7 +68,10 @@ def test_harbor_fields_are_checked():
     for change, msg in bad:
         with pytest.raises(JobError, match=msg):
             Job.from_dict({**base, **change})
-    assert Job.from_dict(base).to_dict()["mounts"][0] == {"target": "/solution", "files": {"helper.txt": "sibling\n"}}
+    assert Job.from_dict(base).to_dict()["mounts"][0] == {
+        "target": "/solution",
+        "files": {"helper.txt": "sibling\n"},
+    }
 
 
 def test_process_backend_refuses_harbor_jobs(process):
@@ -91,7 +96,9 @@ def test_harbor_job_on_a_rootfs_directory():
         pytest.skip("a static busybox is needed to make a rootfs (apt-get install busybox-static)")
     rootfs = tempfile.mkdtemp(prefix="claw-sandbox-test-rootfs-")
     try:
-        os.chmod(rootfs, 0o755)  # the job's uid must reach it (bwrap runs as that uid for harbor jobs)
+        os.chmod(
+            rootfs, 0o755
+        )  # the job's uid must reach it (bwrap runs as that uid for harbor jobs)
         os.mkdir(f"{rootfs}/bin")
         shutil.copy(busybox, f"{rootfs}/bin/busybox")
         for tool in ("sh", "cat", "id", "pwd", "touch"):

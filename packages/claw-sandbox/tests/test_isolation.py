@@ -229,7 +229,9 @@ def test_stray_host_secret_and_socket_are_out_of_reach(bwrap, tmp_path):
         abstract.bind("\0" + name)
         abstract.listen(4)
         try:
-            probe = f"import socket; socket.socket(socket.AF_UNIX).connect('\\0{name}'); print('IN')"
+            probe = (
+                f"import socket; socket.socket(socket.AF_UNIX).connect('\\0{name}'); print('IN')"
+            )
             run = _one(bwrap, job("abstract", command=py(probe)), tmp_path)
             assert "IN" not in run["stdout_tail"] and "ConnectionRefused" in run["stderr_tail"], run
         finally:

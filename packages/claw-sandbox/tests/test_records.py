@@ -115,8 +115,11 @@ def test_binary_files_travel_as_base64_and_round_trip():
     """{"content_b64"} entries decode to exact bytes; to_dict writes them back the same way."""
     data = bytes(range(256))
     b64 = base64.b64encode(data).decode()
-    row = job("b", workspace={"files": {"a.bin": {"content_b64": b64}, "t.txt": "x"}},
-              verify={"command": "true", "files": {"tests/d.bin": {"content_b64": b64}}})
+    row = job(
+        "b",
+        workspace={"files": {"a.bin": {"content_b64": b64}, "t.txt": "x"}},
+        verify={"command": "true", "files": {"tests/d.bin": {"content_b64": b64}}},
+    )
     j = Job.from_dict(row)
     assert j.files == {"a.bin": data, "t.txt": "x"} and j.verify.files == {"tests/d.bin": data}
     out = j.to_dict()
@@ -128,9 +131,11 @@ def test_binary_files_travel_as_base64_and_round_trip():
 
 @pytest.mark.parametrize(
     ("entry", "expected"),
-    [({"content_b64": "!!"}, "a.bin/content_b64: not base64"),
-     ({"content_b64": 1}, 'expected a string or {"content_b64"'),
-     ({"content": "x"}, 'expected a string or {"content_b64"')],
+    [
+        ({"content_b64": "!!"}, "a.bin/content_b64: not base64"),
+        ({"content_b64": 1}, 'expected a string or {"content_b64"'),
+        ({"content": "x"}, 'expected a string or {"content_b64"'),
+    ],
 )
 def test_bad_binary_file_entry_names_the_field(entry, expected):
     """A malformed binary entry is a JobError naming the file's field."""

@@ -8,8 +8,19 @@ import hypothesis.strategies as st
 import numpy as np
 
 
-def call(session, seq, prompt, completion, *, call_id=None, logprobs=None, trainable=True,
-         version=0, model="policy", prefix=None):
+def call(
+    session,
+    seq,
+    prompt,
+    completion,
+    *,
+    call_id=None,
+    logprobs=None,
+    trainable=True,
+    version=0,
+    model="policy",
+    prefix=None,
+):
     """A valid claw.call/v1 dict."""
     row = {
         "schema": "claw.call/v1",
@@ -22,7 +33,8 @@ def call(session, seq, prompt, completion, *, call_id=None, logprobs=None, train
         "trainable": trainable,
         "prompt_ids": list(prompt),
         "completion_ids": list(completion),
-        "completion_logprobs": list(logprobs) if logprobs is not None
+        "completion_logprobs": list(logprobs)
+        if logprobs is not None
         else [-0.01 * (seq + 1) - 0.001 * i for i in range(len(completion))],
         "finish_reason": "stop",
         "started_at": 1.0 + seq,
@@ -37,9 +49,14 @@ def call(session, seq, prompt, completion, *, call_id=None, logprobs=None, train
 def outcome(session, reward, *, task="t", harness="h", group=None, status="ok"):
     """A valid claw.outcome/v1 dict."""
     return {
-        "schema": "claw.outcome/v1", "session": session, "task": task, "harness": harness,
-        "group": group or task, "reward": reward if status == "ok" else None,
-        "passed": (reward >= 1.0) if status == "ok" else None, "status": status,
+        "schema": "claw.outcome/v1",
+        "session": session,
+        "task": task,
+        "harness": harness,
+        "group": group or task,
+        "reward": reward if status == "ok" else None,
+        "passed": (reward >= 1.0) if status == "ok" else None,
+        "status": status,
     }
 
 
@@ -61,8 +78,17 @@ def random_session(rng: random.Random, session: str, n_calls: int, alphabet: int
         prompt = base + [rng.randrange(alphabet) for _ in range(rng.randint(0 if base else 1, 3))]
         completion = [rng.randrange(alphabet) for _ in range(rng.randint(0, 4))]
         trainable = rng.random() > 0.1
-        calls.append(call(session, k, prompt, completion, trainable=trainable, version=k % 2,
-                          logprobs=[-rng.random() for _ in completion]))
+        calls.append(
+            call(
+                session,
+                k,
+                prompt,
+                completion,
+                trainable=trainable,
+                version=k % 2,
+                logprobs=[-rng.random() for _ in completion],
+            )
+        )
         seqs.append(prompt + completion)
     return calls
 

@@ -144,14 +144,18 @@ def test_single_chain_is_textbook_gae(n, gamma, lam, seed):
     A, R = gae_on_tree(parent, np.ones(n, dtype=bool), V, r, gamma=gamma, lam=lam)
     V_next = np.append(V[1:], 0.0)
     delta = r + gamma * V_next - V
-    want = np.array([sum((gamma * lam) ** k * delta[t + k] for k in range(n - t)) for t in range(n)])
+    want = np.array(
+        [sum((gamma * lam) ** k * delta[t + k] for k in range(n - t)) for t in range(n)]
+    )
     assert np.allclose(A, want)
     assert np.allclose(R, A + V)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(-5, 5), st.sampled_from([0.0, 0.5, 0.9, 1.0])), max_size=300),
-       st.integers(2, 70))
+@given(
+    st.lists(st.tuples(st.floats(-5, 5), st.sampled_from([0.0, 0.5, 0.9, 1.0])), max_size=300),
+    st.integers(2, 70),
+)
 def test_blocked_linear_scan_matches_loop(rows, block):
     """x_i = a_i + c_i x_{i+1} solved in blocks (recursively) equals the backward loop."""
     a = np.array([x for x, _ in rows])
@@ -166,8 +170,14 @@ def test_blocked_linear_scan_matches_loop(rows, block):
 def test_long_chain_does_not_overflow():
     """A 200k-token chain with gamma*lam < 1 stays finite and matches the closed form."""
     n = 200_000
-    A, _ = gae_on_tree(np.arange(n) - 1, np.ones(n, dtype=bool), np.zeros(n),
-                       np.r_[np.zeros(n - 1), 1.0], gamma=1.0, lam=0.95)
+    A, _ = gae_on_tree(
+        np.arange(n) - 1,
+        np.ones(n, dtype=bool),
+        np.zeros(n),
+        np.r_[np.zeros(n - 1), 1.0],
+        gamma=1.0,
+        lam=0.95,
+    )
     assert np.isfinite(A).all()
     assert np.allclose(A, 0.95 ** np.arange(n - 1, -1, -1))
 
@@ -179,7 +189,9 @@ def test_default_lambda_lets_a_terminal_reward_reach_the_first_token():
     trainable = np.r_[np.zeros(n_prompt, dtype=bool), np.ones(n - n_prompt, dtype=bool)]
     A, R = gae_on_tree(np.arange(n) - 1, trainable, np.zeros(n), np.r_[np.zeros(n - 1), 1.0])
     assert np.allclose(A[trainable], 1.0) and np.allclose(R[trainable], 1.0)
-    A95, _ = gae_on_tree(np.arange(n) - 1, trainable, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.95)
+    A95, _ = gae_on_tree(
+        np.arange(n) - 1, trainable, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.95
+    )
     assert A95[n_prompt] == pytest.approx(0.95**999) and A95[n_prompt] < 1e-20
 
 
@@ -204,8 +216,11 @@ def _turn_gae_loop(act, V, r, gamma, lam):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.floats(-1, 1), st.floats(-1, 1)), min_size=1, max_size=40),
-       st.floats(0.5, 1.0), st.floats(0.0, 1.0))
+@given(
+    st.lists(st.tuples(st.booleans(), st.floats(-1, 1), st.floats(-1, 1)), min_size=1, max_size=40),
+    st.floats(0.5, 1.0),
+    st.floats(0.0, 1.0),
+)
 def test_turn_gae_on_a_chain_is_gae_over_turns(rows, gamma, lam):
     """Turn-level GAE on a chain equals a loop over the turns (values read at turn starts)."""
     act = np.array([a for a, _, _ in rows])
@@ -223,7 +238,9 @@ def test_turn_gae_discounts_per_turn():
     """Three turns of 50 tokens, V = 0, terminal reward 1, lam = 0.9: turn k gets 0.9^(2-k)."""
     act = np.r_[[False] * 3, [True] * 50, [False] * 2, [True] * 50, [False] * 2, [True] * 50]
     n = len(act)
-    A, _ = turn_gae_on_tree(np.arange(n) - 1, act, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.9)
+    A, _ = turn_gae_on_tree(
+        np.arange(n) - 1, act, np.zeros(n), np.r_[np.zeros(n - 1), 1.0], lam=0.9
+    )
     assert sorted(set(np.round(A[act], 12))) == pytest.approx([0.81, 0.9, 1.0])
     assert A[3] == pytest.approx(0.81) and A[-1] == pytest.approx(1.0)
 

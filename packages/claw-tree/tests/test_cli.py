@@ -42,8 +42,13 @@ from conftest import call, outcome  # noqa: E402
 def _files(tmp_path):
     calls = [
         call("a", 0, [1, 2], [3, 4], prefix={"reused_tokens": 0, "rendered_tokens": 2}),
-        call("a", 1, [1, 2, 3, 4, 5], [6], prefix={"reused_tokens": 4, "rendered_tokens": 1,
-                                                    "fresh_render_matches": False}),
+        call(
+            "a",
+            1,
+            [1, 2, 3, 4, 5],
+            [6],
+            prefix={"reused_tokens": 4, "rendered_tokens": 1, "fresh_render_matches": False},
+        ),
         call("a", 2, [1, 2, 3, 9], [7]),  # diverges inside call 0's output
         call("b", 0, [1, 2], [8]),
         call("c", 0, [1, 2], [8]),
@@ -61,7 +66,15 @@ def test_stats_json_has_the_dashboard_keys(tmp_path):
     result = CliRunner().invoke(main, ["stats", "--json", str(cpath)])
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout)
-    for key in ("sessions", "calls", "flat_tokens", "tree_tokens", "tree_token_ratio", "trainable_tokens", "branches"):
+    for key in (
+        "sessions",
+        "calls",
+        "flat_tokens",
+        "tree_tokens",
+        "tree_token_ratio",
+        "trainable_tokens",
+        "branches",
+    ):
         assert key in stats
     assert stats["sessions"] == 3 and stats["calls"] == 5
     assert stats["flat_tokens"] == 4 + 6 + 5 + 3 + 3
@@ -77,43 +90,83 @@ def test_build_reads_stdin_and_prints_trajectories(tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(x) for x in result.stdout.splitlines()]
     assert [(r["session"], r["calls"]) for r in rows] == [
-        ("a", ["a-c0", "a-c1"]), ("a", ["a-c2"]), ("b", ["b-c0"]), ("c", ["c-c0"])]
+        ("a", ["a-c0", "a-c1"]),
+        ("a", ["a-c2"]),
+        ("b", ["b-c0"]),
+        ("c", ["c-c0"]),
+    ]
 
 
 def test_samples_command_writes_valid_lines_and_reports_exclusions(tmp_path):
     """`samples` writes claw.sample/v1 lines and names the excluded rollout on stderr."""
     cpath, opath = _files(tmp_path)
-    result = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "grpo",
-                                       "--id-prefix", "step7"])
+    result = CliRunner().invoke(
+        main,
+        ["samples", str(cpath), "--outcomes", str(opath), "--algo", "grpo", "--id-prefix", "step7"],
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(x) for x in result.stdout.splitlines()]
     assert [r["sessions"] for r in rows] == [["a"], ["b"]]
     assert [r["sample_id"] for r in rows] == ["step7-0", "step7-1"]
-    packed = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--max-tokens", "100",
-                                       "--path-weighting", "path"])
+    packed = CliRunner().invoke(
+        main,
+        [
+            "samples",
+            str(cpath),
+            "--outcomes",
+            str(opath),
+            "--max-tokens",
+            "100",
+            "--path-weighting",
+            "path",
+        ],
+    )
     assert [json.loads(x)["sessions"] for x in packed.stdout.splitlines()] == [["a", "b"]]
     assert "excluded c: status infra_error" in result.stderr
-    assert sum(sum(r["loss_weights"]) for r in rows) == pytest.approx(1.0)  # one batch's weights sum to 1
+    assert sum(sum(r["loss_weights"]) for r in rows) == pytest.approx(
+        1.0
+    )  # one batch's weights sum to 1
 
 
 def test_ppo_two_step_flow_with_values_file(tmp_path):
     """PPO: samples without values, a values file keyed by sample_id, then samples with values."""
     cpath, opath = _files(tmp_path)
-    first = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "ppo"])
+    first = CliRunner().invoke(
+        main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "ppo"]
+    )
     assert first.exit_code == 0, first.output
     rows = [json.loads(x) for x in first.stdout.splitlines()]
     vpath = tmp_path / "values.jsonl"
-    vpath.write_text("".join(json.dumps({"sample_id": r["sample_id"], "values": [0.5] * len(r["input_ids"])}) + "\n"
-                             for r in rows))
-    second = CliRunner().invoke(main, ["samples", "--algo", "ppo", "--values", str(vpath), "--lam", "1.0",
-                                       str(cpath), str(opath)])
+    vpath.write_text(
+        "".join(
+            json.dumps({"sample_id": r["sample_id"], "values": [0.5] * len(r["input_ids"])}) + "\n"
+            for r in rows
+        )
+    )
+    second = CliRunner().invoke(
+        main,
+        [
+            "samples",
+            "--algo",
+            "ppo",
+            "--values",
+            str(vpath),
+            "--lam",
+            "1.0",
+            str(cpath),
+            str(opath),
+        ],
+    )
     assert second.exit_code == 0, second.output
     out = [json.loads(x) for x in second.stdout.splitlines()]
     b = out[1]
     assert b["advantages"][-1] == -0.5 and b["returns"][-1] == 0.0
     bad = tmp_path / "short.jsonl"
     bad.write_text(json.dumps({"sample_id": rows[0]["sample_id"], "values": [0.0]}) + "\n")
-    third = CliRunner().invoke(main, ["samples", str(cpath), "--outcomes", str(opath), "--algo", "ppo", "--values", str(bad)])
+    third = CliRunner().invoke(
+        main,
+        ["samples", str(cpath), "--outcomes", str(opath), "--algo", "ppo", "--values", str(bad)],
+    )
     assert third.exit_code != 0 and "values do not match" in third.output
     twice = CliRunner().invoke(main, ["samples", str(cpath), str(opath), "--outcomes", str(opath)])
     assert twice.exit_code != 0 and "give the outcomes once" in twice.output
@@ -125,11 +178,15 @@ def test_show_prints_branches_and_decoded_text(tmp_path):
     tok = tmp_path / "tok"
     tok.mkdir()
     vocab = {"<s>": 0, "Ġa": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 7, "h": 8, "Ġx": 9}
-    (tok / "tokenizer.json").write_text(json.dumps({
-        "model": {"type": "BPE", "vocab": vocab, "merges": []},
-        "added_tokens": [{"id": 0, "content": "<s>"}],
-        "decoder": {"type": "ByteLevel"},
-    }))
+    (tok / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": vocab, "merges": []},
+                "added_tokens": [{"id": 0, "content": "<s>"}],
+                "decoder": {"type": "ByteLevel"},
+            }
+        )
+    )
     result = CliRunner().invoke(main, ["show", "a", str(cpath), "--tokenizer", str(tok)])
     assert result.exit_code == 0, result.output
     assert "branches into 2" in result.stdout

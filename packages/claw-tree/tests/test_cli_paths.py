@@ -24,7 +24,9 @@ def _args(cmd: str, inp: Path) -> list[str]:
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")
+    }
 
 
 @pytest.mark.parametrize("mistake", ["directory", "directory/", "missing parent"])
@@ -34,8 +36,11 @@ def test_bad_output_path_is_a_one_line_usage_error(tmp_path, cmd, mistake):
     inp, work = tmp_path / "in", tmp_path / "work"
     inp.mkdir()
     (work / "d").mkdir(parents=True)
-    target = {"directory": str(work / "d"), "directory/": str(work / "new") + "/",
-              "missing parent": str(work / "missing" / "sub" / "out.jsonl")}[mistake]
+    target = {
+        "directory": str(work / "d"),
+        "directory/": str(work / "new") + "/",
+        "missing parent": str(work / "missing" / "sub" / "out.jsonl"),
+    }[mistake]
     args = [*_args(cmd, inp), target]
     before = _tree(tmp_path)
     r = CliRunner().invoke(main, args)

@@ -26,7 +26,9 @@ def _verdict(case: dict, reads: tuple[str, ...] | None) -> str:
     field = case["field"]
     if reads is None or field is None or case["verdict"] != "reject":
         return case["verdict"]
-    touched = any(r == field or r.startswith(field + ".") or field.startswith(r + ".") for r in reads)
+    touched = any(
+        r == field or r.startswith(field + ".") or field.startswith(r + ".") for r in reads
+    )
     return "reject" if touched else "accept"
 
 

@@ -17,5 +17,9 @@ def test_all_lists_every_public_name():
 
     import claw_tree
 
-    public = {n for n, v in vars(claw_tree).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    public = {
+        n
+        for n, v in vars(claw_tree).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    }
     assert set(claw_tree.__all__) == public | {"__version__"}

@@ -21,7 +21,10 @@ def _write(tmp_path, rows, name="calls.jsonl"):
         (lambda r: r.pop("session"), "session: missing required field"),
         (lambda r: r.update(schema="claw.call/v2"), "schema: unsupported version 'claw.call/v2'"),
         (lambda r: r.update(schema="claw.outcome/v1"), "schema: expected 'claw.call/v1'"),
-        (lambda r: r.update(completion_logprobs=[-0.1]), "completion_logprobs: has 1 entries but completion_ids has 2"),
+        (
+            lambda r: r.update(completion_logprobs=[-0.1]),
+            "completion_logprobs: has 1 entries but completion_ids has 2",
+        ),
         (lambda r: r.update(prompt_ids=[1, "2"]), "prompt_ids: token ids must be integers"),
         (lambda r: r.update(prompt_ids=[1, 2.5]), "prompt_ids: token ids must be integers"),
         (lambda r: r.update(completion_ids=[-1, 3]), "completion_ids: token ids must lie in"),
@@ -29,7 +32,10 @@ def _write(tmp_path, rows, name="calls.jsonl"):
         (lambda r: r.update(policy={"name": "x"}), "policy: version: missing required field"),
         (lambda r: r.update(trainable="yes"), "trainable: expected boolean"),
         (lambda r: r.update(sampling=[0.7]), "sampling: expected object"),
-        (lambda r: r.update(sampling={"temperature": "0.7"}), "sampling.temperature: expected a finite number"),
+        (
+            lambda r: r.update(sampling={"temperature": "0.7"}),
+            "sampling.temperature: expected a finite number",
+        ),
         (lambda r: r.update(sampling={"temperature": -0.5}), "sampling.temperature: must be >= 0"),
         (lambda r: r.update(sampling={"top_p": 0.0}), "sampling.top_p: must lie in (0, 1]"),
         (lambda r: r.update(sampling={"top_p": 1.5}), "sampling.top_p: must lie in (0, 1]"),
@@ -88,11 +94,22 @@ def test_bad_outcome_is_named(tmp_path, mutate, expected):
 
 def test_records_from_dict_keep_the_fields_the_tree_needs():
     """Call and Outcome parse the optional prefix and passthrough information."""
-    c = Call.from_dict(call("s", 0, [1], [2], trainable=False,
-                            prefix={"reused_tokens": 3, "rendered_tokens": 1, "fresh_render_matches": False}))
+    c = Call.from_dict(
+        call(
+            "s",
+            0,
+            [1],
+            [2],
+            trainable=False,
+            prefix={"reused_tokens": 3, "rendered_tokens": 1, "fresh_render_matches": False},
+        )
+    )
     assert (c.trainable, c.reused_tokens, c.fresh_render_matches) == (False, 3, False)
     row = c.to_dict()
-    assert row["prompt_ids"] == [1] and row["prefix"] == {"reused_tokens": 3, "fresh_render_matches": False}
+    assert row["prompt_ids"] == [1] and row["prefix"] == {
+        "reused_tokens": 3,
+        "fresh_render_matches": False,
+    }
     again = Call.from_dict({**row, "api": "openai.chat", "started_at": 0, "ended_at": 1})
     assert again.same_content(c) and again.to_dict() == row
     o = Outcome.from_dict(outcome("s", 0, status="infra_error"))
@@ -101,7 +118,11 @@ def test_records_from_dict_keep_the_fields_the_tree_needs():
 
 def test_values_file_errors_are_named(tmp_path):
     """Critic values: non-numbers and repeated sample ids are named by line."""
-    path = _write(tmp_path, [{"sample_id": "a", "values": [0.1, 2]}, {"sample_id": "a", "values": [1]}], "v.jsonl")
+    path = _write(
+        tmp_path,
+        [{"sample_id": "a", "values": [0.1, 2]}, {"sample_id": "a", "values": [1]}],
+        "v.jsonl",
+    )
     with pytest.raises(RecordError, match=r"v.jsonl:2: sample_id: 'a' appears twice"):
         read_values(path)
     path = _write(tmp_path, [{"sample_id": "a", "values": [0.1, "x"]}], "w.jsonl")
@@ -115,7 +136,14 @@ def test_sampling_is_read_with_defaults_and_round_trips():
     assert (plain.temperature, plain.top_p, plain.top_k) == (1.0, 1.0, 0) and plain.default_sampling
     assert "sampling" not in plain.to_dict()
     row = call("s", 0, [1], [2])
-    row["sampling"] = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "forced": False, "max_tokens": 8, "seed": None}
+    row["sampling"] = {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "forced": False,
+        "max_tokens": 8,
+        "seed": None,
+    }
     hot = Call.from_dict(row)
     assert (hot.temperature, hot.top_p, hot.top_k) == (0.7, 0.9, 20) and not hot.default_sampling
     assert hot.to_dict()["sampling"] == {"temperature": 0.7, "top_p": 0.9, "top_k": 20}

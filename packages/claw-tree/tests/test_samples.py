@@ -43,7 +43,10 @@ def _flat_trajectories(calls):
     out = {}
     for s, seqs in by_session.items():
         leaves = [q for q in seqs if not any(len(o) > len(q) and o[: len(q)] == q for o in seqs)]
-        out[s] = [[((s, q[: k + 1]), (s, q[: k + 1]) in gen) for k in range(len(q))] for q in sorted(leaves)]
+        out[s] = [
+            [((s, q[: k + 1]), (s, q[: k + 1]) in gen) for k in range(len(q))]
+            for q in sorted(leaves)
+        ]
     return out
 
 
@@ -75,9 +78,13 @@ def test_packed_loss_equals_flat_per_trajectory_mean(data, weighting, budget):
     longest = max((len(p) for paths in per_session.values() for p in paths), default=0)
     if budget is not None and longest > budget:
         with pytest.raises(BudgetError):
-            build_samples(build_forest(calls), outcomes, path_weighting=weighting, max_tokens=budget)
+            build_samples(
+                build_forest(calls), outcomes, path_weighting=weighting, max_tokens=budget
+            )
         return
-    batch = build_samples(build_forest(calls), outcomes, path_weighting=weighting, max_tokens=budget)
+    batch = build_samples(
+        build_forest(calls), outcomes, path_weighting=weighting, max_tokens=budget
+    )
     keys = {k for paths in flat.values() for p in paths for k, _ in p}
     loss = _random_loss(keys)
     n_paths = sum(len(p) for p in per_session.values())
@@ -114,7 +121,13 @@ def test_token_advantages_are_the_rollout_advantage(data, algo):
     names = sorted(rewards)
     r = np.array([rewards[s] for s in names])
     if algo == "grpo":
-        ref = dict(zip(names, group_relative_advantages(r, np.array([groups[s] for s in names])), strict=True))
+        ref = dict(
+            zip(
+                names,
+                group_relative_advantages(r, np.array([groups[s] for s in names])),
+                strict=True,
+            )
+        )
     elif algo == "rloo":
         ref = {}
         for s in names:
@@ -154,21 +167,30 @@ def test_token_weighting_gives_every_sampled_token_of_a_rollout_the_same_weight(
     assert by_token["tags"]["path_weighting"] == "token"
     by_path = make_samples(forest, [outcome("s", 1.0)], path_weighting="rollout")[0]
     side_ids = {41, 42, 43, 51, 52, 53}
-    side_w = sum(x for x, i in zip(by_path["loss_weights"], by_path["input_ids"], strict=True) if i in side_ids)
+    side_w = sum(
+        x
+        for x, i in zip(by_path["loss_weights"], by_path["input_ids"], strict=True)
+        if i in side_ids
+    )
     assert side_w == pytest.approx(3 / 4)
 
 
 def test_token_weighting_splits_a_shared_token_over_pieces():
     """A shared trainable token repeated in two budget pieces keeps its total weight 1/(R U)."""
-    calls = [call("s", 0, [1], [2, 3]), call("s", 1, [1, 2, 3, 4], [5, 6], call_id="x"),
-             call("s", 2, [1, 2, 3, 7], [8, 9], call_id="y")]
+    calls = [
+        call("s", 0, [1], [2, 3]),
+        call("s", 1, [1, 2, 3, 4], [5, 6], call_id="x"),
+        call("s", 2, [1, 2, 3, 7], [8, 9], call_id="y"),
+    ]
     whole = make_samples(build_forest(calls), [outcome("s", 1.0)])
     pieces = make_samples(build_forest(calls), [outcome("s", 1.0)], max_tokens=6)
     assert len(whole) == 1 and len(pieces) == 2
     for samples in (whole, pieces):
         total = {}
         for smp in samples:
-            for key, w in zip(prefix_keys(smp["input_ids"], smp["parent"]), smp["loss_weights"], strict=True):
+            for key, w in zip(
+                prefix_keys(smp["input_ids"], smp["parent"]), smp["loss_weights"], strict=True
+            ):
                 total[key] = total.get(key, 0.0) + w
         trained = [w for w in total.values() if w > 0]
         assert len(trained) == 6 and trained == pytest.approx([1 / 6] * 6)
@@ -178,19 +200,30 @@ def test_paths_are_accepted_for_calls_and_outcomes(tmp_path):
     """build_forest and make_samples read JSONL paths too."""
     (tmp_path / "c.jsonl").write_text(json.dumps(call("s", 0, [1], [2])) + "\n")
     (tmp_path / "o.jsonl").write_text(json.dumps(outcome("s", 1.0)) + "\n")
-    samples = make_samples(build_forest(tmp_path / "c.jsonl"), str(tmp_path / "o.jsonl"), algo="reinforce")
+    samples = make_samples(
+        build_forest(tmp_path / "c.jsonl"), str(tmp_path / "o.jsonl"), algo="reinforce"
+    )
     assert samples[0]["advantages"] == [0.0, 1.0]
 
 
 def test_excluded_rollouts_are_reported_not_trained():
     """infra_error / not_scorable / missing outcomes are left out of groups and samples, with reasons."""
     calls = [call(s, 0, [1], [2]) for s in ("ok1", "ok2", "infra", "noscore", "orphan")]
-    outcomes = [outcome("ok1", 1.0), outcome("ok2", 0.0), outcome("infra", 0, status="infra_error"),
-                outcome("noscore", 0, status="not_scorable"), outcome("nocalls", 1.0)]
+    outcomes = [
+        outcome("ok1", 1.0),
+        outcome("ok2", 0.0),
+        outcome("infra", 0, status="infra_error"),
+        outcome("noscore", 0, status="not_scorable"),
+        outcome("nocalls", 1.0),
+    ]
     batch = build_samples(build_forest(calls), outcomes)
     assert [s["sessions"] for s in batch.samples] == [["ok1"], ["ok2"]]
-    assert batch.excluded == {"infra": "status infra_error", "noscore": "status not_scorable",
-                              "orphan": "no outcome", "nocalls": "no calls"}
+    assert batch.excluded == {
+        "infra": "status infra_error",
+        "noscore": "status not_scorable",
+        "orphan": "no outcome",
+        "nocalls": "no calls",
+    }
     assert batch.rollouts == 3  # ok1, ok2 and nocalls vote in the group statistics
     assert "excluded sessions" in batch.summary()
 
@@ -200,11 +233,15 @@ def test_turn_level_gae_through_samples_and_values():
     second call's 1.0; gae_for_samples on the samples gives what build_samples(values=...) gives."""
     calls = [call("s", 0, [1, 2], [3, 4, 5]), call("s", 1, [1, 2, 3, 4, 5, 6], [7, 8])]
     forest = build_forest(calls)
-    first = build_samples(forest, [outcome("s", 1.0)], algo="ppo", lam=0.5, gae_level="turn").samples
+    first = build_samples(
+        forest, [outcome("s", 1.0)], algo="ppo", lam=0.5, gae_level="turn"
+    ).samples
     adv = [a for a, t in zip(first[0]["advantages"], first[0]["trainable"], strict=True) if t]
     assert adv == pytest.approx([0.5, 0.5, 0.5, 1.0, 1.0])
     values = {first[0]["sample_id"]: [0.1 * i for i in range(len(first[0]["input_ids"]))]}
-    whole = build_samples(forest, [outcome("s", 1.0)], algo="ppo", values=values, lam=0.5, gae_level="turn")
+    whole = build_samples(
+        forest, [outcome("s", 1.0)], algo="ppo", values=values, lam=0.5, gae_level="turn"
+    )
     again = gae_for_samples(first, values, lam=0.5, gae_level="turn")
     assert again[0]["advantages"] == pytest.approx(whole.samples[0]["advantages"])
     assert again[0]["returns"] == pytest.approx(whole.samples[0]["returns"])
@@ -215,13 +252,18 @@ def test_turn_level_gae_through_samples_and_values():
 def test_ppo_values_roundtrip_and_match_per_path_gae():
     """PPO: values aligned to this batch's samples give GAE that matches the per-path loop
     on a branching session (both branches share the bootstrap through the mean)."""
-    calls = [call("s", 0, [1, 2], [3, 4]), call("s", 1, [1, 2, 3, 4, 5], [6, 7]),
-             call("s", 2, [1, 2, 3, 4, 8], [9])]
+    calls = [
+        call("s", 0, [1, 2], [3, 4]),
+        call("s", 1, [1, 2, 3, 4, 5], [6, 7]),
+        call("s", 2, [1, 2, 3, 4, 8], [9]),
+    ]
     forest = build_forest(calls)
     first = build_samples(forest, [outcome("s", 1.0)], algo="ppo")
     sample = first.samples[0]
     values = {sample["sample_id"]: [0.1 * i for i in range(len(sample["input_ids"]))]}
-    batch = build_samples(forest, [outcome("s", 1.0)], algo="ppo", values=values, gamma=0.9, lam=0.8)
+    batch = build_samples(
+        forest, [outcome("s", 1.0)], algo="ppo", values=values, gamma=0.9, lam=0.8
+    )
     got = batch.samples[0]
     V = np.array(values[sample["sample_id"]])
     act = np.array(got["trainable"], dtype=bool)
@@ -267,8 +309,12 @@ def test_samples_validate_against_the_schema():
     if not schema_path.exists():
         pytest.skip("formats/ not next to this package")
     validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
-    calls = [call("a", 0, [1, 2], [3]), call("a", 1, [1, 2, 3, 4], [5]), call("a", 2, [1, 7], [8]),
-             call("b", 0, [1, 2], [6])]
+    calls = [
+        call("a", 0, [1, 2], [3]),
+        call("a", 1, [1, 2, 3, 4], [5]),
+        call("a", 2, [1, 7], [8]),
+        call("b", 0, [1, 2], [6]),
+    ]
     outcomes = [outcome("a", 1.0), outcome("b", 0.0)]
     for algo in ("grpo", "ppo", "rloo", "reinforce"):
         for s in make_samples(build_forest(calls), outcomes, algo=algo, max_tokens=9):
@@ -286,47 +332,87 @@ def test_ppo_on_split_sessions_equals_unsplit(data, budget):
     def by_key(samples):
         out = {}
         for s in samples:
-            for j, key, a, r in zip(token_sessions(s), prefix_keys(s["input_ids"], s["parent"]),
-                                    s["advantages"], s["returns"], strict=True):
+            for j, key, a, r in zip(
+                token_sessions(s),
+                prefix_keys(s["input_ids"], s["parent"]),
+                s["advantages"],
+                s["returns"],
+                strict=True,
+            ):
                 out.setdefault((s["sessions"][j], key), set()).add((round(a, 9), round(r, 9)))
         return out
 
     def values_for(samples):
-        return {s["sample_id"]: [(hash(k) % 1000) / 1000 for k in prefix_keys(s["input_ids"], s["parent"])]
-                for s in samples}
+        return {
+            s["sample_id"]: [
+                (hash(k) % 1000) / 1000 for k in prefix_keys(s["input_ids"], s["parent"])
+            ]
+            for s in samples
+        }
 
     try:
         split = build_samples(forest, outcomes, algo="ppo", max_tokens=budget).samples
     except BudgetError:
         return
     whole = build_samples(forest, outcomes, algo="ppo").samples
-    got = by_key(build_samples(forest, outcomes, algo="ppo", max_tokens=budget, values=values_for(split),
-                               gamma=0.9, lam=0.7).samples)
-    want = by_key(build_samples(forest, outcomes, algo="ppo", values=values_for(whole), gamma=0.9, lam=0.7).samples)
+    got = by_key(
+        build_samples(
+            forest,
+            outcomes,
+            algo="ppo",
+            max_tokens=budget,
+            values=values_for(split),
+            gamma=0.9,
+            lam=0.7,
+        ).samples
+    )
+    want = by_key(
+        build_samples(
+            forest, outcomes, algo="ppo", values=values_for(whole), gamma=0.9, lam=0.7
+        ).samples
+    )
     assert got.keys() <= want.keys()
     assert all(len(v) == 1 and v == want[k] for k, v in got.items())
 
 
 def _with_sampling(row, **settings):
-    return {**row, "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": False, **settings}}
+    return {
+        **row,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "forced": False, **settings},
+    }
 
 
 def test_sampling_settings_follow_the_call_that_generated_each_token():
     """temperatures/top_ps/top_ks hold the generating call's settings per token, 1/1/0 on context."""
-    calls = [_with_sampling(call("a", 0, [1, 2], [3, 4]), temperature=0.7, top_p=0.9),
-             _with_sampling(call("a", 1, [1, 2, 3, 4, 5], [6]), temperature=0.0),
-             _with_sampling(call("a", 2, [1, 2, 3, 4, 5, 6, 7], [8, 9]), top_k=5),
-             _with_sampling(call("a", 3, [1, 11], [10]), temperature=1.3, top_k=3)]
+    calls = [
+        _with_sampling(call("a", 0, [1, 2], [3, 4]), temperature=0.7, top_p=0.9),
+        _with_sampling(call("a", 1, [1, 2, 3, 4, 5], [6]), temperature=0.0),
+        _with_sampling(call("a", 2, [1, 2, 3, 4, 5, 6, 7], [8, 9]), top_k=5),
+        _with_sampling(call("a", 3, [1, 11], [10]), temperature=1.3, top_k=3),
+    ]
     calls[3]["trainable"] = False
     (sample,) = make_samples(build_forest(calls), [outcome("a", 1.0)])
-    by_token = {tok: (t, p, k) for tok, t, p, k in zip(sample["input_ids"], sample["temperatures"],
-                                                         sample["top_ps"], sample["top_ks"], strict=True)}
+    by_token = {
+        tok: (t, p, k)
+        for tok, t, p, k in zip(
+            sample["input_ids"],
+            sample["temperatures"],
+            sample["top_ps"],
+            sample["top_ks"],
+            strict=True,
+        )
+    }
     assert {tok: by_token[tok] for tok in (3, 4)} == {3: (0.7, 0.9, 0), 4: (0.7, 0.9, 0)}
     assert by_token[6] == (0.0, 1.0, 0)
     assert by_token[8] == by_token[9] == (1.0, 1.0, 5)
     for context in (1, 2, 5, 7, 11, 10):  # prompt tokens and the untrainable call's token
         assert by_token[context] == (1.0, 1.0, 0)
-    assert len(sample["temperatures"]) == len(sample["top_ps"]) == len(sample["top_ks"]) == len(sample["input_ids"])
+    assert (
+        len(sample["temperatures"])
+        == len(sample["top_ps"])
+        == len(sample["top_ks"])
+        == len(sample["input_ids"])
+    )
     assert all(isinstance(k, int) for k in sample["top_ks"])
 
 
@@ -344,7 +430,12 @@ def test_samples_with_sampling_settings_validate_against_the_schema():
     if not schema_path.exists():
         pytest.skip("formats/ not next to this package")
     validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
-    calls = [_with_sampling(call("a", 0, [1, 2], [3]), temperature=0.6, top_k=4), call("b", 0, [1, 2], [6])]
-    for s in make_samples(build_forest(calls), [outcome("a", 1.0), outcome("b", 0.0)], max_tokens=9):
+    calls = [
+        _with_sampling(call("a", 0, [1, 2], [3]), temperature=0.6, top_k=4),
+        call("b", 0, [1, 2], [6]),
+    ]
+    for s in make_samples(
+        build_forest(calls), [outcome("a", 1.0), outcome("b", 0.0)], max_tokens=9
+    ):
         assert "temperatures" in s
         assert list(validator.iter_errors(json.loads(json.dumps(s)))) == []

@@ -21,8 +21,11 @@ def _forest_nodes(forest):
         for v in range(t.start, t.stop):
             p = forest.parent[v]
             prefixes[v] = (prefixes[p] if p >= 0 else ()) + (int(forest.tokens[v]),)
-            out[(t.name, prefixes[v])] = [bool(forest.trainable[v]), float(forest.logprobs[v]),
-                                          int(forest.policy_version[v])]
+            out[(t.name, prefixes[v])] = [
+                bool(forest.trainable[v]),
+                float(forest.logprobs[v]),
+                int(forest.policy_version[v]),
+            ]
     return out
 
 
@@ -65,7 +68,9 @@ def test_trajectories_are_root_to_leaf_paths(data):
     forest = build_forest(calls)
     has_child = np.zeros(forest.n_nodes, dtype=bool)
     has_child[forest.parent[forest.parent >= 0]] = True
-    assert sorted(t.leaf for t in forest.trajectories) == sorted(np.flatnonzero(~has_child).tolist())
+    assert sorted(t.leaf for t in forest.trajectories) == sorted(
+        np.flatnonzero(~has_child).tolist()
+    )
     unique = {c["call_id"]: c for c in calls}
     for t in forest.trajectories:
         nodes = t.nodes()
@@ -73,22 +78,31 @@ def test_trajectories_are_root_to_leaf_paths(data):
         assert (forest.parent[nodes[1:]] == nodes[:-1]).all()
         path = forest.tokens[nodes].tolist()
         expected = sorted(
-            cid for cid, c in unique.items()
-            if c["session"] == t.session and (c["prompt_ids"] + c["completion_ids"])
-            and path[: len(c["prompt_ids"] + c["completion_ids"])] == c["prompt_ids"] + c["completion_ids"]
+            cid
+            for cid, c in unique.items()
+            if c["session"] == t.session
+            and (c["prompt_ids"] + c["completion_ids"])
+            and path[: len(c["prompt_ids"] + c["completion_ids"])]
+            == c["prompt_ids"] + c["completion_ids"]
         )
         assert sorted(t.call_ids) == expected
 
 
 def test_golden_calls_make_one_chain():
     """The golden example: turn 2 extends turn 1, so one path with both calls' outputs trainable."""
-    calls = [json.loads(x) for x in (FORMATS / "claw.call.v1.example.jsonl").read_text().splitlines()]
+    calls = [
+        json.loads(x) for x in (FORMATS / "claw.call.v1.example.jsonl").read_text().splitlines()
+    ]
     forest = build_forest(calls)
     assert forest.n_nodes == 11 and len(forest.trajectories) == 1
     row = trajectory_record(forest, forest.trajectories[0], with_ids=True)
     assert row["calls"] == ["c-0001", "c-0002"]
     assert [(s["kind"], s["call"]) for s in row["spans"]] == [
-        ("context", None), ("output", "c-0001"), ("context", None), ("output", "c-0002")]
+        ("context", None),
+        ("output", "c-0001"),
+        ("context", None),
+        ("output", "c-0002"),
+    ]
     assert row["trainable"] == [0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
 
 
@@ -130,5 +144,9 @@ def test_conflicting_duplicate_call_id_is_an_error():
     with pytest.raises(ConflictError, match="c-1"):
         build_forest([call("s", 0, [1], [2], call_id="c-1"), call("s", 0, [1], [3], call_id="c-1")])
     with pytest.raises(ConflictError, match="c-1"):
-        build_forest([call("s", 0, [1], [2], call_id="c-1", logprobs=[-0.5]),
-                      call("s", 0, [1], [2], call_id="c-1", logprobs=[-0.7])])
+        build_forest(
+            [
+                call("s", 0, [1], [2], call_id="c-1", logprobs=[-0.5]),
+                call("s", 0, [1], [2], call_id="c-1", logprobs=[-0.7]),
+            ]
+        )

@@ -21,15 +21,23 @@ from typing import Any
 
 import httpx
 
-SYSTEM = ("You are an agent working in a directory of files. Use the tools to inspect and change "
-          "files. When the task is done, answer with a short summary and no tool call.")
+SYSTEM = (
+    "You are an agent working in a directory of files. Use the tools to inspect and change "
+    "files. When the task is done, answer with a short summary and no tool call."
+)
 _PARAMS = {
-    "bash": ({"command": {"type": "string", "description": "bash command, run in the workspace"}},
-             "Run a bash command in the workspace; returns exit code, stdout and stderr."),
-    "read_file": ({"path": {"type": "string", "description": "workspace-relative path"}},
-                  "Read a text file of the workspace."),
-    "write_file": ({"path": {"type": "string"}, "content": {"type": "string"}},
-                   "Write (create or replace) a text file in the workspace."),
+    "bash": (
+        {"command": {"type": "string", "description": "bash command, run in the workspace"}},
+        "Run a bash command in the workspace; returns exit code, stdout and stderr.",
+    ),
+    "read_file": (
+        {"path": {"type": "string", "description": "workspace-relative path"}},
+        "Read a text file of the workspace.",
+    ),
+    "write_file": (
+        {"path": {"type": "string"}, "content": {"type": "string"}},
+        "Write (create or replace) a text file in the workspace.",
+    ),
 }
 _LIMIT = 20000
 
@@ -40,7 +48,12 @@ def tool_specs(api: str) -> list[dict[str, Any]]:
     for name, (props, desc) in _PARAMS.items():
         schema = {"type": "object", "properties": props, "required": list(props)}
         if api == "chat":
-            specs.append({"type": "function", "function": {"name": name, "description": desc, "parameters": schema}})
+            specs.append(
+                {
+                    "type": "function",
+                    "function": {"name": name, "description": desc, "parameters": schema},
+                }
+            )
         else:
             specs.append({"name": name, "description": desc, "input_schema": schema})
     return specs
@@ -52,8 +65,14 @@ def run_tool(name: str, args: dict[str, Any], cwd: Path, timeout: float = 120.0)
         return f"error: unknown tool {name!r}; tools: {', '.join(_PARAMS)}"
     try:
         if name == "bash":
-            p = subprocess.run(["bash", "-c", str(args["command"])], cwd=cwd, capture_output=True, text=True,
-                               timeout=timeout, errors="replace")
+            p = subprocess.run(
+                ["bash", "-c", str(args["command"])],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                errors="replace",
+            )
             return f"exit code {p.returncode}\nstdout:\n{p.stdout[-_LIMIT:]}\nstderr:\n{p.stderr[-_LIMIT:]}"
         path = (cwd / str(args["path"])).resolve()
         if not path.is_relative_to(cwd.resolve()):
@@ -69,7 +88,9 @@ def run_tool(name: str, args: dict[str, Any], cwd: Path, timeout: float = 120.0)
         return f"error: {type(exc).__name__}: {exc}"
 
 
-def _chat_step(client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int):
+def _chat_step(
+    client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int
+):
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     if tools:
         body["tools"] = tools
@@ -84,41 +105,77 @@ def _chat_step(client: httpx.Client, model: str, messages: list, tools: list | N
             calls.append((tc["id"], tc["function"]["name"], args))
         except (KeyError, TypeError, ValueError, AssertionError):
             return msg.get("content") or "", [], None
-    reply = {"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls")} if calls else None
+    reply = (
+        {"role": "assistant", "content": msg.get("content"), "tool_calls": msg.get("tool_calls")}
+        if calls
+        else None
+    )
     return msg.get("content") or "", calls, reply
 
 
-def _anthropic_step(client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int):
-    body: dict[str, Any] = {"model": model, "system": SYSTEM, "messages": messages, "max_tokens": max_tokens}
+def _anthropic_step(
+    client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int
+):
+    body: dict[str, Any] = {
+        "model": model,
+        "system": SYSTEM,
+        "messages": messages,
+        "max_tokens": max_tokens,
+    }
     if tools:
         body["tools"] = tools
     r = client.post("/v1/messages", json=body)
     r.raise_for_status()
     blocks = r.json().get("content") or []
     text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-    calls = [(b["id"], b["name"], b["input"]) for b in blocks
-             if b.get("type") == "tool_use" and isinstance(b.get("input"), dict) and "id" in b and "name" in b]
+    calls = [
+        (b["id"], b["name"], b["input"])
+        for b in blocks
+        if b.get("type") == "tool_use"
+        and isinstance(b.get("input"), dict)
+        and "id" in b
+        and "name" in b
+    ]
     return text, calls, ({"role": "assistant", "content": blocks} if calls else None)
 
 
-def run_agent(instruction: str, *, api: str, model: str, base_url: str, api_key: str, cwd: Path,
-              max_turns: int = 30, use_tools: bool = True, timeout: float = 600.0, max_tokens: int = 1024,
-              transport: httpx.BaseTransport | None = None) -> tuple[str, int, bool]:
+def run_agent(
+    instruction: str,
+    *,
+    api: str,
+    model: str,
+    base_url: str,
+    api_key: str,
+    cwd: Path,
+    max_turns: int = 30,
+    use_tools: bool = True,
+    timeout: float = 600.0,
+    max_tokens: int = 1024,
+    transport: httpx.BaseTransport | None = None,
+) -> tuple[str, int, bool]:
     """Run the agent loop; returns (final answer text, turns used, whether the turn limit hit).
 
     Connection failures are retried a few times (a proxy may still be starting).
     """
-    headers = {"authorization": f"Bearer {api_key}"} if api == "chat" else {
-        "x-api-key": api_key, "anthropic-version": "2023-06-01"}
+    headers = (
+        {"authorization": f"Bearer {api_key}"}
+        if api == "chat"
+        else {"x-api-key": api_key, "anthropic-version": "2023-06-01"}
+    )
     tools = tool_specs(api) if use_tools else None
     if api == "chat":
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": instruction},
+        ]
     else:
         messages = [{"role": "user", "content": instruction}]
     step = _chat_step if api == "chat" else _anthropic_step
     text = ""
     transport = transport or httpx.HTTPTransport(retries=5)
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport) as client:
+    with httpx.Client(
+        base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+    ) as client:
         for turn in range(1, max_turns + 1):
             text, calls, reply = step(client, model, messages, tools, max_tokens)
             if not calls:
@@ -126,16 +183,27 @@ def run_agent(instruction: str, *, api: str, model: str, base_url: str, api_key:
             messages.append(reply)
             results = [(cid, run_tool(name, args, cwd)) for cid, name, args in calls]
             if api == "chat":
-                messages += [{"role": "tool", "tool_call_id": cid, "content": out} for cid, out in results]
+                messages += [
+                    {"role": "tool", "tool_call_id": cid, "content": out} for cid, out in results
+                ]
             else:
-                messages.append({"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": cid, "content": out} for cid, out in results]})
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": cid, "content": out}
+                            for cid, out in results
+                        ],
+                    }
+                )
     return text, max_turns, True
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m claw_bench.agent", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m claw_bench.agent", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--api", choices=["chat", "anthropic"], required=True)
     ap.add_argument("--model", default="claw-policy")
     ap.add_argument("--instruction", help="the task text")
@@ -145,27 +213,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tools", action="store_true", help="send no tool definitions (plain text)")
     ap.add_argument("--answer-file", help="write the final text answer to this file")
     ap.add_argument("--max-tokens", type=int, default=1024, help="max_tokens of each model request")
-    ap.add_argument("--timeout", type=float, default=600.0, help="HTTP timeout per request, seconds")
+    ap.add_argument(
+        "--timeout", type=float, default=600.0, help="HTTP timeout per request, seconds"
+    )
     a = ap.parse_args(argv)
     if (a.instruction is None) == (a.instruction_file is None):
         ap.error("give exactly one of --instruction and --instruction-file")
-    instruction = a.instruction if a.instruction is not None else Path(a.instruction_file).read_text(encoding="utf-8")
+    instruction = (
+        a.instruction
+        if a.instruction is not None
+        else Path(a.instruction_file).read_text(encoding="utf-8")
+    )
     prefix = "OPENAI" if a.api == "chat" else "ANTHROPIC"
     base_url = a.base_url or os.environ.get(f"{prefix}_BASE_URL")
     key = os.environ.get(f"{prefix}_API_KEY", "")
     if not base_url:
         ap.error(f"no endpoint: pass --base-url or set {prefix}_BASE_URL")
     try:
-        text, turns, limited = run_agent(instruction, api=a.api, model=a.model, base_url=base_url, api_key=key,
-                                         cwd=Path.cwd(), max_turns=a.max_turns, use_tools=not a.no_tools,
-                                         timeout=a.timeout, max_tokens=a.max_tokens)
+        text, turns, limited = run_agent(
+            instruction,
+            api=a.api,
+            model=a.model,
+            base_url=base_url,
+            api_key=key,
+            cwd=Path.cwd(),
+            max_turns=a.max_turns,
+            use_tools=not a.no_tools,
+            timeout=a.timeout,
+            max_tokens=a.max_tokens,
+        )
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         print(f"claw-agent: endpoint failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if a.answer_file:
         Path(a.answer_file).write_text(text, encoding="utf-8")
     if limited:
-        print(f"claw-agent: stopped at the turn limit ({turns} turns) without a final answer", file=sys.stderr)
+        print(
+            f"claw-agent: stopped at the turn limit ({turns} turns) without a final answer",
+            file=sys.stderr,
+        )
     else:
         print(f"claw-agent: finished after {turns} turn(s)", file=sys.stderr)
     return 0

@@ -41,13 +41,21 @@ def sandbox_command() -> list[str]:
     """The ``claw-sandbox`` command (on PATH, or next to this interpreter); TaskError without it."""
     exe = shutil.which("claw-sandbox") or str(Path(sys.executable).parent / "claw-sandbox")
     if not os.access(exe, os.X_OK):
-        raise TaskError("claw-bench check runs tasks in claw-sandbox, never on the host: install claw-sandbox "
-                        "(its `claw-sandbox` command is not on PATH)")
+        raise TaskError(
+            "claw-bench check runs tasks in claw-sandbox, never on the host: install claw-sandbox "
+            "(its `claw-sandbox` command is not on PATH)"
+        )
     return [exe]
 
 
-def check_tasks(tasks: list[Task], modes: tuple[str, ...] = MODES, *, backend: str = "auto",
-                keep: Path | None = None, timeout_s: float | None = None) -> list[dict[str, Any]]:
+def check_tasks(
+    tasks: list[Task],
+    modes: tuple[str, ...] = MODES,
+    *,
+    backend: str = "auto",
+    keep: Path | None = None,
+    timeout_s: float | None = None,
+) -> list[dict[str, Any]]:
     """Run every task in each of ``modes`` in the sandbox (``claw-sandbox run --backend``), never on
     the host: ``untouched`` is the ``nothing`` harness's job, ``solution`` the ``oracle``'s (the
     same jobs ``plan`` writes, network ``internet`` unless a task says ``allow_internet = false``).
@@ -65,7 +73,9 @@ def check_tasks(tasks: list[Task], modes: tuple[str, ...] = MODES, *, backend: s
     wanted = [(t, m) for t in tasks for m in modes if m != "solution" or t.solution is not None]
     jobs = []
     for t, m in wanted:
-        (job,) = plan_jobs([t], [load_harness(_HARNESS[m])], samples=1, network="internet", run_id="check")
+        (job,) = plan_jobs(
+            [t], [load_harness(_HARNESS[m])], samples=1, network="internet", run_id="check"
+        )
         job["job_id"] = f"check-{m}-{t.id}"
         jobs.append(job)
     with tempfile.TemporaryDirectory(prefix="claw-check-") as tmp:
@@ -74,9 +84,19 @@ def check_tasks(tasks: list[Task], modes: tuple[str, ...] = MODES, *, backend: s
         jobs_path, runs_path = root / "jobs.jsonl", root / "runs.jsonl"
         jobs_path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
         runs_path.unlink(missing_ok=True)
-        argv = [*sandbox_command(), "run", str(jobs_path), "-o", str(runs_path), "--backend", backend]
+        argv = [
+            *sandbox_command(),
+            "run",
+            str(jobs_path),
+            "-o",
+            str(runs_path),
+            "--backend",
+            backend,
+        ]
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+            p = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout_s, errors="replace"
+            )
         except subprocess.TimeoutExpired as exc:
             raise TaskError(f"claw-sandbox run did not finish within {timeout_s}s") from exc
         if not runs_path.is_file():
@@ -86,26 +106,42 @@ def check_tasks(tasks: list[Task], modes: tuple[str, ...] = MODES, *, backend: s
     for (t, m), job in zip(wanted, jobs, strict=True):
         run = runs.get(job["job_id"])
         if run is None:
-            raise TaskError(f"task {t.id}: claw-sandbox recorded no run for {m}: {p.stderr.strip()[-500:]}")
+            raise TaskError(
+                f"task {t.id}: claw-sandbox recorded no run for {m}: {p.stderr.strip()[-500:]}"
+            )
         out = score_run(run)
         if out["status"] not in ("ok",):
-            raise TaskError(f"task {t.id} ({m}): the sandbox run ended {out['status']}: {out.get('error')}")
+            raise TaskError(
+                f"task {t.id} ({m}): the sandbox run ended {out['status']}: {out.get('error')}"
+            )
         verify = run.get("verify") or {}
-        r: dict[str, Any] = {"task": t.id, "mode": m, "passed": bool(out["passed"]), "reward": float(out["reward"]),
-                             "scores": {k: v for k, v in (verify.get("details") or {}).items()
-                                        if isinstance(v, int | float) and not isinstance(v, bool)},
-                             "verify_exit_code": verify.get("exit_code"),
-                             "output": (verify.get("output") or "")[-4000:], "backend": run.get("backend")}
+        r: dict[str, Any] = {
+            "task": t.id,
+            "mode": m,
+            "passed": bool(out["passed"]),
+            "reward": float(out["reward"]),
+            "scores": {
+                k: v
+                for k, v in (verify.get("details") or {}).items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            },
+            "verify_exit_code": verify.get("exit_code"),
+            "output": (verify.get("output") or "")[-4000:],
+            "backend": run.get("backend"),
+        }
         if m == "solution":
             r["solution_exit_code"] = run.get("exit_code")
             if run.get("exit_code") != 0:
-                r["solution_output"] = (run.get("stdout_tail", "") + run.get("stderr_tail", ""))[-4000:]
+                r["solution_output"] = (run.get("stdout_tail", "") + run.get("stderr_tail", ""))[
+                    -4000:
+                ]
         results.append(r)
     return results
 
 
-def check_task(task: Task, mode: str = "solution", *, backend: str = "auto",
-               keep: Path | None = None) -> dict[str, Any]:
+def check_task(
+    task: Task, mode: str = "solution", *, backend: str = "auto", keep: Path | None = None
+) -> dict[str, Any]:
     """Run ``task`` in the sandbox in ``mode`` (untouched | solution) and verify; a result dict
     (see :func:`check_tasks`)."""
     if mode == "solution" and task.solution is None:

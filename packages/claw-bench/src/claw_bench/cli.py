@@ -41,7 +41,10 @@ def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except ClawError as exc:
-            raise click.ClickException(f"{exc}\nHint: see `claw-bench {fn.__name__.rstrip('_')} --help`.") from exc
+            raise click.ClickException(
+                f"{exc}\nHint: see `claw-bench {fn.__name__.rstrip('_')} --help`."
+            ) from exc
+
     return wrapper
 
 
@@ -58,7 +61,9 @@ def main() -> None:
     """
 
 
-_STRICT_HELP = "a task of the suite that does not load is an error (default: skip it with a warning)"
+_STRICT_HELP = (
+    "a task of the suite that does not load is an error (default: skip it with a warning)"
+)
 
 
 def _suite(suite: str, options: LoadOptions | None = None, strict: bool = False) -> Suite:
@@ -70,7 +75,9 @@ def _suite(suite: str, options: LoadOptions | None = None, strict: bool = False)
 
 
 @main.command()
-@click.option("--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory")
+@click.option(
+    "--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory"
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
 @click.option("--strict", is_flag=True, help=_STRICT_HELP)
 @_errors
@@ -96,7 +103,9 @@ def tasks(suite: str, as_json: bool, strict: bool) -> None:
 @main.command()
 @click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
-@click.option("--build", is_flag=True, help="build the missing images that have a Dockerfile (docker build)")
+@click.option(
+    "--build", is_flag=True, help="build the missing images that have a Dockerfile (docker build)"
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
 @_errors
 def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) -> None:
@@ -121,10 +130,19 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
             click.echo(f"{r.task:32} {r.status:8} {r.image or 'default image'}")
     for r in rows:
         if r.status == "failed":
-            _log(f"--- {r.task}: docker build -t {r.image} {r.context} failed; its last lines:\n{r.output}")
-    counts = {k: sum(r.status == k for r in rows) for k in ("present", "built", "missing", "failed", "default")}
-    _log(f"{len(rows)} tasks: " + ", ".join(f"{n} {'default image' if k == 'default' else k}"
-                                              for k, n in counts.items() if n))
+            _log(
+                f"--- {r.task}: docker build -t {r.image} {r.context} failed; its last lines:\n{r.output}"
+            )
+    counts = {
+        k: sum(r.status == k for r in rows)
+        for k in ("present", "built", "missing", "failed", "default")
+    }
+    _log(
+        f"{len(rows)} tasks: "
+        + ", ".join(
+            f"{n} {'default image' if k == 'default' else k}" for k, n in counts.items() if n
+        )
+    )
     pull = sorted({r.image for r in rows if r.status == "missing" and not r.context and r.image})
     if pull:
         _log(f"not built here (named by docker_image): docker pull {' '.join(pull)}")
@@ -133,7 +151,9 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per harness instead of a table")
+@click.option(
+    "--json", "as_json", is_flag=True, help="one JSON object per harness instead of a table"
+)
 @_errors
 def harnesses(as_json: bool) -> None:
     """List harness adapters (built-in and from $CLAW_BENCH_HARNESSES) and whether each is installed.
@@ -144,44 +164,106 @@ def harnesses(as_json: bool) -> None:
         if as_json:
             click.echo(dumps(h.to_dict()))
         else:
-            state = "installed" if h.installed() else f"not installed (needs {', '.join(h.requires)})"
+            state = (
+                "installed" if h.installed() else f"not installed (needs {', '.join(h.requires)})"
+            )
             click.echo(f"{h.name:22} {h.api:10} {state}")
 
 
 @main.command()
 @click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
-@click.option("--harness", "-H", "harness_names", multiple=True, required=True, help="adapter name or .toml path (repeatable)")
-@click.option("-n", "--rollouts", "samples", type=int, default=1, show_default=True,
-              help="rollouts per (task, harness)")
-@click.option("--network", type=click.Choice(NETWORKS),
-              help="the jobs' network: none, proxy (only the proxy) or internet; default: proxy for model "
-              "harnesses, none for oracle / nothing; a task's allow_internet = false always wins")
-@click.option("--proxy", "proxy_url", help="proxy base URL, e.g. http://127.0.0.1:8000 (needed by model harnesses)")
-@click.option("--proxy-secret-file", type=click.Path(dir_okay=False), help="HMAC secret shared with the proxy "
-              "(needed by model harnesses)")
+@click.option(
+    "--harness",
+    "-H",
+    "harness_names",
+    multiple=True,
+    required=True,
+    help="adapter name or .toml path (repeatable)",
+)
+@click.option(
+    "-n",
+    "--rollouts",
+    "samples",
+    type=int,
+    default=1,
+    show_default=True,
+    help="rollouts per (task, harness)",
+)
+@click.option(
+    "--network",
+    type=click.Choice(NETWORKS),
+    help="the jobs' network: none, proxy (only the proxy) or internet; default: proxy for model "
+    "harnesses, none for oracle / nothing; a task's allow_internet = false always wins",
+)
+@click.option(
+    "--proxy",
+    "proxy_url",
+    help="proxy base URL, e.g. http://127.0.0.1:8000 (needed by model harnesses)",
+)
+@click.option(
+    "--proxy-secret-file",
+    type=click.Path(dir_okay=False),
+    help="HMAC secret shared with the proxy (needed by model harnesses)",
+)
 @click.option("--strict", is_flag=True, help=_STRICT_HELP)
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
 @click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags")
 @click.option("--run-id", help="prefix of session ids (default: random)")
 @click.option("--model", help="model name the harnesses ask for (default: each adapter's)")
 @click.option("--install", is_flag=True, help="install the harness in each job's setup")
-@click.option("--group-by", type=click.Choice(GROUP_BY), default="task", show_default=True,
-              help="group key for group-relative advantages: the task, or task+harness (<task>+<harness>)")
+@click.option(
+    "--group-by",
+    type=click.Choice(GROUP_BY),
+    default="task",
+    show_default=True,
+    help="group key for group-relative advantages: the task, or task+harness (<task>+<harness>)",
+)
 @click.option("--memory-mb", type=click.IntRange(1), help="job limit: memory")
 @click.option("--pids", type=click.IntRange(1), help="job limit: processes")
 @click.option("--cpus", type=click.FloatRange(0, min_open=True), help="job limit: CPUs")
-@click.option("--pass-threshold", type=click.FloatRange(0, 1), default=1.0, show_default=True,
-              help="public suites (ClawGym, PinchBench, Harbor): passed = reward >= THRESHOLD")
-@click.option("--workspace-dir", help="public suites: fixed path the workspace is mounted at, given to checkers "
-              "(default: remap the task's mount dir to the real workspace)")
-@click.option("--checker-timeout", type=click.FloatRange(0, min_open=True),
-              help="public suites: seconds before a checker is killed (scores 0) [default: 120]")
-@click.option("-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file")
+@click.option(
+    "--pass-threshold",
+    type=click.FloatRange(0, 1),
+    default=1.0,
+    show_default=True,
+    help="public suites (ClawGym, PinchBench, Harbor): passed = reward >= THRESHOLD",
+)
+@click.option(
+    "--workspace-dir",
+    help="public suites: fixed path the workspace is mounted at, given to checkers "
+    "(default: remap the task's mount dir to the real workspace)",
+)
+@click.option(
+    "--checker-timeout",
+    type=click.FloatRange(0, min_open=True),
+    help="public suites: seconds before a checker is killed (scores 0) [default: 120]",
+)
+@click.option(
+    "-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file"
+)
 @_errors
-def plan(suite: str, harness_names: tuple[str, ...], samples: int, network: str | None, proxy_url: str | None,
-         proxy_secret_file: str | None, strict: bool, task_ids: tuple[str, ...], tags: tuple[str, ...], run_id: str | None, model: str | None,
-         install: bool, group_by: str, memory_mb: int | None, pids: int | None, cpus: float | None,
-         pass_threshold: float, workspace_dir: str | None, checker_timeout: float | None, output: str) -> None:
+def plan(
+    suite: str,
+    harness_names: tuple[str, ...],
+    samples: int,
+    network: str | None,
+    proxy_url: str | None,
+    proxy_secret_file: str | None,
+    strict: bool,
+    task_ids: tuple[str, ...],
+    tags: tuple[str, ...],
+    run_id: str | None,
+    model: str | None,
+    install: bool,
+    group_by: str,
+    memory_mb: int | None,
+    pids: int | None,
+    cpus: float | None,
+    pass_threshold: float,
+    workspace_dir: str | None,
+    checker_timeout: float | None,
+    output: str,
+) -> None:
     """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
 
     Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
@@ -195,38 +277,90 @@ def plan(suite: str, harness_names: tuple[str, ...], samples: int, network: str 
     need no proxy.
     """
     if workspace_dir is not None and not workspace_dir.startswith("/"):
-        raise click.BadParameter(f"{workspace_dir!r} must be an absolute path", param_hint="--workspace-dir")
-    options = LoadOptions(pass_threshold=pass_threshold, workspace_dir=workspace_dir, checker_timeout_s=checker_timeout)
+        raise click.BadParameter(
+            f"{workspace_dir!r} must be an absolute path", param_hint="--workspace-dir"
+        )
+    options = LoadOptions(
+        pass_threshold=pass_threshold,
+        workspace_dir=workspace_dir,
+        checker_timeout_s=checker_timeout,
+    )
     s = _suite(suite, options, strict).select(list(task_ids) or None, list(tags) or None)
     hs = [load_harness(h) for h in harness_names]
     needs = [h.name for h in hs if h.needs_model]
     if needs and not (proxy_url and proxy_secret_file):
-        raise click.UsageError(f"harness {needs[0]} talks to a model: give --proxy and --proxy-secret-file")
+        raise click.UsageError(
+            f"harness {needs[0]} talks to a model: give --proxy and --proxy-secret-file"
+        )
     for h in hs:
         if not h.installed() and not install:
-            _log(f"warning: harness {h.name} is not installed here (needs {', '.join(h.requires)}); "
-                 "pass --install to install it in each job")
+            _log(
+                f"warning: harness {h.name} is not installed here (needs {', '.join(h.requires)}); "
+                "pass --install to install it in each job"
+            )
     secret = read_secret(proxy_secret_file) if proxy_secret_file and needs else None
-    jobs = plan_jobs(list(s.tasks), hs, samples=samples, proxy_url=proxy_url if needs else None, secret=secret,
-                     network=network, run_id=run_id, model=model, install=install, group_by=group_by,
-                     limits={k: v for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus)) if v is not None})
+    jobs = plan_jobs(
+        list(s.tasks),
+        hs,
+        samples=samples,
+        proxy_url=proxy_url if needs else None,
+        secret=secret,
+        network=network,
+        run_id=run_id,
+        model=model,
+        install=install,
+        group_by=group_by,
+        limits={
+            k: v
+            for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus))
+            if v is not None
+        },
+    )
     n = write_records(output, jobs)
     _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} rollouts")
 
 
 @main.command()
 @click.argument("runs", default="-")
-@click.option("--pass-threshold", "threshold", type=click.FloatRange(0, 1),
-              help="passed = reward >= this (default: verifier exit code, or the task's pass_threshold)")
-@click.option("-o", "--output", default="-", show_default=True, callback=output_path, help="outcomes JSONL file")
-@click.option("--judge-url", help="LLM judge base URL for rubric-graded tasks (OpenAI: with /v1; Anthropic: without)")
+@click.option(
+    "--pass-threshold",
+    "threshold",
+    type=click.FloatRange(0, 1),
+    help="passed = reward >= this (default: verifier exit code, or the task's pass_threshold)",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    callback=output_path,
+    help="outcomes JSONL file",
+)
+@click.option(
+    "--judge-url",
+    help="LLM judge base URL for rubric-graded tasks (OpenAI: with /v1; Anthropic: without)",
+)
 @click.option("--judge-model", help="model name the judge is asked for")
-@click.option("--judge-api", type=click.Choice(JUDGE_APIS), default="openai", show_default=True,
-              help="API the judge speaks")
-@click.option("--judge-key-env", metavar="VAR", help="environment variable holding the judge's API key")
+@click.option(
+    "--judge-api",
+    type=click.Choice(JUDGE_APIS),
+    default="openai",
+    show_default=True,
+    help="API the judge speaks",
+)
+@click.option(
+    "--judge-key-env", metavar="VAR", help="environment variable holding the judge's API key"
+)
 @_errors
-def score(runs: str, threshold: float | None, output: str, judge_url: str | None, judge_model: str | None,
-          judge_api: str, judge_key_env: str | None) -> None:
+def score(
+    runs: str,
+    threshold: float | None,
+    output: str,
+    judge_url: str | None,
+    judge_model: str | None,
+    judge_api: str,
+    judge_key_env: str | None,
+) -> None:
     """Score claw.run/v1 records into claw.outcome/v1 records (infra errors stay infra_error).
 
     Tasks graded by an LLM rubric (PinchBench llm_judge / hybrid, ClawGym hybrid) are scored
@@ -247,21 +381,38 @@ def score(runs: str, threshold: float | None, output: str, judge_url: str | None
 
     def gen():
         for i, r in enumerate(iter_records(runs, RUN, check=check_run), start=1):
-            yield score_run(r, threshold=threshold, where=f"{'<stdin>' if runs == '-' else runs} record {i}", judge=judge)
+            yield score_run(
+                r,
+                threshold=threshold,
+                where=f"{'<stdin>' if runs == '-' else runs} record {i}",
+                judge=judge,
+            )
+
     outs = list(gen())
     write_records(output, outs)
     ok = sum(o["status"] == "ok" for o in outs)
     unscorable = sum(o["status"] == "not_scorable" for o in outs)
-    _log(f"scored {len(outs)} runs: {sum(bool(o['passed']) for o in outs)} passed, {ok} scored, "
-         f"{len(outs) - ok - unscorable} infra errors, {unscorable} not scorable (need --judge-url)")
+    _log(
+        f"scored {len(outs)} runs: {sum(bool(o['passed']) for o in outs)} passed, {ok} scored, "
+        f"{len(outs) - ok - unscorable} infra errors, {unscorable} not scorable (need --judge-url)"
+    )
 
 
 @main.command()
 @click.argument("runs", default="-")
-@click.option("--suite", "-s", required=True, help="the suite the runs were planned from (name or path)")
-@click.option("--calls", "calls_path", required=True, type=click.Path(dir_okay=False),
-              help="claw-proxy's claw.call/v1 records of these sessions (with raw request/response)")
-@click.option("-o", "--output", default="-", show_default=True, callback=output_path, help="runs JSONL file")
+@click.option(
+    "--suite", "-s", required=True, help="the suite the runs were planned from (name or path)"
+)
+@click.option(
+    "--calls",
+    "calls_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="claw-proxy's claw.call/v1 records of these sessions (with raw request/response)",
+)
+@click.option(
+    "-o", "--output", default="-", show_default=True, callback=output_path, help="runs JSONL file"
+)
 @_errors
 def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     """Re-run PinchBench-style checkers with each session's transcript (from the proxy's call records).
@@ -285,52 +436,108 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
                 yield regrade_run(r, task, calls)
             else:
                 yield r
+
     write_records(output, gen())
     _log(f"regraded {n} runs with their transcripts")
 
 
 @main.command(name="report")
 @click.argument("outcomes", default="-")
-@click.option("-k", "ks", type=int, multiple=True, help="k values (default: 1 and the largest sample count)")
-@click.option("--compare", "other", type=click.Path(dir_okay=False), help="baseline outcomes (before), shown side by side")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=output_path,
-              help="also draw the report to this image file; .png is added when it has no extension "
-              "(needs claw-bench[plot])")
+@click.option(
+    "-k", "ks", type=int, multiple=True, help="k values (default: 1 and the largest sample count)"
+)
+@click.option(
+    "--compare",
+    "other",
+    type=click.Path(dir_okay=False),
+    help="baseline outcomes (before), shown side by side",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    callback=output_path,
+    help="also draw the report to this image file; .png is added when it has no extension "
+    "(needs claw-bench[plot])",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
 @click.option("--no-tasks", is_flag=True, help="leave out the per-task table")
-@click.option("--reward-cutoff", "thresholds", type=click.FloatRange(0, 1), multiple=True,
-              help="also show the pass rate as reward >= this (repeatable, e.g. --reward-cutoff 0.5 --reward-cutoff 1)")
-@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True,
-              help="confidence level of the bootstrap intervals")
-@click.option("--rounds", type=click.IntRange(100, 100000), default=2000, show_default=True, help="bootstrap rounds")
+@click.option(
+    "--reward-cutoff",
+    "thresholds",
+    type=click.FloatRange(0, 1),
+    multiple=True,
+    help="also show the pass rate as reward >= this (repeatable, e.g. --reward-cutoff 0.5 --reward-cutoff 1)",
+)
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0.5, 0.999),
+    default=0.95,
+    show_default=True,
+    help="confidence level of the bootstrap intervals",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(100, 100000),
+    default=2000,
+    show_default=True,
+    help="bootstrap rounds",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap random seed")
 @_errors
-def report_(outcomes: str, ks: tuple[int, ...], other: str | None, plot_path: str | None, as_json: bool,
-            no_tasks: bool, thresholds: tuple[float, ...], confidence: float, rounds: int, seed: int) -> None:
+def report_(
+    outcomes: str,
+    ks: tuple[int, ...],
+    other: str | None,
+    plot_path: str | None,
+    as_json: bool,
+    no_tasks: bool,
+    thresholds: tuple[float, ...],
+    confidence: float,
+    rounds: int,
+    seed: int,
+) -> None:
     """Pass@1 and unbiased Pass@k per harness and per task, with bootstrap confidence intervals.
 
     Example: claw-bench report outcomes.jsonl -k 1 -k 4 --compare baseline.jsonl --plot passk.png
 
     Example: claw-bench report outcomes.jsonl --reward-cutoff 0.5 --reward-cutoff 1.0
     """
-    opts: dict[str, Any] = {"ks": list(ks) or None, "confidence": confidence, "rounds": rounds, "seed": seed}
-    rep = report(read_records(outcomes, OUTCOME, check_outcome), **opts, thresholds=list(thresholds) or None)
+    opts: dict[str, Any] = {
+        "ks": list(ks) or None,
+        "confidence": confidence,
+        "rounds": rounds,
+        "seed": seed,
+    }
+    rep = report(
+        read_records(outcomes, OUTCOME, check_outcome), **opts, thresholds=list(thresholds) or None
+    )
     base = None
     if other:
         base = report(read_records(other, OUTCOME, check_outcome), **{**opts, "ks": rep["ks"]})
         cmp = compare(base, rep)
-        click.echo(json.dumps(cmp) if as_json else render_compare(cmp, per_task=not no_tasks), nl=as_json)
+        click.echo(
+            json.dumps(cmp) if as_json else render_compare(cmp, per_task=not no_tasks), nl=as_json
+        )
     else:
-        click.echo(json.dumps(rep) if as_json else render_text(rep, per_task=not no_tasks), nl=as_json)
+        click.echo(
+            json.dumps(rep) if as_json else render_text(rep, per_task=not no_tasks), nl=as_json
+        )
     if plot_path:
         _log(f"wrote {plot_report(rep, plot_path, other=base)}")
 
 
 @main.command()
-@click.option("--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory")
+@click.option(
+    "--suite", "-s", default="claw-mini", show_default=True, help="built-in suite name or directory"
+)
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
-@click.option("--backend", default="auto", show_default=True,
-              help="claw-sandbox backend the checks run in (bwrap, docker, process, auto)")
+@click.option(
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="claw-sandbox backend the checks run in (bwrap, docker, process, auto)",
+)
 @_errors
 def check(suite: str, task_ids: tuple[str, ...], backend: str) -> None:
     """Prove tasks sound: the untouched workspace fails and the reference solution passes.

@@ -57,7 +57,9 @@ def context_tag(task_id: str, context: Path) -> str:
             h.update(len(rel).to_bytes(4, "big") + rel)
             data = p.read_bytes()
             h.update(len(data).to_bytes(8, "big") + data)
-    repo = re.sub(r"[^a-z0-9]+", "-", task_id.lower()).strip("-") or "task"  # a valid Docker repository name
+    repo = (
+        re.sub(r"[^a-z0-9]+", "-", task_id.lower()).strip("-") or "task"
+    )  # a valid Docker repository name
     return f"claw-harbor/{repo}:{h.hexdigest()[:12]}"
 
 
@@ -88,7 +90,9 @@ def _dockerfile_lines(text: str) -> list[str]:
     return out
 
 
-def read_dockerfile(context: Path, what: str) -> tuple[str, dict[str, str], dict[str, FileContent], list[str]]:
+def read_dockerfile(
+    context: Path, what: str
+) -> tuple[str, dict[str, str], dict[str, FileContent], list[str]]:
     """(WORKDIR, ENV, files COPY/ADD puts into the WORKDIR, lines a plain host cannot carry out).
 
     Only what needs no image build is taken: ``WORKDIR``, ``ENV`` and ``COPY``/``ADD`` of local
@@ -115,7 +119,11 @@ def read_dockerfile(context: Path, what: str) -> tuple[str, dict[str, str], dict
                         env[key] = value
         elif word in ("COPY", "ADD"):
             try:
-                args = [a for a in shlex.split(rest) if not a.startswith("--chown") and not a.startswith("--chmod")]
+                args = [
+                    a
+                    for a in shlex.split(rest)
+                    if not a.startswith("--chown") and not a.startswith("--chmod")
+                ]
             except ValueError:
                 args = []
             if len(args) < 2 or any(a.startswith("--") or "://" in a for a in args):
@@ -141,8 +149,14 @@ def read_dockerfile(context: Path, what: str) -> tuple[str, dict[str, str], dict
                 for rel, content in read_text_tree(sp, what=what).items():
                     files[os.path.normpath(os.path.join(base, rel))] = content
             else:
-                target = os.path.join(base, sp.name) if into_dir or (sp.is_file() and dest_abs == workdir) else base
-                files[os.path.normpath(target)] = sp.read_bytes() if not _is_text(sp) else sp.read_text(encoding="utf-8")
+                target = (
+                    os.path.join(base, sp.name)
+                    if into_dir or (sp.is_file() and dest_abs == workdir)
+                    else base
+                )
+                files[os.path.normpath(target)] = (
+                    sp.read_bytes() if not _is_text(sp) else sp.read_text(encoding="utf-8")
+                )
     return workdir, env, files, skipped
 
 
@@ -172,7 +186,9 @@ def load_harbor_task(task_dir: str | Path) -> Task:
             raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
     ttable = t if isinstance(t := meta.get("task"), dict) else {}
     raw_name = n if isinstance(n := ttable.get("name"), str) and n else task_dir.name
-    name = _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"  # [task] name is the id when present
+    name = (
+        _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"
+    )  # [task] name is the id when present
     test_sh = task_dir / "tests" / "test.sh"
     if not test_sh.is_file():
         raise TaskError(f"{task_dir}: missing verifier: expected tests/test.sh")
@@ -183,9 +199,15 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     verify = Script(name="tests/test.sh", text=tests["test.sh"], interpreter="bash")
 
     def _timeout(table: str, default: float) -> float:
-        v = meta.get(table, {}).get("timeout_sec", default) if isinstance(meta.get(table), dict) else default
+        v = (
+            meta.get(table, {}).get("timeout_sec", default)
+            if isinstance(meta.get(table), dict)
+            else default
+        )
         if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-            raise TaskError(f"{tpath}: field [{table}] timeout_sec must be a positive number, got {v!r}")
+            raise TaskError(
+                f"{tpath}: field [{table}] timeout_sec must be a positive number, got {v!r}"
+            )
         return float(v)
 
     env = meta.get("environment", {}) if isinstance(meta.get("environment"), dict) else {}
@@ -193,35 +215,57 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     tags = md.get("tags", [])
     gpus = env.get("gpus", 0)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        raise TaskError(f"{tpath}: field [environment] gpus must be a non-negative integer, got {gpus!r}")
+        raise TaskError(
+            f"{tpath}: field [environment] gpus must be a non-negative integer, got {gpus!r}"
+        )
     if gpus:
-        raise TaskError(f"{tpath}: the task needs {gpus} GPU(s) ([environment] gpus); claw-sandbox jobs get no GPU")
+        raise TaskError(
+            f"{tpath}: the task needs {gpus} GPU(s) ([environment] gpus); claw-sandbox jobs get no GPU"
+        )
     allow_internet = env.get("allow_internet", True)
     if not isinstance(allow_internet, bool):
-        raise TaskError(f"{tpath}: field [environment] allow_internet must be true or false, got {allow_internet!r}")
+        raise TaskError(
+            f"{tpath}: field [environment] allow_internet must be true or false, got {allow_internet!r}"
+        )
     solution = None
     solution_files: dict[str, FileContent] = {}
     solve = task_dir / "solution" / "solve.sh"
     if solve.is_file():
-        solution = Script(name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash")
-        solution_files = read_text_tree(task_dir / "solution", what=f"task {name}")  # solve.sh and its siblings
+        solution = Script(
+            name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash"
+        )
+        solution_files = read_text_tree(
+            task_dir / "solution", what=f"task {name}"
+        )  # solve.sh and its siblings
     difficulty = md.get("difficulty")
     image = env.get("docker_image") if isinstance(env.get("docker_image"), str) else None
     context = task_dir / "environment"
     task_meta: dict = {"allow_internet": allow_internet}
     build_timeout = env.get("build_timeout_sec")
     if build_timeout is not None:
-        if isinstance(build_timeout, bool) or not isinstance(build_timeout, int | float) or build_timeout <= 0:
-            raise TaskError(f"{tpath}: field [environment] build_timeout_sec must be a positive number, "
-                            f"got {build_timeout!r}")
-        task_meta["build_timeout_s"] = float(build_timeout)  # claw-bench images --build kills the build then
+        if (
+            isinstance(build_timeout, bool)
+            or not isinstance(build_timeout, int | float)
+            or build_timeout <= 0
+        ):
+            raise TaskError(
+                f"{tpath}: field [environment] build_timeout_sec must be a positive number, "
+                f"got {build_timeout!r}"
+            )
+        task_meta["build_timeout_s"] = float(
+            build_timeout
+        )  # claw-bench images --build kills the build then
     for table, key in (("environment", "env"), ("solution", "solution_env")):
         t = t if isinstance(t := meta.get(table), dict) else {}
         e = t.get("env", {})
-        if not isinstance(e, dict) or not all(isinstance(v, str | int | float | bool) for v in e.values()):
+        if not isinstance(e, dict) or not all(
+            isinstance(v, str | int | float | bool) for v in e.values()
+        ):
             raise TaskError(f"{tpath}: field [{table}.env] must be a table of strings")
         if e:
-            task_meta[key] = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in e.items()}
+            task_meta[key] = {
+                str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in e.items()
+            }
     workspace: dict[str, FileContent] = {}
     harbor: dict = {"workdir": DEFAULT_WORKDIR, "image_run": []}
     if (context / "Dockerfile").is_file():
@@ -235,12 +279,21 @@ def load_harbor_task(task_dir: str | Path) -> Task:
             task_meta["docker_context"] = str(context)
     task_meta["harbor"] = harbor
     return Task(
-        id=name, instruction=instruction.strip() + "\n", timeout_s=_timeout("agent", 600.0),
+        id=name,
+        instruction=instruction.strip() + "\n",
+        timeout_s=_timeout("agent", 600.0),
         tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
         difficulty=difficulty if difficulty in ("easy", "medium", "hard") else None,
-        workspace=workspace, verify=verify, hidden=hidden, verify_timeout_s=_timeout("verifier", 120.0),
-        solution=solution, solution_files=solution_files, reward_file=harbor_reward_file(), image=image,
-        source="harbor", path=str(task_dir),
+        workspace=workspace,
+        verify=verify,
+        hidden=hidden,
+        verify_timeout_s=_timeout("verifier", 120.0),
+        solution=solution,
+        solution_files=solution_files,
+        reward_file=harbor_reward_file(),
+        image=image,
+        source="harbor",
+        path=str(task_dir),
         meta=task_meta,
     )
 

@@ -52,7 +52,18 @@ PLACEHOLDERS = {
     "harness": "the harness name",
 }
 _PH = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
-_KEYS = {"name", "description", "api", "requires", "install", "instruction", "model", "command", "env", "files"}
+_KEYS = {
+    "name",
+    "description",
+    "api",
+    "requires",
+    "install",
+    "instruction",
+    "model",
+    "command",
+    "env",
+    "files",
+}
 HARNESS_PATH_ENV = "CLAW_BENCH_HARNESSES"
 
 
@@ -97,9 +108,18 @@ class Harness:
 
     def to_dict(self) -> dict[str, Any]:
         """Summary for `claw-bench harnesses --json`."""
-        return {"name": self.name, "api": self.api, "installed": self.installed(), "requires": list(self.requires),
-                "install": list(self.install), "instruction": self.instruction, "model": self.model,
-                "description": self.description, "path": self.path, "builtin": self.builtin}
+        return {
+            "name": self.name,
+            "api": self.api,
+            "installed": self.installed(),
+            "requires": list(self.requires),
+            "install": list(self.install),
+            "instruction": self.instruction,
+            "model": self.model,
+            "description": self.description,
+            "path": self.path,
+            "builtin": self.builtin,
+        }
 
 
 def builtin_harness(name: str) -> Harness:
@@ -107,11 +127,23 @@ def builtin_harness(name: str) -> Harness:
     ``solution/solve.sh`` with its sibling files, a claw task's ``solution.sh`` / ``.py``);
     ``nothing`` does nothing (the floor: a task it passes is unsound). Neither calls a model."""
     if name == "oracle":
-        return Harness(name="oracle", api="none", command="true", instruction="file", builtin="oracle",
-                       description="runs the task's reference solution (not scorable when it has none)")
+        return Harness(
+            name="oracle",
+            api="none",
+            command="true",
+            instruction="file",
+            builtin="oracle",
+            description="runs the task's reference solution (not scorable when it has none)",
+        )
     if name == "nothing":
-        return Harness(name="nothing", api="none", command="true", instruction="file", builtin="nothing",
-                       description="does nothing: the floor every task must fail")
+        return Harness(
+            name="nothing",
+            api="none",
+            command="true",
+            instruction="file",
+            builtin="nothing",
+            description="does nothing: the floor every task must fail",
+        )
     raise HarnessError(f"unknown built-in harness {name!r}; built-ins: {', '.join(BUILTINS)}")
 
 
@@ -122,7 +154,9 @@ def _fill(text: str, values: dict[str, str]) -> str:
 def _check_placeholders(text: str, where: str) -> None:
     for m in _PH.finditer(text):
         if m.group(1) not in PLACEHOLDERS:
-            raise HarnessError(f"{where}: unknown placeholder {{{{{m.group(1)}}}}}; known: {sorted(PLACEHOLDERS)}")
+            raise HarnessError(
+                f"{where}: unknown placeholder {{{{{m.group(1)}}}}}; known: {sorted(PLACEHOLDERS)}"
+            )
 
 
 def _str_list(meta: dict, key: str, where: str) -> tuple[str, ...]:
@@ -157,29 +191,46 @@ def load_harness_file(path: str | Path) -> Harness:
         raise HarnessError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
     name = meta.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name):
-        raise HarnessError(f"{where}: field 'name' must be letters, digits, '-' or '_', got {name!r}")
+        raise HarnessError(
+            f"{where}: field 'name' must be letters, digits, '-' or '_', got {name!r}"
+        )
     api = meta.get("api")
     if api not in APIS:
-        raise HarnessError(f"{where}: field 'api': unknown API {api!r}; expected one of {', '.join(APIS)}")
+        raise HarnessError(
+            f"{where}: field 'api': unknown API {api!r}; expected one of {', '.join(APIS)}"
+        )
     command = meta.get("command")
     if not isinstance(command, str) or not command.strip():
         raise HarnessError(f"{where}: field 'command' must be a non-empty string")
     _check_placeholders(command, f"{where}: field 'command'")
     mode = meta.get("instruction", "arg")
     if mode not in INSTRUCTION_MODES:
-        raise HarnessError(f"{where}: field 'instruction' must be one of {INSTRUCTION_MODES}, got {mode!r}")
+        raise HarnessError(
+            f"{where}: field 'instruction' must be one of {INSTRUCTION_MODES}, got {mode!r}"
+        )
     if mode == "arg" and "instruction" not in _PH.findall(command):
-        raise HarnessError(f"{where}: field 'command' must contain {{{{instruction}}}} when instruction = \"arg\"")
+        raise HarnessError(
+            f"{where}: field 'command' must contain {{{{instruction}}}} when instruction = \"arg\""
+        )
     if mode == "file" and "instruction_file" not in _PH.findall(command):
-        raise HarnessError(f"{where}: field 'command' must contain {{{{instruction_file}}}} when instruction = \"file\"")
+        raise HarnessError(
+            f"{where}: field 'command' must contain {{{{instruction_file}}}} when instruction = \"file\""
+        )
     for key in ("description", "model"):
         if key in meta and not isinstance(meta[key], str):
             raise HarnessError(f"{where}: field {key!r} must be a string")
     return Harness(
-        name=name, api=api, command=command.strip(), description=meta.get("description", ""),
-        requires=_str_list(meta, "requires", where), install=_str_list(meta, "install", where),
-        instruction=mode, model=meta.get("model", "claw-policy"), env=_str_table(meta, "env", where),
-        files=_str_table(meta, "files", where), path=str(path),
+        name=name,
+        api=api,
+        command=command.strip(),
+        description=meta.get("description", ""),
+        requires=_str_list(meta, "requires", where),
+        install=_str_list(meta, "install", where),
+        instruction=mode,
+        model=meta.get("model", "claw-policy"),
+        env=_str_table(meta, "env", where),
+        files=_str_table(meta, "files", where),
+        path=str(path),
     )
 
 
@@ -200,7 +251,9 @@ def load_harness(name_or_path: str | Path) -> Harness:
         p = d / f"{s}.toml"
         if p.is_file():
             return load_harness_file(p)
-    raise HarnessError(f"unknown harness {s!r}; known: {', '.join(h.name for h in list_harnesses())}")
+    raise HarnessError(
+        f"unknown harness {s!r}; known: {', '.join(h.name for h in list_harnesses())}"
+    )
 
 
 def list_harnesses() -> list[Harness]:

@@ -47,29 +47,43 @@ class ImageRow:
 
 def _row(task: Task, status: str = "default") -> ImageRow:
     context = task.meta.get("docker_context") if task.image else None
-    return ImageRow(task=task.id, image=task.image, context=context if isinstance(context, str) else None,
-                    status=status)
+    return ImageRow(
+        task=task.id,
+        image=task.image,
+        context=context if isinstance(context, str) else None,
+        status=status,
+    )
 
 
 def check_docker(docker: str = "docker") -> str:
     """The docker executable's path, once an engine answers it; DockerError saying what is wrong."""
     exe = shutil.which(docker)
     if exe is None:
-        raise DockerError(f"{docker}: command not found on PATH; install the Docker CLI and engine "
-                          "to list or build task images")
+        raise DockerError(
+            f"{docker}: command not found on PATH; install the Docker CLI and engine "
+            "to list or build task images"
+        )
     try:
-        p = subprocess.run([exe, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True,
-                           timeout=60)
+        p = subprocess.run(
+            [exe, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except subprocess.TimeoutExpired as exc:
         raise DockerError(f"no Docker engine answered `{docker} version` within 60 s") from exc
     if p.returncode != 0:
-        last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:] or [f"exit code {p.returncode}"]
+        last = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:] or [
+            f"exit code {p.returncode}"
+        ]
         raise DockerError(f"no Docker engine answering {docker}: {last[0]} (is dockerd running?)")
     return exe
 
 
 def _present(exe: str, image: str) -> bool:
-    p = subprocess.run([exe, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True, text=True)
+    p = subprocess.run(
+        [exe, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True, text=True
+    )
     return p.returncode == 0
 
 
@@ -82,7 +96,9 @@ def _list(tasks: list[Task], docker: str) -> tuple[list[ImageRow], str | None]:
     for t in tasks:
         if t.image and t.image not in seen:
             seen[t.image] = _present(exe, t.image)
-        rows.append(_row(t, "default" if not t.image else "present" if seen[t.image] else "missing"))
+        rows.append(
+            _row(t, "default" if not t.image else "present" if seen[t.image] else "missing")
+        )
     return rows, exe
 
 
@@ -101,8 +117,14 @@ def _build(exe: str, image: str, context: str, timeout_s: float | None = None) -
     ``timeout_s`` (the task's ``[environment] build_timeout_sec``) kills a build that runs longer.
     """
     tail: deque[str] = deque(maxlen=TAIL_LINES)
-    with subprocess.Popen([exe, "build", "-t", image, context], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace") as p:
+    with subprocess.Popen(
+        [exe, "build", "-t", image, context],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as p:
         timer = threading.Timer(timeout_s, p.kill) if timeout_s else None
         if timer:
             timer.start()
@@ -118,8 +140,9 @@ def _build(exe: str, image: str, context: str, timeout_s: float | None = None) -
     return p.returncode == 0, "\n".join(tail)
 
 
-def build_images(tasks: Iterable[Task], *, docker: str = "docker",
-                 progress: Callable[[str], None] | None = None) -> list[ImageRow]:
+def build_images(
+    tasks: Iterable[Task], *, docker: str = "docker", progress: Callable[[str], None] | None = None
+) -> list[ImageRow]:
     """List the images (see list_images) and build the missing ones that have a build context.
 
     Builds run one at a time; ``progress`` gets one short line before and after each. A failed
@@ -138,7 +161,11 @@ def build_images(tasks: Iterable[Task], *, docker: str = "docker",
         started = time.monotonic()
         ok, output = _build(exe, r.image, r.context, timeouts.get(r.image))
         seconds = round(time.monotonic() - started, 1)
-        done[r.image] = attrs.evolve(r, status="built" if ok else "failed", output="" if ok else output,
-                                     seconds=seconds)
+        done[r.image] = attrs.evolve(
+            r, status="built" if ok else "failed", output="" if ok else output, seconds=seconds
+        )
         say(f"[{i}/{len(todo)}] {'built' if ok else 'FAILED'} {r.image} in {seconds:g}s")
-    return [attrs.evolve(done[r.image], task=r.task) if r.image in done and r.context else r for r in rows]
+    return [
+        attrs.evolve(done[r.image], task=r.task) if r.image in done and r.context else r
+        for r in rows
+    ]

@@ -35,8 +35,9 @@ def pass_at_k_table(n: int, k: int) -> np.ndarray:
     return np.array([pass_at_k(n, c, k) for c in range(n + 1)])
 
 
-def bootstrap_mean_ci(values: np.ndarray, *, rounds: int = 2000, confidence: float = 0.95,
-                      seed: int = 0) -> tuple[float, float]:
+def bootstrap_mean_ci(
+    values: np.ndarray, *, rounds: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of ``values`` (shape (T,)), resampling entries."""
     values = np.asarray(values, dtype=float)
     if values.size == 0:
@@ -49,8 +50,9 @@ def bootstrap_mean_ci(values: np.ndarray, *, rounds: int = 2000, confidence: flo
     return float(lo), float(hi)
 
 
-def bootstrap_task_ci(results: np.ndarray, k: int, *, rounds: int = 2000, confidence: float = 0.95,
-                      seed: int = 0) -> tuple[float, float]:
+def bootstrap_task_ci(
+    results: np.ndarray, k: int, *, rounds: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap CI of one task's Pass@k, resampling its n samples (shape (n,) of 0/1)."""
     results = np.asarray(results, dtype=int)
     n = results.size

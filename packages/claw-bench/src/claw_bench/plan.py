@@ -31,7 +31,9 @@ def proxy_port(proxy_url: str) -> int:
     """The port of the proxy URL (explicit, or 80/443 from the scheme); PlanError when malformed."""
     parts = urlsplit(proxy_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PlanError(f"--proxy {proxy_url!r}: expected an http(s) URL such as http://127.0.0.1:8000")
+        raise PlanError(
+            f"--proxy {proxy_url!r}: expected an http(s) URL such as http://127.0.0.1:8000"
+        )
     try:
         port = parts.port
     except ValueError as exc:
@@ -54,8 +56,10 @@ def _network(h: Harness, task: Task, network: str | None) -> str:
     always wins over internet."""
     net = network or ("proxy" if h.needs_model else "none")
     if net == "none" and h.needs_model:
-        raise PlanError(f"harness {h.name} talks to a model: --network none leaves it no way to reach one; "
-                        "use --network proxy (or internet)")
+        raise PlanError(
+            f"harness {h.name} talks to a model: --network none leaves it no way to reach one; "
+            "use --network proxy (or internet)"
+        )
     if net == "proxy" and not h.needs_model:
         net = "none"
     if net == "internet" and task.meta.get("allow_internet") is False:
@@ -65,8 +69,10 @@ def _network(h: Harness, task: Task, network: str | None) -> str:
 
 def _preflight(h: Harness) -> str:
     """Shell that exits 127 with the reason when a required executable is missing in the job."""
-    return "".join(f"command -v {shlex.quote(r)} >/dev/null 2>&1 || {{ echo {shlex.quote(f'{NOT_STARTED}: harness {h.name} could not start: {r} is not installed in the job environment')} >&2; exit 127; }}; "
-                   for r in h.requires)
+    return "".join(
+        f"command -v {shlex.quote(r)} >/dev/null 2>&1 || {{ echo {shlex.quote(f'{NOT_STARTED}: harness {h.name} could not start: {r} is not installed in the job environment')} >&2; exit 127; }}; "
+        for r in h.requires
+    )
 
 
 def _oracle(task: Task) -> tuple[str | None, dict[str, FileContent], dict[str, str]]:
@@ -96,7 +102,7 @@ def _harbor(job: dict[str, Any], task: Task, hb: dict[str, Any], oracle: bool) -
     if hb.get("image_run"):
         job["image_run"] = list(hb["image_run"])
     if "verify" in job:
-        tests = {k[len("tests/"):]: v for k, v in task.hidden.items() if k.startswith("tests/")}
+        tests = {k[len("tests/") :]: v for k, v in task.hidden.items() if k.startswith("tests/")}
         vmounts: list[dict[str, Any]] = [{"target": TESTS, "files": {}}]
         if task.verify.name == "tests/test.sh":  # plain Harbor: test.sh writes the reward itself
             tests["test.sh"] = task.verify.text
@@ -105,17 +111,37 @@ def _harbor(job: dict[str, Any], task: Task, hb: dict[str, Any], oracle: bool) -
             vmounts.append({"target": CLAW_LOGS, "files": {task.verify.name: task.verify.text}})
             command = f"CLAW_REWARD_FILE={task.reward_file} bash {CLAW_LOGS}/{task.verify.name}"
         vmounts[0]["files"] = job_files(tests)
-        job["verify"] = {"command": command, "timeout_s": task.verify_timeout_s, "mounts": vmounts,
-                         "reward_file": task.reward_file}
-    places = [hb["workdir"], *(m["target"] for m in [*mounts, *job.get("verify", {}).get("mounts", [])])]
-    job["collect"] = [c for c in job["collect"] if not c.startswith("/") or any(c.startswith(p + "/") for p in places)]
+        job["verify"] = {
+            "command": command,
+            "timeout_s": task.verify_timeout_s,
+            "mounts": vmounts,
+            "reward_file": task.reward_file,
+        }
+    places = [
+        hb["workdir"],
+        *(m["target"] for m in [*mounts, *job.get("verify", {}).get("mounts", [])]),
+    ]
+    job["collect"] = [
+        c
+        for c in job["collect"]
+        if not c.startswith("/") or any(c.startswith(p + "/") for p in places)
+    ]
     job["collect"] += [f"{LOGS_VERIFIER}/**", f"{LOGS_AGENT}/**"]
 
 
 def plan_jobs(
-    tasks: list[Task], harnesses: list[Harness], *, samples: int, proxy_url: str | None = None,
-    secret: bytes | None = None, run_id: str | None = None, model: str | None = None, install: bool = False,
-    group_by: str = "task", python: str | None = None, limits: dict[str, Any] | None = None,
+    tasks: list[Task],
+    harnesses: list[Harness],
+    *,
+    samples: int,
+    proxy_url: str | None = None,
+    secret: bytes | None = None,
+    run_id: str | None = None,
+    model: str | None = None,
+    install: bool = False,
+    group_by: str = "task",
+    python: str | None = None,
+    limits: dict[str, Any] | None = None,
     network: str | None = None,
 ) -> list[dict[str, Any]]:
     """claw.job/v1 dicts, one per (task, harness, sample), in task-major order.
@@ -143,7 +169,9 @@ def plan_jobs(
         raise PlanError(f"--network must be one of {NETWORKS}, got {network!r}")
     model_h = [h.name for h in harnesses if h.needs_model]
     if model_h and (proxy_url is None or secret is None):
-        raise PlanError(f"harness {model_h[0]} talks to a model: --proxy and --proxy-secret-file are needed")
+        raise PlanError(
+            f"harness {model_h[0]} talks to a model: --proxy and --proxy-secret-file are needed"
+        )
     port = proxy_port(proxy_url) if proxy_url else None
     run_id = _UNSAFE.sub("_", run_id) if run_id else secrets.token_hex(4)
     python = python or sys.executable
@@ -153,26 +181,47 @@ def plan_jobs(
             for k in range(samples):
                 session = session_id(run_id, task.id, h.name, k)
                 net = _network(h, task, network)
-                meta = {"session": session, "task": task.id, "harness": h.name, "sample": k,
-                        "group": task.id if group_by == "task" else f"{task.id}+{h.name}",
-                        "run_id": run_id, "api": h.api}
+                meta = {
+                    "session": session,
+                    "task": task.id,
+                    "harness": h.name,
+                    "sample": k,
+                    "group": task.id if group_by == "task" else f"{task.id}+{h.name}",
+                    "run_id": run_id,
+                    "api": h.api,
+                }
                 files: dict[str, FileContent] = dict(task.workspace)
                 env: dict[str, str] = dict(task.meta.get("env", {}))
-                verify: dict[str, Any] | None = {"command": task.verify_command(), "timeout_s": task.verify_timeout_s,
-                                                 "files": job_files(task.verify_files()),
-                                                 "reward_file": task.reward_file}
+                verify: dict[str, Any] | None = {
+                    "command": task.verify_command(),
+                    "timeout_s": task.verify_timeout_s,
+                    "files": job_files(task.verify_files()),
+                    "reward_file": task.reward_file,
+                }
                 if h.needs_model:
                     assert proxy_url is not None and secret is not None and port is not None
                     token = mint_token(session, secret, {"task": task.id, "harness": h.name})
-                    base_url = proxy_url.rstrip("/") if net == "internet" else f"http://127.0.0.1:{port}"
-                    values = {"base_url": base_url, "port": str(port), "token": token,
-                              "model": model or h.model, "instruction": task.instruction,
-                              "instruction_file": ".claw_harness/instruction.md", "python": python,
-                              "session": session, "task": task.id, "harness": h.name}
+                    base_url = (
+                        proxy_url.rstrip("/") if net == "internet" else f"http://127.0.0.1:{port}"
+                    )
+                    values = {
+                        "base_url": base_url,
+                        "port": str(port),
+                        "token": token,
+                        "model": model or h.model,
+                        "instruction": task.instruction,
+                        "instruction_file": ".claw_harness/instruction.md",
+                        "python": python,
+                        "session": session,
+                        "task": task.id,
+                        "harness": h.name,
+                    }
                     command, h_env, harness_files = h.render(values)
                     clash = set(files) & set(harness_files)
                     if clash:
-                        raise PlanError(f"task {task.id}: workspace files {sorted(clash)} clash with harness {h.name}'s files")
+                        raise PlanError(
+                            f"task {task.id}: workspace files {sorted(clash)} clash with harness {h.name}'s files"
+                        )
                     files.update(harness_files)
                     env.update(h_env)
                     command = _preflight(h) + command if h.requires and not install else command
@@ -180,28 +229,50 @@ def plan_jobs(
                     oracle, sol_files, sol_env = _oracle(task)
                     if oracle is None:
                         command, verify = "true", None
-                        meta["not_scorable"] = f"task {task.id} has no reference solution for the oracle"
+                        meta["not_scorable"] = (
+                            f"task {task.id} has no reference solution for the oracle"
+                        )
                     else:
                         command = oracle
                         files.update(sol_files)
                         env.update(sol_env)
                 else:  # nothing, or an adapter with api = "none"
                     command = h.command if not h.builtin else "true"
-                setup = [*(h.install if install else ()), *([f"{task.setup.command(f'.claw_setup/{task.setup.name}')} && rm -rf .claw_setup"] if task.setup else [])]
+                setup = [
+                    *(h.install if install else ()),
+                    *(
+                        [
+                            f"{task.setup.command(f'.claw_setup/{task.setup.name}')} && rm -rf .claw_setup"
+                        ]
+                        if task.setup
+                        else []
+                    ),
+                ]
                 if task.setup:
                     files[f".claw_setup/{task.setup.name}"] = task.setup.text
                 if task.pass_threshold is not None:
                     meta["pass_threshold"] = task.pass_threshold
                 if isinstance(task.meta.get("judge"), dict):
-                    meta["judge"] = task.meta["judge"]  # the rubric, for claw-bench score's judge step
-                net_rec: dict[str, Any] = {"policy": {"none": "none", "proxy": "proxy", "internet": "host"}[net]}
+                    meta["judge"] = task.meta[
+                        "judge"
+                    ]  # the rubric, for claw-bench score's judge step
+                net_rec: dict[str, Any] = {
+                    "policy": {"none": "none", "proxy": "proxy", "internet": "host"}[net]
+                }
                 if net == "proxy":
                     assert proxy_url is not None
                     net_rec.update(proxy_url=proxy_url.rstrip("/"), port=port)
                 job: dict[str, Any] = {
-                    "schema": JOB, "job_id": session, "workspace": {"files": job_files(files)}, "setup": setup,
-                    "command": command, "env": env, "timeout_s": task.timeout_s, "network": net_rec,
-                    "collect": [task.reward_file, *task.meta.get("collect", [])], "meta": meta,
+                    "schema": JOB,
+                    "job_id": session,
+                    "workspace": {"files": job_files(files)},
+                    "setup": setup,
+                    "command": command,
+                    "env": env,
+                    "timeout_s": task.timeout_s,
+                    "network": net_rec,
+                    "collect": [task.reward_file, *task.meta.get("collect", [])],
+                    "meta": meta,
                 }
                 if verify is not None:
                     job["verify"] = verify
@@ -211,6 +282,9 @@ def plan_jobs(
                     _harbor(job, task, task.meta["harbor"], oracle=h.builtin == "oracle")
                 task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
                 if limits or task_limits:
-                    job["limits"] = {**task_limits, **(limits or {})}  # plan's flags override the task's
+                    job["limits"] = {
+                        **task_limits,
+                        **(limits or {}),
+                    }  # plan's flags override the task's
                 jobs.append(job)
     return jobs

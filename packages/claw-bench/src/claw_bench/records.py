@@ -31,8 +31,9 @@ def _open_in(path: str | Path) -> tuple[IO[str], str, bool]:
         raise RecordError(f"{p}: cannot open: {exc.strerror}") from exc
 
 
-def iter_records(path: str | Path, schema: str,
-                 check: Callable[[dict[str, Any], str], None] | None = None) -> Iterator[dict[str, Any]]:
+def iter_records(
+    path: str | Path, schema: str, check: Callable[[dict[str, Any], str], None] | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield each record of a JSONL file (``-`` = stdin) checking its ``schema`` field.
 
     Blank lines are skipped. A line that is not a JSON object, or whose schema is missing, of
@@ -72,13 +73,16 @@ def parse_record(line: str, schema: str, where: str) -> dict[str, Any]:
     if got != schema:
         name, _, _ = schema.partition("/")
         if isinstance(got, str) and got.partition("/")[0] == name:
-            raise RecordError(f"{where}: schema: unsupported version {got!r} (this reader knows {schema!r})")
+            raise RecordError(
+                f"{where}: schema: unsupported version {got!r} (this reader knows {schema!r})"
+            )
         raise RecordError(f"{where}: schema: expected {schema!r}, got {got!r}")
     return row
 
 
-def read_records(path: str | Path, schema: str,
-                 check: Callable[[dict[str, Any], str], None] | None = None) -> list[dict[str, Any]]:
+def read_records(
+    path: str | Path, schema: str, check: Callable[[dict[str, Any], str], None] | None = None
+) -> list[dict[str, Any]]:
     """All records of a JSONL file as a list (see iter_records)."""
     return list(iter_records(path, schema, check))
 

@@ -30,21 +30,36 @@ def check_outcome(o: Any, where: str = "outcome") -> None:
         raise RecordError(f"{where}: expected a JSON object, got {type(o).__name__}")
     for key in ("harness", "task"):
         if not isinstance(o.get(key), str) or not o[key]:
-            raise RecordError(f"{where}: field {key!r} must be a non-empty string, got {o.get(key)!r:.60}")
+            raise RecordError(
+                f"{where}: field {key!r} must be a non-empty string, got {o.get(key)!r:.60}"
+            )
     status, reward, passed = o.get("status"), o.get("reward", "missing"), o.get("passed", "missing")
     if status not in ("ok", "infra_error", "not_scorable"):
-        raise RecordError(f"{where}: field 'status' must be ok, infra_error or not_scorable, got {status!r:.60}")
+        raise RecordError(
+            f"{where}: field 'status' must be ok, infra_error or not_scorable, got {status!r:.60}"
+        )
     if reward is not None and (type(reward) not in (int, float) or not 0.0 <= reward <= 1.0):
-        raise RecordError(f"{where}: field 'reward' must be a number in [0, 1] or null, got {reward!r:.60}")
+        raise RecordError(
+            f"{where}: field 'reward' must be a number in [0, 1] or null, got {reward!r:.60}"
+        )
     if passed is not None and not isinstance(passed, bool):
         raise RecordError(f"{where}: field 'passed' must be a boolean or null, got {passed!r:.60}")
     if (status == "ok") != (reward is not None) or (status == "ok") != (passed is not None):
         field = "reward" if (status == "ok") != (reward is not None) else "passed"
-        raise RecordError(f"{where}: field {field!r} must be null exactly when status is not ok (status {status!r})")
+        raise RecordError(
+            f"{where}: field {field!r} must be null exactly when status is not ok (status {status!r})"
+        )
 
 
-def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, confidence: float = 0.95,
-           rounds: int = 2000, seed: int = 0, thresholds: list[float] | None = None) -> dict[str, Any]:
+def report(
+    outcomes: Iterable[dict[str, Any]],
+    *,
+    ks: list[int] | None = None,
+    confidence: float = 0.95,
+    rounds: int = 2000,
+    seed: int = 0,
+    thresholds: list[float] | None = None,
+) -> dict[str, Any]:
     """Pass@k per harness and per (harness, task), with percentile-bootstrap confidence intervals.
 
     Scored outcomes (status ok) count; infra errors and unscorable ones are counted apart and
@@ -72,19 +87,31 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
     if any(k < 1 for k in ks):
         raise ClawError(f"k must be >= 1, got {ks}")
     tasks_rows = []
-    per_h: dict[str, dict[str, Any]] = defaultdict(lambda: {"values": defaultdict(list), "rewards": [], "n": 0, "c": 0})
+    per_h: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"values": defaultdict(list), "rewards": [], "n": 0, "c": 0}
+    )
     for (h, t), rows in sorted(by_pair.items()):
         res = np.array([bool(r["passed"]) for r in rows], dtype=int)
         rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
         n, c = int(res.size), int(res.sum())
-        row: dict[str, Any] = {"harness": h, "task": t, "n": n, "passed": c, "pass_rate": c / n,
-                               "mean_reward": float(np.mean(rewards)) if rewards else None}
+        row: dict[str, Any] = {
+            "harness": h,
+            "task": t,
+            "n": n,
+            "passed": c,
+            "pass_rate": c / n,
+            "mean_reward": float(np.mean(rewards)) if rewards else None,
+        }
         for thr in thresholds or []:
-            row[f"pass_rate@{thr:g}"] = float(np.mean([x >= thr for x in rewards])) if rewards else None
+            row[f"pass_rate@{thr:g}"] = (
+                float(np.mean([x >= thr for x in rewards])) if rewards else None
+            )
         for k in ks:
             if k <= n:
                 v = pass_at_k(n, c, k)
-                row[f"pass@{k}"] = _cell(v, *bootstrap_task_ci(res, k, rounds=rounds, confidence=confidence, seed=seed))
+                row[f"pass@{k}"] = _cell(
+                    v, *bootstrap_task_ci(res, k, rounds=rounds, confidence=confidence, seed=seed)
+                )
                 per_h[h]["values"][k].append(v)
         per_h[h]["rewards"].extend(rewards)
         per_h[h]["n"] += n
@@ -93,21 +120,36 @@ def report(outcomes: Iterable[dict[str, Any]], *, ks: list[int] | None = None, c
     harness_rows = []
     for h in sorted(set(per_h) | set(errors) | set(unscorable)):
         d = per_h[h]
-        hrow: dict[str, Any] = {"harness": h, "tasks": sum(1 for (hh, _) in by_pair if hh == h), "samples": d["n"],
-                                "infra_errors": errors.get(h, 0), "not_scorable": unscorable.get(h, 0),
-                                "pass_rate": d["c"] / d["n"] if d["n"] else None,
-                                "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None}
+        hrow: dict[str, Any] = {
+            "harness": h,
+            "tasks": sum(1 for (hh, _) in by_pair if hh == h),
+            "samples": d["n"],
+            "infra_errors": errors.get(h, 0),
+            "not_scorable": unscorable.get(h, 0),
+            "pass_rate": d["c"] / d["n"] if d["n"] else None,
+            "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None,
+        }
         for thr in thresholds or []:
-            hrow[f"pass_rate@{thr:g}"] = float(np.mean([x >= thr for x in d["rewards"]])) if d["rewards"] else None
+            hrow[f"pass_rate@{thr:g}"] = (
+                float(np.mean([x >= thr for x in d["rewards"]])) if d["rewards"] else None
+            )
         for k in ks:
             vals = np.array(d["values"].get(k, []))
             if vals.size:
-                hrow[f"pass@{k}"] = _cell(float(vals.mean()), *bootstrap_mean_ci(
-                    vals, rounds=rounds, confidence=confidence, seed=seed))
+                hrow[f"pass@{k}"] = _cell(
+                    float(vals.mean()),
+                    *bootstrap_mean_ci(vals, rounds=rounds, confidence=confidence, seed=seed),
+                )
                 hrow[f"pass@{k}"]["tasks"] = int(vals.size)
         harness_rows.append(hrow)
-    return {"ks": ks, "confidence": confidence, "rounds": rounds, "harnesses": harness_rows, "tasks": tasks_rows,
-            "thresholds": [float(t) for t in thresholds or []]}
+    return {
+        "ks": ks,
+        "confidence": confidence,
+        "rounds": rounds,
+        "harnesses": harness_rows,
+        "tasks": tasks_rows,
+        "thresholds": [float(t) for t in thresholds or []],
+    }
 
 
 def _fmt(cell: dict[str, float] | None) -> str:
@@ -122,7 +164,10 @@ def _fmt_r(v: float | None) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -132,16 +177,46 @@ def render_text(rep: dict[str, Any], *, per_task: bool = True) -> str:
     ks = rep["ks"]
     conf = int(round(100 * rep["confidence"]))
     thr = [f"pass_rate@{t:g}" for t in rep.get("thresholds", [])]
-    head = ["harness", "tasks", "samples", "infra_err", "unscored", "reward", "pass_rate", *thr,
-            *[f"pass@{k} ({conf}% CI)" for k in ks]]
-    rows = [[h["harness"], str(h["tasks"]), str(h["samples"]), str(h["infra_errors"]), str(h["not_scorable"]),
-             _fmt_r(h["mean_reward"]), _fmt_r(h["pass_rate"]), *[_fmt_r(h.get(c)) for c in thr],
-             *[_fmt(h.get(f"pass@{k}")) for k in ks]] for h in rep["harnesses"]]
+    head = [
+        "harness",
+        "tasks",
+        "samples",
+        "infra_err",
+        "unscored",
+        "reward",
+        "pass_rate",
+        *thr,
+        *[f"pass@{k} ({conf}% CI)" for k in ks],
+    ]
+    rows = [
+        [
+            h["harness"],
+            str(h["tasks"]),
+            str(h["samples"]),
+            str(h["infra_errors"]),
+            str(h["not_scorable"]),
+            _fmt_r(h["mean_reward"]),
+            _fmt_r(h["pass_rate"]),
+            *[_fmt_r(h.get(c)) for c in thr],
+            *[_fmt(h.get(f"pass@{k}")) for k in ks],
+        ]
+        for h in rep["harnesses"]
+    ]
     out = [_table(head, rows)]
     if per_task and rep["tasks"]:
         head = ["harness", "task", "n", "passed", "reward", *thr, *[f"pass@{k}" for k in ks]]
-        rows = [[t["harness"], t["task"], str(t["n"]), str(t["passed"]), _fmt_r(t["mean_reward"]),
-                 *[_fmt_r(t.get(c)) for c in thr], *[_fmt(t.get(f"pass@{k}")) for k in ks]] for t in rep["tasks"]]
+        rows = [
+            [
+                t["harness"],
+                t["task"],
+                str(t["n"]),
+                str(t["passed"]),
+                _fmt_r(t["mean_reward"]),
+                *[_fmt_r(t.get(c)) for c in thr],
+                *[_fmt(t.get(f"pass@{k}")) for k in ks],
+            ]
+            for t in rep["tasks"]
+        ]
         out.append(_table(head, rows))
     return "\n\n".join(out) + "\n"
 
@@ -161,16 +236,27 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             for k in ks:
                 x = (a.get(ident) or {}).get(f"pass@{k}")
                 y = (b.get(ident) or {}).get(f"pass@{k}")
-                row[f"pass@{k}"] = {"before": x, "after": y,
-                                    "delta": (y["value"] - x["value"]) if x and y else None}
-            ra, rb = (a.get(ident) or {}).get("mean_reward"), (b.get(ident) or {}).get("mean_reward")
-            row["mean_reward"] = {"before": ra, "after": rb, "delta": (rb - ra) if ra is not None and rb is not None else None}
+                row[f"pass@{k}"] = {
+                    "before": x,
+                    "after": y,
+                    "delta": (y["value"] - x["value"]) if x and y else None,
+                }
+            ra, rb = (
+                (a.get(ident) or {}).get("mean_reward"),
+                (b.get(ident) or {}).get("mean_reward"),
+            )
+            row["mean_reward"] = {
+                "before": ra,
+                "after": rb,
+                "delta": (rb - ra) if ra is not None and rb is not None else None,
+            }
             out[name].append(row)
     return out
 
 
 def render_compare(cmp: dict[str, Any], *, per_task: bool = True) -> str:
     """A comparison as plain-text tables: before | after | delta (percentage points)."""
+
     def cells(row: dict[str, Any]) -> list[str]:
         out = []
         for k in cmp["ks"]:
@@ -179,15 +265,29 @@ def render_compare(cmp: dict[str, Any], *, per_task: bool = True) -> str:
             out += [_fmt(c["before"]), _fmt(c["after"]), "-" if d is None else f"{100 * d:+.1f}"]
         r = row["mean_reward"]
         return [*out, _fmt_r(r["before"]), _fmt_r(r["after"])]
-    cols = [h for k in cmp["ks"] for h in (f"pass@{k} before", f"pass@{k} after", "delta")] + ["reward before", "reward after"]
+
+    cols = [h for k in cmp["ks"] for h in (f"pass@{k} before", f"pass@{k} after", "delta")] + [
+        "reward before",
+        "reward after",
+    ]
     parts = [_table(["harness", *cols], [[r["harness"], *cells(r)] for r in cmp["harnesses"]])]
     if per_task:
-        parts.append(_table(["harness", "task", *cols], [[r["harness"], r["task"], *cells(r)] for r in cmp["tasks"]]))
+        parts.append(
+            _table(
+                ["harness", "task", *cols],
+                [[r["harness"], r["task"], *cells(r)] for r in cmp["tasks"]],
+            )
+        )
     return "\n\n".join(parts) + "\n"
 
 
-def plot_report(rep: dict[str, Any], path: str, *, other: dict[str, Any] | None = None,
-                labels: tuple[str, str] = ("before", "after")) -> str:
+def plot_report(
+    rep: dict[str, Any],
+    path: str,
+    *,
+    other: dict[str, Any] | None = None,
+    labels: tuple[str, str] = ("before", "after"),
+) -> str:
     """Bar chart of Pass@k per harness with CI error bars; with ``other``, two bars (before, after).
 
     The format follows ``path``'s extension; a path without one gets ``.png``. Returns the path
@@ -203,14 +303,29 @@ def plot_report(rep: dict[str, Any], path: str, *, other: dict[str, Any] | None 
     reports = [(labels[0], other), (labels[1], rep)] if other is not None else [("", rep)]
     ks = rep["ks"] if other is None else [k for k in rep["ks"] if k in other["ks"]]
     harnesses = sorted({h["harness"] for _, r in reports for h in r["harnesses"]})
-    fig, axes = plt.subplots(1, len(ks), figsize=(max(4.0, 1.2 * len(harnesses) * len(reports)) * len(ks), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(ks),
+        figsize=(max(4.0, 1.2 * len(harnesses) * len(reports)) * len(ks), 4),
+        squeeze=False,
+    )
     width = 0.8 / len(reports)
     for ax, k in zip(axes[0], ks, strict=True):
         for j, (label, r) in enumerate(reports):
             rows = {h["harness"]: h.get(f"pass@{k}") for h in r["harnesses"]}
             vals = np.array([100 * rows[h]["value"] if rows.get(h) else 0.0 for h in harnesses])
-            lo = np.array([100 * (rows[h]["value"] - rows[h]["lo"]) if rows.get(h) else 0.0 for h in harnesses])
-            hi = np.array([100 * (rows[h]["hi"] - rows[h]["value"]) if rows.get(h) else 0.0 for h in harnesses])
+            lo = np.array(
+                [
+                    100 * (rows[h]["value"] - rows[h]["lo"]) if rows.get(h) else 0.0
+                    for h in harnesses
+                ]
+            )
+            hi = np.array(
+                [
+                    100 * (rows[h]["hi"] - rows[h]["value"]) if rows.get(h) else 0.0
+                    for h in harnesses
+                ]
+            )
             x = np.arange(len(harnesses)) + (j - (len(reports) - 1) / 2) * width
             ax.bar(x, vals, width, yerr=np.vstack([lo, hi]), capsize=3, label=label or None)
         ax.set_xticks(np.arange(len(harnesses)), harnesses, rotation=20, ha="right")

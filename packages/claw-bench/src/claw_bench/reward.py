@@ -23,7 +23,12 @@ def parse_reward(text: str) -> tuple[float | None, dict[str, float]]:
         return None, {}
 
     def unit(x: Any) -> bool:
-        return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
+        return (
+            isinstance(x, int | float)
+            and not isinstance(x, bool)
+            and math.isfinite(x)
+            and 0 <= x <= 1
+        )
 
     if unit(value):
         return float(value), {}

@@ -30,8 +30,11 @@ from claw_bench.reward import parse_reward
 def _sub_scores(details: Any) -> dict[str, float]:
     if not isinstance(details, dict):
         return {}
-    return {k: float(v) for k, v in details.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in details.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 #: harness exit codes that mean it never ran: 126 not executable, 127 command not found
@@ -42,9 +45,14 @@ def _not_started(run: dict[str, Any]) -> str:
     """Why the harness could not start: its last stderr line naming the problem, and the exit code."""
     code = run.get("exit_code")
     lines = [ln.strip() for ln in str(run.get("stderr_tail") or "").splitlines() if ln.strip()]
-    hint = next((ln for ln in reversed(lines) if "could not start" in ln), None) or \
-        next((ln for ln in reversed(lines) if "not found" in ln or "No such file" in ln or "ermission denied" in ln),
-             lines[-1] if lines else None)
+    hint = next((ln for ln in reversed(lines) if "could not start" in ln), None) or next(
+        (
+            ln
+            for ln in reversed(lines)
+            if "not found" in ln or "No such file" in ln or "ermission denied" in ln
+        ),
+        lines[-1] if lines else None,
+    )
     what = "command not found" if code == 127 else "not executable"
     return f"harness could not start (exit {code}: {what})" + (f": {hint[-300:]}" if hint else "")
 
@@ -61,9 +69,21 @@ def _reward_from_collected(run: dict[str, Any]) -> tuple[float | None, dict[str,
 
 #: the claw.run/v1 fields score_run reads, and so validates (a projection reader: docs/formats.md,
 #: Readers); every other field is ignored or copied into outcome.meta unread
-RUN_READS = ("schema", "job_id", "status", "exit_code", "verify.exit_code", "verify.passed",
-             "verify.reward", "verify.details", "verify.output", "verify.timed_out", "collected",
-             "error", "meta")
+RUN_READS = (
+    "schema",
+    "job_id",
+    "status",
+    "exit_code",
+    "verify.exit_code",
+    "verify.passed",
+    "verify.reward",
+    "verify.details",
+    "verify.output",
+    "verify.timed_out",
+    "collected",
+    "error",
+    "meta",
+)
 
 
 def _bad(where: str, field: str, want: str, value: Any) -> RecordError:
@@ -93,8 +113,11 @@ def check_run(run: Any, where: str = "run") -> None:
     for key, ok, want in (
         ("exit_code", lambda v: v is None or type(v) is int, "an integer or null"),
         ("passed", lambda v: isinstance(v, bool), "a boolean"),
-        ("reward", lambda v: v is None or (type(v) in (int, float) and 0.0 <= v <= 1.0),
-         "a number in [0, 1] or null"),
+        (
+            "reward",
+            lambda v: v is None or (type(v) in (int, float) and 0.0 <= v <= 1.0),
+            "a number in [0, 1] or null",
+        ),
         ("details", lambda v: isinstance(v, dict), "an object"),
         ("output", lambda v: isinstance(v, str), "a string"),
         ("timed_out", lambda v: isinstance(v, bool), "a boolean"),
@@ -103,8 +126,13 @@ def check_run(run: Any, where: str = "run") -> None:
             raise _bad(where, f"verify.{key}", want, verify[key])
 
 
-def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str = "run",
-              judge: Judge | None = None) -> dict[str, Any]:
+def score_run(
+    run: dict[str, Any],
+    *,
+    threshold: float | None = None,
+    where: str = "run",
+    judge: Judge | None = None,
+) -> dict[str, Any]:
     """The claw.outcome/v1 dict of one claw.run/v1 dict (see the module docstring for the rules).
 
     Runs whose meta carries a ``judge`` rubric (PinchBench llm_judge / hybrid, ClawGym hybrid)
@@ -117,14 +145,22 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
         raise RecordError(f"{where}: field 'meta' must be an object")
     for key in ("session", "task", "harness"):
         if not isinstance(meta.get(key), str) or not meta.get(key):
-            raise RecordError(f"{where}: field 'meta.{key}' is missing (was the job planned by claw-bench plan?)")
+            raise RecordError(
+                f"{where}: field 'meta.{key}' is missing (was the job planned by claw-bench plan?)"
+            )
     job_id = run.get("job_id")
     status = run.get("status")
     if status not in ("ok", "timeout", "error", "infra_error"):
         raise RecordError(f"{where}: field 'status': unknown value {status!r}")
     out: dict[str, Any] = {
-        "schema": OUTCOME, "session": meta["session"], "task": meta["task"], "harness": meta["harness"],
-        "group": str(meta.get("group") or meta["task"]), "reward": None, "passed": None, "status": "ok",
+        "schema": OUTCOME,
+        "session": meta["session"],
+        "task": meta["task"],
+        "harness": meta["harness"],
+        "group": str(meta.get("group") or meta["task"]),
+        "reward": None,
+        "passed": None,
+        "status": "ok",
     }
     if isinstance(meta.get("sample"), int) and meta["sample"] >= 0:
         out["sample"] = meta["sample"]
@@ -133,7 +169,13 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
     if isinstance(meta.get("policy_version"), int):
         out["policy_version"] = meta["policy_version"]
     out["meta"] = {k: meta[k] for k in ("run_id", "api") if k in meta}
-    out["meta"].update({"run_status": status, "exit_code": run.get("exit_code"), "duration_s": run.get("duration_s")})
+    out["meta"].update(
+        {
+            "run_status": status,
+            "exit_code": run.get("exit_code"),
+            "duration_s": run.get("duration_s"),
+        }
+    )
     verify = run.get("verify")
     if isinstance(meta.get("not_scorable"), str):
         out["status"] = "not_scorable"
@@ -145,8 +187,11 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
         return out
     if status in ("error", "infra_error") or not isinstance(verify, dict):
         out["status"] = "infra_error"
-        out["error"] = run.get("error") or (f"run status {status}" if status in ("error", "infra_error")
-                                            else "the run has no verify result")
+        out["error"] = run.get("error") or (
+            f"run status {status}"
+            if status in ("error", "infra_error")
+            else "the run has no verify result"
+        )
         return out
     details: dict[str, Any] = {}
     passed_exit = bool(verify.get("passed", verify.get("exit_code") == 0))
@@ -179,8 +224,13 @@ def score_run(run: dict[str, Any], *, threshold: float | None = None, where: str
     return out
 
 
-def score_runs(runs: Iterable[dict[str, Any]], *, threshold: float | None = None,
-               judge: Judge | None = None) -> list[dict[str, Any]]:
+def score_runs(
+    runs: Iterable[dict[str, Any]], *, threshold: float | None = None, judge: Judge | None = None
+) -> list[dict[str, Any]]:
     """claw.outcome/v1 dicts for claw.run/v1 dicts, in order; errors name the record's index."""
-    return [score_run(r, threshold=threshold, where=f"run #{i + 1} ({r.get('job_id', '?')})", judge=judge)
-            for i, r in enumerate(runs)]
+    return [
+        score_run(
+            r, threshold=threshold, where=f"run #{i + 1} ({r.get('job_id', '?')})", judge=judge
+        )
+        for i, r in enumerate(runs)
+    ]

@@ -45,7 +45,9 @@ def _builtin_root() -> Path:
 def builtin_suites() -> list[str]:
     """Names of the suites shipped inside the package."""
     root = _builtin_root()
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    return sorted(
+        p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+    )
 
 
 def load_any_task(path: str | Path) -> Task:
@@ -57,16 +59,25 @@ def load_any_task(path: str | Path) -> Task:
         return load_task(path)
     if is_harbor_task(path):
         return load_harbor_task(path)
-    raise TaskError(f"{path}: not a task directory (need task.toml + verify script, or instruction.md + tests/)")
+    raise TaskError(
+        f"{path}: not a task directory (need task.toml + verify script, or instruction.md + tests/)"
+    )
 
 
-_MULTISTEP = ("{path}: a Harbor multi-step task (steps/<name>/ with their own instruction.md and tests/): "
-              "multi-step tasks are not supported by claw-bench yet")
+_MULTISTEP = (
+    "{path}: a Harbor multi-step task (steps/<name>/ with their own instruction.md and tests/): "
+    "multi-step tasks are not supported by claw-bench yet"
+)
 
 
 def is_harbor_multistep(path: Path) -> bool:
     """True for a Harbor multi-step task: task.toml and a ``steps/`` folder, no top-level tests/."""
-    return path.is_dir() and (path / "steps").is_dir() and (path / "task.toml").is_file() and not is_harbor_task(path)
+    return (
+        path.is_dir()
+        and (path / "steps").is_dir()
+        and (path / "task.toml").is_file()
+        and not is_harbor_task(path)
+    )
 
 
 def _load_entry(path: Path, options: LoadOptions | None) -> list[Task]:
@@ -96,14 +107,18 @@ def pinchbench_task_files(tasks_dir: Path) -> tuple[list[Path], list[tuple[str, 
         raise TaskError(f"{manifest}: invalid YAML: {exc}") from exc
     ids = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
-        raise TaskError(f"{manifest}: field 'tasks' must be a list of task ids (file names without .md)")
+        raise TaskError(
+            f"{manifest}: field 'tasks' must be a list of task ids (file names without .md)"
+        )
     files, missing = [], []
     for i, tid in enumerate(ids):
         p = tasks_dir / f"{tid.removesuffix('.md')}.md"
         if p.is_file() and p.resolve().parent == tasks_dir.resolve():
             files.append(p)
         else:
-            missing.append((f"{manifest}: tasks[{i}]", f"{tid!r} names no file {p.name} in {tasks_dir}"))
+            missing.append(
+                (f"{manifest}: tasks[{i}]", f"{tid!r} names no file {p.name} in {tasks_dir}")
+            )
     return files, missing
 
 
@@ -113,11 +128,14 @@ def _is_pinchbench_tasks_dir(path: Path) -> bool:
         return False
     if (path / "manifest.yaml").is_file():
         return True
-    return any(path.glob("task_*.md")) and not any(p.is_dir() and ((p / "task.toml").is_file() or detect_layout(p))
-                                                   for p in path.iterdir())
+    return any(path.glob("task_*.md")) and not any(
+        p.is_dir() and ((p / "task.toml").is_file() or detect_layout(p)) for p in path.iterdir()
+    )
 
 
-def load_suite(name_or_path: str | Path, options: LoadOptions | None = None, *, strict: bool = False) -> Suite:
+def load_suite(
+    name_or_path: str | Path, options: LoadOptions | None = None, *, strict: bool = False
+) -> Suite:
     """Load a built-in suite by name (``claw-mini``, ``claw-toy``) or a directory of tasks.
 
     A directory is either one task or holds one task per sub-directory (claw, Harbor or ClawGym
@@ -144,28 +162,50 @@ def load_suite(name_or_path: str | Path, options: LoadOptions | None = None, *, 
                 tasks.extend(_load_entry(p, options))
             except (TaskError, OSError, ValueError) as exc:
                 if strict:
-                    raise TaskError(f"{p}: {exc}" if not isinstance(exc, TaskError) else str(exc)) from exc
-                skipped.append((str(p), str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"))
+                    raise TaskError(
+                        f"{p}: {exc}" if not isinstance(exc, TaskError) else str(exc)
+                    ) from exc
+                skipped.append(
+                    (
+                        str(p),
+                        str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}",
+                    )
+                )
 
     if path.is_file() and detect_layout(path):
         tasks = load_public(path, options)
     elif not path.is_dir():
         raise TaskError(f"unknown suite {s!r}: not a directory and not one of {builtin_suites()}")
-    elif (path / "task.toml").is_file() or is_harbor_task(path) or detect_layout(path) or is_harbor_multistep(path):
+    elif (
+        (path / "task.toml").is_file()
+        or is_harbor_task(path)
+        or detect_layout(path)
+        or is_harbor_multistep(path)
+    ):
         tasks = _load_entry(path, options)
     elif _is_pinchbench_tasks_dir(path / "tasks") or _is_pinchbench_tasks_dir(path):
         tdir = path / "tasks" if _is_pinchbench_tasks_dir(path / "tasks") else path
-        files, missing = pinchbench_task_files(tdir)  # a PinchBench checkout: tasks/*.md next to assets/
+        files, missing = pinchbench_task_files(
+            tdir
+        )  # a PinchBench checkout: tasks/*.md next to assets/
         if missing and strict:
             raise TaskError(f"{missing[0][0]}: {missing[0][1]}")
         skipped.extend(missing)
         collect(files)
     else:
-        collect([p for p in sorted(path.iterdir()) if not p.name.startswith(("_", "."))
-                 and (p.is_dir() or detect_layout(p))])
+        collect(
+            [
+                p
+                for p in sorted(path.iterdir())
+                if not p.name.startswith(("_", ".")) and (p.is_dir() or detect_layout(p))
+            ]
+        )
     if not tasks:
         why = "".join(f"\n  skipped {p}: {r}" for p, r in skipped[:5])
-        raise TaskError(f"suite {s}: {path} holds no loadable tasks" + (f" ({len(skipped)} skipped){why}" if skipped else ""))
+        raise TaskError(
+            f"suite {s}: {path} holds no loadable tasks"
+            + (f" ({len(skipped)} skipped){why}" if skipped else "")
+        )
     seen: dict[str, str] = {}
     for t in tasks:
         if t.id in seen:

@@ -34,10 +34,22 @@ VERIFY_DIR = ".claw_verify"
 REWARD_FILE = f"{VERIFY_DIR}/reward.json"
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 DIFFICULTIES = ("easy", "medium", "hard")
-_SCRIPT_NAMES = {"verify": ("verify.py", "verify.sh", "verify"),
-                 "setup": ("setup.py", "setup.sh", "setup"),
-                 "solution": ("solution.py", "solution.sh", "solution")}
-_TOP_KEYS = {"id", "instruction", "instruction_file", "timeout_s", "tags", "difficulty", "verify", "image", "meta"}
+_SCRIPT_NAMES = {
+    "verify": ("verify.py", "verify.sh", "verify"),
+    "setup": ("setup.py", "setup.sh", "setup"),
+    "solution": ("solution.py", "solution.sh", "solution"),
+}
+_TOP_KEYS = {
+    "id",
+    "instruction",
+    "instruction_file",
+    "timeout_s",
+    "tags",
+    "difficulty",
+    "verify",
+    "image",
+    "meta",
+}
 _VERIFY_KEYS = {"timeout_s", "pass_threshold"}
 
 
@@ -92,16 +104,30 @@ class Task:
         so modules planted next to the verifier cannot replace the ones it imports.
         """
         script = f"{VERIFY_DIR}/{self.verify.name}"
-        run = f"python3 -I {script}" if self.verify.interpreter == "python3" else self.verify.command(script)
+        run = (
+            f"python3 -I {script}"
+            if self.verify.interpreter == "python3"
+            else self.verify.command(script)
+        )
         return f"rm -f {self.reward_file} && CLAW_VERIFY_DIR={VERIFY_DIR} CLAW_REWARD_FILE={self.reward_file} {run}"
 
     def to_dict(self) -> dict[str, Any]:
         """A summary dict (what `claw-bench tasks --json` prints); file contents are left out."""
-        return {"id": self.id, "source": self.source, "difficulty": self.difficulty, "tags": list(self.tags),
-                "timeout_s": self.timeout_s, "files": sorted(self.workspace), "verify": self.verify.name,
-                "hidden": sorted(self.hidden), "has_solution": self.solution is not None,
-                "pass_threshold": self.pass_threshold, "image": self.image, "path": self.path,
-                "instruction": self.instruction}
+        return {
+            "id": self.id,
+            "source": self.source,
+            "difficulty": self.difficulty,
+            "tags": list(self.tags),
+            "timeout_s": self.timeout_s,
+            "files": sorted(self.workspace),
+            "verify": self.verify.name,
+            "hidden": sorted(self.hidden),
+            "has_solution": self.solution is not None,
+            "pass_threshold": self.pass_threshold,
+            "image": self.image,
+            "path": self.path,
+            "instruction": self.instruction,
+        }
 
 
 def interpreter_for(name: str, text: str) -> str:
@@ -138,17 +164,23 @@ def read_text_tree(root: Path, *, what: str) -> dict[str, FileContent]:
 
 def job_files(files: dict[str, FileContent]) -> dict[str, Any]:
     """claw.job/v1 ``files`` entries: text as strings, bytes as ``{"content_b64": base64}``."""
-    return {k: v if isinstance(v, str) else {"content_b64": base64.b64encode(v).decode("ascii")}
-            for k, v in files.items()}
+    return {
+        k: v if isinstance(v, str) else {"content_b64": base64.b64encode(v).decode("ascii")}
+        for k, v in files.items()
+    }
 
 
 def _script(task_dir: Path, kind: str, *, required: bool) -> Script | None:
     found = [task_dir / n for n in _SCRIPT_NAMES[kind] if (task_dir / n).is_file()]
     if len(found) > 1:
-        raise TaskError(f"{task_dir}: more than one {kind} script: {', '.join(p.name for p in found)}")
+        raise TaskError(
+            f"{task_dir}: more than one {kind} script: {', '.join(p.name for p in found)}"
+        )
     if not found:
         if required:
-            raise TaskError(f"{task_dir}: missing verifier: expected one of {', '.join(_SCRIPT_NAMES[kind])}")
+            raise TaskError(
+                f"{task_dir}: missing verifier: expected one of {', '.join(_SCRIPT_NAMES[kind])}"
+            )
         return None
     p = found[0]
     text = p.read_text(encoding="utf-8")
@@ -157,7 +189,9 @@ def _script(task_dir: Path, kind: str, *, required: bool) -> Script | None:
     return Script(name=p.name, text=text, interpreter=interpreter_for(p.name, text))
 
 
-def _number(table: dict[str, Any], key: str, where: str, default: float | None, *, lo: float, hi: float) -> float | None:
+def _number(
+    table: dict[str, Any], key: str, where: str, default: float | None, *, lo: float, hi: float
+) -> float | None:
     if key not in table:
         return default
     v = table[key]
@@ -179,7 +213,9 @@ def load_task(task_dir: str | Path) -> Task:
     where = str(toml_path)
     unknown = set(meta) - _TOP_KEYS
     if unknown:
-        raise TaskError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+        raise TaskError(
+            f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}"
+        )
     tid = meta.get("id")
     if not isinstance(tid, str) or not TASK_ID.match(tid):
         raise TaskError(f"{where}: field 'id' must match {TASK_ID.pattern}, got {tid!r}")
@@ -199,10 +235,14 @@ def load_task(task_dir: str | Path) -> Task:
         raise TaskError(f"{where}: field 'tags' must be a list of non-empty strings, got {tags!r}")
     difficulty = meta.get("difficulty")
     if difficulty is not None and difficulty not in DIFFICULTIES:
-        raise TaskError(f"{where}: field 'difficulty' must be one of {DIFFICULTIES}, got {difficulty!r}")
+        raise TaskError(
+            f"{where}: field 'difficulty' must be one of {DIFFICULTIES}, got {difficulty!r}"
+        )
     vtable = meta.get("verify", {})
     if not isinstance(vtable, dict) or set(vtable) - _VERIFY_KEYS:
-        raise TaskError(f"{where}: table [verify] allows only {sorted(_VERIFY_KEYS)}, got {vtable!r}")
+        raise TaskError(
+            f"{where}: table [verify] allows only {sorted(_VERIFY_KEYS)}, got {vtable!r}"
+        )
     image = meta.get("image")
     if image is not None and not isinstance(image, str):
         raise TaskError(f"{where}: field 'image' must be a string")
@@ -219,10 +259,20 @@ def load_task(task_dir: str | Path) -> Task:
     except TaskError as exc:
         raise TaskError(f"task {tid}: {exc}") from exc
     return Task(
-        id=tid, instruction=instruction.strip() + "\n",
+        id=tid,
+        instruction=instruction.strip() + "\n",
         timeout_s=_number(meta, "timeout_s", where, 600.0, lo=1e-3, hi=1e6),  # type: ignore[arg-type]
-        tags=tuple(tags), difficulty=difficulty, workspace=workspace, verify=verify, hidden=hidden,
+        tags=tuple(tags),
+        difficulty=difficulty,
+        workspace=workspace,
+        verify=verify,
+        hidden=hidden,
         verify_timeout_s=_number(vtable, "timeout_s", f"{where} [verify]", 120.0, lo=1e-3, hi=1e6),  # type: ignore[arg-type]
         pass_threshold=_number(vtable, "pass_threshold", f"{where} [verify]", None, lo=0.0, hi=1.0),
-        setup=setup, solution=solution, image=image, source="claw", path=str(task_dir), meta=dict(extra),
+        setup=setup,
+        solution=solution,
+        image=image,
+        source="claw",
+        path=str(task_dir),
+        meta=dict(extra),
     )

@@ -123,7 +123,9 @@ def check(value, what: str = "the request body", strings: bool = True) -> None:
     deeper than `MAX_DEPTH`.
 
     Iterative, so a deep value cannot exhaust the stack here."""
-    stack: list[tuple[object, int, object]] = [(value, 0, None)]  # (value, depth, path as a linked list of (key, parent))
+    stack: list[tuple[object, int, object]] = [
+        (value, 0, None)
+    ]  # (value, depth, path as a linked list of (key, parent))
     while stack:
         v, depth, where = stack.pop()
         if isinstance(v, str):

@@ -106,14 +106,14 @@ def _prefix(d: dict, where: str) -> dict:
         _count(p, k, where, required=False, label=f"prefix.{k}")
     if p.get("parent_call") is not None and not isinstance(p["parent_call"], str):
         raise RecordError(f"{where}: field 'prefix.parent_call' must be a string or null")
-    if p.get("fresh_render_matches") is not None and not isinstance(p["fresh_render_matches"], bool):
+    if p.get("fresh_render_matches") is not None and not isinstance(
+        p["fresh_render_matches"], bool
+    ):
         raise RecordError(f"{where}: field 'prefix.fresh_render_matches' must be a boolean or null")
     return p
 
 
-def sampling_record(
-    temperature: float, top_p: float, top_k: int, forced: bool, **extra
-) -> dict:
+def sampling_record(temperature: float, top_p: float, top_k: int, forced: bool, **extra) -> dict:
     """The `sampling` object of a `claw.call/v1` (its one shape, for every engine):
     ``{temperature, top_p, top_k, forced}`` the engine sampled with, then `extra` (max_tokens,
     seed). A value that is not a finite number in range raises `RecordError` (a NaN must never
@@ -133,8 +133,10 @@ def _check_sampling(d: dict, where: str) -> None:
     ):
         if name in d:
             v = d[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
-                math.isfinite(v) and ok(v)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not (math.isfinite(v) and ok(v))
             ):
                 raise RecordError(f"{where}: field 'sampling.{name}' must be {want}, got {v!r}")
     if "top_k" in d and (

@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 
-def output_path(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+def output_path(
+    ctx: click.Context | None, param: click.Parameter | None, value: str | None
+) -> str | None:
     """Click callback: ``-`` (stdout), or a file path whose directory exists and that is no directory.
 
     A mistake is a one-line ``click.BadParameter`` naming the path (exit code 2), raised before
@@ -41,4 +43,6 @@ def refuse_taken_policies(out_dir: Path, version: int, n_steps: int, rank: int =
     if taken[0] is not None:
         raise click.BadParameter(
             f"{out_dir}: {taken[0]} exists and is not empty; choose a new --output, --resume this "
-            f"run's checkpoint, or --start-version past it", param_hint="'--output'")
+            f"run's checkpoint, or --start-version past it",
+            param_hint="'--output'",
+        )

@@ -31,7 +31,9 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         # on GPUs: NCCL for CUDA tensors (gradients, weights), gloo for the CPU ones (metrics)
-        dist.init_process_group(backend or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"))
+        dist.init_process_group(
+            backend or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        )
     return world()
 
 
@@ -98,8 +100,13 @@ def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     """
     if not tensors:
         return torch.zeros((), dtype=torch.float64)
-    norms = torch.stack([torch.linalg.vector_norm(c, dtype=torch.float64)
-                         for t in tensors for c in t.reshape(-1).split(_NORM_CHUNK)])
+    norms = torch.stack(
+        [
+            torch.linalg.vector_norm(c, dtype=torch.float64)
+            for t in tensors
+            for c in t.reshape(-1).split(_NORM_CHUNK)
+        ]
+    )
     return norms.pow(2).sum().cpu()
 
 

@@ -80,15 +80,22 @@ class LearnerIO:
             self._write_model_dir(out, states)
         if self.world > 1:
             torch.distributed.barrier()
-        return Policy.now(name=self.config.name, version=self.version, path=str(out.resolve()),
-                          step=self.step_count, metrics=self.last_metrics).to_dict()
+        return Policy.now(
+            name=self.config.name,
+            version=self.version,
+            path=str(out.resolve()),
+            step=self.step_count,
+            metrics=self.last_metrics,
+        ).to_dict()
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
         """Model (HF dir incl. critic), optimizer, RNG and counters: ``resume`` continues bit-for-bit."""
         d = Path(ckpt_dir)
         states = self._gather()
         # keyed by parameter name, whole tensors: resumable with or without FSDP, any world size
-        optim_state = get_optimizer_state_dict(self._module_tree(), self.optimizer, options=_full_options())
+        optim_state = get_optimizer_state_dict(
+            self._module_tree(), self.optimizer, options=_full_options()
+        )
         if self.rank == 0:
             tmp = d.with_name(d.name + ".tmp")
             if tmp.exists():
@@ -96,11 +103,18 @@ class LearnerIO:
             tmp.mkdir(parents=True)
             self._write_model_dir(tmp / "model", states)
             torch.save(optim_state, tmp / "optimizer.pt")
-            torch.save({"generator": self.generator.get_state(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
+            torch.save(
+                {"generator": self.generator.get_state(), "torch": torch.get_rng_state()},
+                tmp / "rng.pt",
+            )
             state = {
-                "algo": self.algo, "version": self.version, "step_count": self.step_count,
-                "dirty": self._dirty, "origin_dir": str(self.origin_dir.resolve()),
-                "config": self.config.to_dict(), "last_metrics": self.last_metrics,
+                "algo": self.algo,
+                "version": self.version,
+                "step_count": self.step_count,
+                "dirty": self._dirty,
+                "origin_dir": str(self.origin_dir.resolve()),
+                "config": self.config.to_dict(),
+                "last_metrics": self.last_metrics,
             }
             (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
             if d.exists():
@@ -125,14 +139,24 @@ class LearnerIO:
         except (OSError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{d}: not a claw-rl checkpoint ({exc})") from exc
         if state.get("algo") != cls.algo:
-            raise CheckpointError(f"{d}: checkpoint is for algo {state.get('algo')!r}, not {cls.algo!r}")
+            raise CheckpointError(
+                f"{d}: checkpoint is for algo {state.get('algo')!r}, not {cls.algo!r}"
+            )
         config = CONFIGS[cls.algo].from_dict(state["config"], f"{d}/state.json")
-        learner = cls(config, d / "model", version=state["version"], device=device, origin_dir=state["origin_dir"])
+        learner = cls(
+            config,
+            d / "model",
+            version=state["version"],
+            device=device,
+            origin_dir=state["origin_dir"],
+        )
         learner.step_count = state["step_count"]
         learner._dirty = state["dirty"]
         learner.last_metrics = state.get("last_metrics", {})
         optim_state = torch.load(d / "optimizer.pt", map_location=learner.device)
-        set_optimizer_state_dict(learner._module_tree(), learner.optimizer, optim_state, options=_full_options())
+        set_optimizer_state_dict(
+            learner._module_tree(), learner.optimizer, optim_state, options=_full_options()
+        )
         rng = torch.load(d / "rng.pt")
         learner.generator.set_state(rng["generator"])
         torch.set_rng_state(rng["torch"])

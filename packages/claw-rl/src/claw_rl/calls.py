@@ -31,11 +31,15 @@ def call_sampling(row: dict, where: str) -> tuple[float, float, int]:
         if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
             raise RecordError(f"{where}: field 'sampling.{key}' must be a finite number, got {v!r}")
     if t < 0:
-        raise RecordError(f"{where}: field 'sampling.temperature' = {t!r} must be >= 0 (0 = greedy)")
+        raise RecordError(
+            f"{where}: field 'sampling.temperature' = {t!r} must be >= 0 (0 = greedy)"
+        )
     if not 0 < p <= 1:
         raise RecordError(f"{where}: field 'sampling.top_p' = {p!r} must lie in (0, 1]")
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise RecordError(f"{where}: field 'sampling.top_k' = {k!r} must be an integer >= 0 (0 = off)")
+        raise RecordError(
+            f"{where}: field 'sampling.top_k' = {k!r} must be an integer >= 0 (0 = off)"
+        )
     return float(t), float(p), k
 
 
@@ -59,26 +63,39 @@ def call_to_sample(row: dict, where: str, *, temperature: float | None = None) -
         raise RecordError(f"{where}: field 'call_id' must be a non-empty string")
     p, c, lp = row["prompt_ids"], row["completion_ids"], row["completion_logprobs"]
     for key, val in (("prompt_ids", p), ("completion_ids", c)):
-        if not isinstance(val, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in val):
+        if not isinstance(val, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in val
+        ):
             raise RecordError(f"{where}: field {key!r} must be a list of token ids >= 0")
     if not isinstance(lp, list) or not all(
         isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in lp
     ):
         raise RecordError(f"{where}: field 'completion_logprobs' must be a list of finite numbers")
     if len(lp) != len(c):
-        raise RecordError(f"{where}: completion_logprobs has {len(lp)} entries, completion_ids has {len(c)}")
+        raise RecordError(
+            f"{where}: completion_logprobs has {len(lp)} entries, completion_ids has {len(c)}"
+        )
     if not p or not c:
         return None
     t, top_p, top_k = call_sampling(row, where)
     if temperature is not None:
         t = temperature
     n_p, n_c = len(p), len(c)
-    return chain_sample(str(row["call_id"]), p, c, lp, tags={"where": where},
-                        temperatures=(1.0,) * n_p + (t,) * n_c, top_ps=(1.0,) * n_p + (top_p,) * n_c,
-                        top_ks=(0,) * n_p + (top_k,) * n_c)
+    return chain_sample(
+        str(row["call_id"]),
+        p,
+        c,
+        lp,
+        tags={"where": where},
+        temperatures=(1.0,) * n_p + (t,) * n_c,
+        top_ps=(1.0,) * n_p + (top_p,) * n_c,
+        top_ks=(0,) * n_p + (top_k,) * n_c,
+    )
 
 
-def iter_call_samples(path: str | Path, *, temperature: float | None = None) -> Iterator[tuple[dict, Sample]]:
+def iter_call_samples(
+    path: str | Path, *, temperature: float | None = None
+) -> Iterator[tuple[dict, Sample]]:
     """(call row, sample) for each trainable call of a JSONL file (others are skipped, counted);
     ``temperature``: see :func:`call_to_sample`."""
     for where, row in iter_jsonl(path):

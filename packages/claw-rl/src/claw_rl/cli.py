@@ -26,7 +26,9 @@ def _fail(exc: ClawError, hint: str = "") -> click.ClickException:
 
 @main.command("init-tiny")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--seed", default=0, show_default=True, help="Seed for the tokenizer corpus and the weights.")
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed for the tokenizer corpus and the weights."
+)
 @click.option("--layers", default=2, show_default=True, help="Number of transformer layers.")
 @click.option("--hidden", default=128, show_default=True, help="Hidden size.")
 def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int) -> None:
@@ -51,6 +53,7 @@ def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int) -> None:
 
 # -- train: every config field is a flag ------------------------------------------------------
 
+
 def _config_fields() -> dict[str, tuple[attrs.Attribute, dict[str, object]]]:
     """field name -> (attribute, {algo: default}) over both config classes."""
     from claw_rl.config import CONFIGS
@@ -74,9 +77,15 @@ def _config_options(fn):
             default = "default " + ", ".join(f"{a}: {d!r}" for a, d in defaults.items())
         help_ = f"{f.metadata['help']} ({default})"
         if isinstance(f.default, bool):
-            fn = click.option(f"{flag}/--no-{name.replace('_', '-')}", name, default=None, help=help_)(fn)
+            fn = click.option(
+                f"{flag}/--no-{name.replace('_', '-')}", name, default=None, help=help_
+            )(fn)
         else:
-            typ = click.Choice(f.metadata["choices"]) if f.metadata.get("choices") else type(f.default)
+            typ = (
+                click.Choice(f.metadata["choices"])
+                if f.metadata.get("choices")
+                else type(f.default)
+            )
             fn = click.option(flag, name, type=typ, default=None, help=help_)(fn)
     return fn
 
@@ -98,24 +107,65 @@ def resolve_config(algo: str, toml_path: Path | None, flags: dict):
 
 
 @main.command("train")
-@click.option("--algo", type=click.Choice(["grpo", "ppo"]), required=True, help="Learner algorithm.")
-@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="HF model directory to start from (not needed with --resume).")
-@click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              metavar="OUT",
-              help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="TOML config ([grpo] / [ppo] table or flat keys); flags override it.")
-@click.option("--batch-size", type=int, default=0, show_default=True,
-              help="Samples per learner step (0 = the whole file is one step).")
-@click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Continue from a checkpoint directory (a previous run's OUT/checkpoint).")
-@click.option("--start-version", type=int, default=0, show_default=True,
-              help="Policy version of --model (the next saved policy is this + 1).")
+@click.option(
+    "--algo", type=click.Choice(["grpo", "ppo"]), required=True, help="Learner algorithm."
+)
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="HF model directory to start from (not needed with --resume).",
+)
+@click.option(
+    "--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file."
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    metavar="OUT",
+    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config ([grpo] / [ppo] table or flat keys); flags override it.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Samples per learner step (0 = the whole file is one step).",
+)
+@click.option(
+    "--resume",
+    "resume_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Continue from a checkpoint directory (a previous run's OUT/checkpoint).",
+)
+@click.option(
+    "--start-version",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Policy version of --model (the next saved policy is this + 1).",
+)
 @_config_options
-def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, resume_dir, start_version,
-              **flags) -> None:
+def train_cmd(
+    algo,
+    model_dir,
+    samples_path,
+    out_dir,
+    config_path,
+    batch_size,
+    resume_dir,
+    start_version,
+    **flags,
+) -> None:
     """Train on tree-packed samples; print one claw.policy/v1 line per update.
 
     After each step the weights are saved to OUT/policy/vN (HF directory, safetensors), the
@@ -143,7 +193,9 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
         if resume_dir is not None:
             learner = cls.resume(resume_dir)
             if any(v is not None for v in flags.values()) or config_path:
-                raise click.UsageError("--resume continues with the checkpoint's config; drop the config flags")
+                raise click.UsageError(
+                    "--resume continues with the checkpoint's config; drop the config flags"
+                )
         else:
             if model_dir is None:
                 raise click.UsageError("--model is required (or --resume a checkpoint)")
@@ -175,9 +227,11 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
                 with open(out_dir / "policies.jsonl", "a") as fh:
                     write_jsonl([policy], fh)
                 write_jsonl([policy], sys.stdout)
-                click.echo(f"step {metrics['step']}: loss {metrics['loss']:.4g}  clip {metrics['clip_frac']:.3f}  "
-                           f"mismatch {metrics['mismatch_mean_abs']:.3g}  {metrics['tokens_per_s']:.0f} tok/s",
-                           err=True)
+                click.echo(
+                    f"step {metrics['step']}: loss {metrics['loss']:.4g}  clip {metrics['clip_frac']:.3f}  "
+                    f"mismatch {metrics['mismatch_mean_abs']:.3g}  {metrics['tokens_per_s']:.0f} tok/s",
+                    err=True,
+                )
         learner.save_checkpoint(out_dir / "checkpoint")
     except ClawError as exc:
         raise _fail(exc) from exc
@@ -185,14 +239,35 @@ def train_cmd(algo, model_dir, samples_path, out_dir, config_path, batch_size, r
 
 
 @main.command("values")
-@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="Policy directory; its critic/ subdirectory holds the critic (fresh zero head if absent).")
-@click.option("--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file.")
-@click.option("-o", "--output", "out_path", default="-", show_default=True, callback=output_path,
-              help="Values JSONL file.")
-@click.option("--critic", type=click.Choice(["auto", "head", "model"]), default="auto", show_default=True,
-              help="Critic kind; auto = what MODEL/critic holds (head when there is none).")
-@click.option("--micro-batch-size", type=int, default=4, show_default=True, help="Samples per forward pass.")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="Policy directory; its critic/ subdirectory holds the critic (fresh zero head if absent).",
+)
+@click.option(
+    "--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file."
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_path",
+    default="-",
+    show_default=True,
+    callback=output_path,
+    help="Values JSONL file.",
+)
+@click.option(
+    "--critic",
+    type=click.Choice(["auto", "head", "model"]),
+    default="auto",
+    show_default=True,
+    help="Critic kind; auto = what MODEL/critic holds (head when there is none).",
+)
+@click.option(
+    "--micro-batch-size", type=int, default=4, show_default=True, help="Samples per forward pass."
+)
 def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> None:
     """Critic values V(s_i) per packed token, for claw-tree's tree GAE.
 
@@ -212,7 +287,9 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
 
     kind = critic if critic != "auto" else (critic_kind(model_dir) or "head")
     if critic_kind(model_dir) is None:
-        click.echo(f"{model_dir}: no critic/ yet; using a fresh {kind} critic (values are 0)", err=True)
+        click.echo(
+            f"{model_dir}: no critic/ yet; using a fresh {kind} critic (values are 0)", err=True
+        )
     try:
         learner = PPOLearner(PPOConfig(critic=kind, micro_batch_size=micro_batch_size), model_dir)
         rows = learner.values(read_samples(samples_path))
@@ -223,16 +300,40 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
 
 
 @main.command("logprobs")
-@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
-              help="HF model directory the calls were (supposedly) sampled from.")
-@click.option("--calls", "calls_path", default="-", show_default=True, help="claw.call/v1 JSONL file.")
-@click.option("-o", "--output", "out_path", default="-", show_default=True, callback=output_path,
-              help="Per-call JSONL output.")
-@click.option("--mismatch-threshold", "threshold", type=float, default=0.1, show_default=True,
-              help="Count tokens whose |learner - engine| logprob difference exceeds this.")
-@click.option("--temperature", type=click.FloatRange(min=0.0, min_open=True), default=None,
-              help="Override: take every call's logprobs at this temperature instead of the one its "
-                   "'sampling' records (top_p / top_k stay as recorded). Default: each call's own.")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="HF model directory the calls were (supposedly) sampled from.",
+)
+@click.option(
+    "--calls", "calls_path", default="-", show_default=True, help="claw.call/v1 JSONL file."
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_path",
+    default="-",
+    show_default=True,
+    callback=output_path,
+    help="Per-call JSONL output.",
+)
+@click.option(
+    "--mismatch-threshold",
+    "threshold",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Count tokens whose |learner - engine| logprob difference exceeds this.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Override: take every call's logprobs at this temperature instead of the one its "
+    "'sampling' records (top_p / top_k stay as recorded). Default: each call's own.",
+)
 def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> None:
     """Recompute logprobs of recorded completions and compare them with the engine's.
 
@@ -258,17 +359,40 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
         lps = learner.logprobs([s for _, s in pairs])
     except ClawError as exc:
         raise _fail(exc) from exc
-    total = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0, "greedy": 0.0}
+    total = {
+        "n": 0.0,
+        "abs_sum": 0.0,
+        "abs_max": 0.0,
+        "k1_sum": 0.0,
+        "k3_sum": 0.0,
+        "beyond": 0.0,
+        "greedy": 0.0,
+    }
     with click.open_file(out_path, "w") as fh:
         for (row, s), lp in zip(pairs, lps, strict=True):
             st = compare(s, lp, threshold)
             for k in total:
                 total[k] = max(total[k], st[k]) if k == "abs_max" else total[k] + st[k]
             n_p = len(row["prompt_ids"])
-            write_jsonl([{"call_id": row["call_id"], "session": row.get("session"), "seq": row.get("seq"),
-                          "logprobs": lp[n_p:], "mismatch": finish_mismatch(st), "greedy": int(st["greedy"])}], fh)
-    click.echo(json.dumps({"calls": len(pairs), **finish_mismatch(total), "greedy_tokens": int(total["greedy"])}),
-               err=True)
+            write_jsonl(
+                [
+                    {
+                        "call_id": row["call_id"],
+                        "session": row.get("session"),
+                        "seq": row.get("seq"),
+                        "logprobs": lp[n_p:],
+                        "mismatch": finish_mismatch(st),
+                        "greedy": int(st["greedy"]),
+                    }
+                ],
+                fh,
+            )
+    click.echo(
+        json.dumps(
+            {"calls": len(pairs), **finish_mismatch(total), "greedy_tokens": int(total["greedy"])}
+        ),
+        err=True,
+    )
 
 
 if __name__ == "__main__":

@@ -28,14 +28,18 @@ KL_CHOICES = ("k3", "k2")
 
 def _common_checks(c: Any) -> None:
     if c.is_correction not in IS_CHOICES:
-        raise ConfigError(f"is_correction = {c.is_correction!r}; choose one of {', '.join(IS_CHOICES)}")
+        raise ConfigError(
+            f"is_correction = {c.is_correction!r}; choose one of {', '.join(IS_CHOICES)}"
+        )
     if c.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype = {c.dtype!r}; choose float32, bfloat16 or float16")
     for name in ("lr", "is_cap", "micro_batch_size", "epochs", "minibatches"):
         if getattr(c, name) <= 0:
             raise ConfigError(f"{name} = {getattr(c, name)!r} must be > 0")
     if not 0 < c.is_min <= 1 <= c.is_cap:
-        raise ConfigError(f"need 0 < is_min <= 1 <= is_cap, got is_min={c.is_min}, is_cap={c.is_cap}")
+        raise ConfigError(
+            f"need 0 < is_min <= 1 <= is_cap, got is_min={c.is_min}, is_cap={c.is_cap}"
+        )
     if c.clip_eps_low < 0 or c.clip_eps_high < 0:
         raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
     if c.parallelism not in ("ddp", "fsdp"):
@@ -60,39 +64,66 @@ class GRPOConfig:
     micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
     clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
     clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high (DAPO clip-higher: 0.28)")
-    loss_agg: str = _f("weights", "token loss aggregation: weights (claw-tree loss weights, exact "
-                       "per-trajectory mean), token_mean (DAPO), constant (Dr. GRPO)",
-                       ("weights", "token_mean", "constant"))
+    loss_agg: str = _f(
+        "weights",
+        "token loss aggregation: weights (claw-tree loss weights, exact "
+        "per-trajectory mean), token_mean (DAPO), constant (Dr. GRPO)",
+        ("weights", "token_mean", "constant"),
+    )
     constant_len: int = _f(1024, "Dr. GRPO's fixed length for loss_agg=constant")
-    kl_coef: float = _f(0.0, "weight of the KL penalty to the reference model (0 = off, no ref model)")
-    kl_estimator: str = _f("k3", "KL(pi || ref) penalty: k3 (value k3, gradient of the reverse KL) or k2 "
-                           "(0.5 (log pi - log ref)^2, the same gradient); k1 is refused (zero expected "
-                           "gradient as a loss)", KL_CHOICES)
-    ref_model: str = _f("", "reference model directory for the KL term (default: the initial model)")
+    kl_coef: float = _f(
+        0.0, "weight of the KL penalty to the reference model (0 = off, no ref model)"
+    )
+    kl_estimator: str = _f(
+        "k3",
+        "KL(pi || ref) penalty: k3 (value k3, gradient of the reverse KL) or k2 "
+        "(0.5 (log pi - log ref)^2, the same gradient); k1 is refused (zero expected "
+        "gradient as a loss)",
+        KL_CHOICES,
+    )
+    ref_model: str = _f(
+        "", "reference model directory for the KL term (default: the initial model)"
+    )
     entropy_coef: float = _f(0.0, "entropy bonus weight")
-    is_correction: str = _f("tis", "training-inference correction: tis, mis_token, mis_sequence, none",
-                            IS_CHOICES)
+    is_correction: str = _f(
+        "tis", "training-inference correction: tis, mis_token, mis_sequence, none", IS_CHOICES
+    )
     is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
     is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
-    mis_seq_tol: float = _f(0.01, "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
-                            "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])")
-    mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
+    mis_seq_tol: float = _f(
+        0.01,
+        "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
+        "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])",
+    )
+    mismatch_threshold: float = _f(
+        0.1, "report the fraction of tokens with |logprob diff| above this"
+    )
     max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
     drop_stale: bool = _f(False, "drop stale samples instead of training on them")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and initialisation")
-    parallelism: str = _f("ddp", "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
-                          "gradients and optimizer state sharded with FSDP2)", ("ddp", "fsdp"))
+    parallelism: str = _f(
+        "ddp",
+        "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
+        "gradients and optimizer state sharded with FSDP2)",
+        ("ddp", "fsdp"),
+    )
 
     def __attrs_post_init__(self) -> None:
         _common_checks(self)
         if self.loss_agg not in ("weights", "token_mean", "constant"):
-            raise ConfigError(f"loss_agg = {self.loss_agg!r}; choose weights, token_mean or constant")
+            raise ConfigError(
+                f"loss_agg = {self.loss_agg!r}; choose weights, token_mean or constant"
+            )
         if self.kl_estimator == "k1":
-            raise ConfigError("kl_estimator = 'k1': log pi - log ref used as a loss has zero expected gradient "
-                              "(E_pi[grad log pi] = 0), so the penalty would do nothing; choose k3 or k2")
+            raise ConfigError(
+                "kl_estimator = 'k1': log pi - log ref used as a loss has zero expected gradient "
+                "(E_pi[grad log pi] = 0), so the penalty would do nothing; choose k3 or k2"
+            )
         if self.kl_estimator not in KL_CHOICES:
-            raise ConfigError(f"kl_estimator = {self.kl_estimator!r}; choose {' or '.join(KL_CHOICES)}")
+            raise ConfigError(
+                f"kl_estimator = {self.kl_estimator!r}; choose {' or '.join(KL_CHOICES)}"
+            )
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config") -> GRPOConfig:
@@ -120,27 +151,43 @@ class PPOConfig:
     micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
     clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
     clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high")
-    critic: str = _f("head", "critic kind: head (value head on the policy) or model (separate model)",
-                     ("head", "model"))
+    critic: str = _f(
+        "head",
+        "critic kind: head (value head on the policy) or model (separate model)",
+        ("head", "model"),
+    )
     critic_model: str = _f("", "critic backbone directory for critic=model (default: the policy's)")
-    whiten_advantages: bool = _f(True, "whiten the advantages over the batch's trainable tokens (mean 0, std 1, "
-                                 "weighted like the loss); a terminal reward then moves every token")
+    whiten_advantages: bool = _f(
+        True,
+        "whiten the advantages over the batch's trainable tokens (mean 0, std 1, "
+        "weighted like the loss); a terminal reward then moves every token",
+    )
     vf_coef: float = _f(0.5, "weight of the value loss")
     value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
     entropy_coef: float = _f(0.0, "entropy bonus weight")
-    is_correction: str = _f("tis", "training-inference correction: tis, mis_token, mis_sequence, none",
-                            IS_CHOICES)
+    is_correction: str = _f(
+        "tis", "training-inference correction: tis, mis_token, mis_sequence, none", IS_CHOICES
+    )
     is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
     is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
-    mis_seq_tol: float = _f(0.01, "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
-                            "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])")
-    mismatch_threshold: float = _f(0.1, "report the fraction of tokens with |logprob diff| above this")
+    mis_seq_tol: float = _f(
+        0.01,
+        "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
+        "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])",
+    )
+    mismatch_threshold: float = _f(
+        0.1, "report the fraction of tokens with |logprob diff| above this"
+    )
     max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
     drop_stale: bool = _f(False, "drop stale samples instead of training on them")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and the value head")
-    parallelism: str = _f("ddp", "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
-                          "gradients and optimizer state sharded with FSDP2)", ("ddp", "fsdp"))
+    parallelism: str = _f(
+        "ddp",
+        "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
+        "gradients and optimizer state sharded with FSDP2)",
+        ("ddp", "fsdp"),
+    )
 
     def __attrs_post_init__(self) -> None:
         _common_checks(self)
@@ -165,12 +212,15 @@ def _from_dict(cls: type, d: dict, where: str) -> Any:
     kw = {}
     for key, val in d.items():
         if key == "temperature" and key not in fields:
-            raise ConfigError(f"{where}: 'temperature' is no longer a learner setting: each token's logprob is "
-                              "taken under the temperature / top_p / top_k its call was sampled with (the "
-                              "samples' temperatures / top_ps / top_ks, from claw.call/v1 sampling); remove it")
+            raise ConfigError(
+                f"{where}: 'temperature' is no longer a learner setting: each token's logprob is "
+                "taken under the temperature / top_p / top_k its call was sampled with (the "
+                "samples' temperatures / top_ps / top_ks, from claw.call/v1 sampling); remove it"
+            )
         if key not in fields:
-            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__} "
-                              f"(known: {', '.join(fields)})")
+            raise ConfigError(
+                f"{where}: unknown key {key!r} for {cls.__name__} (known: {', '.join(fields)})"
+            )
         typ = type(fields[key].default)
         if typ is float and isinstance(val, int) and not isinstance(val, bool):
             val = float(val)

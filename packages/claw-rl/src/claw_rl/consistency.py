@@ -62,7 +62,9 @@ def tis_weights(logp_old: torch.Tensor, logp_engine: torch.Tensor, cap: float) -
     return torch.exp(logp_old - logp_engine).clamp(max=cap).detach()
 
 
-def mis_token_mask(logp_old: torch.Tensor, logp_engine: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+def mis_token_mask(
+    logp_old: torch.Tensor, logp_engine: torch.Tensor, lo: float, hi: float
+) -> torch.Tensor:
     """1.0 where lo <= pi_old / pi_engine <= hi, else 0.0 (token-level MIS)."""
     rho = torch.exp(logp_old - logp_engine)
     return ((rho >= lo) & (rho <= hi)).float()
@@ -86,8 +88,13 @@ def path_shares(paths: torch.Tensor, trainable: torch.Tensor, kind: str) -> torc
     raise ValueError(f"path_shares: kind must be 'equal' or 'inverse_length', got {kind!r}")
 
 
-def mis_sequence_keep(log_rho: torch.Tensor, paths: torch.Tensor, trainable: torch.Tensor,
-                      tol: float, shares: torch.Tensor) -> torch.Tensor:
+def mis_sequence_keep(
+    log_rho: torch.Tensor,
+    paths: torch.Tensor,
+    trainable: torch.Tensor,
+    tol: float,
+    shares: torch.Tensor,
+) -> torch.Tensor:
     """Keep fraction per token (N,) for sequence-level MIS on one tree.
 
     Path p is kept iff |mean_{t in p, trainable} log rho_t| <= tol, i.e. its geometric-mean rho

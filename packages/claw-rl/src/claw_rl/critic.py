@@ -55,7 +55,10 @@ def load_head(head: ValueHead, critic_dir: Path) -> None:
 
 def save_head(head: ValueHead, critic_dir: Path) -> None:
     critic_dir.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(critic_dir / HEAD_FILE))
+    save_file(
+        {k: v.detach().contiguous() for k, v in head.state_dict().items()},
+        str(critic_dir / HEAD_FILE),
+    )
 
 
 def load_backbone(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:

@@ -72,15 +72,22 @@ def _dropped(z: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch
         kth = sv.gather(1, (top_k[sl].clamp(1, V) - 1)[:, None])  # (c, 1) k-th largest
         cut_k = use_k[sl, None]
         drop = (z[sl] < kth) & cut_k
-        sp = torch.softmax(sv.masked_fill((sv < kth) & cut_k, float("-inf")), dim=-1)  # sorted, after top_k
+        sp = torch.softmax(
+            sv.masked_fill((sv < kth) & cut_k, float("-inf")), dim=-1
+        )  # sorted, after top_k
         above = torch.cumsum(sp, dim=-1) - sp  # mass ranked strictly above each token
         drop_sorted = (above >= top_p[sl, None]) & use_p[sl, None]
         out[sl] = drop | torch.zeros_like(drop).scatter_(1, si, drop_sorted)
     return out
 
 
-def sampling_log_softmax(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                         top_k: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+def sampling_log_softmax(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    targets: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Log-probabilities (m, V) of the distribution each row was sampled from, -inf outside it.
 
     ``log_softmax(logits / T)`` restricted to the kept set of :func:`_dropped` (chosen from these
@@ -110,8 +117,9 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
     return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
 
 
-def token_logprobs(model: torch.nn.Module, hidden: torch.Tensor, batch: Batch, *,
-                   with_entropy: bool = True) -> TokenStats:
+def token_logprobs(
+    model: torch.nn.Module, hidden: torch.Tensor, batch: Batch, *, with_entropy: bool = True
+) -> TokenStats:
     """Logprob of every trainable token i, read from the hidden state of ``parent[i]``, under the
     sampling settings token i was drawn with (``batch.temperatures / top_ps / top_ks``; see
     :func:`sampling_log_softmax`)."""
@@ -123,7 +131,9 @@ def token_logprobs(model: torch.nn.Module, hidden: torch.Tensor, batch: Batch, *
     lps, ents = [], []
     for lo in range(0, h.shape[0], _CHUNK):
         sl = slice(lo, lo + _CHUNK)
-        logp = sampling_log_softmax(head(h[sl]).float(), T[sl], top_p[sl], top_k[sl], targets[sl])  # (m, V)
+        logp = sampling_log_softmax(
+            head(h[sl]).float(), T[sl], top_p[sl], top_k[sl], targets[sl]
+        )  # (m, V)
         lps.append(logp.gather(-1, targets[sl, None]).squeeze(-1))
         if with_entropy:
             with torch.no_grad():
@@ -142,7 +152,9 @@ def scatter_tokens(values: torch.Tensor, batch: Batch, fill: float = 0.0) -> tor
     return out
 
 
-def values_per_token(value_head: torch.nn.Module, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+def values_per_token(
+    value_head: torch.nn.Module, hidden: torch.Tensor, batch: Batch
+) -> torch.Tensor:
     """V(s_i) for every token: the value head on the hidden state of ``parent[i]`` (B, N).
 
     ``s_i`` is the prefix before token i, the state in which token i was chosen (the same row

@@ -46,7 +46,9 @@ def load_policy(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=dtype, attn_implementation="sdpa"
+        )
     except (OSError, ValueError) as exc:
         raise ClawError(f"{model_dir}: cannot load an HF causal LM ({exc})") from exc
     model.eval()  # dropout off: pi_old and pi_theta must be the same function at epoch 1
@@ -93,7 +95,9 @@ class _Aggregator:
         return losses.weighted_sum(lt, tok["q"]) * (1.0 / denom if denom > 0 else 0.0)
 
     def mean(self, x: torch.Tensor, tok: dict) -> torch.Tensor:
-        return losses.weighted_sum(x.to(tok["q"].dtype), tok["q"]) * (1.0 / self.full if self.full > 0 else 0.0)
+        return losses.weighted_sum(x.to(tok["q"].dtype), tok["q"]) * (
+            1.0 / self.full if self.full > 0 else 0.0
+        )
 
 
 class _Learner(LearnerIO):
@@ -101,8 +105,15 @@ class _Learner(LearnerIO):
 
     algo = ""
 
-    def __init__(self, config: GRPOConfig | PPOConfig, model_dir: str | Path, *, version: int = 0,
-                 device: str | None = None, origin_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        config: GRPOConfig | PPOConfig,
+        model_dir: str | Path,
+        *,
+        version: int = 0,
+        device: str | None = None,
+        origin_dir: str | Path | None = None,
+    ) -> None:
         self.config = config
         self.model_dir = Path(model_dir)
         self.origin_dir = Path(origin_dir) if origin_dir else self.model_dir
@@ -125,15 +136,22 @@ class _Learner(LearnerIO):
                 _dist.fully_shard_model(module)
         _dist.broadcast_params(self._params())
         self.optimizer = torch.optim.AdamW(
-            self._param_groups(), betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps, weight_decay=config.weight_decay,
+            self._param_groups(),
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
         )
 
     # -- hooks for subclasses -------------------------------------------------------------
     def _init_extra(self) -> None: ...
 
     def _param_groups(self) -> list[dict]:
-        return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.config.lr}]
+        return [
+            {
+                "params": [p for p in self.model.parameters() if p.requires_grad],
+                "lr": self.config.lr,
+            }
+        ]
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self._param_groups() for p in g["params"]]
@@ -159,7 +177,9 @@ class _Learner(LearnerIO):
     def _old_extra(self, batch: Batch, hidden: torch.Tensor) -> list[dict]:
         return [{} for _ in batch.samples]
 
-    def _extra_loss(self, batch: Batch, hidden: torch.Tensor, old: dict, agg, acc: dict) -> torch.Tensor:
+    def _extra_loss(
+        self, batch: Batch, hidden: torch.Tensor, old: dict, agg, acc: dict
+    ) -> torch.Tensor:
         return hidden.new_zeros(())
 
     # -- forward helpers --------------------------------------------------------------------
@@ -178,7 +198,9 @@ class _Learner(LearnerIO):
             lp = token_logprobs(self.model, hidden, batch, with_entropy=False).logprobs
             for k, part in enumerate(self._split(lp, batch)):
                 row = [0.0] * batch.lengths[k]
-                for j, v in zip(batch.trainable[k].nonzero().flatten().tolist(), part.tolist(), strict=True):
+                for j, v in zip(
+                    batch.trainable[k].nonzero().flatten().tolist(), part.tolist(), strict=True
+                ):
                     row[j] = v
                 out.append(row)
         self._reshard()
@@ -216,18 +238,27 @@ class _Learner(LearnerIO):
     def _staleness(self, samples: list[Sample], metrics: dict) -> list[Sample]:
         ages = []
         for s in samples:
-            vs = [v for v, t in zip(s.policy_versions or (), s.trainable, strict=False) if t and v >= 0]
+            vs = [
+                v
+                for v, t in zip(s.policy_versions or (), s.trainable, strict=False)
+                if t and v >= 0
+            ]
             ages.append(self.version - min(vs) if vs else 0)
         stale = [a > self.config.max_staleness for a in ages]
-        metrics.update(staleness_max=max(ages), staleness_mean=sum(ages) / len(ages),
-                       stale_samples=sum(stale), dropped_stale=0)
+        metrics.update(
+            staleness_max=max(ages),
+            staleness_mean=sum(ages) / len(ages),
+            stale_samples=sum(stale),
+            dropped_stale=0,
+        )
         if self.config.drop_stale:
             metrics["dropped_stale"] = sum(stale)
             samples = [s for s, st in zip(samples, stale, strict=True) if not st]
         return samples
 
-    def _is_weights(self, lp_old: torch.Tensor, lp_eng: torch.Tensor,
-                    sample: Sample) -> tuple[torch.Tensor, torch.Tensor]:
+    def _is_weights(
+        self, lp_old: torch.Tensor, lp_eng: torch.Tensor, sample: Sample
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(is_w, keep)`` per trainable token: the TIS weight (1 unless tis) and the MIS keep
         fraction (1 unless mis_*); masked tokens leave the loss's denominator, weighted ones do not."""
         c = self.config
@@ -246,7 +277,9 @@ class _Learner(LearnerIO):
             weighted = getattr(c, "loss_agg", "weights") == "weights"
             split = (sample.tags or {}).get("path_weighting")
             kind = "inverse_length" if weighted and split in ("rollout", "path") else "equal"
-            keep = mis_sequence_keep(log_rho, paths, tr, c.mis_seq_tol, path_shares(paths, tr, kind))
+            keep = mis_sequence_keep(
+                log_rho, paths, tr, c.mis_seq_tol, path_shares(paths, tr, kind)
+            )
             return ones, keep[tr].to(lp_old)
         return ones, ones
 
@@ -288,8 +321,14 @@ class _Learner(LearnerIO):
                 s = mismatch_stats(st.logprobs[~g], lp_eng_all[~g], c.mismatch_threshold)
                 for key in mm:
                     mm[key] = max(mm[key], s[key]) if key == "abs_max" else mm[key] + s[key]
-                for k, (lp, lpe, gk) in enumerate(zip(self._split(st.logprobs, batch), self._split(lp_eng_all, batch),
-                                                      self._split(g, batch), strict=True)):
+                for k, (lp, lpe, gk) in enumerate(
+                    zip(
+                        self._split(st.logprobs, batch),
+                        self._split(lp_eng_all, batch),
+                        self._split(g, batch),
+                        strict=True,
+                    )
+                ):
                     is_w, keep = self._is_weights(lp, lpe, batch.samples[k])
                     keep = torch.where(gk, torch.zeros_like(keep), keep)
                     d = {"logp_old": lp, "is_w": is_w, "keep": keep, **extra[k]}
@@ -297,17 +336,33 @@ class _Learner(LearnerIO):
                         d["logp_ref"] = self._split(ref, batch)[k]
                     old[own[pos + k]] = d
                 pos += len(batch.samples)
-        red = _dist.all_reduce_sum(torch.tensor([mm["n"], mm["abs_sum"], mm["k1_sum"], mm["k3_sum"],
-                                                 mm["beyond"], ent_sum, greedy_sum], dtype=torch.float64))
+        red = _dist.all_reduce_sum(
+            torch.tensor(
+                [
+                    mm["n"],
+                    mm["abs_sum"],
+                    mm["k1_sum"],
+                    mm["k3_sum"],
+                    mm["beyond"],
+                    ent_sum,
+                    greedy_sum,
+                ],
+                dtype=torch.float64,
+            )
+        )
         mx = _dist.all_reduce_max(torch.tensor([mm["abs_max"]], dtype=torch.float64))
-        mm = dict(zip(["n", "abs_sum", "k1_sum", "k3_sum", "beyond"], red[:5].tolist(), strict=True))
+        mm = dict(
+            zip(["n", "abs_sum", "k1_sum", "k3_sum", "beyond"], red[:5].tolist(), strict=True)
+        )
         mm["abs_max"] = float(mx[0])
         metrics.update(finish_mismatch(mm))
         n_tok = max(mm["n"], 1.0)
         metrics["entropy"] = float(red[5]) / n_tok
         metrics["greedy_tokens"] = int(red[6])
         is_sum = sum(float((o["is_w"] * o["keep"]).double().sum()) for o in old.values())
-        metrics["is_weight_mean"] = float(_dist.all_reduce_sum(torch.tensor([is_sum], dtype=torch.float64))[0]) / n_tok
+        metrics["is_weight_mean"] = (
+            float(_dist.all_reduce_sum(torch.tensor([is_sum], dtype=torch.float64))[0]) / n_tok
+        )
         # each sample's mass in the loss (sum of q over its trainable tokens), and what MIS kept of it
         q = [self._token_mass(s) for s in samples]
         self._mass = np.array([float(x.sum()) for x in q])
@@ -317,13 +372,31 @@ class _Learner(LearnerIO):
         self._kept = _dist.all_reduce_sum(kept).numpy()
         self._adv_norm = (0.0, 1.0)
         if getattr(c, "whiten_advantages", False):
-            self._adv_norm = losses.whiten(torch.cat([torch.tensor(s.advantages)[torch.tensor(s.trainable, dtype=torch.bool)]
-                                                      for s in samples]), torch.from_numpy(np.concatenate(q)))
+            self._adv_norm = losses.whiten(
+                torch.cat(
+                    [
+                        torch.tensor(s.advantages)[torch.tensor(s.trainable, dtype=torch.bool)]
+                        for s in samples
+                    ]
+                ),
+                torch.from_numpy(np.concatenate(q)),
+            )
             metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = self._adv_norm
 
         # (4) epochs x minibatches
-        acc = {k: 0.0 for k in ("loss", "pg_loss", "kl", "value_loss", "clip_frac", "approx_kl",
-                                "grad_norm", "opt_steps")}
+        acc = {
+            k: 0.0
+            for k in (
+                "loss",
+                "pg_loss",
+                "kl",
+                "value_loss",
+                "clip_frac",
+                "approx_kl",
+                "grad_norm",
+                "opt_steps",
+            )
+        }
         self._reshard()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for _ in range(c.epochs):
@@ -331,16 +404,26 @@ class _Learner(LearnerIO):
             n_mb = min(c.minibatches, len(samples))
             for m in range(n_mb):
                 mb = perm[m * len(samples) // n_mb : (m + 1) * len(samples) // n_mb]
-                self._minibatch(mb, [k for k in mb if k % self.world == self.rank], samples, old, acc)
+                self._minibatch(
+                    mb, [k for k in mb if k % self.world == self.rank], samples, old, acc
+                )
                 gn = self._optimizer_step(params)
                 acc["grad_norm"] += gn
                 acc["opt_steps"] += 1
-        red = _dist.all_reduce_sum(torch.tensor([acc[k] for k in ("loss", "pg_loss", "kl", "value_loss",
-                                                                  "clip_frac", "approx_kl")],
-                                                dtype=torch.float64)).tolist()
+        red = _dist.all_reduce_sum(
+            torch.tensor(
+                [acc[k] for k in ("loss", "pg_loss", "kl", "value_loss", "clip_frac", "approx_kl")],
+                dtype=torch.float64,
+            )
+        ).tolist()
         n_steps = max(acc["opt_steps"], 1)
-        metrics.update(loss=red[0] / n_steps, pg_loss=red[1] / n_steps, clip_frac=red[4] / n_steps,
-                       approx_kl=red[5] / n_steps, grad_norm=acc["grad_norm"] / n_steps)
+        metrics.update(
+            loss=red[0] / n_steps,
+            pg_loss=red[1] / n_steps,
+            clip_frac=red[4] / n_steps,
+            approx_kl=red[5] / n_steps,
+            grad_norm=acc["grad_norm"] / n_steps,
+        )
         if getattr(c, "kl_coef", 0.0) > 0:
             metrics["kl_ref"] = red[2] / n_steps
         if self.algo == "ppo":
@@ -348,16 +431,26 @@ class _Learner(LearnerIO):
         self._extra_metrics(samples, old, metrics)
         packed = sum(len(s) for s in samples)
         flat = sum(float(leaf_counts(s.parent).sum()) for s in samples)
-        adv = torch.tensor([a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t])
+        adv = torch.tensor(
+            [a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t]
+        )
         wall = time.perf_counter() - t0
-        metrics.update(samples=len(samples), tokens=packed, trainable_tokens=int(n_tok) + metrics["greedy_tokens"],
-                       dedup_factor=flat / max(packed, 1), tokens_per_s=packed / wall, step_time_s=wall,
-                       adv_mean=float(adv.mean()) if adv.numel() else 0.0,
-                       zero_adv_frac=float((adv == 0).float().mean()) if adv.numel() else 0.0)
+        metrics.update(
+            samples=len(samples),
+            tokens=packed,
+            trainable_tokens=int(n_tok) + metrics["greedy_tokens"],
+            dedup_factor=flat / max(packed, 1),
+            tokens_per_s=packed / wall,
+            step_time_s=wall,
+            adv_mean=float(adv.mean()) if adv.numel() else 0.0,
+            zero_adv_frac=float((adv == 0).float().mean()) if adv.numel() else 0.0,
+        )
         self.step_count += 1
         self._dirty = True
-        self.last_metrics = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                             for k, v in metrics.items()}
+        self.last_metrics = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in metrics.items()
+        }
         return dict(self.last_metrics)
 
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
@@ -379,12 +472,21 @@ class _Learner(LearnerIO):
         kind = getattr(c, "loss_agg", "weights")
         n_traj = 0.0
         if kind == "constant":
-            n_traj = sum(float(leaf_counts(samples[k].parent)[np.asarray(samples[k].parent) == -1].sum()) for k in mb)
-        return _Aggregator(kind=kind, full=float(self._mass[mb].sum()), kept=float(self._kept[mb].sum()),
-                           n_traj=max(n_traj, 1.0), constant_len=float(getattr(c, "constant_len", 1)))
+            n_traj = sum(
+                float(leaf_counts(samples[k].parent)[np.asarray(samples[k].parent) == -1].sum())
+                for k in mb
+            )
+        return _Aggregator(
+            kind=kind,
+            full=float(self._mass[mb].sum()),
+            kept=float(self._kept[mb].sum()),
+            n_traj=max(n_traj, 1.0),
+            constant_len=float(getattr(c, "constant_len", 1)),
+        )
 
-    def _minibatch(self, mb: list[int], mine: list[int], samples: list[Sample],
-                   old: dict, acc: dict) -> None:
+    def _minibatch(
+        self, mb: list[int], mine: list[int], samples: list[Sample], old: dict, acc: dict
+    ) -> None:
         c = self.config
         agg = self._aggregator(mb, samples)
         mb_samples = [samples[k] for k in mb]
@@ -405,13 +507,19 @@ class _Learner(LearnerIO):
             tok = agg.tok(batch, o["keep"])
             A = (batch.advantages[b, i] - mean_A) / std_A
             lp = st.logprobs
-            pg, clipped = losses.ppo_clip_loss(lp, o["logp_old"], A, c.clip_eps_low, c.clip_eps_high)
+            pg, clipped = losses.ppo_clip_loss(
+                lp, o["logp_old"], A, c.clip_eps_low, c.clip_eps_high
+            )
             pg_loss = agg.loss(pg * o["is_w"], tok, masked=True)
             loss = pg_loss
             if c.entropy_coef > 0:
-                logq = sampling_log_softmax(self.model.get_output_embeddings()(hidden[b, p]).float(),
-                                            batch.temperatures[b, i], batch.top_ps[b, i], batch.top_ks[b, i],
-                                            batch.input_ids[b, i])
+                logq = sampling_log_softmax(
+                    self.model.get_output_embeddings()(hidden[b, p]).float(),
+                    batch.temperatures[b, i],
+                    batch.top_ps[b, i],
+                    batch.top_ks[b, i],
+                    batch.input_ids[b, i],
+                )
                 loss = loss - c.entropy_coef * agg.loss(entropy(logq), tok)
             if "logp_ref" in o:
                 kl_fn = losses.kl_k3_loss if c.kl_estimator == "k3" else losses.kl_k2_loss
@@ -447,7 +555,9 @@ class GRPOLearner(_Learner):
     def _init_extra(self) -> None:
         self.ref_model = None
         if self.config.kl_coef > 0:
-            self.ref_model = load_policy(self.config.ref_model or self.origin_dir, self.dtype).to(self.device)
+            self.ref_model = load_policy(self.config.ref_model or self.origin_dir, self.dtype).to(
+                self.device
+            )
             self.ref_model.requires_grad_(False)
 
     def _large_modules(self) -> list[torch.nn.Module]:
@@ -462,8 +572,10 @@ class GRPOLearner(_Learner):
     def _check_samples(self, samples: list[Sample]) -> None:
         for s in samples:
             if s.algo == "ppo":
-                raise ClawError(f"sample {s.sample_id!r} was built for ppo (critic advantages); "
-                                "train it with PPOLearner / --algo ppo")
+                raise ClawError(
+                    f"sample {s.sample_id!r} was built for ppo (critic advantages); "
+                    "train it with PPOLearner / --algo ppo"
+                )
 
 
 __all__ = ["GRPOLearner", "load_policy"]

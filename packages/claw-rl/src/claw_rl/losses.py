@@ -32,8 +32,13 @@ from __future__ import annotations
 import torch
 
 
-def ppo_clip_loss(logp: torch.Tensor, logp_old: torch.Tensor, A: torch.Tensor,
-                  eps_low: float = 0.2, eps_high: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    A: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped surrogate per token (Schulman et al. 2017, eq. 7), negated to be minimised.
 
     l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),  r = exp(logp - logp_old).
@@ -133,7 +138,9 @@ def whiten(A: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> tuple[float, 
     return mean, var**0.5 + eps
 
 
-def value_loss(v: torch.Tensor, v_old: torch.Tensor, R: torch.Tensor, clip: float | None) -> torch.Tensor:
+def value_loss(
+    v: torch.Tensor, v_old: torch.Tensor, R: torch.Tensor, clip: float | None
+) -> torch.Tensor:
     """Clipped value loss per token: 0.5 max((v - R)^2, (v_old + clip(v - v_old, +-c) - R)^2).
 
     As in OpenAI baselines' PPO2 (and cleanrl); ``clip=None`` gives the plain 0.5 (v - R)^2.

@@ -76,7 +76,9 @@ class Batch:
     returns: torch.Tensor | None  # (B, N) or None
     policy_versions: torch.Tensor  # (B, N) long, -1 for context / unknown
     leaf_counts: torch.Tensor  # (B, N) paths through each token
-    temperatures: torch.Tensor  # (B, N) temperature each token was sampled at (0 = greedy; 1 on padding)
+    temperatures: (
+        torch.Tensor
+    )  # (B, N) temperature each token was sampled at (0 = greedy; 1 on padding)
     top_ps: torch.Tensor  # (B, N) top_p each token was sampled with (1 = off)
     top_ks: torch.Tensor  # (B, N) long, top_k each token was sampled with (0 = off)
     lengths: tuple[int, ...]  # real tokens per sample
@@ -114,12 +116,14 @@ def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Ba
             m[k, 0, : len(s), : len(s)] = ancestor_matrix(s.parent)
         idx = np.arange(n)
         for k, s in enumerate(samples):  # padding rows attend to themselves only
-            m[k, 0, idx[len(s):], idx[len(s):]] = True
+            m[k, 0, idx[len(s) :], idx[len(s) :]] = True
         mask = torch.from_numpy(m)
     returns = None
     if all(s.returns is not None for s in samples):
         returns = _pad([s.returns for s in samples], n, 0.0, dtype)
-    versions = [s.policy_versions if s.policy_versions is not None else [-1] * len(s) for s in samples]
+    versions = [
+        s.policy_versions if s.policy_versions is not None else [-1] * len(s) for s in samples
+    ]
     return Batch(
         input_ids=_pad([s.input_ids for s in samples], n, 0, torch.long),
         position_ids=_pad([s.position_ids for s in samples], n, 0, torch.long),
@@ -132,7 +136,9 @@ def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Ba
         returns=returns,
         policy_versions=_pad(versions, n, -1, torch.long),
         leaf_counts=_pad([leaf_counts(s.parent) for s in samples], n, 0.0, dtype),
-        temperatures=_pad([s.temperatures or [1.0] * len(s) for s in samples], n, 1.0, torch.float32),
+        temperatures=_pad(
+            [s.temperatures or [1.0] * len(s) for s in samples], n, 1.0, torch.float32
+        ),
         top_ps=_pad([s.top_ps or [1.0] * len(s) for s in samples], n, 1.0, torch.float32),
         top_ks=_pad([s.top_ks or [0] * len(s) for s in samples], n, 0, torch.long),
         lengths=lengths,
@@ -140,8 +146,13 @@ def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Ba
     )
 
 
-def chain_sample(sample_id: str, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                 completion_logprobs: Sequence[float] | None = None, **extra) -> Sample:
+def chain_sample(
+    sample_id: str,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    completion_logprobs: Sequence[float] | None = None,
+    **extra,
+) -> Sample:
     """A single-path sample: ``prompt_ids`` as context, ``completion_ids`` trainable.
 
     Used for ``claw.call/v1`` records (``claw-rl logprobs``) and for per-call baselines. Loss
@@ -154,11 +165,15 @@ def chain_sample(sample_id: str, prompt_ids: Sequence[int], completion_ids: Sequ
     lp = list(completion_logprobs) if completion_logprobs is not None else [0.0] * n_c
     w = 1.0 / n_c if n_c else 0.0
     fields: dict[str, Any] = dict(
-        sample_id=sample_id, algo="grpo",
+        sample_id=sample_id,
+        algo="grpo",
         input_ids=tuple(prompt_ids) + tuple(completion_ids),
-        position_ids=tuple(range(n)), parent=tuple(range(-1, n - 1)),
-        trainable=(0,) * n_p + (1,) * n_c, logprobs=(0.0,) * n_p + tuple(lp),
-        advantages=(0.0,) * n, loss_weights=(0.0,) * n_p + (w,) * n_c,
+        position_ids=tuple(range(n)),
+        parent=tuple(range(-1, n - 1)),
+        trainable=(0,) * n_p + (1,) * n_c,
+        logprobs=(0.0,) * n_p + tuple(lp),
+        advantages=(0.0,) * n,
+        loss_weights=(0.0,) * n_p + (w,) * n_c,
     )
     fields.update(extra)
     return Sample(**fields)

@@ -39,8 +39,10 @@ class PPOLearner(_Learner):
         c = self.config
         saved = critic.critic_kind(self.model_dir)
         if saved is not None and saved != c.critic:
-            raise ClawError(f"{self.model_dir}/critic holds a critic of kind {saved!r} but the config "
-                            f"asks for critic={c.critic!r}")
+            raise ClawError(
+                f"{self.model_dir}/critic holds a critic of kind {saved!r} but the config "
+                f"asks for critic={c.critic!r}"
+            )
         critic_dir = self.model_dir / "critic"
         self.critic_model = None
         if c.critic == "model":
@@ -69,20 +71,25 @@ class PPOLearner(_Learner):
         return {**super()._pad_old(batch, st), "values_old": batch.returns[b, i].float()}
 
     def _param_groups(self) -> list[dict]:
-        critic_params = [p for m in self._critic_modules() for p in m.parameters() if p.requires_grad]
+        critic_params = [
+            p for m in self._critic_modules() for p in m.parameters() if p.requires_grad
+        ]
         return [*super()._param_groups(), {"params": critic_params, "lr": self.config.critic_lr}]
 
     def _save_critic(self, out: Path, states: dict) -> None:
         if self.critic_model is not None:
-            self.critic_model.save_pretrained(out / "critic", safe_serialization=True,
-                                              state_dict=states.get("critic_model"))
+            self.critic_model.save_pretrained(
+                out / "critic", safe_serialization=True, state_dict=states.get("critic_model")
+            )
         critic.save_head(self.value_head, out / "critic")
 
     def _check_samples(self, samples: list[Sample]) -> None:
         for s in samples:
             if s.returns is None:
-                raise ClawError(f"sample {s.sample_id!r} has no 'returns': PPO needs value targets "
-                                "(claw-tree samples --algo ppo --values FILE)")
+                raise ClawError(
+                    f"sample {s.sample_id!r} has no 'returns': PPO needs value targets "
+                    "(claw-tree samples --algo ppo --values FILE)"
+                )
 
     def _values(self, batch: Batch, hidden: torch.Tensor) -> torch.Tensor:
         """(B, N) values; the policy's hidden states for critic=head, the critic's otherwise."""
@@ -95,28 +102,63 @@ class PPOLearner(_Learner):
         v = self._values(batch, hidden)[b, i]
         return [{"values_old": part} for part in self._split(v, batch)]
 
-    def _extra_loss(self, batch: Batch, hidden: torch.Tensor, old: dict, agg, acc: dict) -> torch.Tensor:
+    def _extra_loss(
+        self, batch: Batch, hidden: torch.Tensor, old: dict, agg, acc: dict
+    ) -> torch.Tensor:
         c = self.config
         b, i, _ = batch.predictor_index()
         v = self._values(batch, hidden)[b, i]
         R = batch.returns[b, i]
         tok = agg.tok(batch, old["keep"])
-        vl = agg.loss(losses.value_loss(v, old["values_old"], R, c.value_clip if c.value_clip > 0 else None), tok)
+        vl = agg.loss(
+            losses.value_loss(v, old["values_old"], R, c.value_clip if c.value_clip > 0 else None),
+            tok,
+        )
         acc["value_loss"] += float(vl.detach())
         return c.vf_coef * vl
 
     def _extra_metrics(self, samples: list[Sample], old: dict, metrics: dict) -> None:
         # explained variance of the old values against the returns, over every trainable token
         own = sorted(old)
-        R = torch.cat([torch.tensor([r for r, t in zip(samples[k].returns, samples[k].trainable, strict=True) if t],
-                                    dtype=torch.float64) for k in own]) if own else torch.zeros(0, dtype=torch.float64)
-        v = torch.cat([old[k]["values_old"].double().cpu() for k in own]) if own else torch.zeros(0, dtype=torch.float64)
-        s = _dist.all_reduce_sum(torch.stack([torch.tensor(float(R.numel()), dtype=torch.float64), R.sum(),
-                                              (R * R).sum(), (R - v).sum(), ((R - v) ** 2).sum()]))
+        R = (
+            torch.cat(
+                [
+                    torch.tensor(
+                        [
+                            r
+                            for r, t in zip(samples[k].returns, samples[k].trainable, strict=True)
+                            if t
+                        ],
+                        dtype=torch.float64,
+                    )
+                    for k in own
+                ]
+            )
+            if own
+            else torch.zeros(0, dtype=torch.float64)
+        )
+        v = (
+            torch.cat([old[k]["values_old"].double().cpu() for k in own])
+            if own
+            else torch.zeros(0, dtype=torch.float64)
+        )
+        s = _dist.all_reduce_sum(
+            torch.stack(
+                [
+                    torch.tensor(float(R.numel()), dtype=torch.float64),
+                    R.sum(),
+                    (R * R).sum(),
+                    (R - v).sum(),
+                    ((R - v) ** 2).sum(),
+                ]
+            )
+        )
         n, sR, sR2, sD, sD2 = s.tolist()
         var_R = sR2 / max(n, 1) - (sR / max(n, 1)) ** 2
         var_D = sD2 / max(n, 1) - (sD / max(n, 1)) ** 2
-        metrics["explained_variance"] = 1.0 - var_D / var_R if n > 1 and var_R > 1e-12 else float("nan")
+        metrics["explained_variance"] = (
+            1.0 - var_D / var_R if n > 1 and var_R > 1e-12 else float("nan")
+        )
         metrics["value_mean"] = float(v.mean()) if v.numel() else 0.0
         metrics["return_mean"] = sR / max(n, 1)
 

@@ -98,7 +98,9 @@ class Sample:
             raise RecordError(f"{where}: field 'sample_id' must be a non-empty string")
         where = f"{where} (sample {row['sample_id']!r})"
         if row["algo"] not in ("grpo", "ppo", "rloo", "reinforce"):
-            raise RecordError(f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce")
+            raise RecordError(
+                f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce"
+            )
         n = len(row["input_ids"]) if isinstance(row["input_ids"], list) else None
         ints: dict[str, Any] = {k: _num_list(row, k, where, ints=True, n=n) for k in _PER_TOKEN_INT}
         floats: dict[str, Any] = {
@@ -110,7 +112,9 @@ class Sample:
         if row.get("policy_versions") is not None:
             opt["policy_versions"] = _num_list(row, "policy_versions", where, ints=True, n=n)
             if any(v < -1 for v in opt["policy_versions"]):
-                raise RecordError(f"{where}: field 'policy_versions' must hold versions >= 0 (-1: context)")
+                raise RecordError(
+                    f"{where}: field 'policy_versions' must hold versions >= 0 (-1: context)"
+                )
         opt.update(_sampling_lists(row, where, n))
         for key in ("sessions", "groups"):
             val = row.get(key, [])
@@ -118,7 +122,11 @@ class Sample:
                 raise RecordError(f"{where}: field {key!r} must be a list of strings")
             opt[key] = tuple(val)
         if "n_paths" in row and row["n_paths"] is not None:
-            if not isinstance(row["n_paths"], int) or isinstance(row["n_paths"], bool) or row["n_paths"] < 0:
+            if (
+                not isinstance(row["n_paths"], int)
+                or isinstance(row["n_paths"], bool)
+                or row["n_paths"] < 0
+            ):
                 raise RecordError(f"{where}: field 'n_paths' must be an integer >= 0")
             opt["n_paths"] = row["n_paths"]
         if not isinstance(row.get("tags", {}), dict):
@@ -126,11 +134,21 @@ class Sample:
         if any(t < 0 for t in ints["input_ids"]):
             raise RecordError(f"{where}: field 'input_ids' must hold token ids >= 0")
         _check_tree(ints, floats, where)
-        return cls(sample_id=row["sample_id"], algo=row["algo"], **ints, **floats,
-                   tags=dict(row.get("tags", {})), **opt)
+        return cls(
+            sample_id=row["sample_id"],
+            algo=row["algo"],
+            **ints,
+            **floats,
+            tags=dict(row.get("tags", {})),
+            **opt,
+        )
 
     def to_dict(self) -> dict:
-        out: dict[str, Any] = {"schema": SAMPLE_SCHEMA, "sample_id": self.sample_id, "algo": self.algo}
+        out: dict[str, Any] = {
+            "schema": SAMPLE_SCHEMA,
+            "sample_id": self.sample_id,
+            "algo": self.algo,
+        }
         for key in (*_PER_TOKEN_INT, "logprobs", "advantages"):
             out[key] = list(getattr(self, key))
         if self.returns is not None:
@@ -157,10 +175,17 @@ def _sampling_lists(row: dict, where: str, n: int | None) -> dict:
             continue
         vals = _num_list(row, key, where, ints=ints, n=n)
         for j, x in enumerate(vals):
-            bad = (not math.isfinite(x) or x < 0) if key == "temperatures" else \
-                  (not (0 < x <= 1) if key == "top_ps" else x < 0)
+            bad = (
+                (not math.isfinite(x) or x < 0)
+                if key == "temperatures"
+                else (not (0 < x <= 1) if key == "top_ps" else x < 0)
+            )
             if bad:
-                rule = {"temperatures": "a finite number >= 0", "top_ps": "in (0, 1]", "top_ks": ">= 0"}[key]
+                rule = {
+                    "temperatures": "a finite number >= 0",
+                    "top_ps": "in (0, 1]",
+                    "top_ks": ">= 0",
+                }[key]
                 raise RecordError(f"{where}: field {key!r}[{j}] = {x!r} must be {rule}")
         out[key] = tuple(float(x) for x in vals) if not ints else vals
     return out
@@ -170,16 +195,22 @@ def _check_tree(ints: dict, floats: dict, where: str) -> None:
     parent, pos, trainable = ints["parent"], ints["position_ids"], ints["trainable"]
     for i, p in enumerate(parent):
         if p < -1 or p >= i:
-            raise RecordError(f"{where}: parent[{i}] = {p}; parents must precede children (-1 <= parent[i] < i)")
+            raise RecordError(
+                f"{where}: parent[{i}] = {p}; parents must precede children (-1 <= parent[i] < i)"
+            )
         depth = 0 if p == -1 else pos[p] + 1
         if pos[i] != depth:
-            raise RecordError(f"{where}: position_ids[{i}] = {pos[i]}, but its depth in the tree is {depth}")
+            raise RecordError(
+                f"{where}: position_ids[{i}] = {pos[i]}, but its depth in the tree is {depth}"
+            )
         if trainable[i] not in (0, 1):
             raise RecordError(f"{where}: trainable[{i}] = {trainable[i]}, must be 0 or 1")
         if p == -1 and trainable[i]:
             raise RecordError(f"{where}: token {i} is a root (parent -1) and cannot be trainable")
         if floats["loss_weights"][i] < 0:
-            raise RecordError(f"{where}: loss_weights[{i}] = {floats['loss_weights'][i]} is negative")
+            raise RecordError(
+                f"{where}: loss_weights[{i}] = {floats['loss_weights'][i]} is negative"
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -201,28 +232,45 @@ class Policy:
         for key, typ in (("name", str), ("version", int), ("path", str)):
             val = row.get(key)
             if not isinstance(val, typ) or isinstance(val, bool) or val == "":
-                raise RecordError(f"{where}: field {key!r} missing or not a non-empty {typ.__name__}")
+                raise RecordError(
+                    f"{where}: field {key!r} missing or not a non-empty {typ.__name__}"
+                )
         if row["version"] < 0:
             raise RecordError(f"{where}: field 'version' must be >= 0, got {row['version']}")
         created, step = row.get("created_at"), row.get("step")
-        if created is not None and (isinstance(created, bool) or not isinstance(created, int | float)
-                                    or not math.isfinite(created) or created < 0):
-            raise RecordError(f"{where}: field 'created_at' must be a Unix time >= 0, got {created!r}")
+        if created is not None and (
+            isinstance(created, bool)
+            or not isinstance(created, int | float)
+            or not math.isfinite(created)
+            or created < 0
+        ):
+            raise RecordError(
+                f"{where}: field 'created_at' must be a Unix time >= 0, got {created!r}"
+            )
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise RecordError(f"{where}: field 'step' must be an integer >= 0, got {step!r}")
         if not isinstance(row.get("metrics", {}), dict):
             raise RecordError(f"{where}: field 'metrics' must be an object")
-        return cls(name=row["name"], version=row["version"], path=row["path"],
-                   created_at=row.get("created_at"), step=row.get("step"),
-                   metrics=dict(row.get("metrics", {})))
+        return cls(
+            name=row["name"],
+            version=row["version"],
+            path=row["path"],
+            created_at=row.get("created_at"),
+            step=row.get("step"),
+            metrics=dict(row.get("metrics", {})),
+        )
 
     @classmethod
     def now(cls, **kw: Any) -> Policy:
         return cls(created_at=round(time.time(), 3), **kw)
 
     def to_dict(self) -> dict:
-        out: dict[str, Any] = {"schema": POLICY_SCHEMA, "name": self.name,
-                               "version": self.version, "path": self.path}
+        out: dict[str, Any] = {
+            "schema": POLICY_SCHEMA,
+            "name": self.name,
+            "version": self.version,
+            "path": self.path,
+        }
         if self.created_at is not None:
             out["created_at"] = self.created_at
         if self.step is not None:
@@ -256,7 +304,9 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
             try:
                 obj = json.loads(line, parse_constant=_not_json)
             except json.JSONDecodeError as exc:
-                raise RecordError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+                raise RecordError(
+                    f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
+                ) from exc
             except ValueError as exc:
                 raise RecordError(f"{where}: not valid JSON ({exc})") from exc
             if not isinstance(obj, dict):
@@ -282,7 +332,10 @@ def read_samples(path: str | Path) -> list[Sample]:
 
 def as_samples(rows: Iterable[Sample | dict]) -> list[Sample]:
     """Accept in-memory dicts (as the examples pass them) or Sample objects."""
-    return [r if isinstance(r, Sample) else Sample.from_dict(r, f"samples[{k}]") for k, r in enumerate(rows)]
+    return [
+        r if isinstance(r, Sample) else Sample.from_dict(r, f"samples[{k}]")
+        for k, r in enumerate(rows)
+    ]
 
 
 def write_jsonl(rows: Iterable[dict], fh: TextIO) -> None:

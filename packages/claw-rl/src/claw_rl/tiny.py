@@ -20,7 +20,14 @@ from claw_rl.errors import ClawError
 # Added tokens: ChatML turn markers are special (the engine stops at <|im_end|>); the tool
 # and reasoning markers are ordinary added tokens so that decoding keeps them, as in Qwen3.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+MARKUP_TOKENS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
 
 _WORDS = (  # noqa: SIM905 - a word list reads best as prose
     "the a an and or of to in on for with from by as is are was be this that it file files "

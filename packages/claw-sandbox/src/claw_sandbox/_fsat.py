@@ -143,9 +143,7 @@ def read_file(root_fd: int, parts: Sequence[str], limit: int) -> tuple[bytes, bo
     return data[:limit], len(data) > limit
 
 
-def walk(
-    root_fd: int, descend: Callable[[tuple[str, ...]], bool]
-) -> Generator[Entry, None, None]:
+def walk(root_fd: int, descend: Callable[[tuple[str, ...]], bool]) -> Generator[Entry, None, None]:
     """Every entry under root_fd, depth first in directory order: (dir fd, the directory's parts,
     name, kind) with kind "dir", "file" (regular), "link" or "other". Only real directories are
     entered, and only those for which `descend(parts)` is true; one directory fd (and one

@@ -24,7 +24,9 @@ def _log(msg: str) -> None:
     click.echo(f"claw-sandbox: {msg}", err=True)
 
 
-def _backend(name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None):
+def _backend(
+    name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None
+):
     options: dict = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
     if rootfs and name in ("auto", "bwrap"):
         options["rootfs"] = rootfs
@@ -100,7 +102,10 @@ def main() -> None:
 @ro_option
 @image_option
 @click.option(
-    "--rootfs", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+    "--rootfs",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    metavar="DIR",
     help="bwrap: this directory (e.g. an exported image) as the jobs' read-only root, not the host's "
     "(else CLAW_SANDBOX_ROOTFS)",
 )
@@ -186,7 +191,11 @@ def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro
         )
         return
     sched = Scheduler(
-        _backend(backend, ro_paths, image, rootfs), parallel, retries, Path(workdir) if workdir else None, _log,
+        _backend(backend, ro_paths, image, rootfs),
+        parallel,
+        retries,
+        Path(workdir) if workdir else None,
+        _log,
         retry_errors=retry_errors,
     )
     started = time.monotonic()
@@ -270,10 +279,17 @@ async def _drive(sched: Scheduler, items: list, out: str | None) -> None:
 )
 @click.option("--proxy-url", default=None, help="host-side proxy URL (network proxy)")
 @click.option("--port", type=int, default=None, help="loopback port the proxy appears on inside")
-@click.option("--memory-mb", type=int, default=None, help="memory limit, MiB (default: the backend's)")
-@click.option("--pids", type=int, default=None, help="most processes/threads (default: the backend's)")
 @click.option(
-    "--cpus", type=float, default=None, help="CPU quota in CPUs, fractions allowed (default: the backend's)"
+    "--memory-mb", type=int, default=None, help="memory limit, MiB (default: the backend's)"
+)
+@click.option(
+    "--pids", type=int, default=None, help="most processes/threads (default: the backend's)"
+)
+@click.option(
+    "--cpus",
+    type=float,
+    default=None,
+    help="CPU quota in CPUs, fractions allowed (default: the backend's)",
 )
 @click.option(
     "--copy-from", default=None, help="host directory or tarball to start the workspace from"

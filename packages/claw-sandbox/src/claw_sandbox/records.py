@@ -65,8 +65,21 @@ def check_relpath(path: str, where: str, field: str) -> str:
 
 
 #: places a job's own directories (workdir, mounts) may not be: the system the sandbox lends
-RESERVED_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc",
-                  "/dev", "/sys", "/run", "/tmp")
+RESERVED_ROOTS = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/proc",
+    "/dev",
+    "/sys",
+    "/run",
+    "/tmp",
+)
 PROFILES = ("claw", "harbor")
 
 
@@ -104,7 +117,9 @@ class Mount:
             if not isinstance(m, dict):
                 raise _fail(where, f"{field}/{i}", "expected an object {target, files}")
             target = check_abspath(m.get("target"), where, f"{field}/{i}/target")
-            out.append(cls(target=target, files=_files(m.get("files"), where, f"{field}/{i}/files")))
+            out.append(
+                cls(target=target, files=_files(m.get("files"), where, f"{field}/{i}/files"))
+            )
         return tuple(out)
 
     def to_dict(self) -> dict:
@@ -293,7 +308,9 @@ class Job:
     #: environment for every step, a writable container filesystem on docker)
     profile: str = "claw"
     mounts: tuple[Mount, ...] = ()  # filled before setup, kept through verify
-    image_run: tuple[str, ...] = ()  # the image's RUN lines: a backend that does not build it skips them
+    image_run: tuple[
+        str, ...
+    ] = ()  # the image's RUN lines: a backend that does not build it skips them
 
     def mount_targets(self) -> tuple[str, ...]:
         return tuple(m.target for m in (*self.mounts, *(self.verify.mounts if self.verify else ())))
@@ -304,10 +321,10 @@ class Job:
         if not path.startswith("/"):
             return None, path
         if self.workdir and is_under(path, self.workdir):
-            return None, path[len(self.workdir):].lstrip("/")
+            return None, path[len(self.workdir) :].lstrip("/")
         for i, t in enumerate(self.mount_targets()):
             if is_under(path, t):
-                return i, path[len(t):].lstrip("/")
+                return i, path[len(t) :].lstrip("/")
         return None
 
     @classmethod
@@ -321,7 +338,11 @@ class Job:
         if d.get("schema") != JOB_SCHEMA:
             got = d.get("schema")
             if isinstance(got, str) and got.partition("/")[0] == "claw.job":
-                raise _fail(where, "schema", f"unsupported version {got!r} (this reader knows {JOB_SCHEMA!r})")
+                raise _fail(
+                    where,
+                    "schema",
+                    f"unsupported version {got!r} (this reader knows {JOB_SCHEMA!r})",
+                )
             raise _fail(where, "schema", f"expected {JOB_SCHEMA!r}, got {got!r}")
         job_id = d.get("job_id")
         if not isinstance(job_id, str) or not job_id:
@@ -400,7 +421,9 @@ class Job:
             paths.append(("verify/reward_file", self.verify.reward_file))
         for field, p in paths:
             if p.startswith("/") and self.place_of(p) is None:
-                raise _fail(where, field, f"{p!r} is neither under workdir nor under a mount target")
+                raise _fail(
+                    where, field, f"{p!r} is neither under workdir nor under a mount target"
+                )
         return self
 
     def to_dict(self) -> dict:
@@ -421,8 +444,11 @@ class Job:
         d["limits"] = {k: v for k, v in attrs.asdict(self.limits).items() if v is not None}
         d["network"] = {k: v for k, v in attrs.asdict(self.network).items() if v is not None}
         if self.verify is not None:
-            v = {k: val for k, val in attrs.asdict(self.verify).items()
-                 if val not in (None, {}) and k != "mounts"}
+            v = {
+                k: val
+                for k, val in attrs.asdict(self.verify).items()
+                if val not in (None, {}) and k != "mounts"
+            }
             if isinstance(self.verify.command, tuple):
                 v["command"] = list(self.verify.command)
             if self.verify.files:
@@ -586,7 +612,9 @@ def _run_row(raw: bytes, where: str) -> dict:
     got = row.get("schema")
     if got != RUN_SCHEMA:
         if isinstance(got, str) and got.partition("/")[0] == "claw.run":
-            raise JobsFileError(f"{where}: schema: unsupported version {got!r} (this reader knows {RUN_SCHEMA!r})")
+            raise JobsFileError(
+                f"{where}: schema: unsupported version {got!r} (this reader knows {RUN_SCHEMA!r})"
+            )
         raise JobsFileError(f"{where}: schema: expected {RUN_SCHEMA!r}, got {got!r}")
     if not isinstance(row.get("job_id"), str) or not row["job_id"]:
         raise JobsFileError(f"{where}: job_id: missing or not a non-empty string")

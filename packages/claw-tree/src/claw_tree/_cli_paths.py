@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 
-def output_path(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+def output_path(
+    ctx: click.Context | None, param: click.Parameter | None, value: str | None
+) -> str | None:
     """Click callback: ``-`` (stdout), or a file path whose directory exists and that is no directory.
 
     A mistake is a one-line ``click.BadParameter`` naming the path (exit code 2), raised before

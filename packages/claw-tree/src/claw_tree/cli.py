@@ -19,8 +19,11 @@ from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import Forest, build_forest, trajectory_record
 
-_SKIP = click.option("--skip-invalid", is_flag=True,
-                     help="Skip malformed lines (their count and reasons go to stderr) instead of failing.")
+_SKIP = click.option(
+    "--skip-invalid",
+    is_flag=True,
+    help="Skip malformed lines (their count and reasons go to stderr) instead of failing.",
+)
 _CALLS = click.argument("calls", default="-", type=click.Path(allow_dash=True, dir_okay=False))
 
 
@@ -43,7 +46,9 @@ def _forest(calls: str, skip_invalid: bool) -> Forest:
         _report_skipped("call", result.skipped)
         return build_forest(result.records)
     except ClawError as exc:
-        raise click.ClickException(f"{exc}\nhint: --skip-invalid skips malformed lines and reports them") from None
+        raise click.ClickException(
+            f"{exc}\nhint: --skip-invalid skips malformed lines and reports them"
+        ) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,9 +62,17 @@ def main() -> None:
 
 @main.command()
 @_CALLS
-@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), callback=output_path,
-              help="Where the trajectories go (JSONL, default stdout).")
-@click.option("--with-ids", is_flag=True, help="Include each path's input_ids, trainable mask and logprobs.")
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    callback=output_path,
+    help="Where the trajectories go (JSONL, default stdout).",
+)
+@click.option(
+    "--with-ids", is_flag=True, help="Include each path's input_ids, trainable mask and logprobs."
+)
 @_SKIP
 def build(calls: str, output: str, with_ids: bool, skip_invalid: bool) -> None:
     """Build the prefix forest and print one JSON line per trajectory (root-to-leaf path).
@@ -72,9 +85,13 @@ def build(calls: str, output: str, with_ids: bool, skip_invalid: bool) -> None:
         claw-tree build calls.jsonl | jq -c '{session, tokens, calls}'
     """
     forest = _forest(calls, skip_invalid)
-    write_jsonl((trajectory_record(forest, t, with_ids=with_ids) for t in forest.trajectories), output)
-    _note(f"claw-tree: {len(forest.sessions)} sessions, {len(forest.trajectories)} trajectories, "
-          f"{forest.n_nodes} tree tokens")
+    write_jsonl(
+        (trajectory_record(forest, t, with_ids=with_ids) for t in forest.trajectories), output
+    )
+    _note(
+        f"claw-tree: {len(forest.sessions)} sessions, {len(forest.trajectories)} trajectories, "
+        f"{forest.n_nodes} tree tokens"
+    )
 
 
 @main.command()
@@ -102,46 +119,122 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
         if isinstance(value, float):
             value = f"{value:.4g}"
         elif isinstance(value, dict):
-            value = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
+            value = ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items()
+            )
         click.echo(f"{key:22} {value}")
     for row in summary.get("per_session", []):
-        click.echo(f"  {row['session']}: {row['calls']} calls, {row['flat_tokens']} flat -> "
-                   f"{row['tree_tokens']} tree tokens, {row['trajectories']} trajectories, "
-                   f"{row['branches']} branches")
+        click.echo(
+            f"  {row['session']}: {row['calls']} calls, {row['flat_tokens']} flat -> "
+            f"{row['tree_tokens']} tree tokens, {row['trajectories']} trajectories, "
+            f"{row['branches']} branches"
+        )
 
 
 @main.command()
 @_CALLS
-@click.argument("outcomes_arg", metavar="[OUTCOMES]", required=False, default=None,
-                type=click.Path(allow_dash=True, dir_okay=False))
-@click.option("--outcomes", type=click.Path(allow_dash=True, dir_okay=False), default=None,
-              help="claw.outcome/v1 JSONL (rewards, status, group keys); or give it as 2nd argument.")
-@click.option("--algo", type=click.Choice(ALGOS), default="grpo", show_default=True,
-              help="Advantage estimator: group-relative (grpo), leave-one-out (rloo), reward minus "
-              "--baseline (reinforce), or GAE on the tree with --values (ppo).")
-@click.option("-o", "--output", default="-", type=click.Path(allow_dash=True, dir_okay=False), callback=output_path,
-              help="Where the claw.sample/v1 lines go (default stdout).")
-@click.option("--group-by", type=click.Choice(GROUP_BY), default="group", show_default=True,
-              help="Group key for GRPO/RLOO: the outcome's group, its task, or task+harness.")
+@click.argument(
+    "outcomes_arg",
+    metavar="[OUTCOMES]",
+    required=False,
+    default=None,
+    type=click.Path(allow_dash=True, dir_okay=False),
+)
+@click.option(
+    "--outcomes",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    default=None,
+    help="claw.outcome/v1 JSONL (rewards, status, group keys); or give it as 2nd argument.",
+)
+@click.option(
+    "--algo",
+    type=click.Choice(ALGOS),
+    default="grpo",
+    show_default=True,
+    help="Advantage estimator: group-relative (grpo), leave-one-out (rloo), reward minus "
+    "--baseline (reinforce), or GAE on the tree with --values (ppo).",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    callback=output_path,
+    help="Where the claw.sample/v1 lines go (default stdout).",
+)
+@click.option(
+    "--group-by",
+    type=click.Choice(GROUP_BY),
+    default="group",
+    show_default=True,
+    help="Group key for GRPO/RLOO: the outcome's group, its task, or task+harness.",
+)
 @click.option("--no-std", is_flag=True, help="GRPO: centre only, do not divide by the group std.")
-@click.option("--path-weighting", type=click.Choice(PATH_WEIGHTING), default="token", show_default=True,
-              help="token: each rollout counts once, spread evenly over its trainable tokens; rollout: each "
-                   "rollout counts once, its paths share the vote equally; path: plain mean over paths.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Pack sessions into samples of at most this many tokens (default: one sample per session).")
-@click.option("--values", "values_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help='PPO: JSONL of {"sample_id": ..., "values": [...]} aligned with the samples of this same command.')
-@click.option("--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token.")
-@click.option("--lam", type=float, default=1.0, show_default=True,
-              help="PPO GAE lambda (1: a terminal reward reaches every token; see gae_on_tree).")
-@click.option("--gae-level", type=click.Choice(GAE_LEVELS), default="token", show_default=True,
-              help="PPO time step: token (every generated token) or turn (one per call, values at call boundaries).")
-@click.option("--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline.")
-@click.option("--id-prefix", default=None, help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).")
+@click.option(
+    "--path-weighting",
+    type=click.Choice(PATH_WEIGHTING),
+    default="token",
+    show_default=True,
+    help="token: each rollout counts once, spread evenly over its trainable tokens; rollout: each "
+    "rollout counts once, its paths share the vote equally; path: plain mean over paths.",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
+)
+@click.option(
+    "--values",
+    "values_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help='PPO: JSONL of {"sample_id": ..., "values": [...]} aligned with the samples of this same command.',
+)
+@click.option(
+    "--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token."
+)
+@click.option(
+    "--lam",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="PPO GAE lambda (1: a terminal reward reaches every token; see gae_on_tree).",
+)
+@click.option(
+    "--gae-level",
+    type=click.Choice(GAE_LEVELS),
+    default="token",
+    show_default=True,
+    help="PPO time step: token (every generated token) or turn (one per call, values at call boundaries).",
+)
+@click.option(
+    "--baseline", type=float, default=0.0, show_default=True, help="REINFORCE constant baseline."
+)
+@click.option(
+    "--id-prefix",
+    default=None,
+    help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).",
+)
 @_SKIP
-def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: str, output: str, group_by: str, no_std: bool,
-            path_weighting: str, max_tokens: int | None, values_path: str | None, gamma: float,
-            lam: float, gae_level: str, baseline: float, id_prefix: str | None, skip_invalid: bool) -> None:
+def samples(
+    calls: str,
+    outcomes_arg: str | None,
+    outcomes: str | None,
+    algo: str,
+    output: str,
+    group_by: str,
+    no_std: bool,
+    path_weighting: str,
+    max_tokens: int | None,
+    values_path: str | None,
+    gamma: float,
+    lam: float,
+    gae_level: str,
+    baseline: float,
+    id_prefix: str | None,
+    skip_invalid: bool,
+) -> None:
     """Tree-pack rollouts into claw.sample/v1 lines with advantages and exact loss weights.
 
     Outcomes join by session; rollouts that are not `ok` are excluded and reported on stderr.
@@ -155,7 +248,9 @@ def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: st
         claw-tree samples --algo ppo --values v.jsonl calls.jsonl outcomes.jsonl > ppo.jsonl
     """
     if (outcomes_arg is None) == (outcomes is None):
-        raise click.UsageError("give the outcomes once: `samples CALLS OUTCOMES` or `--outcomes FILE`")
+        raise click.UsageError(
+            "give the outcomes once: `samples CALLS OUTCOMES` or `--outcomes FILE`"
+        )
     outcomes = outcomes or outcomes_arg
     if calls == "-" and outcomes == "-":
         raise click.UsageError("calls and --outcomes cannot both be stdin")
@@ -165,11 +260,23 @@ def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: st
         _report_skipped("outcome", result.skipped)
         values = None if values_path is None else read_values(values_path)
         if algo == "ppo" and values is None:
-            _note("claw-tree: no --values: GAE runs with V = 0 (advantages are discounted Monte Carlo returns)")
+            _note(
+                "claw-tree: no --values: GAE runs with V = 0 (advantages are discounted Monte Carlo returns)"
+            )
         batch = build_samples(
-            forest, result.records, algo=algo, group_by=group_by, scale_by_std=not no_std,
-            path_weighting=path_weighting, max_tokens=max_tokens, values=values, gamma=gamma,
-            lam=lam, gae_level=gae_level, baseline=baseline, id_prefix=id_prefix,
+            forest,
+            result.records,
+            algo=algo,
+            group_by=group_by,
+            scale_by_std=not no_std,
+            path_weighting=path_weighting,
+            max_tokens=max_tokens,
+            values=values,
+            gamma=gamma,
+            lam=lam,
+            gae_level=gae_level,
+            baseline=baseline,
+            id_prefix=id_prefix,
         )
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
@@ -182,11 +289,23 @@ def samples(calls: str, outcomes_arg: str | None, outcomes: str | None, algo: st
 @main.command()
 @click.argument("session")
 @_CALLS
-@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False), default=None,
-              help="HF tokenizer/model directory: show decoded text of each segment.")
-@click.option("--max-chars", type=int, default=100, show_default=True, help="Clip decoded text to this many characters.")
+@click.option(
+    "--tokenizer",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="HF tokenizer/model directory: show decoded text of each segment.",
+)
+@click.option(
+    "--max-chars",
+    type=int,
+    default=100,
+    show_default=True,
+    help="Clip decoded text to this many characters.",
+)
 @_SKIP
-def show(session: str, calls: str, tokenizer: str | None, max_chars: int, skip_invalid: bool) -> None:
+def show(
+    session: str, calls: str, tokenizer: str | None, max_chars: int, skip_invalid: bool
+) -> None:
     """Print one session's tree: segments, branch points, token counts, calls, leaves.
 
     Example:

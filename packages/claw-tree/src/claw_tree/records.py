@@ -30,10 +30,26 @@ SAMPLE_SCHEMA = "claw.sample/v1"
 OUTCOME_STATUSES = ("ok", "infra_error", "not_scorable")
 FINISH_REASONS = ("stop", "length", "tool_calls", "error")
 # the claw.call/v1 fields Call.from_dict reads (and so validates); it ignores all others
-CALL_READS = ("schema", "call_id", "session", "seq", "model", "policy.name", "policy.version",
-              "trainable", "prompt_ids", "completion_ids", "completion_logprobs", "finish_reason",
-              "tags", "prefix.reused_tokens", "prefix.fresh_render_matches", "sampling.temperature",
-              "sampling.top_p", "sampling.top_k")
+CALL_READS = (
+    "schema",
+    "call_id",
+    "session",
+    "seq",
+    "model",
+    "policy.name",
+    "policy.version",
+    "trainable",
+    "prompt_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "finish_reason",
+    "tags",
+    "prefix.reused_tokens",
+    "prefix.fresh_render_matches",
+    "sampling.temperature",
+    "sampling.top_p",
+    "sampling.top_k",
+)
 _MAX_TOKEN_ID = 2**31 - 1
 
 T = TypeVar("T")
@@ -53,8 +69,15 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _type_names(types: type | tuple[type, ...]) -> str:
-    names = {int: "integer", float: "number", str: "string", list: "array", dict: "object",
-             bool: "boolean", type(None): "null"}
+    names = {
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        bool: "boolean",
+        type(None): "null",
+    }
     kinds = [t for t in _as_tuple(types) if not (t is int and float in _as_tuple(types))]
     return " or ".join(names.get(t, t.__name__) for t in kinds)
 
@@ -63,7 +86,9 @@ def _check_schema(row: dict, expected: str, where: str) -> None:
     schema = row.get("schema")
     if schema != expected:
         if isinstance(schema, str) and schema.split("/")[0] == expected.split("/")[0]:
-            raise RecordError(f"{where}: schema: unsupported version {schema!r} (this reader knows {expected!r})")
+            raise RecordError(
+                f"{where}: schema: unsupported version {schema!r} (this reader knows {expected!r})"
+            )
         raise RecordError(f"{where}: schema: expected {expected!r}, got {schema!r}")
 
 
@@ -100,7 +125,9 @@ def _float_array(values: Any, field: str, where: str) -> np.ndarray:
             raise RecordError(f"{where}: {field}: expected numbers, found {bad!r:.40}")
         arr = np.fromiter(values, dtype=np.float64, count=len(values))
     if arr.ndim != 1 or not np.isfinite(arr).all():
-        raise RecordError(f"{where}: {field}: expected a flat array of finite numbers (no NaN, no infinity)")
+        raise RecordError(
+            f"{where}: {field}: expected a flat array of finite numbers (no NaN, no infinity)"
+        )
     return arr
 
 
@@ -148,7 +175,9 @@ class Call:
             raise RecordError(f"{where}: seq: must be >= 0, got {seq}")
         finish = _require(row, "finish_reason", str, where)
         if finish not in FINISH_REASONS:
-            raise RecordError(f"{where}: finish_reason: {finish!r} is not one of {list(FINISH_REASONS)}")
+            raise RecordError(
+                f"{where}: finish_reason: {finish!r} is not one of {list(FINISH_REASONS)}"
+            )
         model = _require(row, "model", str, where)
         policy = _require(row, "policy", dict, where)
         version = _require(policy, "version", int, f"{where}: policy")
@@ -159,12 +188,16 @@ class Call:
         trainable = row.get("trainable", True)
         if not isinstance(trainable, bool):
             raise RecordError(f"{where}: trainable: expected boolean, got {trainable!r}")
-        prompt = token_array(_require(row, "prompt_ids", (list, np.ndarray), where), "prompt_ids", where)
+        prompt = token_array(
+            _require(row, "prompt_ids", (list, np.ndarray), where), "prompt_ids", where
+        )
         completion = token_array(
             _require(row, "completion_ids", (list, np.ndarray), where), "completion_ids", where
         )
         logprobs = _float_array(
-            _require(row, "completion_logprobs", (list, np.ndarray), where), "completion_logprobs", where
+            _require(row, "completion_logprobs", (list, np.ndarray), where),
+            "completion_logprobs",
+            where,
         )
         if len(logprobs) != len(completion):
             raise RecordError(
@@ -176,48 +209,81 @@ class Call:
             raise RecordError(f"{where}: prefix: expected object")
         reused = prefix.get("reused_tokens")
         if reused is not None and (type(reused) is not int or reused < 0):
-            raise RecordError(f"{where}: prefix.reused_tokens: expected an integer >= 0, got {reused!r:.40}")
+            raise RecordError(
+                f"{where}: prefix.reused_tokens: expected an integer >= 0, got {reused!r:.40}"
+            )
         fresh = prefix.get("fresh_render_matches")
         if fresh is not None and not isinstance(fresh, bool):
-            raise RecordError(f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}")
+            raise RecordError(
+                f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}"
+            )
         temperature, top_p, top_k = _sampling(row.get("sampling"), where)
         return cls(
-            call_id=call_id, session=session, seq=seq, model=model, policy_name=name,
-            policy_version=version, trainable=trainable, prompt_ids=prompt,
-            completion_ids=completion, completion_logprobs=logprobs,
-            finish_reason=row["finish_reason"], tags=tags,
+            call_id=call_id,
+            session=session,
+            seq=seq,
+            model=model,
+            policy_name=name,
+            policy_version=version,
+            trainable=trainable,
+            prompt_ids=prompt,
+            completion_ids=completion,
+            completion_logprobs=logprobs,
+            finish_reason=row["finish_reason"],
+            tags=tags,
             reused_tokens=prefix.get("reused_tokens"),
             fresh_render_matches=prefix.get("fresh_render_matches"),
-            temperature=temperature, top_p=top_p, top_k=top_k,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
         )
 
     def to_dict(self) -> dict:
         """The fields claw-tree keeps, as a `claw.call/v1` dict (api, timings are not kept)."""
         row = {
-            "schema": CALL_SCHEMA, "call_id": self.call_id, "session": self.session, "seq": self.seq,
-            "model": self.model, "policy": {"name": self.policy_name, "version": self.policy_version},
-            "trainable": self.trainable, "prompt_ids": self.prompt_ids.tolist(),
+            "schema": CALL_SCHEMA,
+            "call_id": self.call_id,
+            "session": self.session,
+            "seq": self.seq,
+            "model": self.model,
+            "policy": {"name": self.policy_name, "version": self.policy_version},
+            "trainable": self.trainable,
+            "prompt_ids": self.prompt_ids.tolist(),
             "completion_ids": self.completion_ids.tolist(),
             "completion_logprobs": self.completion_logprobs.tolist(),
-            "finish_reason": self.finish_reason, "tags": dict(self.tags),
+            "finish_reason": self.finish_reason,
+            "tags": dict(self.tags),
         }
-        prefix = {k: v for k, v in (("reused_tokens", self.reused_tokens),
-                                    ("fresh_render_matches", self.fresh_render_matches)) if v is not None}
+        prefix = {
+            k: v
+            for k, v in (
+                ("reused_tokens", self.reused_tokens),
+                ("fresh_render_matches", self.fresh_render_matches),
+            )
+            if v is not None
+        }
         if prefix:
             row["prefix"] = prefix
         if not self.default_sampling:
-            row["sampling"] = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+            row["sampling"] = {
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": self.top_k,
+            }
         return row
 
     def same_content(self, other: Call) -> bool:
         """True when two records of one call_id carry the same data (a duplicate, not a conflict)."""
         return (
-            self.session == other.session and self.seq == other.seq
-            and self.trainable == other.trainable and self.policy_version == other.policy_version
+            self.session == other.session
+            and self.seq == other.seq
+            and self.trainable == other.trainable
+            and self.policy_version == other.policy_version
             and np.array_equal(self.prompt_ids, other.prompt_ids)
             and np.array_equal(self.completion_ids, other.completion_ids)
             and np.array_equal(self.completion_logprobs, other.completion_logprobs)
-            and (self.temperature, self.top_p, self.top_k) == (other.temperature, other.top_p, other.top_k)
+            and (self.temperature, self.top_p, self.top_k)
+            == (other.temperature, other.top_p, other.top_k)
         )
 
 
@@ -242,7 +308,9 @@ def _sampling(value: Any, where: str) -> tuple[float, float, int]:
     if not 0 < p <= 1:
         raise RecordError(f"{where}: sampling.top_p: must lie in (0, 1], got {p!r}")
     if type(k) is not int or k < 0:
-        raise RecordError(f"{where}: sampling.top_k: expected an integer >= 0 (0 = off), got {k!r:.40}")
+        raise RecordError(
+            f"{where}: sampling.top_k: expected an integer >= 0 (0 = off), got {k!r:.40}"
+        )
     return float(t), float(p), k
 
 
@@ -286,14 +354,27 @@ class Outcome:
             raise RecordError(f"{where}: {field}: must be null when status is {status!r}")
         if reward is not None and not (np.isfinite(reward) and 0.0 <= reward <= 1.0):
             raise RecordError(f"{where}: reward: must be a number in [0, 1], got {reward!r}")
-        for field, types in (("sample", int), ("job_id", str), ("details", dict), ("meta", dict),
-                             ("error", (str, type(None))), ("policy_version", (int, type(None)))):
+        for field, types in (
+            ("sample", int),
+            ("job_id", str),
+            ("details", dict),
+            ("meta", dict),
+            ("error", (str, type(None))),
+            ("policy_version", (int, type(None))),
+        ):
             if field in row:
                 value = _require(row, field, types, where)
                 if field in ("sample", "policy_version") and value is not None and value < 0:
                     raise RecordError(f"{where}: {field}: must be >= 0, got {value}")
-        return cls(session=session, task=task, harness=harness, group=group,
-                   reward=None if reward is None else float(reward), passed=passed, status=status)
+        return cls(
+            session=session,
+            task=task,
+            harness=harness,
+            group=group,
+            reward=None if reward is None else float(reward),
+            passed=passed,
+            status=status,
+        )
 
     def to_dict(self) -> dict:
         """The record as a `claw.outcome/v1` dict (the fields claw-tree knows)."""

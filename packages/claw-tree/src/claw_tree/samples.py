@@ -73,15 +73,19 @@ class SampleBatch:
     def summary(self) -> str:
         """One human line (for stderr)."""
         tokens = sum(len(s["input_ids"]) for s in self.samples)
-        text = (f"{len(self.samples)} samples, {tokens} tokens, {self.trajectories} trajectories "
-                f"from {self.rollouts} rollouts")
+        text = (
+            f"{len(self.samples)} samples, {tokens} tokens, {self.trajectories} trajectories "
+            f"from {self.rollouts} rollouts"
+        )
         if self.zero_spread_groups:
             text += f"; {len(self.zero_spread_groups)} groups with zero reward spread"
         if self.excluded:
             reasons: dict[str, int] = {}
             for why in self.excluded.values():
                 reasons[why] = reasons.get(why, 0) + 1
-            text += "; excluded sessions: " + ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+            text += "; excluded sessions: " + ", ".join(
+                f"{n} {why}" for why, n in sorted(reasons.items())
+            )
         return text
 
 
@@ -106,8 +110,9 @@ def _group_key(oc: Outcome, group_by: str) -> str:
     return f"{oc.task}+{oc.harness}"
 
 
-def _rollout_advantages(algo: str, rewards: np.ndarray, groups: list[str], *,
-                        scale_by_std: bool, baseline: float) -> np.ndarray:
+def _rollout_advantages(
+    algo: str, rewards: np.ndarray, groups: list[str], *, scale_by_std: bool, baseline: float
+) -> np.ndarray:
     if algo == "grpo":
         return group_relative_advantages(rewards, np.array(groups), scale_by_std=scale_by_std)
     if algo == "rloo":
@@ -128,8 +133,9 @@ def _values_map(values: Mapping[str, Any] | Iterable[dict]) -> dict[str, np.ndar
     return out
 
 
-def _split_session(forest: Forest, start: int, stop: int, paths: list[Trajectory],
-                   max_tokens: int) -> list[tuple[np.ndarray, list[Trajectory]]]:
+def _split_session(
+    forest: Forest, start: int, stop: int, paths: list[Trajectory], max_tokens: int
+) -> list[tuple[np.ndarray, list[Trajectory]]]:
     """Cut one session's paths into pieces of at most max_tokens unique nodes, whole paths only."""
     mask = np.zeros(stop - start, dtype=bool)
     pieces: list[tuple[np.ndarray, list[Trajectory]]] = []
@@ -246,7 +252,7 @@ def build_samples(
         through = np.cumsum(through)[:-1]
         node_scale = np.divide(1.0, through, out=np.zeros(forest.n_nodes), where=through > 0)
     for tree, paths, counts in included:
-        n_trainable = int(forest.trainable[tree.start:tree.stop].sum())
+        n_trainable = int(forest.trainable[tree.start : tree.stop].sum())
         for path, n_p in zip(paths, counts, strict=True):
             if path_weighting == "token":
                 coef[path.index] = 1.0 / (len(included) * n_trainable)
@@ -286,7 +292,9 @@ def build_samples(
         V = np.zeros(forest.n_nodes)
         if values is not None:
             V = _scatter_values(forest.n_nodes, sample_ids, node_lists, _values_map(values))
-        tok_adv, tok_ret = gae(forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam)
+        tok_adv, tok_ret = gae(
+            forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam
+        )
 
     samples = []
     for sid, plan, nodes in zip(sample_ids, plans, node_lists, strict=True):
@@ -328,23 +336,30 @@ def build_samples(
         row.update(_sampling_arrays(forest, nodes))
         plan_sessions = [by_session[tree.name] for tree, _, _ in plan]
         offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
-        row.update({
-            "loss_weights": weights.tolist(),
-            "policy_versions": forest.policy_version[nodes].tolist(),
-            "sessions": [oc.session for oc in plan_sessions],
-            "groups": [_group_key(oc, group_by) for oc in plan_sessions],
-            "n_paths": sum(len(paths) for _, _, paths in plan),
-            "tags": {
-                "tasks": [oc.task for oc in plan_sessions],
-                "harnesses": [oc.harness for oc in plan_sessions],
-                "session_rewards": [oc.reward for oc in plan_sessions],
-                "session_offsets": offsets.tolist(),
-                "path_weighting": path_weighting,
-            },
-        })
+        row.update(
+            {
+                "loss_weights": weights.tolist(),
+                "policy_versions": forest.policy_version[nodes].tolist(),
+                "sessions": [oc.session for oc in plan_sessions],
+                "groups": [_group_key(oc, group_by) for oc in plan_sessions],
+                "n_paths": sum(len(paths) for _, _, paths in plan),
+                "tags": {
+                    "tasks": [oc.task for oc in plan_sessions],
+                    "harnesses": [oc.harness for oc in plan_sessions],
+                    "session_rewards": [oc.reward for oc in plan_sessions],
+                    "session_offsets": offsets.tolist(),
+                    "path_weighting": path_weighting,
+                },
+            }
+        )
         samples.append(row)
-    return SampleBatch(samples=samples, excluded=excluded, rollouts=len(voters),
-                       trajectories=n_total_paths, zero_spread_groups=zero_spread)
+    return SampleBatch(
+        samples=samples,
+        excluded=excluded,
+        rollouts=len(voters),
+        trajectories=n_total_paths,
+        zero_spread_groups=zero_spread,
+    )
 
 
 def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:
@@ -357,12 +372,16 @@ def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:
         return {}
     table = np.array([(c.temperature, c.top_p, c.top_k) for c in forest.calls] + [(1.0, 1.0, 0)])
     rows = table[np.where(gen >= 0, gen, len(forest.calls))]  # (n, 3); index -1 -> the defaults
-    return {"temperatures": rows[:, 0].tolist(), "top_ps": rows[:, 1].tolist(),
-            "top_ks": rows[:, 2].astype(np.int64).tolist()}
+    return {
+        "temperatures": rows[:, 0].tolist(),
+        "top_ps": rows[:, 1].tolist(),
+        "top_ks": rows[:, 2].astype(np.int64).tolist(),
+    }
 
 
-def _scatter_values(n_nodes: int, sample_ids: list[str], node_lists: list[np.ndarray],
-                    values: dict[str, np.ndarray]) -> np.ndarray:
+def _scatter_values(
+    n_nodes: int, sample_ids: list[str], node_lists: list[np.ndarray], values: dict[str, np.ndarray]
+) -> np.ndarray:
     missing = [s for s in sample_ids if s not in values]
     extra = sorted(set(values) - set(sample_ids))
     if missing or extra:
@@ -375,7 +394,9 @@ def _scatter_values(n_nodes: int, sample_ids: list[str], node_lists: list[np.nda
     for sid, nodes in zip(sample_ids, node_lists, strict=True):
         v = values[sid]
         if v.shape != nodes.shape:
-            raise ValuesError(f"values for {sid!r}: {v.size} entries, the sample has {len(nodes)} tokens")
+            raise ValuesError(
+                f"values for {sid!r}: {v.size} entries, the sample has {len(nodes)} tokens"
+            )
         if not np.isfinite(v).all():
             raise ValuesError(f"values for {sid!r}: not all finite")
         np.add.at(total, nodes, v)
@@ -383,7 +404,9 @@ def _scatter_values(n_nodes: int, sample_ids: list[str], node_lists: list[np.nda
     return np.divide(total, count, out=np.zeros(n_nodes), where=count > 0)
 
 
-def make_samples(forest: Forest, outcomes: Iterable[Outcome | dict] | str | Path, **options: Any) -> list[dict]:
+def make_samples(
+    forest: Forest, outcomes: Iterable[Outcome | dict] | str | Path, **options: Any
+) -> list[dict]:
     """`claw.sample/v1` dicts for the forest (see :func:`build_samples` for the options).
 
     Left-out sessions are logged (logger ``claw_tree``); use build_samples to get them back.
@@ -398,7 +421,9 @@ def token_sessions(sample: dict) -> np.ndarray:
     """Index into ``sample["sessions"]`` of every token, from ``tags["session_offsets"]``."""
     offsets = (sample.get("tags") or {}).get("session_offsets")
     if offsets is None:
-        raise ValuesError(f"sample {sample.get('sample_id')!r} has no tags.session_offsets (not made by claw-tree?)")
+        raise ValuesError(
+            f"sample {sample.get('sample_id')!r} has no tags.session_offsets (not made by claw-tree?)"
+        )
     n = len(sample["input_ids"])
     return np.searchsorted(np.asarray(offsets), np.arange(n), side="right") - 1
 
@@ -419,8 +444,14 @@ def _gae_function(gae_level: str):
     return gae_on_tree if gae_level == "token" else turn_gae_on_tree
 
 
-def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterable[dict], *,
-                    gamma: float = 1.0, lam: float = 1.0, gae_level: str = "token") -> list[dict]:
+def gae_for_samples(
+    samples: Iterable[dict],
+    values: Mapping[str, Any] | Iterable[dict],
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    gae_level: str = "token",
+) -> list[dict]:
     """Fill ``advantages`` and ``returns`` of PPO samples from per-token critic values.
 
     Works on each sample's own tree (``parent``, ``trainable``, ``rewards``); a session split
@@ -436,8 +467,16 @@ def gae_for_samples(samples: Iterable[dict], values: Mapping[str, Any] | Iterabl
             raise ValuesError(f"no values for sample {sid!r}")
         V = vmap[sid]
         if len(V) != len(sample["input_ids"]):
-            raise ValuesError(f"values for {sid!r}: {len(V)} entries, the sample has {len(sample['input_ids'])} tokens")
-        A, R = gae(np.asarray(sample["parent"]), np.asarray(sample["trainable"], dtype=bool),
-                           V, sample_rewards(sample), gamma=gamma, lam=lam)
+            raise ValuesError(
+                f"values for {sid!r}: {len(V)} entries, the sample has {len(sample['input_ids'])} tokens"
+            )
+        A, R = gae(
+            np.asarray(sample["parent"]),
+            np.asarray(sample["trainable"], dtype=bool),
+            V,
+            sample_rewards(sample),
+            gamma=gamma,
+            lam=lam,
+        )
         out.append({**sample, "advantages": A.tolist(), "returns": R.tolist()})
     return out

@@ -16,7 +16,11 @@ Decoder = Callable[[Sequence[int]], str]
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte <-> printable-unicode table used by byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -55,7 +59,9 @@ def load_decoder(directory: str | Path) -> Decoder:
     special = {}
     for added in spec.get("added_tokens") or []:
         special[int(added["id"])] = added["content"]
-    byte_level = "ByteLevel" in json.dumps(spec.get("decoder")) or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+    byte_level = "ByteLevel" in json.dumps(spec.get("decoder")) or "ByteLevel" in json.dumps(
+        spec.get("pre_tokenizer")
+    )
     table = {c: b for b, c in _bytes_to_unicode().items()}
 
     def decode(ids: Sequence[int]) -> str:
@@ -91,8 +97,14 @@ def _clip(text: str, max_chars: int) -> str:
     return f"{text[:half]} … {text[-half:]}"
 
 
-def render_session(forest: Forest, name: str, *, decode: Decoder | None = None, max_chars: int = 100,
-                   max_spans: int = 20) -> str:
+def render_session(
+    forest: Forest,
+    name: str,
+    *,
+    decode: Decoder | None = None,
+    max_chars: int = 100,
+    max_spans: int = 20,
+) -> str:
     """The tree of one session as indented text: one line per unbranched segment of tokens,
     with positions, token counts (context / output), the calls that generated them, branch
     points and leaves; below it the segment's context/output spans, with decoded text when
@@ -107,7 +119,9 @@ def render_session(forest: Forest, name: str, *, decode: Decoder | None = None, 
     for j in np.flatnonzero(parent >= 0):
         children.setdefault(int(parent[j]), []).append(int(j))
     leaf_traj = {forest.trajectories[t].leaf - lo: t for t in tree.trajectories}
-    lines = [f"session {name}: {len(tree.calls)} calls, {n} tree tokens, {len(tree.trajectories)} trajectories"]
+    lines = [
+        f"session {name}: {len(tree.calls)} calls, {n} tree tokens, {len(tree.trajectories)} trajectories"
+    ]
 
     def segment_end(j: int) -> int:
         while kids[j] == 1 and children[j][0] == j + 1:
@@ -138,7 +152,7 @@ def render_session(forest: Forest, name: str, *, decode: Decoder | None = None, 
                 who = f"{forest.calls[ci].call_id} output" if ci >= 0 else "context"
                 text = f"{inner}  {who} {b - a} tok"
                 if decode is not None:
-                    text += f": \"{_clip(decode(forest.tokens[lo + start + a : lo + start + b].tolist()), max_chars)}\""
+                    text += f': "{_clip(decode(forest.tokens[lo + start + a : lo + start + b].tolist()), max_chars)}"'
                 lines.append(text)
             if len(spans) > max_spans:
                 lines.append(f"{inner}  ... {len(spans) - max_spans} more spans")

@@ -96,7 +96,9 @@ class Forest:
             if tree.name == name:
                 return tree
         known = ", ".join(t.name for t in self.sessions[:5])
-        raise ClawError(f"session {name!r} not in the forest (sessions: {known}{', ...' if len(self.sessions) > 5 else ''})")
+        raise ClawError(
+            f"session {name!r} not in the forest (sessions: {known}{', ...' if len(self.sessions) > 5 else ''})"
+        )
 
     def session_of_node(self) -> np.ndarray:
         """Session index per node (shape (N,))."""
@@ -235,14 +237,26 @@ def build_forest(calls: Iterable[Call | dict] | str | Path) -> Forest:
                     made_by.extend(seqs[keys[j]][1])
             segs = seq_segs[i]
             traj_ids.append(len(trajectories))
-            trajectories.append(Trajectory(
-                session=name, index=len(trajectories), leaf=segs[-1][1] - 1, segments=tuple(segs),
-                call_ids=tuple(all_calls[c].call_id for c in sorted(made_by)),
-            ))
-        sessions.append(SessionTree(
-            name=name, index=s_index, start=start, stop=cursor,
-            calls=tuple(range(first_call, len(all_calls))), trajectories=tuple(traj_ids), empty_calls=empty,
-        ))
+            trajectories.append(
+                Trajectory(
+                    session=name,
+                    index=len(trajectories),
+                    leaf=segs[-1][1] - 1,
+                    segments=tuple(segs),
+                    call_ids=tuple(all_calls[c].call_id for c in sorted(made_by)),
+                )
+            )
+        sessions.append(
+            SessionTree(
+                name=name,
+                index=s_index,
+                start=start,
+                stop=cursor,
+                calls=tuple(range(first_call, len(all_calls))),
+                trajectories=tuple(traj_ids),
+                empty_calls=empty,
+            )
+        )
 
     def cat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -265,9 +279,17 @@ def build_forest(calls: Iterable[Call | dict] | str | Path) -> Forest:
             policy_version[a:b] = call.policy_version
             gen_call[a:b] = ci
     return Forest(
-        tokens=cat(tok_parts), parent=cat(par_parts), depth=cat(dep_parts), trainable=trainable,
-        logprobs=logprobs, policy_version=policy_version, call=gen_call, calls=tuple(all_calls),
-        sessions=tuple(sessions), trajectories=tuple(trajectories), duplicates=duplicates,
+        tokens=cat(tok_parts),
+        parent=cat(par_parts),
+        depth=cat(dep_parts),
+        trainable=trainable,
+        logprobs=logprobs,
+        policy_version=policy_version,
+        call=gen_call,
+        calls=tuple(all_calls),
+        sessions=tuple(sessions),
+        trajectories=tuple(trajectories),
+        duplicates=duplicates,
     )
 
 
@@ -281,10 +303,14 @@ def trajectory_spans(forest: Forest, trajectory: Trajectory) -> list[dict]:
     spans = []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         ci = int(owner[a])
-        spans.append({
-            "start": int(a), "stop": int(b), "kind": "output" if ci >= 0 else "context",
-            "call": forest.calls[ci].call_id if ci >= 0 else None,
-        })
+        spans.append(
+            {
+                "start": int(a),
+                "stop": int(b),
+                "kind": "output" if ci >= 0 else "context",
+                "call": forest.calls[ci].call_id if ci >= 0 else None,
+            }
+        )
     return spans
 
 

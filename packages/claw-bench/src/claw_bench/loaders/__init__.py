@@ -62,8 +62,10 @@ def load_public(path: str | Path, opts: LoadOptions | None = None) -> list[Task]
         return [load_pinchbench_task(path, opts)]
     if layout == "harbor":
         return [load_harbor_tb_task(path, opts)]
-    raise TaskError(f"{path}: not a public task (expected data_entry.json, instruction.md + tests/, "
-                    "a PinchBench .md with front matter, or a ClawGym .jsonl)")
+    raise TaskError(
+        f"{path}: not a public task (expected data_entry.json, instruction.md + tests/, "
+        "a PinchBench .md with front matter, or a ClawGym .jsonl)"
+    )
 
 
 def load_public_dir(path: str | Path, opts: LoadOptions | None = None) -> list[Task]:
@@ -71,10 +73,28 @@ def load_public_dir(path: str | Path, opts: LoadOptions | None = None) -> list[T
     path = Path(path)
     if detect_layout(path):
         return load_public(path, opts)
-    root = path / "tasks" if (path / "tasks").is_dir() and not any(detect_layout(p) for p in path.iterdir()) else path
-    entries = [p for p in sorted(root.iterdir()) if not p.name.startswith(("_", ".")) and detect_layout(p)]
+    root = (
+        path / "tasks"
+        if (path / "tasks").is_dir() and not any(detect_layout(p) for p in path.iterdir())
+        else path
+    )
+    entries = [
+        p for p in sorted(root.iterdir()) if not p.name.startswith(("_", ".")) and detect_layout(p)
+    ]
     return [t for p in entries for t in load_public(p, opts)]
 
 
-__all__ = ["LAYOUTS", "Judge", "JudgeError", "LoadOptions", "apply_judge", "detect_layout", "load_clawgym_jsonl",
-           "load_clawgym_task", "load_harbor_tb_task", "load_pinchbench_task", "load_public", "load_public_dir"]
+__all__ = [
+    "LAYOUTS",
+    "Judge",
+    "JudgeError",
+    "LoadOptions",
+    "apply_judge",
+    "detect_layout",
+    "load_clawgym_jsonl",
+    "load_clawgym_task",
+    "load_harbor_tb_task",
+    "load_pinchbench_task",
+    "load_public",
+    "load_public_dir",
+]

@@ -36,12 +36,16 @@ class LoadOptions:
       to the tasks directory, then the task file's directory).
     """
 
-    pass_threshold: float = attrs.field(default=1.0, validator=attrs.validators.and_(
-        attrs.validators.ge(0.0), attrs.validators.le(1.0)))
-    workspace_dir: str | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.matches_re(r"/.*")))
-    checker_timeout_s: float | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.gt(0.0)))
+    pass_threshold: float = attrs.field(
+        default=1.0,
+        validator=attrs.validators.and_(attrs.validators.ge(0.0), attrs.validators.le(1.0)),
+    )
+    workspace_dir: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.matches_re(r"/.*"))
+    )
+    checker_timeout_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0.0))
+    )
     assets_dir: str | None = None
 
 
@@ -57,11 +61,16 @@ def runner_config(**cfg: Any) -> str:
     return json.dumps(cfg, indent=1, sort_keys=True)
 
 
-def judge_spec(*, rubric: str, instruction: str, automated: float, llm_judge: float,
-               grading: str) -> dict[str, Any]:
+def judge_spec(
+    *, rubric: str, instruction: str, automated: float, llm_judge: float, grading: str
+) -> dict[str, Any]:
     """The ``judge`` entry of a task's meta (carried in job and run meta to ``claw-bench score``)."""
-    return {"rubric": rubric, "instruction": instruction, "grading": grading,
-            "weights": {"automated": float(automated), "llm_judge": float(llm_judge)}}
+    return {
+        "rubric": rubric,
+        "instruction": instruction,
+        "grading": grading,
+        "weights": {"automated": float(automated), "llm_judge": float(llm_judge)},
+    }
 
 
 def checker_details(run: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +80,9 @@ def checker_details(run: dict[str, Any]) -> dict[str, Any]:
     score, transcript) keep theirs. Empty when the run carries no such file or it is unreadable.
     """
     collected = run.get("collected") or {}
-    text = collected.get(DETAILS_FILE, collected.get("/logs/claw/details.json"))  # claw / Harbor jobs
+    text = collected.get(
+        DETAILS_FILE, collected.get("/logs/claw/details.json")
+    )  # claw / Harbor jobs
     if not isinstance(text, str):
         return {}
     try:
@@ -83,8 +94,13 @@ def checker_details(run: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in data.items() if k not in ("scores", "checker_output") and v is not None}
     scores = data.get("scores")
     if isinstance(scores, dict):
-        out.update({k: float(v) for k, v in scores.items()
-                    if isinstance(v, int | float) and not isinstance(v, bool)})
+        out.update(
+            {
+                k: float(v)
+                for k, v in scores.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+        )
     if isinstance(data.get("checker_output"), str) and data.get("reason"):
         out["checker_output"] = data["checker_output"][-2000:]
     return out

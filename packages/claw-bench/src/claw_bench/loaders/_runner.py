@@ -58,8 +58,15 @@ def unit(value):
 
 def run(argv, timeout_s, env=None):
     """(exit code or None when killed at the timeout, stdout, stderr) of argv in its own group."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            errors="replace", start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        env=env,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
@@ -73,7 +80,9 @@ def run(argv, timeout_s, env=None):
 def scores_of(obj, where):
     """Named sub-scores of a checker's dict; raises ValueError naming the bad key."""
     if not isinstance(obj, dict) or not obj:
-        raise ValueError(f"{where} returned {type(obj).__name__} {str(obj)[:80]!r}, expected a non-empty dict")
+        raise ValueError(
+            f"{where} returned {type(obj).__name__} {str(obj)[:80]!r}, expected a non-empty dict"
+        )
     scores = {}
     for k, v in obj.items():
         u = unit(v)
@@ -111,7 +120,9 @@ def clawgym(cfg, ws, res):
     if mount and mount != workspace:
         remap(dst, mount.rstrip("/"), workspace.rstrip("/"))
     if cfg.get("grade_file"):  # a checker with grade(transcript, workspace_path) and no entry point
-        return call_grade(cfg, os.path.join(ws, cfg["grade_file"]), empty_transcript(), workspace, res, dst)
+        return call_grade(
+            cfg, os.path.join(ws, cfg["grade_file"]), empty_transcript(), workspace, res, dst
+        )
     command = cfg["command"]
     if mount and mount != workspace:
         command = command.replace(mount.rstrip("/"), workspace.rstrip("/"))
@@ -119,14 +130,18 @@ def clawgym(cfg, ws, res):
         code, out, err = run(["bash", "-c", command], cfg["timeout_s"])
     finally:
         shutil.rmtree(dst, ignore_errors=True)
-    res.update(checker_exit_code=code, checker_timed_out=code is None, checker_output=(out + err)[-2000:])
+    res.update(
+        checker_exit_code=code, checker_timed_out=code is None, checker_output=(out + err)[-2000:]
+    )
     if code is None:
         raise ValueError(f"checker killed at its timeout ({cfg['timeout_s']:g}s)")
     if code != 0:
         raise ValueError(f"checker exited with code {code}: {(err or out).strip()[-300:]}")
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
     if not lines:
-        raise ValueError("checker printed nothing (the last stdout line must be a reward in [0, 1])")
+        raise ValueError(
+            "checker printed nothing (the last stdout line must be a reward in [0, 1])"
+        )
     for ln in lines:
         if ln.startswith("{"):
             with contextlib.suppress(ValueError):  # not a dict of sub-scores: the last line decides
@@ -154,7 +169,9 @@ def pinchbench(cfg, ws, res):
     if not os.path.isfile(transcript):
         transcript = empty_transcript()
     res["transcript"] = os.path.basename(transcript) if "empty" not in transcript else "empty"
-    return call_grade(cfg, os.path.join(VDIR, "grade.py"), transcript, cfg.get("workspace_dir") or ws, res)
+    return call_grade(
+        cfg, os.path.join(VDIR, "grade.py"), transcript, cfg.get("workspace_dir") or ws, res
+    )
 
 
 def call_grade(cfg, grade_file, transcript, workspace, res, cleanup=None):
@@ -165,7 +182,9 @@ def call_grade(cfg, grade_file, transcript, workspace, res, cleanup=None):
     finally:
         if cleanup:
             shutil.rmtree(cleanup, ignore_errors=True)
-    res.update(checker_exit_code=code, checker_timed_out=code is None, checker_output=(out + err)[-2000:])
+    res.update(
+        checker_exit_code=code, checker_timed_out=code is None, checker_output=(out + err)[-2000:]
+    )
     if code is None:
         raise ValueError(f"grade() killed at its timeout ({cfg['timeout_s']:g}s)")
     if code != 0:
@@ -217,10 +236,14 @@ def main():
     res: dict = {"scores": {}, "reason": None}
     started = time.monotonic()
     try:
-        reward = {"clawgym": clawgym, "pinchbench": pinchbench, "none": none}[cfg["kind"]](cfg, ws, res)
+        reward = {"clawgym": clawgym, "pinchbench": pinchbench, "none": none}[cfg["kind"]](
+            cfg, ws, res
+        )
     except Exception as exc:  # noqa: BLE001 - every checker failure is a zero reward with its reason
         reward = 0.0
-        res["reason"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
+        res["reason"] = (
+            f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
+        )
     res.setdefault("automated_score", reward)
     if cfg.get("judge_files"):
         snapshot(ws, os.path.join(VDIR, "judge_files.json"))

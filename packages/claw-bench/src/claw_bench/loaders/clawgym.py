@@ -69,43 +69,83 @@ def _rubric(rules: Any, where: str) -> str | None:
     for i, r in enumerate(rules):
         name, scores = r.get("name"), r.get("scores")
         if not isinstance(name, str) or not isinstance(scores, dict) or not scores:
-            raise TaskError(f"{where}: field 'rules[{i}]' needs a 'name' and a non-empty 'scores' object")
-        head = f"### {name}" + (f" (file: {r['file_path']})" if isinstance(r.get("file_path"), str) else "")
-        levels = "\n".join(f"- {k}: {v}" for k, v in sorted(scores.items(), key=lambda kv: float(kv[0])))
+            raise TaskError(
+                f"{where}: field 'rules[{i}]' needs a 'name' and a non-empty 'scores' object"
+            )
+        head = f"### {name}" + (
+            f" (file: {r['file_path']})" if isinstance(r.get("file_path"), str) else ""
+        )
+        levels = "\n".join(
+            f"- {k}: {v}" for k, v in sorted(scores.items(), key=lambda kv: float(kv[0]))
+        )
         parts.append(f"{head}\n{levels}")
-    return ("Score each criterion with one of its levels; the score is the mean of the criteria, "
-            "in [0, 1].\n\n" + "\n\n".join(parts))
+    return (
+        "Score each criterion with one of its levels; the score is the mean of the criteria, "
+        "in [0, 1].\n\n" + "\n\n".join(parts)
+    )
 
 
-def _build(*, tid: str, query: str, mount: str | None, command: str, grade_file: str | None = None,
-           workspace: dict[str, str | bytes],
-           reward_files: dict[str, str | bytes], meta: dict[str, Any], rules: Any, where: str, path: str,
-           opts: LoadOptions) -> Task:
+def _build(
+    *,
+    tid: str,
+    query: str,
+    mount: str | None,
+    command: str,
+    grade_file: str | None = None,
+    workspace: dict[str, str | bytes],
+    reward_files: dict[str, str | bytes],
+    meta: dict[str, Any],
+    rules: Any,
+    where: str,
+    path: str,
+    opts: LoadOptions,
+) -> Task:
     if not isinstance(query, str) or not query.strip():
         raise TaskError(f"{where}: field 'user_query'/'prompt' must be a non-empty string")
     if not reward_files:
-        raise TaskError(f"{where}: missing checker: no reward/ files (reward/reward.sh or reward/check.py)")
+        raise TaskError(
+            f"{where}: missing checker: no reward/ files (reward/reward.sh or reward/check.py)"
+        )
     mount = mount or DEFAULT_MOUNT
     target = opts.workspace_dir or "."
-    instruction = query.replace(mount.rstrip("/") + "/", "" if target == "." else target.rstrip("/") + "/")
+    instruction = query.replace(
+        mount.rstrip("/") + "/", "" if target == "." else target.rstrip("/") + "/"
+    )
     instruction = instruction.replace(mount.rstrip("/"), target)
     timeout = opts.checker_timeout_s or DEFAULT_CHECKER_TIMEOUT_S
     rubric = _rubric(rules, where)
     hidden: dict[str, str | bytes] = {f"reward/{k}": v for k, v in reward_files.items()}
-    hidden["runner.json"] = runner_config(kind="clawgym", command=command, grade_file=grade_file, mount_dir=mount,
-                                          workspace_dir=opts.workspace_dir, timeout_s=timeout,
-                                          threshold=opts.pass_threshold, judge_files=bool(rubric))
+    hidden["runner.json"] = runner_config(
+        kind="clawgym",
+        command=command,
+        grade_file=grade_file,
+        mount_dir=mount,
+        workspace_dir=opts.workspace_dir,
+        timeout_s=timeout,
+        threshold=opts.pass_threshold,
+        judge_files=bool(rubric),
+    )
     task_meta: dict[str, Any] = {"collect": [DETAILS_FILE], "clawgym": meta, "mount_dir": mount}
     if rubric:
         a, j = HYBRID_WEIGHTS
-        task_meta["judge"] = judge_spec(rubric=rubric, instruction=instruction, automated=a, llm_judge=j,
-                                        grading="hybrid")
+        task_meta["judge"] = judge_spec(
+            rubric=rubric, instruction=instruction, automated=a, llm_judge=j, grading="hybrid"
+        )
         task_meta["collect"] = [DETAILS_FILE, JUDGE_FILES]
     category = meta.get("category") if isinstance(meta, dict) else None
-    return Task(id=tid, instruction=instruction.strip() + "\n", workspace=workspace, verify=runner_script(),
-                hidden=hidden, verify_timeout_s=timeout + VERIFY_MARGIN_S, pass_threshold=opts.pass_threshold,
-                tags=("clawgym", *([category] if isinstance(category, str) and category else [])),
-                source="clawgym", path=path, meta=task_meta)
+    return Task(
+        id=tid,
+        instruction=instruction.strip() + "\n",
+        workspace=workspace,
+        verify=runner_script(),
+        hidden=hidden,
+        verify_timeout_s=timeout + VERIFY_MARGIN_S,
+        pass_threshold=opts.pass_threshold,
+        tags=("clawgym", *([category] if isinstance(category, str) and category else [])),
+        source="clawgym",
+        path=path,
+        meta=task_meta,
+    )
 
 
 def load_clawgym_task(task_dir: str | Path, opts: LoadOptions | None = None) -> Task:
@@ -133,16 +173,36 @@ def load_clawgym_task(task_dir: str | Path, opts: LoadOptions | None = None) -> 
     elif "check.py" in reward:
         command = f"python3 reward/check.py {mount or DEFAULT_MOUNT}"
         text = reward["check.py"]
-        if isinstance(text, str) and "def grade(" in text and "__main__" not in text and "sys.argv" not in text:
-            grade_file = "reward/check.py"  # PinchBench signature only: called as grade([], workspace)
+        if (
+            isinstance(text, str)
+            and "def grade(" in text
+            and "__main__" not in text
+            and "sys.argv" not in text
+        ):
+            grade_file = (
+                "reward/check.py"  # PinchBench signature only: called as grade([], workspace)
+            )
     else:
-        raise TaskError(f"task {tid} ({task_dir}): missing checker: expected reward/reward.sh or reward/check.py")
+        raise TaskError(
+            f"task {tid} ({task_dir}): missing checker: expected reward/reward.sh or reward/check.py"
+        )
     meta = entry.get("metadata") or {}
     if not isinstance(meta, dict):
         raise TaskError(f"{where}: field 'metadata' must be an object")
-    return _build(tid=tid, query=entry.get("user_query"), mount=mount, command=command, grade_file=grade_file,  # type: ignore[arg-type]
-                  workspace=read_text_tree(task_dir / "input_files", what=f"task {tid}"), reward_files=reward,
-                  meta=meta, rules=meta.get("rules", entry.get("rules")), where=where, path=str(task_dir), opts=opts)
+    return _build(
+        tid=tid,
+        query=entry.get("user_query"),
+        mount=mount,
+        command=command,
+        grade_file=grade_file,  # type: ignore[arg-type]
+        workspace=read_text_tree(task_dir / "input_files", what=f"task {tid}"),
+        reward_files=reward,
+        meta=meta,
+        rules=meta.get("rules", entry.get("rules")),
+        where=where,
+        path=str(task_dir),
+        opts=opts,
+    )
 
 
 def _rel(file_path: Any, mount: str, where: str) -> str:
@@ -150,7 +210,7 @@ def _rel(file_path: Any, mount: str, where: str) -> str:
         raise TaskError(f"{where}: 'file_path' must be a non-empty string")
     p = file_path
     if p.startswith(mount.rstrip("/") + "/"):
-        p = p[len(mount.rstrip("/")) + 1:]
+        p = p[len(mount.rstrip("/")) + 1 :]
     if p.startswith("/") or ".." in PurePosixPath(p).parts:
         raise TaskError(f"{where}: 'file_path' {file_path!r} is outside the workspace ({mount})")
     return PurePosixPath(p).as_posix()
@@ -174,10 +234,14 @@ def load_clawgym_jsonl(path: str | Path, opts: LoadOptions | None = None) -> lis
         mount = row.get("input_mount_dir") or DEFAULT_MOUNT
         command = row.get("hook_code")
         if not isinstance(command, str) or not command.strip():
-            raise TaskError(f"{where}: missing checker: field 'hook_code' must be the verifier command")
+            raise TaskError(
+                f"{where}: missing checker: field 'hook_code' must be the verifier command"
+            )
         files = row.get("input_files") or []
         if not isinstance(files, list):
-            raise TaskError(f"{where}: field 'input_files' must be a list of {{file_path, content}}")
+            raise TaskError(
+                f"{where}: field 'input_files' must be a list of {{file_path, content}}"
+            )
         workspace, reward = {}, {}
         for i, f in enumerate(files):
             fw = f"{where}: input_files[{i}]"
@@ -185,14 +249,26 @@ def load_clawgym_jsonl(path: str | Path, opts: LoadOptions | None = None) -> lis
                 raise TaskError(f"{fw}: needs 'file_path' and a string 'content'")
             rel = _rel(f.get("file_path"), mount, fw)
             if rel.startswith("reward/"):
-                reward[rel[len("reward/"):]] = f["content"]
+                reward[rel[len("reward/") :]] = f["content"]
             else:
                 workspace[rel] = f["content"]
         raw_id = row.get("task_id") or row.get("id") or f"{path.stem}-{lineno:04d}"
         meta = {k: row[k] for k in ("rule", "origin_template", "metadata") if k in row}
-        tasks.append(_build(tid=_safe_id(str(raw_id), where), query=row.get("prompt"), mount=mount,  # type: ignore[arg-type]
-                            command=command, workspace=workspace, reward_files=reward, meta=meta,
-                            rules=row.get("rules"), where=where, path=f"{path}:{lineno}", opts=opts))
+        tasks.append(
+            _build(
+                tid=_safe_id(str(raw_id), where),
+                query=row.get("prompt"),
+                mount=mount,  # type: ignore[arg-type]
+                command=command,
+                workspace=workspace,
+                reward_files=reward,
+                meta=meta,
+                rules=row.get("rules"),
+                where=where,
+                path=f"{path}:{lineno}",
+                opts=opts,
+            )
+        )
     if not tasks:
         raise TaskError(f"{path}: holds no tasks")
     return tasks

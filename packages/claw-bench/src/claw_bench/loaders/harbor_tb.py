@@ -81,24 +81,40 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
     if not isinstance(env, dict):
         raise TaskError(f"{task_dir / 'task.toml'}: field [verifier] env must be a table")
     timeout = opts.checker_timeout_s or base.verify_timeout_s
-    exports = "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if str(k).isidentifier())
-    text = (_RUNNER.replace("__TIMEOUT__", f"{timeout:g}").replace("__ENV__", exports)
-            .replace("__DETAILS__", HARBOR_DETAILS))
+    exports = "\n".join(
+        f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if str(k).isidentifier()
+    )
+    text = (
+        _RUNNER.replace("__TIMEOUT__", f"{timeout:g}")
+        .replace("__ENV__", exports)
+        .replace("__DETAILS__", HARBOR_DETAILS)
+    )
     hidden = {k: v for k, v in base.hidden.items()}
     hidden["tests/test.sh"] = base.verify.text
     task_meta = dict(base.meta)
     task_meta["collect"] = [HARBOR_DETAILS]
     etable = t if isinstance(t := meta.get("environment"), dict) else {}
     limits: dict[str, Any] = {}
-    for key, name, kind in (("cpus", "cpus", float), ("memory_mb", "memory_mb", int), ("storage_mb", "disk_mb", int)):
+    for key, name, kind in (
+        ("cpus", "cpus", float),
+        ("memory_mb", "memory_mb", int),
+        ("storage_mb", "disk_mb", int),
+    ):
         v = etable.get(key)
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                raise TaskError(f"{task_dir / 'task.toml'}: field [environment] {key} must be a positive number, got {v!r}")
+                raise TaskError(
+                    f"{task_dir / 'task.toml'}: field [environment] {key} must be a positive number, got {v!r}"
+                )
             limits[name] = kind(v)
     if limits:
         task_meta["limits"] = limits  # job limits (plan --cpus / --memory-mb override them)
-    return attrs.evolve(base, verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
-                        hidden=hidden, reward_file=f"{CLAW_LOGS}/reward.json", verify_timeout_s=timeout + VERIFY_MARGIN_S,
-                        pass_threshold=opts.pass_threshold, meta=task_meta)
-
+    return attrs.evolve(
+        base,
+        verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
+        hidden=hidden,
+        reward_file=f"{CLAW_LOGS}/reward.json",
+        verify_timeout_s=timeout + VERIFY_MARGIN_S,
+        pass_threshold=opts.pass_threshold,
+        meta=task_meta,
+    )

@@ -28,10 +28,12 @@ APIS = ("openai", "anthropic")
 HIDDEN_PREFIXES = (".claw_verify/", ".claw_harness/", ".claw_setup/")
 MAX_FILE_CHARS = 20_000
 MAX_TOTAL_CHARS = 120_000
-SYSTEM = ("You are a strict, fair grader of an AI agent's work. You are given the task the agent "
-          "was asked to do, a grading rubric and the files of its final workspace. Judge only "
-          "what the files show. Answer with one JSON object and nothing after it: "
-          '{"score": <number from 0 to 1>, "reasoning": "<one short paragraph>"}.')
+SYSTEM = (
+    "You are a strict, fair grader of an AI agent's work. You are given the task the agent "
+    "was asked to do, a grading rubric and the files of its final workspace. Judge only "
+    "what the files show. Answer with one JSON object and nothing after it: "
+    '{"score": <number from 0 to 1>, "reasoning": "<one short paragraph>"}.'
+)
 _SCORE_RE = re.compile(r'"?score"?\s*[:=]\s*"?(-?\d+(?:\.\d+)?)\s*(/\s*(\d+(?:\.\d+)?))?', re.I)
 
 
@@ -53,7 +55,12 @@ def parse_score(text: str) -> float:
                     v = float(v)
                 except ValueError:
                     continue
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1:
+            if (
+                isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and 0 <= v <= 1
+            ):
                 return float(v)
             raise JudgeError(f"judge score {v!r} is not a number in [0, 1]")
     found = _SCORE_RE.findall(text)
@@ -73,15 +80,20 @@ def judge_prompt(instruction: str, rubric: str, files: dict[str, str]) -> str:
     for path in sorted(files):
         body = files[path]
         if len(body) > MAX_FILE_CHARS:
-            body = body[:MAX_FILE_CHARS] + f"\n[... {len(files[path]) - MAX_FILE_CHARS} more characters cut]"
+            body = (
+                body[:MAX_FILE_CHARS]
+                + f"\n[... {len(files[path]) - MAX_FILE_CHARS} more characters cut]"
+            )
         if total + len(body) > MAX_TOTAL_CHARS:
             parts.append(f"[{len(files) - len(parts)} more files left out: the prompt is full]")
             break
         total += len(body)
         parts.append(f"=== {path} ===\n{body}")
     listing = "\n\n".join(parts) if parts else "(the workspace is empty)"
-    return (f"# Task given to the agent\n\n{instruction.strip()}\n\n# Rubric\n\n{rubric.strip()}\n\n"
-            f"# Final workspace files\n\n{listing}\n\nGrade the work against the rubric. Reply with the JSON object.")
+    return (
+        f"# Task given to the agent\n\n{instruction.strip()}\n\n# Rubric\n\n{rubric.strip()}\n\n"
+        f"# Final workspace files\n\n{listing}\n\nGrade the work against the rubric. Reply with the JSON object."
+    )
 
 
 def workspace_files(collected: dict[str, Any] | None) -> dict[str, str]:
@@ -93,11 +105,16 @@ def workspace_files(collected: dict[str, Any] | None) -> dict[str, str]:
         try:
             files = json.loads(snap)
         except json.JSONDecodeError as exc:
-            raise JudgeError(f"{JUDGE_FILES} of the run is not JSON (cut by the sandbox?): {exc}") from exc
+            raise JudgeError(
+                f"{JUDGE_FILES} of the run is not JSON (cut by the sandbox?): {exc}"
+            ) from exc
         if isinstance(files, dict):
             return {str(k): v for k, v in files.items() if isinstance(v, str)}
-    return {k: v for k, v in collected.items()
-            if isinstance(v, str) and not k.startswith(HIDDEN_PREFIXES) and not k.startswith("reward/")}
+    return {
+        k: v
+        for k, v in collected.items()
+        if isinstance(v, str) and not k.startswith(HIDDEN_PREFIXES) and not k.startswith("reward/")
+    }
 
 
 @attrs.frozen(kw_only=True)
@@ -123,20 +140,33 @@ class Judge:
         base = self.base_url.rstrip("/")
         if self.api == "openai":
             url = f"{base}/chat/completions"
-            body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
-                                    "messages": [{"role": "system", "content": SYSTEM},
-                                                 {"role": "user", "content": prompt}]}
+            body: dict[str, Any] = {
+                "model": self.model,
+                "temperature": 0,
+                "max_tokens": self.max_tokens,
+                "messages": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": prompt},
+                ],
+            }
             headers = {"authorization": f"Bearer {self.api_key or 'none'}"}
         else:
             url = f"{base.removesuffix('/v1')}/v1/messages"
-            body = {"model": self.model, "max_tokens": self.max_tokens, "temperature": 0, "system": SYSTEM,
-                    "messages": [{"role": "user", "content": prompt}]}
+            body = {
+                "model": self.model,
+                "max_tokens": self.max_tokens,
+                "temperature": 0,
+                "system": SYSTEM,
+                "messages": [{"role": "user", "content": prompt}],
+            }
             headers = {"x-api-key": self.api_key or "none", "anthropic-version": "2023-06-01"}
         try:
             with httpx.Client(transport=self.transport, timeout=self.timeout_s) as client:
                 r = client.post(url, json=body, headers=headers)
         except httpx.HTTPError as exc:
-            raise JudgeError(f"judge request POST {url} failed: {type(exc).__name__}: {exc}") from exc
+            raise JudgeError(
+                f"judge request POST {url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         if r.status_code != 200:
             raise JudgeError(f"judge request POST {url}: HTTP {r.status_code}: {r.text[:300]}")
         try:
@@ -145,7 +175,9 @@ class Judge:
                 return str(data["choices"][0]["message"]["content"] or "")
             return "".join(b.get("text", "") for b in data["content"] if b.get("type") == "text")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise JudgeError(f"judge response of POST {url} is not a {self.api} reply: {r.text[:300]}") from exc
+            raise JudgeError(
+                f"judge response of POST {url} is not a {self.api} reply: {r.text[:300]}"
+            ) from exc
 
     def grade(self, *, instruction: str, rubric: str, files: dict[str, str]) -> tuple[float, str]:
         """(score in [0, 1], raw answer) for one rollout's final workspace."""
@@ -153,8 +185,13 @@ class Judge:
         return parse_score(raw), raw
 
 
-def apply_judge(out: dict[str, Any], run: dict[str, Any], spec: dict[str, Any], judge: Judge | None,
-                threshold: float | None) -> dict[str, Any]:
+def apply_judge(
+    out: dict[str, Any],
+    run: dict[str, Any],
+    spec: dict[str, Any],
+    judge: Judge | None,
+    threshold: float | None,
+) -> dict[str, Any]:
     """Fold the judge into a scored claw.outcome/v1 dict (see the module docstring); returns it."""
     if out.get("status") != "ok":
         return out
@@ -165,13 +202,20 @@ def apply_judge(out: dict[str, Any], run: dict[str, Any], spec: dict[str, Any], 
     automated = details.get("automated_score", out.get("reward"))
     details["grading"] = grading
     if judge is None:
-        out.update(status="not_scorable", reward=None, passed=None,
-                   error=f"task needs an LLM judge (grading {grading}) and none is configured "
-                         "(claw-bench score --judge-url URL --judge-model NAME)")
+        out.update(
+            status="not_scorable",
+            reward=None,
+            passed=None,
+            error=f"task needs an LLM judge (grading {grading}) and none is configured "
+            "(claw-bench score --judge-url URL --judge-model NAME)",
+        )
         return out
     try:
-        score, raw = judge.grade(instruction=str(spec.get("instruction", "")), rubric=str(spec.get("rubric", "")),
-                                 files=workspace_files(run.get("collected")))
+        score, raw = judge.grade(
+            instruction=str(spec.get("instruction", "")),
+            rubric=str(spec.get("rubric", "")),
+            files=workspace_files(run.get("collected")),
+        )
     except JudgeError as exc:
         out.update(status="infra_error", reward=None, passed=None, error=str(exc))
         return out

@@ -59,15 +59,23 @@ def _split(text: str, where: str) -> tuple[dict[str, Any], dict[str, str]]:
         raise TaskError(f"{where}: invalid YAML front matter: {exc}") from exc
     if not isinstance(front, dict):
         raise TaskError(f"{where}: front matter must be a mapping")
-    body = text[end + 4:]
+    body = text[end + 4 :]
     heads = list(_SECTION.finditer(body))
-    sections = {m.group(1).strip().lower(): body[m.end():(heads[i + 1].start() if i + 1 < len(heads) else len(body))].strip()
-                for i, m in enumerate(heads)}
+    sections = {
+        m.group(1).strip().lower(): body[
+            m.end() : (heads[i + 1].start() if i + 1 < len(heads) else len(body))
+        ].strip()
+        for i, m in enumerate(heads)
+    }
     return front, sections
 
 
 def _source_file(source: str, task_file: Path, opts: LoadOptions, where: str) -> FileContent:
-    roots = [Path(opts.assets_dir)] if opts.assets_dir else [task_file.parent.parent / "assets", task_file.parent]
+    roots = (
+        [Path(opts.assets_dir)]
+        if opts.assets_dir
+        else [task_file.parent.parent / "assets", task_file.parent]
+    )
     for root in roots:
         p = root / source
         if p.is_file():
@@ -76,10 +84,14 @@ def _source_file(source: str, task_file: Path, opts: LoadOptions, where: str) ->
                 return data.decode("utf-8")
             except UnicodeDecodeError:
                 return data  # binary assets (.xlsx, .pdf, images) travel byte-exact
-    raise TaskError(f"{where}: source {source!r} not found under {', '.join(str(r) for r in roots)}")
+    raise TaskError(
+        f"{where}: source {source!r} not found under {', '.join(str(r) for r in roots)}"
+    )
 
 
-def _workspace(front: dict[str, Any], task_file: Path, opts: LoadOptions, where: str) -> dict[str, FileContent]:
+def _workspace(
+    front: dict[str, Any], task_file: Path, opts: LoadOptions, where: str
+) -> dict[str, FileContent]:
     items = front.get("workspace_files") or []
     if not isinstance(items, list):
         raise TaskError(f"{where}: field 'workspace_files' must be a list")
@@ -97,8 +109,15 @@ def _workspace(front: dict[str, Any], task_file: Path, opts: LoadOptions, where:
             content = _source_file(str(item["source"]), task_file, opts, fw)
         else:
             raise TaskError(f"{fw}: needs 'source' (+ 'dest') or 'path' + 'content'")
-        if not isinstance(dest, str) or not dest or dest.startswith("/") or ".." in PurePosixPath(dest).parts:
-            raise TaskError(f"{fw}: destination {dest!r} must be a relative path inside the workspace")
+        if (
+            not isinstance(dest, str)
+            or not dest
+            or dest.startswith("/")
+            or ".." in PurePosixPath(dest).parts
+        ):
+            raise TaskError(
+                f"{fw}: destination {dest!r} must be a relative path inside the workspace"
+            )
         files[PurePosixPath(dest).as_posix()] = content
     return files
 
@@ -110,15 +129,19 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
     where = str(task_file)
     front, sections = _split(task_file.read_text(encoding="utf-8"), where)
     if front.get("sessions"):
-        raise TaskError(f"{where}: field 'sessions': multi-session tasks (successive prompts) are not supported "
-                        "yet; refused rather than run with their first prompt only")
+        raise TaskError(
+            f"{where}: field 'sessions': multi-session tasks (successive prompts) are not supported "
+            "yet; refused rather than run with their first prompt only"
+        )
     raw_id = front.get("id") or task_file.stem
     tid = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(raw_id)).strip("-.")
     if not TASK_ID.match(tid):
         raise TaskError(f"{where}: field 'id' {raw_id!r} is not a usable task id")
     grading = front.get("grading_type", "automated")
     if grading not in GRADING_TYPES:
-        raise TaskError(f"{where}: field 'grading_type' must be one of {GRADING_TYPES}, got {grading!r}")
+        raise TaskError(
+            f"{where}: field 'grading_type' must be one of {GRADING_TYPES}, got {grading!r}"
+        )
     prompt = sections.get("prompt")
     if not prompt:
         raise TaskError(f"{where}: missing section '## Prompt'")
@@ -126,41 +149,79 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
     if grading in ("automated", "hybrid"):
         block = _FENCE.search(sections.get("automated checks", ""))
         if not block or "def grade" not in block.group(1):
-            raise TaskError(f"{where}: missing checker: grading_type {grading} needs a '## Automated Checks' "
-                            "section with a python block defining grade(transcript, workspace_path)")
+            raise TaskError(
+                f"{where}: missing checker: grading_type {grading} needs a '## Automated Checks' "
+                "section with a python block defining grade(transcript, workspace_path)"
+            )
         code = block.group(1)
     rubric = sections.get("llm judge rubric")
     if grading in ("llm_judge", "hybrid") and not rubric:
         raise TaskError(f"{where}: grading_type {grading} needs a '## LLM Judge Rubric' section")
     timeout = front.get("timeout_seconds", 600)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise TaskError(f"{where}: field 'timeout_seconds' must be a positive number, got {timeout!r}")
+        raise TaskError(
+            f"{where}: field 'timeout_seconds' must be a positive number, got {timeout!r}"
+        )
     checker_timeout = opts.checker_timeout_s or 120.0
-    hidden: dict[str, str | bytes] = {"runner.json": runner_config(kind="pinchbench" if code else "none", timeout_s=checker_timeout,
-                                           workspace_dir=opts.workspace_dir, threshold=opts.pass_threshold,
-                                           judge_files=True)}
+    hidden: dict[str, str | bytes] = {
+        "runner.json": runner_config(
+            kind="pinchbench" if code else "none",
+            timeout_s=checker_timeout,
+            workspace_dir=opts.workspace_dir,
+            threshold=opts.pass_threshold,
+            judge_files=True,
+        )
+    }
     if code:
         hidden["grade.py"] = code
     # the workspace snapshot serves the judge and `claw-bench regrade` (grade() with the transcript)
-    meta: dict[str, Any] = {"collect": [DETAILS_FILE, JUDGE_FILES], "pinchbench": {k: front[k] for k in ("name", "category") if k in front}}
-    for key, name in (("expected_behavior", "expected behavior"), ("grading_criteria", "grading criteria")):
+    meta: dict[str, Any] = {
+        "collect": [DETAILS_FILE, JUDGE_FILES],
+        "pinchbench": {k: front[k] for k in ("name", "category") if k in front},
+    }
+    for key, name in (
+        ("expected_behavior", "expected behavior"),
+        ("grading_criteria", "grading criteria"),
+    ):
         if sections.get(name):
             meta[key] = sections[name]
     if grading != "automated":
         weights = front.get("grading_weights") or {}
         if not isinstance(weights, dict):
-            raise TaskError(f"{where}: field 'grading_weights' must be a mapping {{automated, llm_judge}}")
-        a, j = (0.0, 1.0) if grading == "llm_judge" else (weights.get("automated", 0.5), weights.get("llm_judge", 0.5))
+            raise TaskError(
+                f"{where}: field 'grading_weights' must be a mapping {{automated, llm_judge}}"
+            )
+        a, j = (
+            (0.0, 1.0)
+            if grading == "llm_judge"
+            else (weights.get("automated", 0.5), weights.get("llm_judge", 0.5))
+        )
         for name, w in (("automated", a), ("llm_judge", j)):
             if isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
-                raise TaskError(f"{where}: field 'grading_weights.{name}' must be a non-negative number, got {w!r}")
+                raise TaskError(
+                    f"{where}: field 'grading_weights.{name}' must be a non-negative number, got {w!r}"
+                )
         if a + j <= 0:
             raise TaskError(f"{where}: field 'grading_weights' must not be all zero")
-        meta["judge"] = judge_spec(rubric=str(rubric), instruction=prompt, automated=a / (a + j),
-                                   llm_judge=j / (a + j), grading=grading)
+        meta["judge"] = judge_spec(
+            rubric=str(rubric),
+            instruction=prompt,
+            automated=a / (a + j),
+            llm_judge=j / (a + j),
+            grading=grading,
+        )
     category = front.get("category")
-    return Task(id=tid, instruction=prompt.strip() + "\n", timeout_s=float(timeout),
-                tags=("pinchbench", *([str(category)] if category else [])),
-                workspace=_workspace(front, task_file, opts, where), verify=runner_script(), hidden=hidden,
-                verify_timeout_s=checker_timeout + VERIFY_MARGIN_S, pass_threshold=opts.pass_threshold,
-                source="pinchbench", path=str(task_file), meta=meta)
+    return Task(
+        id=tid,
+        instruction=prompt.strip() + "\n",
+        timeout_s=float(timeout),
+        tags=("pinchbench", *([str(category)] if category else [])),
+        workspace=_workspace(front, task_file, opts, where),
+        verify=runner_script(),
+        hidden=hidden,
+        verify_timeout_s=checker_timeout + VERIFY_MARGIN_S,
+        pass_threshold=opts.pass_threshold,
+        source="pinchbench",
+        path=str(task_file),
+        meta=meta,
+    )

@@ -37,8 +37,10 @@ def regrade_run(run: dict[str, Any], task: Task, calls: Iterable[dict[str, Any]]
     meta = run.get("meta") or {}
     snap = (run.get("collected") or {}).get(JUDGE_FILES)
     if not isinstance(snap, str):
-        raise TaskError(f"run {run.get('job_id')}: task {task.id}: no {JUDGE_FILES} collected "
-                        "(only PinchBench and judge-graded ClawGym tasks snapshot the workspace)")
+        raise TaskError(
+            f"run {run.get('job_id')}: task {task.id}: no {JUDGE_FILES} collected "
+            "(only PinchBench and judge-graded ClawGym tasks snapshot the workspace)"
+        )
     try:
         files = json.loads(snap)
     except json.JSONDecodeError as exc:
@@ -51,8 +53,14 @@ def regrade_run(run: dict[str, Any], task: Task, calls: Iterable[dict[str, Any]]
         write_files(ws, task.verify_files())
         write_files(ws, {TRANSCRIPT_FILE: json.dumps(transcript)})
         try:
-            p = subprocess.run(["bash", "-c", task.verify_command()], cwd=ws, capture_output=True, text=True,
-                               errors="replace", timeout=task.verify_timeout_s)
+            p = subprocess.run(
+                ["bash", "-c", task.verify_command()],
+                cwd=ws,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=task.verify_timeout_s,
+            )
             code, out, timed_out = p.returncode, p.stdout + p.stderr, False
         except subprocess.TimeoutExpired:
             code, out, timed_out = None, f"timed out after {task.verify_timeout_s}s", True
@@ -61,8 +69,14 @@ def regrade_run(run: dict[str, Any], task: Task, calls: Iterable[dict[str, Any]]
         details_file = ws / DETAILS_FILE
         details_text = details_file.read_text() if details_file.is_file() else None
     new = dict(run)
-    new["verify"] = {"exit_code": code, "passed": code == 0, "reward": reward if reward is not None else 0.0,
-                     "details": subs, "output": out[-2000:], "timed_out": timed_out}
+    new["verify"] = {
+        "exit_code": code,
+        "passed": code == 0,
+        "reward": reward if reward is not None else 0.0,
+        "details": subs,
+        "output": out[-2000:],
+        "timed_out": timed_out,
+    }
     new["collected"] = dict(run.get("collected") or {})
     if details_text is not None:
         new["collected"][DETAILS_FILE] = details_text

@@ -32,9 +32,18 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
         if kind in ("text", "input_text", "output_text"):
             out.append({"type": "text", "text": b.get("text", "")})
         elif kind == "tool_use":
-            out.append({"type": "toolCall", "id": b.get("id"), "name": b.get("name"), "arguments": b.get("input", {})})
+            out.append(
+                {
+                    "type": "toolCall",
+                    "id": b.get("id"),
+                    "name": b.get("name"),
+                    "arguments": b.get("input", {}),
+                }
+            )
         elif kind == "tool_result":
-            out.append({"type": "toolResult", "id": b.get("tool_use_id"), "content": b.get("content")})
+            out.append(
+                {"type": "toolResult", "id": b.get("tool_use_id"), "content": b.get("content")}
+            )
     return out
 
 
@@ -47,10 +56,16 @@ def _openai_message(m: dict[str, Any]) -> dict[str, Any]:
             args = json.loads(fn.get("arguments") or "{}")
         except json.JSONDecodeError:
             args = fn.get("arguments")
-        blocks.append({"type": "toolCall", "id": tc.get("id"), "name": fn.get("name"), "arguments": args})
+        blocks.append(
+            {"type": "toolCall", "id": tc.get("id"), "name": fn.get("name"), "arguments": args}
+        )
     if role == "tool":
-        return {"role": "toolResult", "content": [{"type": "toolResult", "id": m.get("tool_call_id"),
-                                                    "content": m.get("content")}]}
+        return {
+            "role": "toolResult",
+            "content": [
+                {"type": "toolResult", "id": m.get("tool_call_id"), "content": m.get("content")}
+            ],
+        }
     return {"role": role, "content": blocks}
 
 
@@ -58,11 +73,19 @@ def _messages(call: dict[str, Any]) -> list[dict[str, Any]]:
     req, resp = call.get("request") or {}, call.get("response") or {}
     api = str(call.get("api", ""))
     msgs: list[dict[str, Any]] = []
-    if api.startswith("anthropic") or "system" in req and "messages" in req and "choices" not in resp:
+    if (
+        api.startswith("anthropic")
+        or "system" in req
+        and "messages" in req
+        and "choices" not in resp
+    ):
         if isinstance(req.get("system"), str) and req["system"]:
             msgs.append({"role": "system", "content": _blocks(req["system"])})
-        msgs += [{"role": m.get("role", "user"), "content": _blocks(m.get("content"))}
-                 for m in req.get("messages") or [] if isinstance(m, dict)]
+        msgs += [
+            {"role": m.get("role", "user"), "content": _blocks(m.get("content"))}
+            for m in req.get("messages") or []
+            if isinstance(m, dict)
+        ]
         if resp.get("content"):
             msgs.append({"role": "assistant", "content": _blocks(resp["content"])})
         return msgs
@@ -73,7 +96,9 @@ def _messages(call: dict[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def transcript_from_calls(calls: Iterable[dict[str, Any]], session: str | None = None) -> list[dict[str, Any]]:
+def transcript_from_calls(
+    calls: Iterable[dict[str, Any]], session: str | None = None
+) -> list[dict[str, Any]]:
     """The PinchBench-style transcript of one session from its claw.call/v1 dicts (``[]`` if unknown).
 
     ``session`` picks the session when ``calls`` holds several; the call with the highest

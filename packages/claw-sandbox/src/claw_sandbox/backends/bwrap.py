@@ -178,10 +178,16 @@ class BwrapSandbox(Sandbox):
         for i, target in enumerate(job.mount_targets()):
             if i < n_job or self.verifying:  # verify mounts appear for the verify step only
                 binds.append((self.mount_dir(i), target))
-        if harbor and self.owner is not None and not _others_reach(str(self.jobdir.parent), read=False):
-            raise JobError(f"job {job.job_id!r}: profile harbor: bwrap runs as uid {self.owner[0]}, "
-                           f"which cannot reach the job directories under {self.jobdir.parent} "
-                           "(give --workdir a directory whose parents all have mode o+x)")
+        if (
+            harbor
+            and self.owner is not None
+            and not _others_reach(str(self.jobdir.parent), read=False)
+        ):
+            raise JobError(
+                f"job {job.job_id!r}: profile harbor: bwrap runs as uid {self.owner[0]}, "
+                f"which cannot reach the job directories under {self.jobdir.parent} "
+                "(give --workdir a directory whose parents all have mode o+x)"
+            )
         for src, dest in binds:
             args += ["--bind", str(src), dest]
         if self.relay is not None:
@@ -215,7 +221,10 @@ class BwrapSandbox(Sandbox):
         args += ["--remount-ro", "/", "--chdir", self.inside_workspace]  # bwrap's root tmpfs, too
         inner = argv_of(command)
         if self.backend.rootfs and isinstance(command, str):  # the rootfs's shell, not the host's
-            has_bash = any(os.path.exists(os.path.join(self.backend.rootfs, d, "bash")) for d in ("bin", "usr/bin"))
+            has_bash = any(
+                os.path.exists(os.path.join(self.backend.rootfs, d, "bash"))
+                for d in ("bin", "usr/bin")
+            )
             inner = ["/bin/bash" if has_bash else "/bin/sh", "-c", command]
         if self.relay is not None:
             inner = (

@@ -115,14 +115,19 @@ class DockerSandbox(Sandbox):
         try:
             self.container.put_archive(self.inside_workspace, buf.getvalue())
         except docker.errors.APIError as exc:
-            raise InfraError(f"docker could not copy the workspace in: {exc.explanation or exc}") from exc
+            raise InfraError(
+                f"docker could not copy the workspace in: {exc.explanation or exc}"
+            ) from exc
 
     async def sync_out(self) -> None:
         """Copy the trial container's workdir out when the job reads from it (collect, reward)."""
         if self.job.profile != "harbor" or self.container is None:
             return
         verify = self.job.verify
-        wanted = [*self.job.collect, *([verify.reward_file] if verify and verify.reward_file else [])]
+        wanted = [
+            *self.job.collect,
+            *([verify.reward_file] if verify and verify.reward_file else []),
+        ]
         places = [self.job.place_of(p) for p in wanted]
         if not any(place is not None and place[0] is None for place in places):
             return  # nothing is read from the workdir
@@ -158,8 +163,14 @@ class DockerSandbox(Sandbox):
         api = self.backend.client().api
         argv = argv_of(command) if not isinstance(command, str) else ["/bin/sh", "-c", command]
         try:
-            ex = api.exec_create(self.container.id, argv, workdir=self.inside_workspace,
-                                 environment=self.env(), stdout=True, stderr=True)
+            ex = api.exec_create(
+                self.container.id,
+                argv,
+                workdir=self.inside_workspace,
+                environment=self.env(),
+                stdout=True,
+                stderr=True,
+            )
         except docker.errors.APIError as exc:
             raise InfraError(f"docker exec failed: {exc.explanation or exc}") from exc
         out, err = bytearray(), bytearray()

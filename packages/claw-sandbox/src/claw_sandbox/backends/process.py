@@ -33,6 +33,7 @@ MARKER = "CLAW_SANDBOX_TOKEN"
 
 class ProcessSandbox(Sandbox):
     backend: ProcessBackend
+
     def __init__(self, backend: ProcessBackend, job: Job, jobdir: Path) -> None:
         super().__init__(backend, job, jobdir)
         self.inside_workspace = str(self.workspace)
@@ -129,9 +130,11 @@ class ProcessBackend(Backend):
     def check_job(self, job: Job) -> None:
         super().check_job(job)
         if job.workdir or job.mounts or (job.verify and job.verify.mounts) or job.profile != "claw":
-            raise JobError(f"job {job.job_id!r}: workdir / mounts / profile {job.profile}: the process "
-                           "backend runs on the host's own filesystem and cannot place absolute paths "
-                           "(use bwrap or docker)")
+            raise JobError(
+                f"job {job.job_id!r}: workdir / mounts / profile {job.profile}: the process "
+                "backend runs on the host's own filesystem and cannot place absolute paths "
+                "(use bwrap or docker)"
+            )
 
     def sandbox(self, job: Job, jobdir: Path) -> Sandbox:
         return ProcessSandbox(self, job, jobdir)
