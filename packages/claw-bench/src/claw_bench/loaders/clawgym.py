@@ -191,10 +191,10 @@ def load_clawgym_task(task_dir: str | Path, opts: LoadOptions | None = None) -> 
         raise TaskError(f"{where}: field 'metadata' must be an object")
     return _build(
         tid=tid,
-        query=entry.get("user_query"),
+        query=entry.get("user_query"),  # type: ignore[arg-type]
         mount=mount,
         command=command,
-        grade_file=grade_file,  # type: ignore[arg-type]
+        grade_file=grade_file,
         workspace=read_text_tree(task_dir / "input_files", what=f"task {tid}"),
         reward_files=reward,
         meta=meta,
@@ -257,8 +257,8 @@ def load_clawgym_jsonl(path: str | Path, opts: LoadOptions | None = None) -> lis
         tasks.append(
             _build(
                 tid=_safe_id(str(raw_id), where),
-                query=row.get("prompt"),
-                mount=mount,  # type: ignore[arg-type]
+                query=row.get("prompt"),  # type: ignore[arg-type]
+                mount=mount,
                 command=command,
                 workspace=workspace,
                 reward_files=reward,
