@@ -6,11 +6,13 @@ Run: .venvs/claw-proxy/bin/python -m pytest bench/test_proxy_hardening.py -s -m 
 Each test prints its numbers. Goals: /healthz answers in < 1 s while a 4 MB prompt is parsed,
 rendered and tokenised; 0 5xx in 5,000 fuzzed requests; a normal client is served while 1,100
 connections hold unfinished headers against a server limited to 1,024 open files; RSS stays
-under the prefix-cache budget plus a constant.
+under the prefix-cache budget plus a constant (64 concurrent clients for
+CLAW_BENCH_RSS_SECONDS, default 60; a smaller value gives a smoke run).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -29,7 +31,7 @@ TESTS = ROOT / "packages" / "claw-proxy" / "tests"
 sys.path.insert(0, str(TESTS))
 
 from claw_proxy import ProxyConfig, ProxyServer  # noqa: E402
-from conftest import SECRET, TINY, token, write_script  # noqa: E402
+from proxy_testlib import SECRET, TINY, token, write_script  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -217,3 +219,127 @@ def test_rss_with_many_long_sessions_under_a_small_cache_budget(tmp_path):
         f"{cache['evicted_sessions']} sessions evicted"
     )
     assert cache["bytes"] <= budget and cache["evicted_sessions"] > 0
+
+
+def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
+    """A `claw-proxy serve` subprocess on the scripted engine (so RSS is the server's alone)."""
+    script = write_script(tmp_path / "script.jsonl", ["hello"])
+    (tmp_path / "secret").write_text(SECRET)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("claw-proxy")
+    with (tmp_path / "serve.log").open("wb") as log:  # the child keeps its own copy of the fd
+        proc = subprocess.Popen(
+            [str(exe), "serve", "--engine", f"scripted:{script}", "--tokenizer", str(TINY)]
+            + ["--secret-file", str(tmp_path / "secret"), "--port", str(port), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            httpx.get(url + "/healthz", timeout=2)
+            return proc, url
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+
+
+# RSS the server may grow by beyond its prefix-cache budget: allocator high-water marks of 64
+# in-flight 19K-token requests (bodies, parsed messages, rendered text, token-id lists, the
+# record line). Not bounded by it: the per-session state (tags, seq, closed flag), kept for every
+# session since start so that a closed session stays closed and seq and admin-set tags survive;
+# measured with tracemalloc at ~240 B per session without tags, ~420 B with one short tag
+# (~0.25-0.4 GB per million sessions), plus the sizes of the tags themselves.
+RSS_CONSTANT_MB = 128
+
+
+def test_rss_64_concurrent_clients_19k_tokens(tmp_path):
+    """64 concurrent clients, each a multi-turn session growing to ~19K-token prompts (then a
+    fresh session), for CLAW_BENCH_RSS_SECONDS (default 60) against an 8 MB prefix-cache budget:
+    the server's peak RSS growth stays under the budget plus RSS_CONSTANT_MB."""
+    seconds = float(os.environ.get("CLAW_BENCH_RSS_SECONDS", "60"))
+    budget = 8 << 20
+    proc, url = _serve(
+        tmp_path,
+        "--prefix-cache-bytes",
+        str(budget),
+        "--drift-check-tokens",
+        "0",
+        "--record",
+        str(tmp_path / "calls.jsonl"),
+    )
+    chunk = " ".join(f"tok{i}" for i in range(1200))  # ~6.2K tokens with the tiny tokenizer
+    stats: dict = {"calls": 0, "sessions": 0, "bad": [], "dropped": []}
+    samples: list[float] = []
+
+    async def client(c: httpx.AsyncClient, k: int, stop: float) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            name, n = f"c{k}-{n}", n + 1
+            stats["sessions"] += 1
+            msgs = [{"role": "user", "content": f"{name} {chunk}"}]
+            for t in range(3):  # turns of ~6K, ~12K, ~19K tokens
+                if t:
+                    msgs += [
+                        {"role": "assistant", "content": "hello"},
+                        {"role": "user", "content": f"t{t} {chunk}"},
+                    ]
+                try:
+                    r = await c.post(
+                        "/v1/chat/completions",
+                        content=json.dumps({"model": "m", "messages": msgs}),
+                        headers={"x-api-key": token(name), "content-type": "application/json"},
+                    )
+                except httpx.TransportError as e:  # counted and reported; the session ends
+                    stats["dropped"].append(f"{type(e).__name__} at turn {t}")
+                    break
+                stats["calls"] += 1
+                if r.status_code != 200:
+                    stats["bad"].append((r.status_code, r.text[:120]))
+                if time.monotonic() >= stop:
+                    return
+
+    async def sample(stop: float) -> None:
+        while time.monotonic() < stop:
+            samples.append(_rss_mb(proc.pid))
+            await asyncio.sleep(0.25)
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as c:
+            stop = time.monotonic() + seconds
+            await asyncio.gather(sample(stop + 1), *(client(c, k, stop) for k in range(64)))
+
+    try:
+        with httpx.Client(base_url=url, timeout=120) as c:  # warm-up: tokenizer, template, pool
+            r = c.post(
+                "/v1/chat/completions",
+                content=json.dumps(
+                    {"model": "m", "messages": [{"role": "user", "content": chunk}]}
+                ),
+                headers={"x-api-key": token("warm"), "content-type": "application/json"},
+            )
+            assert r.status_code == 200, r.text
+        rss0 = _rss_mb(proc.pid)
+        t0 = time.perf_counter()
+        asyncio.run(main())
+        dt = time.perf_counter() - t0
+        admin = httpx.get(url + "/healthz", timeout=30)
+        assert admin.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    peak = max(samples, default=rss0)
+    growth = peak - rss0
+    print(
+        f"\n64 concurrent clients, {dt:.0f} s: {stats['calls']} calls, {stats['sessions']} sessions "
+        f"(prompts up to ~19K tokens), {len(stats['bad'])} non-200, {len(stats['dropped'])} dropped "
+        f"connections {stats['dropped'][:3]}; server RSS {rss0:.0f} MB after "
+        f"warm-up -> peak {peak:.0f} MB (growth {growth:.0f} MB; budget {budget >> 20} MB + "
+        f"constant {RSS_CONSTANT_MB} MB)"
+    )
+    assert not stats["bad"], stats["bad"][:3]
+    assert growth <= (budget >> 20) + RSS_CONSTANT_MB
