@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from claw_tree import build_forest, build_samples, gae_on_tree
-from test_tree_build import (  # bench/ is on sys.path under pytest's default import mode
+from test_tree_build import (  # bench/ is on pytest's pythonpath (root pyproject.toml)
     corpus,
     flat_tokens,
 )
