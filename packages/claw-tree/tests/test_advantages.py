@@ -13,9 +13,9 @@ from claw_tree import (
     turn_gae_on_tree,
     turn_starts,
 )
-from conftest import flat_gae
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tree_testlib import flat_gae
 
 rewards_and_groups = st.lists(
     st.tuples(st.floats(0, 1, allow_nan=False), st.sampled_from("abcd")), min_size=1, max_size=30

@@ -36,7 +36,7 @@ def test_every_command_has_help_with_example():
 
 import json  # noqa: E402
 
-from conftest import call, outcome  # noqa: E402
+from tree_testlib import call, outcome  # noqa: E402
 
 
 def _files(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from claw_tree._cli_paths import output_path
 from claw_tree.cli import main
 from click.testing import CliRunner
-from conftest import call, outcome
+from tree_testlib import call, outcome
 
 
 def _args(cmd: str, inp: Path) -> list[str]:

@@ -6,7 +6,7 @@ import json
 import pytest
 from claw_tree import Call, Outcome, RecordError, read_calls, read_outcomes
 from claw_tree.records import read_values
-from conftest import call, outcome
+from tree_testlib import call, outcome
 
 
 def _write(tmp_path, rows, name="calls.jsonl"):

@@ -18,9 +18,9 @@ from claw_tree import (
     sample_rewards,
     token_sessions,
 )
-from conftest import call, corpora, flat_gae, outcome, prefix_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tree_testlib import call, corpora, flat_gae, outcome, prefix_keys
 
 FORMATS = Path(__file__).resolve().parents[3] / "formats"
 

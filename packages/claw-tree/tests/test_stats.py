@@ -1,8 +1,8 @@
 """Forest statistics: token counts, branch reasons, drift counters."""
 
 from claw_tree import build_forest, forest_stats, session_stats
-from conftest import call, corpora
 from hypothesis import given, settings
+from tree_testlib import call, corpora
 
 
 def test_branch_reasons_are_told_apart():

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from claw_tree import ConflictError, build_forest, trajectory_record
-from conftest import call, corpora, naive_trie
 from hypothesis import given, settings
+from tree_testlib import call, corpora, naive_trie
 
 FORMATS = Path(__file__).resolve().parents[3] / "formats"
 

@@ -1,4 +1,4 @@
-"""Shared helpers: call/outcome record builders, random session strategies, plain references."""
+"""Shared helpers for the claw-tree tests: record builders, random corpora and reference implementations."""
 
 from __future__ import annotations
 
