@@ -12,7 +12,7 @@ import time
 
 from claw_sandbox import run_jobs
 from claw_sandbox.workspace import collect
-from conftest import job
+from sandbox_testlib import job
 
 
 def _files(root, n, size=10, name="f{}.txt"):

@@ -14,7 +14,7 @@ import warnings
 import pytest
 from claw_sandbox import run_jobs
 from claw_sandbox.backends import make_backend
-from conftest import job
+from sandbox_testlib import job
 
 pytestmark = pytest.mark.slow
 IMAGE = "claw-sandbox-test:busybox"

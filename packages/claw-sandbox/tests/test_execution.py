@@ -11,7 +11,7 @@ import uuid
 import pytest
 from claw_sandbox import _cgroup, run_jobs
 from claw_sandbox.backends.process import ProcessBackend
-from conftest import alive_with, job, py
+from sandbox_testlib import alive_with, job, py
 
 
 @pytest.fixture(scope="module")

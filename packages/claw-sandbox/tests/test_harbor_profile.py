@@ -5,7 +5,7 @@ import pytest
 from claw_sandbox import run_jobs
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Job
-from conftest import job
+from sandbox_testlib import job
 
 AGENT = (
     "echo solved > /app/out.txt; mkdir -p /root; echo changed > /root/elsewhere.txt; "

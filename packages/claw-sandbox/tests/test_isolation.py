@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from claw_sandbox import run_jobs
-from conftest import job, py
+from sandbox_testlib import job, py
 
 
 def _one(bwrap, row, tmp_path):

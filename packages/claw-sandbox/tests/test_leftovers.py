@@ -9,7 +9,7 @@ import sys
 import time
 
 from claw_sandbox import _leftovers, run_jobs
-from conftest import alive_with, job
+from sandbox_testlib import alive_with, job
 
 
 def _jobdir(root, name):

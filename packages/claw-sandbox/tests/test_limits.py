@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from claw_sandbox import run_jobs
 from claw_sandbox.records import Job
-from conftest import job, py
+from sandbox_testlib import job, py
 
 FORK_BOMB = "bomb() { bomb | bomb & }; bomb; sleep 5"
 MEMORY_HOG = py("x = bytearray(512 << 20); print('allocated', len(x))")

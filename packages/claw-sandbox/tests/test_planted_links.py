@@ -8,7 +8,7 @@ import tarfile
 import pytest
 from claw_sandbox import run_jobs
 from claw_sandbox.workspace import chown_tree, collect, copy_into, read_inside, safe_write
-from conftest import job
+from sandbox_testlib import job
 
 
 @pytest.fixture(params=["bwrap", "process"])

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import job
+from sandbox_testlib import job
 
 pytestmark = pytest.mark.slow
 

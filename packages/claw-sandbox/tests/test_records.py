@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from claw_sandbox import Job, JobError, JobsFileError, Run, read_jobs, read_runs
 from claw_sandbox.records import BadLine
-from conftest import FORMATS, job
+from sandbox_testlib import FORMATS, job
 
 
 def _lines(*rows) -> io.StringIO:

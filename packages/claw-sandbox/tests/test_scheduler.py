@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from claw_sandbox import InfraError, JobsFileError, arun_jobs, run_jobs
 from claw_sandbox.backends.process import ProcessBackend, ProcessSandbox
-from conftest import alive_with, job, running_argv
+from sandbox_testlib import alive_with, job, running_argv
 
 
 class FlakyBackend(ProcessBackend):
