@@ -13,7 +13,7 @@ import pytest
 from claw_proxy import ProxyConfig, ProxyServer, api_chat, mint_token, read_calls
 from claw_proxy.engines import Engine, Generation
 from claw_proxy.errors import EngineError
-from conftest import ADMIN, SECRET, TINY, token
+from proxy_testlib import ADMIN, SECRET, TINY, token
 
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from claw_proxy import read_calls
-from conftest import SECRET, TINY, token, write_script
+from proxy_testlib import SECRET, TINY, token, write_script
 
 
 @pytest.mark.slow

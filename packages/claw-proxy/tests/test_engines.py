@@ -9,7 +9,7 @@ import httpx
 import pytest
 from claw_proxy import read_calls
 from claw_proxy.render import Renderer
-from conftest import ADMIN, TINY, token
+from proxy_testlib import ADMIN, TINY, token
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route

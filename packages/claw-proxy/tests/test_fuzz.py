@@ -12,7 +12,7 @@ import json
 import random
 
 import httpx
-from conftest import HARNESS_REQUESTS, token
+from proxy_testlib import HARNESS_REQUESTS, token
 
 # values that broke the proxy once, and other shapes a parser meets rarely
 _ODD = [

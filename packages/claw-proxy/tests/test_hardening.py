@@ -12,7 +12,7 @@ import pytest
 from claw_proxy import ProxyConfig, read_calls
 from claw_proxy.render import Renderer
 from claw_proxy.server import Proxy
-from conftest import ADMIN, SECRET, TINY, token, write_script
+from proxy_testlib import ADMIN, SECRET, TINY, token, write_script
 
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
 

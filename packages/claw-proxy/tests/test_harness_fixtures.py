@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from claw_proxy import api_anthropic, api_chat, api_responses, read_calls
 from claw_proxy.render import Renderer
-from conftest import HARNESS_REQUESTS, ROOT, TINY, token, tool_call_text
+from proxy_testlib import HARNESS_REQUESTS, ROOT, TINY, token, tool_call_text
 
 FIXTURES = sorted(HARNESS_REQUESTS.glob("*.json"))
 _API = {

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 from claw_proxy import read_calls
-from conftest import TINY, token
+from proxy_testlib import TINY, token
 
 
 def _post(srv, body, session="s1"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from claw_proxy import read_calls
-from conftest import TOOLS, tool_call_text
+from proxy_testlib import TOOLS, tool_call_text
 
 
 def _assert_chain(calls):

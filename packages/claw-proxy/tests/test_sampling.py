@@ -12,7 +12,7 @@ from claw_proxy.config import resolve_sampling
 from claw_proxy.errors import RecordError, RequestError
 from claw_proxy.messages import Sampling
 from claw_proxy.records import Call, sampling_record
-from conftest import SECRET, TINY, reference_logprobs, token
+from proxy_testlib import SECRET, TINY, reference_logprobs, token
 
 torch = pytest.importorskip(
     "torch", reason="the transformers engine needs claw-proxy[transformers]"

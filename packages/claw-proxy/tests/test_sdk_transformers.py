@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 from claw_proxy import read_calls
-from conftest import ADMIN, TINY, TOOLS, reference_logprobs
+from proxy_testlib import ADMIN, TINY, TOOLS, reference_logprobs
 
 torch = pytest.importorskip(
     "torch", reason="the transformers engine needs claw-proxy[transformers]"
@@ -168,7 +168,7 @@ def test_requests_join_a_running_batch(tmp_path, model):
     """Continuous batching: short requests sent while a long one decodes join its batch, finish
     first, and every row's logprobs (merged, left-padded, trimmed caches) match a forward pass."""
     from claw_proxy import ProxyConfig, ProxyServer, mint_token
-    from conftest import SECRET
+    from proxy_testlib import SECRET
 
     cfg = ProxyConfig(
         engine=f"transformers:{TINY}",
