@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from claw_rl import ClawError, GRPOConfig, GRPOLearner, PPOConfig, PPOLearner  # noqa: E402
 from claw_rl._dist import init_from_env, is_sharded, shutdown  # noqa: E402
-from conftest import tree_sample  # noqa: E402
+from rl_testlib import tree_sample  # noqa: E402
 
 PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]
 TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]

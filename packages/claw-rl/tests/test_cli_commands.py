@@ -9,7 +9,7 @@ from claw_rl.cli import main
 from claw_rl.config import GRPOConfig, config_from_toml
 from claw_rl.learner import GRPOLearner
 from click.testing import CliRunner
-from conftest import tree_sample
+from rl_testlib import tree_sample
 
 PARENT = [-1, 0, 1, 2, 2, 4]
 TRAIN = [0, 0, 1, 1, 1, 1]

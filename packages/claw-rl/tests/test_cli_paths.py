@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from claw_rl.cli import main
 from click.testing import CliRunner
-from conftest import tree_sample
+from rl_testlib import tree_sample
 
 PARENT = [-1, 0, 1, 2, 2, 4]
 TRAIN = [0, 0, 1, 1, 1, 1]

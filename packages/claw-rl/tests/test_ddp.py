@@ -102,7 +102,7 @@ def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
     """`torchrun -m claw_rl.cli train` with 2 ranks writes one policy equal to the 1-process one."""
-    from conftest import tree_sample
+    from rl_testlib import tree_sample
 
     rows = [
         tree_sample([-1, 0, 1, 2, 2, 4], [0, 0, 1, 1, 1, 1], seed=k, sample_id=str(k), vocab=2000)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from claw_rl import ClawError, GRPOConfig, GRPOLearner, Policy, PPOConfig, PPOLearner
 from claw_rl.packing import path_matrix
-from conftest import tree_sample
+from rl_testlib import tree_sample
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 

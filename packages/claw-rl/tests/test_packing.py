@@ -10,9 +10,9 @@ from claw_rl.forward import backbone_hidden, token_logprobs
 from claw_rl.learner import load_policy
 from claw_rl.packing import ancestor_matrix, leaf_counts, pack, path_matrix
 from claw_rl.records import Sample
-from conftest import random_tree, tree_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rl_testlib import random_tree, tree_sample
 
 # the worked example of docs/formats.md: a b c d e, paths a-b-c and a-b-d-e
 PARENT = [-1, 0, 1, 1, 3]

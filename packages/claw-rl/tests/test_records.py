@@ -6,7 +6,7 @@ import json
 
 import pytest
 from claw_rl import Policy, RecordError, Sample, read_samples
-from conftest import tree_sample
+from rl_testlib import tree_sample
 
 
 def _file(tmp_path, lines):

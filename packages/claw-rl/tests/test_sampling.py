@@ -19,7 +19,7 @@ from claw_rl.learner import GRPOLearner, load_policy
 from claw_rl.packing import chain_sample, pack, path_matrix
 from claw_rl.records import Sample
 from click.testing import CliRunner
-from conftest import random_tree, tree_sample
+from rl_testlib import random_tree, tree_sample
 
 SETTINGS = [
     (1.0, 1.0, 0),
