@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import httpx
+from bench_testlib import SECRET, ModelServer
 from claw_bench.agent import main, run_agent, tool_specs
 from claw_bench.token import mint_token
-from conftest import SECRET, ModelServer
 
 
 def _chat_transport(replies, seen):

@@ -3,7 +3,7 @@
 The "model" is a scripted loopback server that checks each request's session token: the
 reference policy answers the first request with one bash tool call running the task's reference
 solution (so claw-agent, the real harness command, executes it in the workspace) and then stops;
-the do-nothing policy stops at once. Jobs run in the test-only process runner of conftest.py, or
+the do-nothing policy stops at once. Jobs run in the test-only process runner of bench_testlib.py, or
 in claw-sandbox's process backend when its CLI is on PATH.
 """
 
@@ -15,10 +15,10 @@ import subprocess
 
 import pytest
 from _bench_schemas import validate
+from bench_testlib import ModelServer, run_job
 from claw_bench import load_suite, read_records, write_records
 from claw_bench.cli import main
 from click.testing import CliRunner
-from conftest import ModelServer, run_job
 
 TASKS = ["csv-to-json-people", "fix-fizzbuzz", "dotenv-update"]
 SUITE = load_suite("claw-mini")

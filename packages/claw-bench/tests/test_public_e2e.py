@@ -13,10 +13,10 @@ import attrs
 import httpx
 import pytest
 from _bench_schemas import validate
+from bench_testlib import SECRET, run_job
 from claw_bench import load_harness, load_suite, plan_jobs, score_run
 from claw_bench.loaders import Judge, LoadOptions, load_public
 from claw_bench.loaders.transcript import TRANSCRIPT_FILE, transcript_from_calls
-from conftest import SECRET, run_job
 
 PUBLIC = Path(__file__).parent / "fixtures" / "public"
 SUITES = {

@@ -184,7 +184,7 @@ def test_apply_judge_leaves_unscored_runs_alone():
 
 def test_judge_through_a_real_loopback_server(tmp_path):
     """The judge over real HTTP (an in-process OpenAI-shaped server on loopback)."""
-    from conftest import ModelServer
+    from bench_testlib import ModelServer
 
     seen = []
 
@@ -193,8 +193,8 @@ def test_judge_through_a_real_loopback_server(tmp_path):
         return {"text": '{"score": 1, "reasoning": "a fine haiku"}'}
 
     with ModelServer(policy) as srv:
+        from bench_testlib import SECRET
         from claw_bench.token import mint_token
-        from conftest import SECRET
 
         judge = Judge(
             base_url=f"{srv.url}/v1", model="judge", api_key=mint_token("judge", SECRET, {})

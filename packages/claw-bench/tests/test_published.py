@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from _bench_schemas import validate
+from bench_testlib import SECRET, run_job
 from claw_bench import TaskError, load_harness, load_suite, plan_jobs, score_run
 from claw_bench.cli import main
 from claw_bench.errors import PlanError
 from click.testing import CliRunner
-from conftest import SECRET, run_job
 
 HB = Path(__file__).parent / "fixtures" / "issue16" / "harbor"
 GOOD = ["claw-fixtures-checksum", "hb-no-solution", "hb-tarball", "hb-workdir-app"]

@@ -6,12 +6,12 @@ import base64
 from pathlib import Path
 
 import pytest
+from bench_testlib import (
+    check_task,  # the jobs check plans, run by the test runner (claw-sandbox's is the real one)
+)
 from claw_bench import TaskError, builtin_suites, load_suite, load_task
 from claw_bench.suites import Suite
 from claw_bench.tasks import Script, Task, job_files
-from conftest import (
-    check_task,  # the jobs check plans, run by the test runner (claw-sandbox's is the real one)
-)
 
 MINI = load_suite("claw-mini")
 TOY = load_suite("claw-toy")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench_testlib import SECRET, run_job
 from claw_bench import load_harness, load_suite, plan_jobs, score_runs
-from conftest import SECRET, run_job
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-qwen3"
 pytestmark = [
