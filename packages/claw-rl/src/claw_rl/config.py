@@ -162,6 +162,12 @@ class PPOConfig:
         "whiten the advantages over the batch's trainable tokens (mean 0, std 1, "
         "weighted like the loss); a terminal reward then moves every token",
     )
+    whiten_std_floor: float = _f(
+        0.1,
+        "whitening divides by max(std, this): a batch whose advantages barely differ (rewards "
+        "nearly all equal) is amplified at most 1/floor times, not to std 1. 0.1 suits rewards "
+        "in [0, 1]: the std of a 0/1 reward at 99%% success, a third of a mixed batch's",
+    )
     vf_coef: float = _f(0.5, "weight of the value loss")
     value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
     entropy_coef: float = _f(0.0, "entropy bonus weight")

@@ -380,6 +380,7 @@ class _Learner(LearnerIO):
                     ]
                 ),
                 torch.from_numpy(np.concatenate(q)),
+                std_floor=float(getattr(c, "whiten_std_floor", 0.0)),
             )
             metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = self._adv_norm
 

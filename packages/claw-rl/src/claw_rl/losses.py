@@ -119,14 +119,21 @@ def constant_sum(lt: torch.Tensor, c: torch.Tensor, n_traj: float, max_len: floa
     return (c * lt).sum() / (n_traj * max_len)
 
 
-def whiten(A: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> tuple[float, float]:
-    """(mean, std) of the advantages A (M,) under token weights q (M,), for A' = (A - mean) / std.
+def whiten(
+    A: torch.Tensor, q: torch.Tensor, eps: float = 1e-8, std_floor: float = 0.0
+) -> tuple[float, float]:
+    """(mean, scale) of the advantages A (M,) under token weights q (M,), for A' = (A - mean) / scale.
 
     Advantage normalisation as in PPO implementations (Huang et al. 2022, "The 37 implementation
-    details of PPO", detail 7; verl's masked_whiten). Deviation: the moments are weighted by q,
+    details of PPO", detail 7; cleanrl's norm_adv: (A - mean) / (std + 1e-8); verl's
+    masked_whiten: (A - mean) * rsqrt(var + 1e-8)). Deviations: the moments are weighted by q,
     the token's mass in the loss (loss weight or path count), so that they are those of the
     flat per-path batch and tree packing leaves them unchanged; over the whole batch, not the
-    minibatch. std is the population std plus eps.
+    minibatch. scale = max(std, std_floor) + eps (population std): cleanrl's eps and verl's
+    (std >= 1e-4) only guard the division, so a saturated batch (rewards nearly all equal, A
+    mostly value-head noise) is blown up to std 1 and its noise drives the policy; the floor
+    bounds that gain by 1 / std_floor, so such a batch is centred and scaled no more than that,
+    and a batch with std >= std_floor is whitened exactly as without it.
     """
     q = q.double()
     total = float(q.sum())
@@ -135,7 +142,7 @@ def whiten(A: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> tuple[float, 
     A = A.double()
     mean = float((q * A).sum()) / total
     var = float((q * (A - mean) ** 2).sum()) / total
-    return mean, var**0.5 + eps
+    return mean, max(var**0.5, std_floor) + eps
 
 
 def value_loss(
