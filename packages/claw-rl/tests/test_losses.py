@@ -88,6 +88,17 @@ def test_whiten_uses_the_loss_mass():
     assert losses.whiten(A, torch.zeros(2)) == (0.0, 1.0)
 
 
+def test_whiten_floor_bounds_the_gain_on_a_saturated_batch():
+    """Near-identical advantages are scaled at most 1/floor; a spread batch is whitened as before."""
+    q = torch.ones(4)
+    tiny = torch.tensor([1.0, 1.0 + 1e-4, 1.0 - 1e-4, 1.0], dtype=torch.float64)
+    mean, scale = losses.whiten(tiny, q, std_floor=0.1)
+    assert scale == pytest.approx(0.1)
+    assert float(((tiny - mean) / scale).abs().max()) <= 1e-4 / 0.1 + 1e-9
+    spread = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    assert losses.whiten(spread, q, std_floor=0.1) == losses.whiten(spread, q)
+
+
 def test_aggregations():
     """weighted_sum, DAPO token_mean (leaf counts) and Dr. GRPO constant normaliser."""
     lt = torch.tensor([1.0, 2.0, 3.0])

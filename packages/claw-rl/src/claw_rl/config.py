@@ -166,7 +166,7 @@ class PPOConfig:
         0.1,
         "whitening divides by max(std, this): a batch whose advantages barely differ (rewards "
         "nearly all equal) is amplified at most 1/floor times, not to std 1. 0.1 suits rewards "
-        "in [0, 1]: the std of a 0/1 reward at 99%% success, a third of a mixed batch's",
+        "in [0, 1]: the std of a 0/1 reward at 99% success, a third of a mixed batch's",
     )
     vf_coef: float = _f(0.5, "weight of the value loss")
     value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
@@ -201,6 +201,8 @@ class PPOConfig:
             raise ConfigError(f"critic = {self.critic!r}; choose head or model")
         if self.critic_lr <= 0:
             raise ConfigError("critic_lr must be > 0")
+        if self.whiten_std_floor < 0:
+            raise ConfigError(f"whiten_std_floor = {self.whiten_std_floor!r} must be >= 0")
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config") -> PPOConfig:
