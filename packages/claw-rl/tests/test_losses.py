@@ -125,14 +125,3 @@ def test_explained_variance_and_approx_kl():
     assert losses.explained_variance(torch.zeros(3), R) == pytest.approx(0.0)
     assert math.isnan(losses.explained_variance(R, torch.ones(3)))
     assert losses.approx_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).tolist() == [0.0]
-
-
-def test_whiten_std_floor_bounds_the_gain_of_a_saturated_batch():
-    """A batch whose advantages barely differ is scaled by at most 1/floor; a spread batch is unchanged."""
-    q = torch.ones(4)
-    flat = torch.tensor([1.0, 1.0, 1.0, 1.001])
-    mean, scale = losses.whiten(flat, q, eps=0.0, std_floor=0.1)
-    assert scale == pytest.approx(0.1)
-    assert float(((flat - mean) / scale).abs().max()) < 0.01
-    spread = torch.tensor([0.0, 1.0, 0.0, 1.0])
-    assert losses.whiten(spread, q, eps=0.0, std_floor=0.1) == losses.whiten(spread, q, eps=0.0)
