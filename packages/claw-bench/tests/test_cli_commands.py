@@ -108,6 +108,7 @@ def test_report_plot_names_the_file_it_writes(tmp_path):
     assert f"wrote {tmp_path / 'passk.png'}" in r.stderr
 
 
+@pytest.mark.other_clis
 def test_check_command_on_a_few_tasks():
     """`check` proves tasks sound in claw-sandbox and prints one JSON line per mode."""
     if (

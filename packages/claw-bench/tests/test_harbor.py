@@ -55,6 +55,7 @@ def test_dockerfile_image_tag_follows_the_environment_content(tmp_path):
     assert len({t.image, changed, load_harbor_task(d).image}) == 3
 
 
+@pytest.mark.other_clis
 def test_harbor_task_verifies_untouched_fails_solution_passes():
     """check (in claw-sandbox): the oracle solution passes with reward 1 read from reward.txt; untouched fails with 0."""
     if (
