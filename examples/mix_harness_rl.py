@@ -195,14 +195,16 @@ def rollouts(
     }
     attempt = len(list(d.glob("jobs-a*.jsonl")))
     # A retried step re-plans only the rollouts without a run record, under new session ids, so
-    # calls recorded by a rollout that was cut off never mix with its rerun.
+    # calls recorded by a rollout that was cut off never mix with its rerun. The ids hold the
+    # seed, not the run directory's name: the proxy derives each call's sampling seed from the
+    # session id, so the same --seed samples the same tokens in any run directory.
     jobs = claw_bench.plan_jobs(
         tasks,
         harnesses,
         samples=args.rollouts,
         proxy_url=proxy_url,
         secret=secret,
-        run_id=f"{run.name}-s{step}-a{attempt}",
+        run_id=f"seed{args.seed}-s{step}-a{attempt}",
         group_by=args.group_by,
     )
     todo = [
@@ -215,7 +217,11 @@ def rollouts(
         log(f"step {step}: running {len(todo)} rollouts ({len(done)} already done)")
         claw_sandbox.run_jobs(todo, backend=args.backend, parallel=args.parallel, out=runs_path)
     runs = read_jsonl(runs_path)
-    outcomes = claw_bench.score_runs(runs)
+    # runs.jsonl is in finishing order, which concurrency decides; the outcomes are not
+    outcomes = sorted(
+        claw_bench.score_runs(runs),
+        key=lambda o: (o.get("task", ""), o.get("harness", ""), o.get("sample", -1)),
+    )
     (d / "outcomes.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outcomes))
     return outcomes
 
@@ -245,7 +251,7 @@ def train_step(args, learner, run: Path, step: int, outcomes: list[dict], log) -
 
 def summarise(step: int, outcomes: list[dict], trained: dict, policy: dict, seconds: float) -> dict:
     per_harness: dict[str, list[dict]] = {}
-    for o in outcomes:
+    for o in sorted(outcomes, key=lambda o: o.get("harness", "")):
         per_harness.setdefault(o["harness"], []).append(o)
     ok = lambda rows: [o for o in rows if o["status"] == "ok"]  # noqa: E731
     row = {
@@ -324,6 +330,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         policy_name="policy",
         max_tokens_cap=args.max_new_tokens,
         default_max_tokens=args.max_new_tokens,
+        seed=args.seed,  # each call samples with a seed of its own: reruns draw the same tokens
     )
     with (
         claw_proxy.ProxyServer(config) as proxy,

@@ -270,3 +270,47 @@ def test_sampling_record_shape_and_reader_checks():
     ):
         with pytest.raises(RecordError, match=field):
             Call.from_dict({**base, "sampling": sampling}, "calls.jsonl:3")
+
+
+def _calls_of(tmp_path, name: str, seed: int | None, sessions: list[str]) -> dict[str, Call]:
+    """One fresh server (seed `seed`) answering one request per session, all at once; the
+    record of each session's call."""
+    import concurrent.futures
+
+    record = tmp_path / f"{name}.jsonl"
+    cfg = ProxyConfig(
+        engine=f"transformers:{TINY}", secret=SECRET, record=str(record), seed=seed, batch_wait=0.05
+    )
+    with ProxyServer(cfg) as srv:
+
+        def ask(session: str) -> None:
+            body = {"model": "m", "messages": MSGS, "max_tokens": 16}
+            headers = {"authorization": f"Bearer {token(session)}"}
+            r = httpx.post(
+                srv.url + "/v1/chat/completions", json=body, headers=headers, timeout=120
+            )
+            assert r.status_code == 200, r.text
+
+        with concurrent.futures.ThreadPoolExecutor(len(sessions)) as pool:
+            list(pool.map(ask, sessions))
+    return {c.session: c for c in read_calls(str(record))}
+
+
+def test_proxy_seed_gives_each_call_its_own_reproducible_draws(tmp_path):
+    """Under `seed`, a call without a request seed samples with call_seed(seed, session, seq),
+    recorded as sampling.seed: the same session draws the same tokens alone or batched beside
+    other sessions (arrival order does not matter); another seed draws others; no seed: null."""
+    from claw_proxy.config import call_seed
+
+    alone = _calls_of(tmp_path, "alone", 5, ["a"])
+    crowd = _calls_of(tmp_path, "crowd", 5, ["c", "b", "a", "d"])
+    other = _calls_of(tmp_path, "other", 6, ["a"])
+    unseeded = _calls_of(tmp_path, "unseeded", None, ["a"])
+    assert alone["a"].sampling["seed"] == crowd["a"].sampling["seed"] == call_seed(5, "a", 0)
+    assert call_seed(5, "a", 0) != call_seed(5, "a", 1) != call_seed(5, "b", 1)
+    assert 0 <= call_seed(5, "a", 0) < 2**63
+    assert alone["a"].completion_ids == crowd["a"].completion_ids
+    assert _max_diff(alone["a"].completion_logprobs, crowd["a"].completion_logprobs) < 1e-5
+    assert len({tuple(crowd[s].completion_ids) for s in "abcd"}) == 4  # sessions draw apart
+    assert other["a"].completion_ids != alone["a"].completion_ids
+    assert unseeded["a"].sampling["seed"] is None

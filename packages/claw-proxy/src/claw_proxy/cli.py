@@ -169,6 +169,14 @@ def main() -> None:
     "hold the settings used and the logprobs of the distribution sampled from",
 )
 @click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="a call whose request gives no seed samples with a seed derived from this one, its "
+    "session and its seq (recorded as sampling.seed): a rerun draws the same tokens whatever "
+    "order concurrent calls arrive in. Default: fresh random numbers",
+)
+@click.option(
     "--max-prompt-tokens",
     default=262144,
     show_default=True,
@@ -241,6 +249,7 @@ def serve(
     batch_wait,
     vllm_reload_method,
     sampling,
+    seed,
     max_prompt_tokens,
     prefix_cache_bytes,
     cpu_workers,
@@ -288,6 +297,7 @@ def serve(
             batch_wait=batch_wait,
             vllm_reload_method=vllm_reload_method,
             sampling=sampling,
+            seed=seed,
             max_prompt_tokens=max_prompt_tokens,
             prefix_cache_bytes=prefix_cache_bytes,
             cpu_workers=cpu_workers,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import attrs
@@ -58,6 +59,9 @@ class ProxyConfig:
     sampling: str = "force"  # force: T 1, top_p 1, no top_k for every call; honor: the request's
     max_temperature: float = 2.0  # honor: cap on a request's temperature
     default_temperature: float = 1.0  # honor: when a request does not say
+    seed: int | None = (
+        None  # a call whose request gives no seed samples with call_seed(seed, session, seq)
+    )
     session_concurrency: int = 8  # requests in flight per session; more get 429
     request_timeout: float = 600.0  # seconds for one generation
     record_max_bytes: int | None = None  # shard the records by size
@@ -106,6 +110,15 @@ class ProxyConfig:
 
         if self.parser not in PARSERS:
             raise ConfigError(f"unknown tool-call parser {self.parser!r}; known: {sorted(PARSERS)}")
+
+
+def call_seed(seed: int, session: str, seq: int) -> int:
+    """The sampling seed of call `seq` of `session` under the proxy's `seed`: a fixed function of
+    the three, so a call draws the same random numbers whichever calls run beside it or arrive
+    first (concurrent rollouts share one engine; a shared generator would hand out its numbers
+    in arrival order). 63 bits, valid for torch.Generator.manual_seed and vLLM."""
+    digest = hashlib.sha256(f"{seed}\x00{session}\x00{seq}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def resolve_sampling(config: ProxyConfig, asked) -> tuple[float, float, int, bool]:

@@ -24,7 +24,7 @@ from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy._call import ClosingStream, Run, extra, iterate
 from claw_proxy._jsonbody import loads, read_limited
 from claw_proxy._responses import error_response
-from claw_proxy.config import ProxyConfig, resolve_sampling, split_spec
+from claw_proxy.config import ProxyConfig, call_seed, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
 from claw_proxy.errors import (
     AuthError,
@@ -274,6 +274,8 @@ class Proxy:
             state.in_flight -= 1
             raise
         seq, state.seq = state.seq, state.seq + 1
+        if gen_req.seed is None and self.config.seed is not None:  # recorded as sampling.seed
+            gen_req = attrs.evolve(gen_req, seed=call_seed(self.config.seed, session, seq))
         call_id = f"call-{uuid.uuid4().hex}"
         resp_id = {
             "anthropic.messages": "msg_",
