@@ -1,5 +1,9 @@
 """One frozen config class per algorithm; each field is a CLI flag and a TOML key.
 
+The fields every learner shares are declared once: :class:`TrainConfig` (optimizer, batching,
+diagnostics, runtime) and :class:`RLConfig` (clipped surrogate, entropy, training-inference
+correction); :class:`GRPOConfig` and :class:`PPOConfig` add only their own.
+
 There is no temperature setting: the learner takes each token's logprob under the sampling
 settings recorded with it (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``).
 
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import attrs
 
@@ -24,36 +28,17 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
 
 IS_CHOICES = ("tis", "mis_token", "mis_sequence", "none")
 KL_CHOICES = ("k3", "k2")
-
-
-def _common_checks(c: Any) -> None:
-    if c.is_correction not in IS_CHOICES:
-        raise ConfigError(
-            f"is_correction = {c.is_correction!r}; choose one of {', '.join(IS_CHOICES)}"
-        )
-    if c.dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype = {c.dtype!r}; choose float32, bfloat16 or float16")
-    for name in ("lr", "is_cap", "micro_batch_size", "epochs", "minibatches"):
-        if getattr(c, name) <= 0:
-            raise ConfigError(f"{name} = {getattr(c, name)!r} must be > 0")
-    if not 0 < c.is_min <= 1 <= c.is_cap:
-        raise ConfigError(
-            f"need 0 < is_min <= 1 <= is_cap, got is_min={c.is_min}, is_cap={c.is_cap}"
-        )
-    if c.clip_eps_low < 0 or c.clip_eps_high < 0:
-        raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
-    if c.parallelism not in ("ddp", "fsdp"):
-        raise ConfigError(f"parallelism = {c.parallelism!r}; choose ddp or fsdp")
-    if not c.mis_seq_tol > 0:
-        raise ConfigError(f"mis_seq_tol = {c.mis_seq_tol!r} must be > 0")
+AGG_CHOICES = ("weights", "token_mean", "constant")
 
 
 @attrs.frozen(kw_only=True)
-class GRPOConfig:
-    """Critic-free learner: clipped policy gradient with the samples' advantages and weights."""
+class TrainConfig:
+    """Fields every learner shares: optimizer, batching, data diagnostics and runtime."""
+
+    algo: ClassVar[str] = ""
 
     name: str = _f("policy", "policy name written into claw.policy/v1 records")
-    lr: float = _f(1e-6, "AdamW learning rate")
+    lr: float = _f(1e-6, "AdamW learning rate (of the policy; PPO's critic has critic_lr)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.999, "AdamW beta2")
@@ -62,13 +47,85 @@ class GRPOConfig:
     epochs: int = _f(1, "passes over each batch (PPO epochs)")
     minibatches: int = _f(1, "optimizer steps per epoch; the batch's samples are split evenly")
     micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
+    mismatch_threshold: float = _f(
+        0.1, "report the fraction of tokens with |logprob diff| above this"
+    )
+    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
+    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
+    dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
+    seed: int = _f(0, "seed for minibatch shuffling and initialisation (PPO: the value head)")
+    parallelism: str = _f(
+        "ddp",
+        "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
+        "gradients and optimizer state sharded with FSDP2)",
+        ("ddp", "fsdp"),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype = {self.dtype!r}; choose float32, bfloat16 or float16")
+        for name in ("lr", "micro_batch_size", "epochs", "minibatches"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} = {getattr(self, name)!r} must be > 0")
+        if self.parallelism not in ("ddp", "fsdp"):
+            raise ConfigError(f"parallelism = {self.parallelism!r}; choose ddp or fsdp")
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config") -> Self:
+        return _from_dict(cls, d, where)
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class RLConfig(TrainConfig):
+    """What GRPO and PPO add to :class:`TrainConfig`: the clipped surrogate, the entropy bonus
+    and the training-inference correction."""
+
     clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
     clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high (DAPO clip-higher: 0.28)")
+    entropy_coef: float = _f(0.0, "entropy bonus weight")
+    is_correction: str = _f(
+        "tis", "training-inference correction: tis, mis_token, mis_sequence, none", IS_CHOICES
+    )
+    is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
+    is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
+    mis_seq_tol: float = _f(
+        0.01,
+        "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
+        "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.is_correction not in IS_CHOICES:
+            raise ConfigError(
+                f"is_correction = {self.is_correction!r}; choose one of {', '.join(IS_CHOICES)}"
+            )
+        if self.is_cap <= 0:
+            raise ConfigError(f"is_cap = {self.is_cap!r} must be > 0")
+        if not 0 < self.is_min <= 1 <= self.is_cap:
+            raise ConfigError(
+                f"need 0 < is_min <= 1 <= is_cap, got is_min={self.is_min}, is_cap={self.is_cap}"
+            )
+        if self.clip_eps_low < 0 or self.clip_eps_high < 0:
+            raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
+        if not self.mis_seq_tol > 0:
+            raise ConfigError(f"mis_seq_tol = {self.mis_seq_tol!r} must be > 0")
+
+
+@attrs.frozen(kw_only=True)
+class GRPOConfig(RLConfig):
+    """Critic-free learner: clipped policy gradient with the samples' advantages and weights."""
+
+    algo: ClassVar[str] = "grpo"
+
     loss_agg: str = _f(
         "weights",
         "token loss aggregation: weights (claw-tree loss weights, exact "
         "per-trajectory mean), token_mean (DAPO), constant (Dr. GRPO)",
-        ("weights", "token_mean", "constant"),
+        AGG_CHOICES,
     )
     constant_len: int = _f(1024, "Dr. GRPO's fixed length for loss_agg=constant")
     kl_coef: float = _f(
@@ -84,34 +141,10 @@ class GRPOConfig:
     ref_model: str = _f(
         "", "reference model directory for the KL term (default: the initial model)"
     )
-    entropy_coef: float = _f(0.0, "entropy bonus weight")
-    is_correction: str = _f(
-        "tis", "training-inference correction: tis, mis_token, mis_sequence, none", IS_CHOICES
-    )
-    is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
-    is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
-    mis_seq_tol: float = _f(
-        0.01,
-        "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
-        "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])",
-    )
-    mismatch_threshold: float = _f(
-        0.1, "report the fraction of tokens with |logprob diff| above this"
-    )
-    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
-    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
-    dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
-    seed: int = _f(0, "seed for minibatch shuffling and initialisation")
-    parallelism: str = _f(
-        "ddp",
-        "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
-        "gradients and optimizer state sharded with FSDP2)",
-        ("ddp", "fsdp"),
-    )
 
     def __attrs_post_init__(self) -> None:
-        _common_checks(self)
-        if self.loss_agg not in ("weights", "token_mean", "constant"):
+        super().__attrs_post_init__()
+        if self.loss_agg not in AGG_CHOICES:
             raise ConfigError(
                 f"loss_agg = {self.loss_agg!r}; choose weights, token_mean or constant"
             )
@@ -125,32 +158,17 @@ class GRPOConfig:
                 f"kl_estimator = {self.kl_estimator!r}; choose {' or '.join(KL_CHOICES)}"
             )
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "config") -> GRPOConfig:
-        return _from_dict(cls, d, where)
-
-    def to_dict(self) -> dict:
-        return attrs.asdict(self)
-
 
 @attrs.frozen(kw_only=True)
-class PPOConfig:
+class PPOConfig(RLConfig):
     """PPO with a critic: clipped policy loss on the samples' advantages plus a clipped value
     loss on their returns. The critic is a value head on the policy or a separate model."""
 
-    name: str = _f("policy", "policy name written into claw.policy/v1 records")
-    lr: float = _f(1e-6, "AdamW learning rate of the policy")
-    critic_lr: float = _f(1e-5, "AdamW learning rate of the value head / critic model")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    adam_beta1: float = _f(0.9, "AdamW beta1")
-    adam_beta2: float = _f(0.999, "AdamW beta2")
-    adam_eps: float = _f(1e-8, "AdamW epsilon")
-    max_grad_norm: float = _f(1.0, "clip the global gradient norm to this (0 = no clipping)")
-    epochs: int = _f(2, "PPO epochs over each batch")
+    algo: ClassVar[str] = "ppo"
+
+    epochs: int = _f(2, "passes over each batch (PPO epochs)")
     minibatches: int = _f(2, "optimizer steps per epoch; the batch's samples are split evenly")
-    micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
-    clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
-    clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high")
+    critic_lr: float = _f(1e-5, "AdamW learning rate of the value head / critic model")
     critic: str = _f(
         "head",
         "critic kind: head (value head on the policy) or model (separate model)",
@@ -170,33 +188,9 @@ class PPOConfig:
     )
     vf_coef: float = _f(0.5, "weight of the value loss")
     value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
-    entropy_coef: float = _f(0.0, "entropy bonus weight")
-    is_correction: str = _f(
-        "tis", "training-inference correction: tis, mis_token, mis_sequence, none", IS_CHOICES
-    )
-    is_cap: float = _f(2.0, "TIS truncation C / MIS upper bound on pi_old / pi_engine")
-    is_min: float = _f(0.5, "MIS lower bound on pi_old / pi_engine")
-    mis_seq_tol: float = _f(
-        0.01,
-        "mis_sequence keeps a path when its geometric-mean pi_old / pi_engine "
-        "lies in [exp(-tol), exp(tol)] (0.01: [0.990, 1.010])",
-    )
-    mismatch_threshold: float = _f(
-        0.1, "report the fraction of tokens with |logprob diff| above this"
-    )
-    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
-    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
-    dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
-    seed: int = _f(0, "seed for minibatch shuffling and the value head")
-    parallelism: str = _f(
-        "ddp",
-        "under torchrun: ddp (whole model on every rank) or fsdp (parameters, "
-        "gradients and optimizer state sharded with FSDP2)",
-        ("ddp", "fsdp"),
-    )
 
     def __attrs_post_init__(self) -> None:
-        _common_checks(self)
+        super().__attrs_post_init__()
         if self.critic not in ("head", "model"):
             raise ConfigError(f"critic = {self.critic!r}; choose head or model")
         if self.critic_lr <= 0:
@@ -204,15 +198,8 @@ class PPOConfig:
         if self.whiten_std_floor < 0:
             raise ConfigError(f"whiten_std_floor = {self.whiten_std_floor!r} must be >= 0")
 
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "config") -> PPOConfig:
-        return _from_dict(cls, d, where)
 
-    def to_dict(self) -> dict:
-        return attrs.asdict(self)
-
-
-CONFIGS = {"grpo": GRPOConfig, "ppo": PPOConfig}
+CONFIGS: dict[str, type[TrainConfig]] = {"grpo": GRPOConfig, "ppo": PPOConfig}
 
 
 def _from_dict(cls: type, d: dict, where: str) -> Any:
@@ -252,7 +239,7 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from exc
 
 
-def dump_toml(config: GRPOConfig | PPOConfig, algo: str) -> str:
+def dump_toml(config: TrainConfig, algo: str) -> str:
     """The resolved config as TOML, each key with its help as a comment."""
     lines = [f"# resolved claw-rl config (algo = {algo})", f"[{algo}]"]
     for f in attrs.fields(type(config)):
