@@ -88,6 +88,16 @@ def routes(proxy) -> list[Route]:
         except ClawError as e:
             return _err(e)
 
+    async def rotate(request):
+        """Close the open record shard: {"closed": [paths], "lines": n, "next": path}."""
+        try:
+            proxy._check_admin(request)
+            if proxy.writer is None:
+                raise RequestError("this proxy records nothing (start it with --record FILE)")
+            return JSONResponse({"ok": True, **proxy.writer.rotate()})
+        except ClawError as e:
+            return _err(e)
+
     async def close(request):
         try:
             proxy._check_admin(request)
@@ -158,6 +168,7 @@ def routes(proxy) -> list[Route]:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/admin/policy", policy, methods=["POST"]),
+        Route("/admin/rotate", rotate, methods=["POST"]),
         Route("/admin/sessions/{session}/close", close, methods=["POST"]),
         Route("/admin/sessions/{session}", session, methods=["GET", "POST"]),
         Route("/admin/stats", stats, methods=["GET"]),

@@ -3,8 +3,9 @@
 `CallWriter` appends one line per answered call with a single `write` on an append-only file
 and flushes it before the answer is completed, so a crash (even kill -9) never loses a call
 whose answer the harness received and never leaves half a line. With `max_bytes` the records
-shard by size: ``calls.jsonl``, then ``calls.00001.jsonl``, ``calls.00002.jsonl``...
-`read_calls` and `follow_calls` read such a series in order, the latter while it grows.
+shard by size: ``calls.jsonl``, then ``calls.00001.jsonl``, ``calls.00002.jsonl``...; `rotate`
+(``POST /admin/rotate``) closes the open shard on demand, so a training step reads only the
+shards closed since the previous step. `read_calls` and `follow_calls` read such a series in order, the latter while it grows.
 
 Reader kinds (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
 `Call.from_dict` (so `read_calls` / `follow_calls`) and `Policy.from_dict` are *strict*: they
@@ -304,6 +305,8 @@ class CallWriter:
         except OSError as e:
             raise RecordError(f"{self.path}: cannot append records here: {e.strerror}") from None
         self.written = 0
+        self._lines = _count_lines(shard_path(self.path, self._index))  # in the open shard
+        self._closed: list[tuple[Path, int]] = []  # shards closed by size since the last rotate
 
     def _open(self) -> int:
         return os.open(
@@ -324,9 +327,7 @@ class CallWriter:
         with self._lock:
             size = os.fstat(self._fd).st_size if self.max_bytes else 0
             if self.max_bytes and size > 0 and size + len(data) > self.max_bytes:
-                os.close(self._fd)
-                self._index += 1
-                self._fd = self._open()
+                self._next_shard()
             view = memoryview(data)
             while view:
                 n = os.write(self._fd, view)
@@ -334,12 +335,48 @@ class CallWriter:
             if self.fsync:
                 os.fsync(self._fd)
             self.written += 1
+            self._lines += 1
+
+    def _next_shard(self) -> None:
+        """Close the open shard and open the next one (the lock is held)."""
+        os.close(self._fd)
+        self._closed.append((shard_path(self.path, self._index), self._lines))
+        self._index += 1
+        self._lines = 0
+        self._fd = self._open()
+
+    def rotate(self) -> dict:
+        """Close the open shard and start the next one; return what was closed since the last
+        rotation (or since this writer opened): ``{"closed": [paths], "lines": n, "next": path}``.
+
+        A record is written whole, under the lock, to exactly one shard, so a call answered
+        before the rotation is in a closed shard and one answered after it is in `next`: a
+        reader of each rotation's `closed` shards sees every call once. `--record-max-bytes`
+        may have closed several shards since the last rotation; all of them are listed."""
+        with self._lock:
+            if self._fd < 0:
+                raise RecordError(f"{self.path}: the record writer is closed")
+            self._next_shard()
+            closed, self._closed = self._closed, []
+            return {
+                "closed": [str(p) for p, _ in closed],
+                "lines": sum(n for _, n in closed),
+                "next": str(shard_path(self.path, self._index)),
+            }
 
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
 
 
 _HEAD = re.compile(rb'"session":"((?:[^"\\]|\\.)*)","seq":(\d+)[,}]')
