@@ -207,3 +207,16 @@ def test_bad_line_fails_with_location_and_skip_invalid_reports(tmp_path):
     assert result.exit_code == 0
     assert "skipped 1 invalid call line(s)" in result.stderr
     assert json.loads(result.stdout)["calls"] == 5
+
+
+def test_stats_counts_every_shard_of_a_record_series(tmp_path):
+    """`claw-tree stats calls.jsonl` counts the calls of calls.00001.jsonl too."""
+    import json
+
+    from tree_testlib import call
+
+    (tmp_path / "calls.jsonl").write_text(json.dumps(call("s", 0, [1], [2])) + "\n")
+    (tmp_path / "calls.00001.jsonl").write_text(json.dumps(call("s", 1, [1, 2], [3])) + "\n")
+    result = CliRunner().invoke(main, ["stats", "--json", str(tmp_path / "calls.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["calls"] == 2

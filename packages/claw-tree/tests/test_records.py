@@ -150,3 +150,21 @@ def test_sampling_is_read_with_defaults_and_round_trips():
     greedy = Call.from_dict({**call("s", 0, [1], [2]), "sampling": {"temperature": 0}})
     assert (greedy.temperature, greedy.top_p, greedy.top_k) == (0.0, 1.0, 0)
     assert not hot.same_content(plain)
+
+
+def test_a_sharded_record_series_is_read_whole_and_in_order(tmp_path):
+    """read_calls on `calls.jsonl` reads its shards `calls.00001.jsonl`, ... in index order up to
+    the first missing one (not the first file alone); a shard's own path reads that shard; an
+    error in a later shard names that shard's file and line."""
+    _write(tmp_path, [call("s", 0, [1], [2])])
+    _write(tmp_path, [call("s", 1, [1, 2], [3]), call("t", 0, [5], [6])], "calls.00001.jsonl")
+    _write(tmp_path, [call("s", 2, [1, 2, 3], [4])], "calls.00002.jsonl")
+    _write(tmp_path, [call("u", 0, [7], [8])], "calls.00004.jsonl")  # after a gap: not in it
+    got = read_calls(tmp_path / "calls.jsonl").records
+    assert [(c.session, c.seq) for c in got] == [("s", 0), ("s", 1), ("t", 0), ("s", 2)]
+    alone = read_calls(tmp_path / "calls.00001.jsonl").records
+    assert [(c.session, c.seq) for c in alone] == [("s", 1), ("t", 0)]
+    _write(tmp_path, [call("s", 2, [1, 2, 3], [4]), "{oops"], "calls.00002.jsonl")
+    with pytest.raises(RecordError, match=r"calls\.00002\.jsonl:2: not JSON"):
+        read_calls(tmp_path / "calls.jsonl")
+    assert len(read_calls(tmp_path / "calls.jsonl", skip_invalid=True).records) == 4

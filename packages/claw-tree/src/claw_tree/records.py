@@ -389,9 +389,21 @@ class ReadResult:
     skipped: list[str] = attrs.field(factory=list)
 
 
-def iter_jsonl(source: str | Path | IO[str] | Iterable[Any]) -> Iterator[tuple[str, Any]]:
+def shard_path(path: Path, index: int) -> Path:
+    """The `index`-th shard of a record series (0 is `path` itself; docs/formats.md, Record
+    shards): ``calls.jsonl``, ``calls.00001.jsonl``, ``calls.00002.jsonl``, ..."""
+    if index == 0:
+        return path
+    return path.with_name(f"{path.stem}.{index:05d}{path.suffix}")
+
+
+def iter_jsonl(
+    source: str | Path | IO[str] | Iterable[Any], *, shards: bool = False
+) -> Iterator[tuple[str, Any]]:
     """Yield ``(where, row)`` per line of a JSONL path, ``-`` (stdin), text stream or row iterable.
 
+    With ``shards=True`` a path is read as a record series: the file, then its shards
+    ``<stem>.00001<suffix>``, ``<stem>.00002<suffix>``, ... up to the first missing index.
     Lines that are not JSON yield a :class:`RecordError` instance as the row so that the caller
     decides whether to raise or skip. Blank lines are ignored.
     """
@@ -402,8 +414,12 @@ def iter_jsonl(source: str | Path | IO[str] | Iterable[Any]) -> Iterator[tuple[s
         path = Path(source)
         if not path.exists():
             raise RecordError(f"{path}: no such file")
-        with path.open(encoding="utf-8") as fh:
-            yield from _iter_lines(fh, str(path))
+        index = 0
+        while index == 0 or (shards and shard_path(path, index).exists()):
+            part = shard_path(path, index)
+            with part.open(encoding="utf-8") as fh:
+                yield from _iter_lines(fh, str(part))
+            index += 1
     elif hasattr(source, "read"):
         yield from _iter_lines(source, getattr(source, "name", "<stream>"))  # type: ignore[arg-type]
     else:
@@ -433,11 +449,13 @@ def read_records(
     parse: Callable[[Any, str], T],
     *,
     skip_invalid: bool = False,
+    shards: bool = False,
 ) -> ReadResult:
-    """Parse every row of ``source`` with ``parse(row, where)``; raise or count invalid rows."""
+    """Parse every row of ``source`` with ``parse(row, where)``; raise or count invalid rows
+    (``shards``: a path is a record series, see :func:`iter_jsonl`)."""
     records: list[Any] = []
     skipped: list[str] = []
-    for where, row in iter_jsonl(source):
+    for where, row in iter_jsonl(source, shards=shards):
         try:
             if isinstance(row, RecordError):
                 raise row
@@ -450,8 +468,10 @@ def read_records(
 
 
 def read_calls(source: Any, *, skip_invalid: bool = False) -> ReadResult:
-    """Read `claw.call/v1` records (see :func:`read_records`)."""
-    return read_records(source, Call.from_dict, skip_invalid=skip_invalid)
+    """Read `claw.call/v1` records (see :func:`read_records`). A path is read with every shard
+    of its series (``calls.jsonl``, ``calls.00001.jsonl``, ...), in order; pass one shard's
+    own path (e.g. the one ``POST /admin/rotate`` closed) to read that shard alone."""
+    return read_records(source, Call.from_dict, skip_invalid=skip_invalid, shards=True)
 
 
 def read_outcomes(source: Any, *, skip_invalid: bool = False) -> ReadResult:
