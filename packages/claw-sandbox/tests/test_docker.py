@@ -212,3 +212,14 @@ def test_harbor_job_on_docker(docker_backend, tmp_path):
         runs["hbslow"]["status"] == "timeout" and runs["hbslow"]["verify"]["exit_code"] is not None
     )
     assert runs["hbslow"]["collected"]["/logs/agent/started"] == "started\n"
+
+
+def test_steps_on_docker(docker_backend, tmp_path):
+    """Steps on docker: one trial container for all of them, /tests copied in for each verify
+    only, step files copied into the workdir, a reward under min_reward ends the steps."""
+    from test_steps import check_gated_run, check_steps_run, steps_job
+
+    jobs = [steps_job("s3d", image=IMAGE), steps_job("gatedd", image=IMAGE, second_line="no\n")]
+    runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, workdir=tmp_path)}
+    check_steps_run(runs["s3d"])
+    check_gated_run(runs["gatedd"])

@@ -10,7 +10,8 @@ from sandbox_testlib import job
 AGENT = (
     "echo solved > /app/out.txt; mkdir -p /root; echo changed > /root/elsewhere.txt; "
     "ls /tests > /logs/agent/tests_seen 2>/dev/null; id -u > /logs/agent/uid; pwd > /logs/agent/pwd; "
-    "cat /solution/helper.txt > /logs/agent/helper"
+    "cat /solution/helper.txt > /logs/agent/helper; "
+    "if [ -e /tests ]; then echo present; else echo absent; fi > /logs/agent/tests_exists"
 )
 TEST = (
     "cd /tmp || exit 1\n"
@@ -38,6 +39,7 @@ def check_harbor_run(run: dict) -> None:
     assert c["/logs/verifier/reward.txt"] == "1\n" and c["out.txt"] == "solved\n"
     assert c["/logs/agent/uid"] == "0\n" and c["/logs/agent/pwd"] == "/app\n"
     assert c.get("/logs/agent/tests_seen", "") == ""  # /tests holds nothing before verify
+    assert c["/logs/agent/tests_exists"] == "absent\n"  # nor is it there at all (as in Harbor)
     assert c["/logs/agent/helper"] == "sibling\n"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from claw_sandbox import _fsat, _leftovers
 from claw_sandbox.backends.base import Backend, Sandbox
 from claw_sandbox.errors import InfraError, JobError
-from claw_sandbox.records import Job, Run, VerifyResult
+from claw_sandbox.records import Job, Run, Verify, VerifyResult
 from claw_sandbox.workspace import collect, parse_reward, read_file
 
 
@@ -130,6 +130,8 @@ async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
                 r.stdout,
                 r.stderr,
             )
+    if job.steps:
+        return await _run_steps(job, sandbox)
     r = await sandbox.run(job.command, timeout_s=max(0.001, deadline - time.monotonic()))
     fields: dict = {
         "status": "timeout" if r.timed_out else "ok",
@@ -142,15 +144,105 @@ async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
     return fields, r.stdout, r.stderr
 
 
-async def _verify(job: Job, sandbox: Sandbox) -> VerifyResult:
-    assert job.verify is not None
-    await asyncio.to_thread(sandbox.place_verify_files)
-    r = await sandbox.run(job.verify.command, timeout_s=job.verify.timeout_s, merge_stderr=True)
+#: how much of each step's output its record in the run keeps (the run's tails are the last step's)
+STEP_TAIL_CHARS = 2000
+NOT_STARTED_EXITS = (126, 127)
+
+
+def step_rewards(v: VerifyResult) -> dict[str, float]:
+    """A verified step's named rewards, as Harbor gates them: the reward file's keys when it held
+    an object, else {"reward": reward}."""
+    subs = {
+        k: float(x)
+        for k, x in v.details.items()
+        if isinstance(x, int | float) and not isinstance(x, bool)
+    }
+    if subs:
+        return subs
+    return {"reward": float(v.reward)} if v.reward is not None else {}
+
+
+def gate_met(min_reward: float | dict[str, float], rewards: dict[str, float]) -> bool:
+    """Harbor's `min_reward`: a number gates the ``reward`` key, an object each of its keys; a
+    missing key counts as -inf."""
+    gates = {"reward": min_reward} if isinstance(min_reward, float) else min_reward
+    return all(rewards.get(k, float("-inf")) >= g for k, g in gates.items())
+
+
+async def _run_steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
+    """A job's `steps`, in order in its one sandbox: each step's files and mounts, setup, command
+    and verify; a step whose reward misses its `min_reward` (or whose setup fails) ends them."""
+    records: list[dict] = []
+    out = err = ""
+    status, exit_code, error = "ok", None, None
+    last_verify: VerifyResult | None = None
+    for i, step in enumerate(job.steps):
+        t0 = time.monotonic()
+        rec: dict = {"name": step.name, "status": "ok", "exit_code": None, "verify": None}
+        records.append(rec)
+        await asyncio.to_thread(sandbox.begin_step, step, i)
+        deadline = t0 + step.timeout_s
+        failed = None
+        for k, cmd in enumerate(step.setup, start=1):
+            r = await sandbox.run(cmd, timeout_s=max(0.001, deadline - time.monotonic()))
+            if r.timed_out or r.exit_code != 0:
+                tail = r.stderr.strip().splitlines()[-1:] or r.stdout.strip().splitlines()[-1:]
+                failed = (
+                    f"step {step.name!r}: setup {k} "
+                    + ("timed out" if r.timed_out else f"exited with {r.exit_code}")
+                    + (f": {tail[0]}" if tail else "")
+                )
+                out, err = r.stdout, r.stderr
+                break
+        if failed:
+            rec.update(status="error", error=failed)
+            status, error = "error", failed
+            break
+        r = await sandbox.run(step.command, timeout_s=max(0.001, deadline - time.monotonic()))
+        out, err = r.stdout, r.stderr
+        rec.update(
+            status="timeout" if r.timed_out else "ok",
+            exit_code=r.exit_code,
+            stdout_tail=r.stdout[-STEP_TAIL_CHARS:],
+            stderr_tail=r.stderr[-STEP_TAIL_CHARS:],
+        )
+        if r.timed_out:
+            rec["error"] = f"step {step.name!r}: command timed out after {step.timeout_s:g}s"
+            status, error = "timeout", rec["error"]
+        if exit_code is None or exit_code not in NOT_STARTED_EXITS:
+            exit_code = r.exit_code
+        if step.verify is not None:
+            v = await _verify(job, sandbox, step.verify)
+            rec["verify"] = v.to_dict()
+            last_verify = v
+            if step.min_reward is not None:
+                met = gate_met(step.min_reward, step_rewards(v))
+                rec["min_reward"] = {"threshold": step.min_reward, "met": met}
+                if not met:
+                    rec["duration_s"] = round(time.monotonic() - t0, 6)
+                    break
+            if i + 1 < len(job.steps):
+                await asyncio.to_thread(sandbox.end_verify)
+        rec["duration_s"] = round(time.monotonic() - t0, 6)
+    fields: dict = {"status": status, "exit_code": exit_code, "verify": None, "error": error}
+    if job.verify is not None and status != "error":
+        fields["verify"] = await _verify(job, sandbox, job.verify)
+    elif last_verify is not None:
+        fields["verify"] = last_verify  # readers that do not know `steps` see the last one
+    fields["steps"] = tuple(records)
+    return fields, out, err
+
+
+async def _verify(job: Job, sandbox: Sandbox, verify: Verify | None = None) -> VerifyResult:
+    verify = verify or job.verify
+    assert verify is not None
+    await asyncio.to_thread(sandbox.place_verify_files, verify)
+    r = await sandbox.run(verify.command, timeout_s=verify.timeout_s, merge_stderr=True)
     passed = r.exit_code == 0 and not r.timed_out
     reward, details = (1.0 if passed else 0.0), {}
-    if job.verify.reward_file:
+    if verify.reward_file:
         await sandbox.sync_out()
-        root, rel = sandbox.host_root(job.verify.reward_file) or (sandbox.workspace, "")
+        root, rel = sandbox.host_root(verify.reward_file) or (sandbox.workspace, "")
         try:  # no link is followed: a job-planted `reward -> /host/secret` is not read
             data: bytes | None = read_file(root, rel)
         except FileNotFoundError:

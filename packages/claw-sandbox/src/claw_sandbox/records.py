@@ -277,10 +277,102 @@ class Verify:
         )
 
 
+def _min_reward(value: Any, where: str, field: str) -> float | dict[str, float] | None:
+    """A step's gate: a number (on the step's ``reward``) or {key: number} (each key)."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if (
+        isinstance(value, dict)
+        and value
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value.values())
+    ):
+        return {str(k): float(v) for k, v in value.items()}
+    raise _fail(where, field, f"expected a number or an object of numbers, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Step:
+    """One of a job's `steps`: run in order in the job's one sandbox, each with its own files,
+    setup, command and (optional) verify; `min_reward` stops the steps after a low reward."""
+
+    name: str
+    command: Command
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    files: dict[str, str | bytes] = attrs.field(factory=dict)  # into the workspace, at its start
+    setup: tuple[Command, ...] = ()  # before the command; a failure ends the job as an error
+    mounts: tuple[Mount, ...] = ()  # refills targets of the job's `mounts` at the step's start
+    verify: Verify | None = None
+    min_reward: float | dict[str, float] | None = None
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, field: str, default_timeout: float) -> Step:
+        if not isinstance(d, dict):
+            raise _fail(where, field, "expected an object {name, command, ...}")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise _fail(where, f"{field}/name", "missing required field (a non-empty string)")
+        if "command" not in d:
+            raise _fail(where, f"{field}/command", "missing required field")
+        timeout = _get(d, "timeout_s", (int, float), where, f"{field}/timeout_s", default_timeout)
+        if timeout <= 0:
+            raise _fail(where, f"{field}/timeout_s", "must be > 0")
+        setup = _get(d, "setup", list, where, f"{field}/setup", [])
+        verify = d.get("verify")
+        if verify is not None and not isinstance(verify, dict):
+            raise _fail(where, f"{field}/verify", "expected an object or null")
+        try:
+            verify_rec = Verify.from_dict(verify, where) if verify is not None else None
+        except JobError as exc:  # name the step in the field path
+            raise JobError(str(exc).replace(": verify/", f": {field}/verify/", 1)) from None
+        return cls(
+            name=name,
+            command=_command(d["command"], where, f"{field}/command"),
+            timeout_s=float(timeout),
+            files=_files(d.get("files"), where, f"{field}/files"),
+            setup=tuple(_command(c, where, f"{field}/setup/{i}") for i, c in enumerate(setup)),
+            mounts=Mount.list_from(d.get("mounts"), where, f"{field}/mounts"),
+            verify=verify_rec,
+            min_reward=_min_reward(d.get("min_reward"), where, f"{field}/min_reward"),
+        )
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "command": list(self.command) if isinstance(self.command, tuple) else self.command,
+            "timeout_s": self.timeout_s,
+        }
+        if self.files:
+            d["files"] = _files_out(self.files)
+        if self.setup:
+            d["setup"] = [list(c) if isinstance(c, tuple) else c for c in self.setup]
+        if self.mounts:
+            d["mounts"] = [m.to_dict() for m in self.mounts]
+        if self.verify is not None:
+            d["verify"] = _verify_out(self.verify)
+        if self.min_reward is not None:
+            d["min_reward"] = self.min_reward
+        return d
+
+
+def _verify_out(verify: Verify) -> dict:
+    v = {
+        k: val for k, val in attrs.asdict(verify).items() if val not in (None, {}) and k != "mounts"
+    }
+    if isinstance(verify.command, tuple):
+        v["command"] = list(verify.command)
+    if verify.files:
+        v["files"] = _files_out(verify.files)
+    if verify.mounts:
+        v["mounts"] = [m.to_dict() for m in verify.mounts]
+    return v
+
+
 _JOB_FIELDS = {
     "schema", "job_id", "workspace", "image", "setup", "command", "env", "timeout_s",
     "limits", "network", "verify", "collect", "keep", "meta", "workdir", "profile", "mounts",
-    "image_run",
+    "image_run", "steps",
 }  # fmt: skip
 
 
@@ -312,8 +404,25 @@ class Job:
         str, ...
     ] = ()  # the image's RUN lines: a backend that does not build it skips them
 
+    #: run in order in place of `command` (after `setup`); `verify` then runs after the last
+    steps: tuple[Step, ...] = ()
+
+    def verifies(self) -> tuple[Verify, ...]:
+        """Every verify of the job: each step's, then the job's own."""
+        own = (self.verify,) if self.verify else ()
+        return (*(s.verify for s in self.steps if s.verify), *own)
+
     def mount_targets(self) -> tuple[str, ...]:
-        return tuple(m.target for m in (*self.mounts, *(self.verify.mounts if self.verify else ())))
+        """Every distinct mount target: the job's and its steps' mounts first, then the verify
+        mounts' (a target named twice is one directory)."""
+        ms = [*self.mounts, *(m for s in self.steps for m in s.mounts)]
+        ms += [m for v in self.verifies() for m in v.mounts]
+        return tuple(dict.fromkeys(m.target for m in ms))
+
+    def verify_only_targets(self) -> frozenset[str]:
+        """Mount targets that only verify steps see (absent while the command runs)."""
+        agent = {m.target for m in (*self.mounts, *(m for s in self.steps for m in s.mounts))}
+        return frozenset(t for t in self.mount_targets() if t not in agent)
 
     def place_of(self, path: str) -> tuple[int | None, str] | None:
         """Where an absolute path lives: (None, rel) in the workdir, (i, rel) in the i-th of
@@ -386,7 +495,32 @@ class Job:
         verify_rec = Verify.from_dict(verify, where) if verify is not None else None
         if verify_rec is not None and verify_rec.copy_from:
             verify_rec = attrs.evolve(verify_rec, copy_from=str(base / verify_rec.copy_from))
-        targets = [m.target for m in (*mounts, *(verify_rec.mounts if verify_rec else ()))]
+        steps_raw = _get(d, "steps", list, where, "steps", [])
+        steps = tuple(
+            Step.from_dict(s, where, f"steps/{i}", float(timeout)) for i, s in enumerate(steps_raw)
+        )
+        names = [s.name for s in steps]
+        if len(set(names)) != len(names):
+            raise _fail(where, "steps", f"step names repeat: {names}")
+        job_targets = {m.target for m in mounts}
+        for i, s in enumerate(steps):
+            for j, m in enumerate(s.mounts):
+                if m.target not in job_targets:
+                    raise _fail(
+                        where,
+                        f"steps/{i}/mounts/{j}/target",
+                        f"{m.target} is not a target of the job's mounts",
+                    )
+        targets = list(
+            dict.fromkeys(
+                m.target
+                for m in (
+                    *mounts,
+                    *(verify_rec.mounts if verify_rec else ()),
+                    *(m for s in steps for m in (*(s.verify.mounts if s.verify else ()),)),
+                )
+            )
+        )
         for i, t in enumerate(targets):
             for other in [*targets[:i], *([workdir] if workdir else [])]:
                 if is_under(t, other) or is_under(other, t):
@@ -412,6 +546,7 @@ class Job:
             profile=profile,
             mounts=mounts,
             image_run=tuple(image_run),
+            steps=steps,
         )._check_places(where)
 
     def _check_places(self, where: str) -> Job:
@@ -419,6 +554,9 @@ class Job:
         paths = [(f"collect/{i}", g) for i, g in enumerate(self.collect)]
         if self.verify is not None and self.verify.reward_file:
             paths.append(("verify/reward_file", self.verify.reward_file))
+        for i, s in enumerate(self.steps):
+            if s.verify is not None and s.verify.reward_file:
+                paths.append((f"steps/{i}/verify/reward_file", s.verify.reward_file))
         for field, p in paths:
             if p.startswith("/") and self.place_of(p) is None:
                 raise _fail(
@@ -444,16 +582,7 @@ class Job:
         d["limits"] = {k: v for k, v in attrs.asdict(self.limits).items() if v is not None}
         d["network"] = {k: v for k, v in attrs.asdict(self.network).items() if v is not None}
         if self.verify is not None:
-            v = {
-                k: val
-                for k, val in attrs.asdict(self.verify).items()
-                if val not in (None, {}) and k != "mounts"
-            }
-            if isinstance(self.verify.command, tuple):
-                v["command"] = list(self.verify.command)
-            if self.verify.files:
-                v["files"] = _files_out(self.verify.files)
-            d["verify"] = v
+            d["verify"] = _verify_out(self.verify)
         d["collect"] = list(self.collect)
         d["keep"] = self.keep
         d["meta"] = dict(self.meta)
@@ -465,8 +594,8 @@ class Job:
             d["mounts"] = [m.to_dict() for m in self.mounts]
         if self.image_run:
             d["image_run"] = list(self.image_run)
-        if self.verify is not None and self.verify.mounts:
-            d["verify"]["mounts"] = [m.to_dict() for m in self.verify.mounts]
+        if self.steps:
+            d["steps"] = [s.to_dict() for s in self.steps]
         return d
 
 
@@ -510,6 +639,7 @@ class Run:
     meta: dict = attrs.field(factory=dict)
     limits: dict = attrs.field(factory=dict)  # the bounds enforced (job's + backend defaults)
     image_run_skipped: tuple[str, ...] = ()  # the job's image_run lines this backend did not run
+    steps: tuple[dict, ...] = ()  # one {name, status, exit_code, verify, ...} per step that ran
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {
@@ -533,6 +663,8 @@ class Run:
             d["limits"] = dict(self.limits)
         if self.image_run_skipped:
             d["image_run_skipped"] = list(self.image_run_skipped)
+        if self.steps:
+            d["steps"] = [dict(s) for s in self.steps]
         return d
 
     @classmethod

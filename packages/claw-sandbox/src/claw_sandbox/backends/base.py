@@ -19,7 +19,7 @@ import attrs
 from claw_sandbox import _leftovers, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
-from claw_sandbox.records import Command, Job, Limits
+from claw_sandbox.records import Command, Job, Limits, Mount, Step, Verify
 from claw_sandbox.workspace import build_workspace, chown_tree, copy_into, safe_write
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -106,7 +106,9 @@ class Sandbox(abc.ABC):
             self.mount_dir(i).mkdir(parents=True)
         for i, m in enumerate(self.job.mounts):
             for rel, content in m.files.items():
-                safe_write(self.mount_dir(i), rel, content, f"job {self.job.job_id!r}: mounts/{i}")
+                safe_write(
+                    self.mount_of(m.target), rel, content, f"job {self.job.job_id!r}: mounts/{i}"
+                )
         if self.owner:
             chown_tree(self.workspace, *self.owner)
             chown_tree(self.tmp, *self.owner)
@@ -114,8 +116,40 @@ class Sandbox(abc.ABC):
                 chown_tree(self.jobdir / "mnt", *self.owner)
 
     def mount_dir(self, i: int) -> Path:
-        """The host directory of the i-th of the job's mounts + verify mounts."""
+        """The host directory of the i-th of the job's mount targets (`Job.mount_targets`)."""
         return self.jobdir / "mnt" / str(i)
+
+    def mount_of(self, target: str) -> Path:
+        """The host directory bound at a mount target."""
+        return self.mount_dir(self.job.mount_targets().index(target))
+
+    def _refill(self, mounts: tuple[Mount, ...], where: str) -> None:
+        """Empty each mount's directory (what the job put there goes; the directory, a bind
+        mount's source, stays) and write the mount's files into it."""
+        for i, m in enumerate(mounts):
+            d = self.mount_of(m.target)
+            for child in list(os.scandir(d)):
+                if child.is_dir(follow_symlinks=False):
+                    shutil.rmtree(child.path)  # follows no link
+                else:
+                    os.unlink(child.path)
+            for rel, content in m.files.items():
+                safe_write(d, rel, content, f"{where}/mounts/{i}")
+            if self.owner:
+                chown_tree(d, *self.owner)
+
+    def begin_step(self, step: Step, index: int) -> None:
+        """Before a step of `Job.steps`: its files into the workspace, its mounts refilled."""
+        where = f"job {self.job.job_id!r}: steps/{index}"
+        for rel, content in step.files.items():
+            safe_write(self.workspace, rel, content, f"{where}/files")
+        if self.owner and step.files:
+            chown_tree(self.workspace, *self.owner)
+        self._refill(step.mounts, where)
+
+    def end_verify(self) -> None:
+        """After a verify step that more steps follow: verify-only mounts go away again."""
+        return None
 
     def host_root(self, path: str) -> tuple[Path, str] | None:
         """(host directory, relative path) holding a job path (relative: the workspace; absolute:
@@ -131,9 +165,10 @@ class Sandbox(abc.ABC):
         workspace lives elsewhere, e.g. inside a container, copies it out)."""
         return None  # here the workspace is the host directory itself
 
-    def place_verify_files(self) -> None:
-        """Put the hidden verifier files into the workspace; only ever after the command ended."""
-        verify = self.job.verify
+    def place_verify_files(self, verify: Verify | None = None) -> None:
+        """Put the hidden verifier files into the workspace and its mounts (default: the job's
+        verify); only ever after the command ended."""
+        verify = verify or self.job.verify
         if verify is None:
             return
         where = f"job {self.job.job_id!r}: verify"
@@ -141,18 +176,7 @@ class Sandbox(abc.ABC):
             copy_into(verify.copy_from, self.workspace, where)
         for rel, text in verify.files.items():
             safe_write(self.workspace, rel, text, where)
-        first = len(self.job.mounts)
-        for i, m in enumerate(verify.mounts):
-            d = self.mount_dir(first + i)
-            for child in list(os.scandir(d)):  # what the job put there goes; the directory (a
-                if child.is_dir(follow_symlinks=False):  # bind mount's source) stays
-                    shutil.rmtree(child.path)  # follows no link
-                else:
-                    os.unlink(child.path)
-            for rel, content in m.files.items():
-                safe_write(d, rel, content, f"{where}/mounts/{i}")
-            if self.owner:
-                chown_tree(d, *self.owner)
+        self._refill(verify.mounts, where)
         if self.owner:
             chown_tree(self.workspace, *self.owner)
 

@@ -43,7 +43,7 @@ from claw_sandbox.backends.base import (
     venv_paths,
 )
 from claw_sandbox.errors import InfraError, JobError
-from claw_sandbox.records import Command, Job, Limits, parse_http_url
+from claw_sandbox.records import Command, Job, Limits, Verify, parse_http_url
 
 # what a job sees of the host: system directories read-only, nothing else (item: an allow-list,
 # so a stray secret or unix socket elsewhere on the host is out of reach)
@@ -135,9 +135,12 @@ class BwrapSandbox(Sandbox):
             disk=self.owner is not None and job.keep == "never" and _tmpfs.can_mount(),
         )  # fmt: skip
 
-    def place_verify_files(self) -> None:
-        super().place_verify_files()
+    def place_verify_files(self, verify: Verify | None = None) -> None:
+        super().place_verify_files(verify)
         self.verifying = True
+
+    def end_verify(self) -> None:
+        self.verifying = False
 
     def env(self) -> dict[str, str]:
         env = super().env()
@@ -174,9 +177,9 @@ class BwrapSandbox(Sandbox):
         binds = [(self.tmp, "/tmp"), (self.workspace, self.inside_workspace)]
         if harbor:
             binds.append((self.tmp / "home", "/root"))
-        n_job = len(job.mounts)
+        verify_only = job.verify_only_targets()
         for i, target in enumerate(job.mount_targets()):
-            if i < n_job or self.verifying:  # verify mounts appear for the verify step only
+            if target not in verify_only or self.verifying:  # verify mounts: verify steps only
                 binds.append((self.mount_dir(i), target))
         if (
             harbor

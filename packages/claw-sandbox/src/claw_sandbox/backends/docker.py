@@ -18,6 +18,7 @@ import contextlib
 import gc
 import io
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -34,7 +35,7 @@ from claw_sandbox import _forward, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
-from claw_sandbox.records import Command, Job, Limits, parse_http_url
+from claw_sandbox.records import Command, Job, Limits, Step, Verify, parse_http_url
 from claw_sandbox.workspace import copy_into
 
 WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
@@ -44,7 +45,9 @@ command, verify), started from the image with a `sleep infinity` under docker's 
 is a `docker exec` at the job's `workdir`, as the image's USER (root unless the Dockerfile says
 otherwise), with docker's default capabilities and a writable container filesystem. The job's
 files are copied into the workdir (not bind-mounted: the image's own files there stay); its
-mounts (/logs/..., /solution, /tests) are bind-mounted, verify mounts filled at verify time.
+mounts (/logs/..., /solution) are bind-mounted. Verify mounts (/tests) are not there while the
+command runs: they are copied into the container when its verify step starts and copied back
+out for reading (reward file, collect), as Harbor copies its tests in at verify time only.
 """
 
 
@@ -59,6 +62,7 @@ class DockerSandbox(Sandbox):
         self.relay: _forward.Relay | None = None
         self.image = job.image or backend.default_image
         self.container: Any = None  # the trial container of a `profile: "harbor"` job
+        self.placed: set[str] = set()  # verify-only mount targets now copied into the container
         self.forwarder: subprocess.Popen | None = None
         if job.profile == "harbor":
             self.owner = None  # root (or the image's USER) inside owns what it writes
@@ -86,8 +90,10 @@ class DockerSandbox(Sandbox):
         config["command"] = ["sleep", "infinity"]
         config["environment"] = self.env()
         volumes = {str(self.jobdir / "run"): {"bind": "/run/claw", "mode": "ro"}}
+        verify_only = self.job.verify_only_targets()
         for i, target in enumerate(self.job.mount_targets()):
-            volumes[str(self.mount_dir(i))] = {"bind": target, "mode": "rw"}
+            if target not in verify_only:  # those are copied in at verify time only
+                volumes[str(self.mount_dir(i))] = {"bind": target, "mode": "rw"}
         config["volumes"] = volumes
         return config
 
@@ -119,14 +125,80 @@ class DockerSandbox(Sandbox):
                 f"docker could not copy the workspace in: {exc.explanation or exc}"
             ) from exc
 
-    async def sync_out(self) -> None:
-        """Copy the trial container's workdir out when the job reads from it (collect, reward)."""
+    def place_verify_files(self, verify: Verify | None = None) -> None:
+        super().place_verify_files(verify)
         if self.job.profile != "harbor" or self.container is None:
             return
-        verify = self.job.verify
+        verify = verify or self.job.verify
+        if verify is None:
+            return
+        if verify.files or verify.copy_from:  # the hidden files the host workspace now holds
+            self._put_tree(self.workspace, self.inside_workspace)
+        verify_only = self.job.verify_only_targets()
+        for m in verify.mounts:
+            if m.target in verify_only:
+                self._sh(f"rm -rf {shlex.quote(m.target)} && mkdir -p {shlex.quote(m.target)}")
+                self._put_tree(self.mount_of(m.target), m.target)
+                self.placed.add(m.target)
+
+    def end_verify(self) -> None:
+        """The verify-only mounts leave the container again (copied out first, for reading)."""
+        if self.job.profile != "harbor" or self.container is None or not self.placed:
+            return
+        self._copy_placed_out()
+        self._sh("rm -rf " + " ".join(shlex.quote(t) for t in sorted(self.placed)))
+        self.placed.clear()
+
+    def begin_step(self, step: Step, index: int) -> None:
+        super().begin_step(step, index)
+        if self.job.profile == "harbor" and self.container is not None and step.files:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for rel in sorted(step.files):
+                    tar.add(self.workspace / rel, rel)
+            self._put(self.inside_workspace, buf.getvalue())
+
+    def _sh(self, script: str) -> None:
+        r = self._exec(("/bin/sh", "-c", script), 60.0, True)
+        if r.exit_code != 0:
+            raise InfraError(
+                f"docker: {script[:80]!r} exited with {r.exit_code}: {r.stdout[-200:]}"
+            )
+
+    def _put(self, dest: str, data: bytes) -> None:
+        import docker.errors
+
+        assert self.container is not None
+        try:
+            self.container.put_archive(dest, data)
+        except docker.errors.APIError as exc:
+            raise InfraError(
+                f"docker could not copy files to {dest}: {exc.explanation or exc}"
+            ) from exc
+
+    def _put_tree(self, src: Path, dest: str) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for entry in sorted(os.listdir(src)):
+                tar.add(src / entry, entry)
+        self._put(dest, buf.getvalue())
+
+    def _copy_placed_out(self) -> None:
+        """The verify-only mounts' contents, from the container back to their host directories."""
+        for target in sorted(self.placed):
+            d = self.mount_of(target)
+            self._copy_dir_out(target, d, f"mount {target}")
+
+    async def sync_out(self) -> None:
+        """Copy the trial container's workdir out when the job reads from it (collect, reward),
+        and the verify-only mounts while they are in the container."""
+        if self.job.profile != "harbor" or self.container is None:
+            return
+        if self.placed:
+            await asyncio.to_thread(self._copy_placed_out)
         wanted = [
             *self.job.collect,
-            *([verify.reward_file] if verify and verify.reward_file else []),
+            *(v.reward_file for v in self.job.verifies() if v.reward_file),
         ]
         places = [self.job.place_of(p) for p in wanted]
         if not any(place is not None and place[0] is None for place in places):
@@ -134,21 +206,24 @@ class DockerSandbox(Sandbox):
         await asyncio.to_thread(self._copy_out)
 
     def _copy_out(self) -> None:
+        self._copy_dir_out(self.inside_workspace, self.workspace, "workdir")
+
+    def _copy_dir_out(self, inside: str, host: Path, what: str) -> None:
         import docker.errors
 
         assert self.container is not None
-        tar_path = self.jobdir / "workdir.tar"
+        tar_path = self.jobdir / "copy-out.tar"
         try:
-            stream, _ = self.container.get_archive(self.inside_workspace.rstrip("/") + "/.")
+            stream, _ = self.container.get_archive(inside.rstrip("/") + "/.")
             with open(tar_path, "wb") as f:
                 for chunk in stream:
                     f.write(chunk)
         except docker.errors.APIError as exc:
-            self.notes.append(f"could not copy the workdir out: {exc.explanation or exc}")
+            self.notes.append(f"could not copy the {what} out: {exc.explanation or exc}")
             return
-        shutil.rmtree(self.workspace)
+        shutil.rmtree(host)
         try:
-            copy_into(str(tar_path), self.workspace, f"job {self.job.job_id!r}: workdir")
+            copy_into(str(tar_path), host, f"job {self.job.job_id!r}: {what}")
         except JobError as exc:
             self.notes.append(str(exc))
         finally:

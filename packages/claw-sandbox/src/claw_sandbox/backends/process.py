@@ -129,7 +129,7 @@ class ProcessBackend(Backend):
 
     def check_job(self, job: Job) -> None:
         super().check_job(job)
-        if job.workdir or job.mounts or (job.verify and job.verify.mounts) or job.profile != "claw":
+        if job.workdir or job.mount_targets() or job.profile != "claw":
             raise JobError(
                 f"job {job.job_id!r}: workdir / mounts / profile {job.profile}: the process "
                 "backend runs on the host's own filesystem and cannot place absolute paths "
