@@ -1,7 +1,10 @@
 """One forward pass over tree-packed samples: per-token logprobs, entropies and values.
 
 The backbone (``model.base_model``) runs once over the padded batch with each sample's tree
-mask and depth positions; the LM head is applied only to the rows that predict a trainable
+mask and depth positions: a dense (B, 1, N, N) mask through SDPA for small batches, or, for
+the "tree" layout of claw_rl.packing, the tokens in depth-first preorder through block-sparse
+tree attention (claw_rl._tree_attention; memory linear in N), hidden states put back in the
+batch's order afterwards; the LM head is applied only to the rows that predict a trainable
 token (``parent[i]``), in chunks, so a large vocabulary never materialises (B, N, V) logits.
 Each token's logprob is that of the distribution the engine drew it from: its call's
 temperature, top_k and top_p (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``).
@@ -25,11 +28,26 @@ def _last_hidden(out) -> torch.Tensor:
 
 def backbone_hidden(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Last hidden states (B, N, H) of ``model``'s backbone under the tree mask."""
+    if batch.tree_end is None or batch.tree_order is None:
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.mask,
+                  "position_ids": batch.position_ids, "use_cache": False}  # fmt: skip
+        return _run_backbone(model, inputs)
+    from claw_rl._tree_attention import tree_block_mask, using_tree_attention
+
+    order = batch.tree_order  # (B, N): preorder position k holds token order[k]
+    inputs = {"input_ids": batch.input_ids.gather(1, order),
+              "attention_mask": tree_block_mask(batch.tree_end),
+              "position_ids": batch.position_ids.gather(1, order), "use_cache": False}  # fmt: skip
+    with using_tree_attention(model):
+        h = _run_backbone(model, inputs)  # (B, N, H) in preorder
+    back = torch.argsort(order, dim=1)  # token i sits at preorder position back[i]
+    return h.gather(1, back[:, :, None].expand(-1, -1, h.shape[-1]))
+
+
+def _run_backbone(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     from torch.distributed.fsdp import FSDPModule
 
     base = getattr(model, "base_model", model)
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.mask,
-              "position_ids": batch.position_ids, "use_cache": False}  # fmt: skip
     if base is model or not isinstance(model, FSDPModule):
         return _last_hidden(base(**inputs))
     # FSDP gathers the root's shards (embeddings, tied LM head) in the root's forward: run it,

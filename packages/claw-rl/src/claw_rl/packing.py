@@ -7,6 +7,16 @@ is read from the hidden state of ``parent[i]``, not of ``i - 1``.
 
 Several samples form a padded batch (B, N): each sample keeps its own tree mask, padding
 tokens attend only to themselves and carry no loss.
+
+Two layouts of that mask, chosen by :func:`pack` (``attention="auto"``):
+
+- ``dense``: a (B, 1, N, N) boolean mask for SDPA. Memory and time quadratic in N; used only
+  for small batches (N <= :data:`DENSE_MAX_TOKENS`), where it is the faster of the two.
+- ``tree``: no N x N tensor at all. Each sample's tokens are also numbered in depth-first
+  preorder (``tree_order``); in that order every token's subtree is one interval
+  ``[k, tree_end[k])``, so token q attends to token k iff ``k <= q < tree_end[k]`` (k is q or
+  an ancestor of q). claw_rl.forward runs the backbone in that order with block-sparse tree
+  attention: memory linear in the tree's tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +29,13 @@ import numpy as np
 import torch
 
 from claw_rl.records import Sample
+
+# Largest padded length N packed with a dense mask under attention="auto". Measured on CPU
+# (bench/test_rl_tree_attention.py, the tiny model, one update): the dense mask is faster up to
+# N ~ 1-2K tokens and the tree path from there on; above it the dense mask's N^2 memory grows
+# past the model's own activations. 1024 keeps dense only where it is at least as fast.
+DENSE_MAX_TOKENS = 1024
+ATTENTION_LAYOUTS = ("auto", "dense", "tree")
 
 
 def ancestor_matrix(parent: Sequence[int]) -> np.ndarray:
@@ -35,6 +52,34 @@ def ancestor_matrix(parent: Sequence[int]) -> np.ndarray:
 def is_chain(parent: Sequence[int]) -> bool:
     """True when the sample is one path (parent = [-1, 0, 1, ...]): the ordinary causal mask."""
     return all(p == i - 1 for i, p in enumerate(parent))
+
+
+def preorder(parent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Depth-first preorder of a forest (roots and children in index order).
+
+    Returns ``order`` (N,): the token at preorder position k is ``order[k]``; and ``end`` (N,):
+    the subtree of the token at position k occupies positions ``[k, end[k])``. Then token q
+    attends to token k (k is q or an ancestor of q) iff ``k <= q < end[k]``, in preorder
+    positions. O(N).
+    """
+    n = len(parent)
+    children: list[list[int]] = [[] for _ in range(n)]
+    roots = []
+    for i, p in enumerate(parent):
+        (children[p] if p >= 0 else roots).append(i)
+    order = np.empty(n, dtype=np.int64)
+    size = np.ones(n, dtype=np.int64)
+    stack = roots[::-1]
+    k = 0
+    while stack:
+        i = stack.pop()
+        order[k] = i
+        k += 1
+        stack.extend(children[i][::-1])
+    for i in range(n - 1, -1, -1):  # parents precede children in index order (topological)
+        if parent[i] >= 0:
+            size[parent[i]] += size[i]
+    return order, np.arange(n, dtype=np.int64) + size[order]
 
 
 def leaf_counts(parent: Sequence[int]) -> np.ndarray:
@@ -83,6 +128,9 @@ class Batch:
     top_ks: torch.Tensor  # (B, N) long, top_k each token was sampled with (0 = off)
     lengths: tuple[int, ...]  # real tokens per sample
     samples: tuple[Sample, ...]
+    # the "tree" layout (mask is None and the batch is not all chains), else both None:
+    tree_order: torch.Tensor | None = None  # (B, N) long: token at preorder position k
+    tree_end: torch.Tensor | None = None  # (B, N) long: end of position k's subtree (exclusive)
 
     @property
     def n_tokens(self) -> int:
@@ -102,15 +150,32 @@ def _pad(rows: Sequence[Any], n: int, fill, dtype) -> torch.Tensor:
     return out
 
 
-def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Batch:
-    """Pad ``samples`` into one :class:`Batch` with per-sample tree masks."""
+def pack(
+    samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32, attention: str = "auto"
+) -> Batch:
+    """Pad ``samples`` into one :class:`Batch` with per-sample tree masks.
+
+    ``attention``: ``dense`` (a (B, 1, N, N) mask), ``tree`` (preorder intervals, no N x N
+    tensor) or ``auto`` (dense iff N <= :data:`DENSE_MAX_TOKENS`). Batches of chains get
+    neither: the causal mask is exact for them.
+    """
     if not samples:
         raise ValueError("pack() needs at least one sample")
+    if attention not in ATTENTION_LAYOUTS:
+        raise ValueError(f"pack(attention={attention!r}): expected one of {ATTENTION_LAYOUTS}")
     lengths = tuple(len(s) for s in samples)
     n = max(lengths)
     chains = all(is_chain(s.parent) for s in samples)  # right padding is harmless under causal
-    mask = None
-    if not chains:
+    if attention == "auto":
+        attention = "dense" if n <= DENSE_MAX_TOKENS else "tree"
+    mask = tree_order = tree_end = None
+    if not chains and attention == "tree":
+        order = np.tile(np.arange(n, dtype=np.int64), (len(samples), 1))
+        end = order + 1  # padding attends to itself only
+        for k, s in enumerate(samples):
+            order[k, : len(s)], end[k, : len(s)] = preorder(s.parent)
+        tree_order, tree_end = torch.from_numpy(order), torch.from_numpy(end)
+    elif not chains:
         m = np.zeros((len(samples), 1, n, n), dtype=bool)
         for k, s in enumerate(samples):
             m[k, 0, : len(s), : len(s)] = ancestor_matrix(s.parent)
@@ -143,6 +208,8 @@ def pack(samples: Sequence[Sample], *, dtype: torch.dtype = torch.float32) -> Ba
         top_ks=_pad([s.top_ks or [0] * len(s) for s in samples], n, 0, torch.long),
         lengths=lengths,
         samples=tuple(samples),
+        tree_order=tree_order,
+        tree_end=tree_end,
     )
 
 

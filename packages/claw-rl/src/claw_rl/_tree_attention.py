@@ -1,0 +1,171 @@
+"""Block-sparse tree attention for tokens laid out in depth-first preorder (claw_rl.packing).
+
+In preorder every token's subtree is one interval, so query q may attend to key k iff
+``k <= q < end[k]`` (k is q or one of its ancestors); no N x N mask is ever built.
+
+- CUDA: ``flex_attention`` (compiled) with a :class:`TreeMask`, a ``BlockMask`` whose block
+  table comes straight from the intervals: O((N/128)^2) small integers, the flex kernels never
+  touch a fully masked 128 x 128 tile.
+- CPU (flex_attention has no CPU backward): queries in chunks of C; the keys a chunk needs are
+  the ancestors of its first token plus the chunk itself (every other ancestor of a token in
+  the chunk lies inside the chunk: preorder), gathered and fed to SDPA with a small
+  (C, ancestors + C) mask. Under autograd each chunk is checkpointed, so what backward keeps
+  is q, k, v themselves: memory linear in N. The work is the tree's own (each query against
+  its ancestors), not N^2.
+
+Registered with transformers' AttentionInterface as ``claw_tree``; claw_rl.forward switches a
+model to it only for the duration of one tree forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.utils.checkpoint import checkpoint
+
+NAME = "claw_tree"
+BLOCK = 128  # flex tile (queries and keys)
+_CPU_SCORE_BUDGET = 1 << 24  # query rows x gathered keys per CPU chunk (bounds the chunk mask)
+_compiled_flex = None
+
+
+class TreeMask(BlockMask):
+    """A flex ``BlockMask`` for the tree plus ``end`` (B, N_pad): the CPU kernel reads the
+    intervals directly. transformers passes a 4-D BlockMask through to the attention function
+    unchanged."""
+
+    end: torch.Tensor
+
+
+def tree_block_mask(end: torch.Tensor, block: int = BLOCK) -> TreeMask:
+    """The block table of ``k <= q < end[b, k]`` for ``end`` (B, N) in preorder positions.
+
+    The keys of one tile [k0, k1) cover the queries [k0, max end) (preorder: consecutive subtree
+    intervals touch), so a (query tile, key tile) pair holds some allowed pair iff the tiles'
+    ranges meet, and all of its pairs are allowed iff k1 - 1 <= q0 and min end >= q1.
+    """
+    B, N = end.shape
+    nb = max(1, math.ceil(N / block))
+    idx = torch.arange(nb * block, device=end.device)
+    endp = torch.cat([end, (idx[N:] + 1).expand(B, -1)], dim=1)  # tail: self-attending padding
+    tiles = endp.view(B, nb, block)
+    max_end, min_end = tiles.max(-1).values, tiles.min(-1).values  # (B, nb) per key tile
+    t0 = torch.arange(nb, device=end.device) * block  # first index of each tile
+    q0, q1 = t0[None, :, None], (t0 + block)[None, :, None]  # query tiles on dim 1
+    k0, klast = t0[None, None, :], (t0 + block - 1)[None, None, :]  # key tiles on dim 2
+    touch = (q0 < max_end[:, None, :]) & (q1 - 1 >= k0)  # (B, nq, nk)
+    full = (klast <= q0) & (min_end[:, None, :] >= q1)
+    partial = touch & ~full
+
+    def table(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num = m.sum(-1).to(torch.int32)[:, None]  # (B, 1, nq)
+        ind = torch.argsort((~m).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]
+        return num.contiguous(), ind.contiguous()  # (B, 1, nq, nk): listed tiles first
+
+    def mask_mod(b, h, q, k):
+        return (k <= q) & (q < endp[b, k])
+
+    kv_num, kv_ind = table(partial)
+    full_num, full_ind = table(full)
+    mask = TreeMask.from_kv_blocks(
+        kv_num, kv_ind, full_num, full_ind, BLOCK_SIZE=block, mask_mod=mask_mod,
+        seq_lengths=(N, N),
+    )  # fmt: skip
+    mask.end = end
+    return mask
+
+
+def _chunk_attention(q, k, v, end, q0: int, q1: int, scale, gqa: bool) -> torch.Tensor:
+    """Attention of queries [q0, q1) of one sample: q (1, Hq, C, D), k, v (1, Hkv, N, D)."""
+    anc = torch.nonzero(end[:q0] > q0).flatten()  # the ancestors of q0, in preorder
+    keys = torch.cat([anc, torch.arange(q0, q1, device=end.device)])  # (K,)
+    pos = torch.arange(q0, q1, device=end.device)[:, None]
+    allowed = (keys[None, :] <= pos) & (pos < end[keys][None, :])  # (C, K)
+    return F.scaled_dot_product_attention(
+        q, k[:, :, keys], v[:, :, keys], attn_mask=allowed, scale=scale, enable_gqa=gqa
+    )
+
+
+def chunked_tree_attention(q, k, v, end: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Exact tree attention on any device with memory linear in N. q (B, Hq, N, D), k, v
+    (B, Hkv, N, D), end (B, N) -> (B, Hq, N, D)."""
+    B, Hq, N, _ = q.shape
+    gqa = Hq != k.shape[1]
+    C = int(min(1024, max(64, _CPU_SCORE_BUDGET // max(Hq * N, 1))))
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    rows = []
+    for b in range(B):
+        parts = []
+        for q0 in range(0, N, C):
+            q1 = min(N, q0 + C)
+            args = (q[b : b + 1, :, q0:q1], k[b : b + 1], v[b : b + 1], end[b], q0, q1, scale, gqa)
+            if grad:
+                parts.append(checkpoint(_chunk_attention, *args, use_reentrant=False))
+            else:
+                parts.append(_chunk_attention(*args))
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0)
+
+
+def flex_tree_attention(q, k, v, mask: TreeMask, scale: float | None) -> torch.Tensor:
+    """The same through compiled flex_attention (CUDA; CPU only without autograd)."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    out = _compiled_flex(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0] if isinstance(out, tuple) else out
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: (B, H, N, D) inputs -> ((B, N, H, D), None)."""
+    if not isinstance(attention_mask, TreeMask):
+        raise TypeError(f"{NAME} attention needs a TreeMask, got {type(attention_mask).__name__}")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(f"{NAME} attention does not implement sliding-window layers")
+    if dropout:
+        raise ValueError(f"{NAME} attention does not implement attention dropout")
+    if query.is_cuda:
+        out = flex_tree_attention(query, key, value, attention_mask, scaling)
+    else:
+        out = chunked_tree_attention(query, key, value, attention_mask.end, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make ``claw_tree`` known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, attention_forward)
+
+
+@contextlib.contextmanager
+def using_tree_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model``'s attention layers through ``claw_tree`` inside the block."""
+    register()
+    configs = {}
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            configs[id(cfg)] = cfg
+    saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
+    try:
+        for cfg in configs.values():
+            cfg._attn_implementation = NAME
+        yield
+    finally:
+        for key, cfg in configs.items():
+            cfg._attn_implementation = saved[key]
