@@ -292,6 +292,7 @@ def samples() -> list[dict]:
             ("tags", _MISSING, "absent"),
             ("returns", [0.0] * n, "present (ppo targets)"),
             ("algo", "rloo", "rloo"),
+            ("algo", "sft", "sft (supervised fine-tuning)"),
             ("temperatures", [1.0] * n, "per-token temperatures"),
             ("top_ps", [1.0] * n, "per-token top_p"),
             ("top_ks", [0] * n, "per-token top_k"),

@@ -20,6 +20,7 @@ def _args(cmd: str, inp: Path) -> list[str]:
     return {
         "build": ["build", str(inp / "calls.jsonl"), "-o"],
         "samples": ["samples", str(inp / "calls.jsonl"), str(inp / "outcomes.jsonl"), "--output"],
+        "sft-samples": ["sft-samples", str(inp / "calls.jsonl"), "-o"],
     }[cmd]
 
 
@@ -30,7 +31,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 
 
 @pytest.mark.parametrize("mistake", ["directory", "directory/", "missing parent"])
-@pytest.mark.parametrize("cmd", ["build", "samples"])
+@pytest.mark.parametrize("cmd", ["build", "samples", "sft-samples"])
 def test_bad_output_path_is_a_one_line_usage_error(tmp_path, cmd, mistake):
     """A directory, or a file in a missing directory, exits 2 with one error line naming it; nothing is written."""
     inp, work = tmp_path / "in", tmp_path / "work"
@@ -51,7 +52,7 @@ def test_bad_output_path_is_a_one_line_usage_error(tmp_path, cmd, mistake):
     assert _tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("cmd", ["build", "samples"])
+@pytest.mark.parametrize("cmd", ["build", "samples", "sft-samples"])
 def test_good_output_path_still_writes(tmp_path, cmd):
     """The same arguments with a file in an existing directory run and write that file."""
     inp = tmp_path / "in"
@@ -59,7 +60,11 @@ def test_good_output_path_still_writes(tmp_path, cmd):
     r = CliRunner().invoke(main, [*_args(cmd, inp), str(tmp_path / "out.jsonl")])
     assert r.exit_code == 0, r.output
     first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
-    want = {"build": ("session", "s1"), "samples": ("schema", "claw.sample/v1")}[cmd]
+    want = {
+        "build": ("session", "s1"),
+        "samples": ("schema", "claw.sample/v1"),
+        "sft-samples": ("algo", "sft"),
+    }[cmd]
     assert first[want[0]] == want[1]
 
 
@@ -71,4 +76,4 @@ def test_every_output_option_is_checked():
             if isinstance(p, click.Option) and {"-o", "--output"} & set(p.opts):
                 seen.append(name)
                 assert p.callback is output_path, f"{name} {p.opts}"
-    assert sorted(seen) == ["build", "samples"]
+    assert sorted(seen) == ["build", "samples", "sft-samples"]

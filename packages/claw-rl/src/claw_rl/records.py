@@ -97,9 +97,9 @@ class Sample:
         if not isinstance(row["sample_id"], str) or not row["sample_id"]:
             raise RecordError(f"{where}: field 'sample_id' must be a non-empty string")
         where = f"{where} (sample {row['sample_id']!r})"
-        if row["algo"] not in ("grpo", "ppo", "rloo", "reinforce"):
+        if row["algo"] not in ("grpo", "ppo", "rloo", "reinforce", "sft"):
             raise RecordError(
-                f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce"
+                f"{where}: field 'algo' is {row['algo']!r}, not grpo|ppo|rloo|reinforce|sft"
             )
         n = len(row["input_ids"]) if isinstance(row["input_ids"], list) else None
         ints: dict[str, Any] = {k: _num_list(row, k, where, ints=True, n=n) for k in _PER_TOKEN_INT}

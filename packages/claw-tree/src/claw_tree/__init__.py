@@ -22,6 +22,7 @@ from claw_tree.samples import (
     sample_rewards,
     token_sessions,
 )
+from claw_tree.sft import build_sft_samples
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import (
     Forest,
@@ -49,6 +50,7 @@ __all__ = [
     "__version__",
     "build_forest",
     "build_samples",
+    "build_sft_samples",
     "forest_stats",
     "gae_for_samples",
     "gae_on_tree",

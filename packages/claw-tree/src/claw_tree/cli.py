@@ -15,6 +15,7 @@ from claw_tree._cli_paths import output_path
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
 from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PATH_WEIGHTING, build_samples
+from claw_tree.sft import SFT_WEIGHTING, build_sft_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import Forest, build_forest, trajectory_record
@@ -276,6 +277,99 @@ def samples(
             lam=lam,
             gae_level=gae_level,
             baseline=baseline,
+            id_prefix=id_prefix,
+        )
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+    write_jsonl(batch.samples, output)
+    _note(f"claw-tree: {batch.summary()}")
+    for session, why in sorted(batch.excluded.items())[:20]:
+        _note(f"  excluded {session}: {why}")
+
+
+@main.command("sft-samples")
+@_CALLS
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    callback=output_path,
+    help="Where the claw.sample/v1 lines (algo sft) go (default stdout).",
+)
+@click.option(
+    "--outcomes",
+    type=click.Path(allow_dash=True, dir_okay=False),
+    default=None,
+    help="claw.outcome/v1 JSONL: keep only rollouts whose outcome is ok (and, with "
+    "--passed-only, passed). Not needed otherwise: SFT samples come from calls alone.",
+)
+@click.option(
+    "--passed-only",
+    is_flag=True,
+    help="Rejection-sampling fine-tuning: keep only rollouts whose outcome passed (needs --outcomes).",
+)
+@click.option(
+    "--weighting",
+    type=click.Choice(SFT_WEIGHTING),
+    default="token",
+    show_default=True,
+    help="token: every generated token counts once (each recorded call its own example); "
+    "path: weight 1 per root-to-leaf path (a shared token counts once per path through it).",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
+)
+@click.option(
+    "--id-prefix",
+    default="sft",
+    show_default=True,
+    help="Sample ids are PREFIX-0, PREFIX-1, ...",
+)
+@_SKIP
+def sft_samples(
+    calls: str,
+    output: str,
+    outcomes: str | None,
+    passed_only: bool,
+    weighting: str,
+    max_tokens: int | None,
+    id_prefix: str,
+    skip_invalid: bool,
+) -> None:
+    """Tree-pack recorded calls into supervised fine-tuning samples (claw.sample/v1, algo sft).
+
+    Every completion token of a trainable call is a target (weight per --weighting), context is
+    not; shared prefixes are packed once, as for RL samples. No outcomes are needed; with
+    --outcomes --passed-only only rollouts that passed are kept (rejection-sampling fine-tuning).
+    Train with `claw-rl sft`.
+
+    Example:
+
+        claw-tree sft-samples teacher_calls.jsonl -o sft.jsonl
+
+        claw-tree sft-samples calls.jsonl --outcomes outcomes.jsonl --passed-only > rft.jsonl
+    """
+    if passed_only and outcomes is None:
+        raise click.UsageError("--passed-only needs --outcomes (which rollouts passed)")
+    if calls == "-" and outcomes == "-":
+        raise click.UsageError("calls and --outcomes cannot both be stdin")
+    forest = _forest(calls, skip_invalid)
+    try:
+        records = None
+        if outcomes is not None:
+            result = read_outcomes(outcomes, skip_invalid=skip_invalid)
+            _report_skipped("outcome", result.skipped)
+            records = result.records
+        batch = build_sft_samples(
+            forest,
+            outcomes=records,
+            passed_only=passed_only,
+            weighting=weighting,
+            max_tokens=max_tokens,
             id_prefix=id_prefix,
         )
     except ClawError as exc:
