@@ -29,6 +29,7 @@ OUTPUT_COMMANDS = {
     "claw-bench plan",
     "claw-bench score",
     "claw-bench regrade",
+    "claw-bench expert",
 }
 
 # Spellings docs/cli.md retired: each had two meanings, or another name has the meaning now.

@@ -40,6 +40,7 @@ def _args(cmd: str, inp: Path) -> list[str]:
             "-o",
         ],
         "score": ["score", str(inp / "runs.jsonl"), "-o"],
+        "expert": ["expert", "-s", "claw-toy", "--tag", "toy-steps", "-o"],
         "regrade": [
             "regrade",
             str(inp / "runs.jsonl"),
@@ -60,7 +61,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 
 
 @pytest.mark.parametrize("mistake", ["directory", "missing parent"])
-@pytest.mark.parametrize("cmd", ["plan", "score", "regrade", "report"])
+@pytest.mark.parametrize("cmd", ["plan", "score", "regrade", "report", "expert"])
 def test_bad_output_path_is_a_one_line_usage_error(tmp_path, cmd, mistake):
     """A directory, or a file in a missing directory, exits 2 with one error line naming it; nothing is written."""
     inp, work = tmp_path / "in", tmp_path / "work"
@@ -99,4 +100,4 @@ def test_every_output_option_is_checked():
             if isinstance(p, click.Option) and {"-o", "--output", "--plot"} & set(p.opts):
                 seen.append(name)
                 assert p.callback is output_path, f"{name} {p.opts}"
-    assert sorted(seen) == ["plan", "regrade", "report", "score"]
+    assert sorted(seen) == ["expert", "plan", "regrade", "report", "score"]

@@ -321,6 +321,38 @@ def plan(
 
 
 @main.command()
+@click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
+@click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
+@click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags")
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    callback=output_path,
+    help="script JSONL file for claw-proxy's scripted engine",
+)
+@_errors
+def expert(suite: str, task_ids: tuple[str, ...], tags: tuple[str, ...], output: str) -> None:
+    """Write a teacher script: each task's expert solution as claw-proxy scripted-engine answers.
+
+    One line per expert step, keyed to the task's sessions (session tag `task`): tool calls as
+    {"tool_calls": [...]}, which the proxy renders in the policy's own tool-call format, and the
+    final answer as {"text": ...}. Only generated task families (e.g. claw-toy's toy-steps)
+    carry expert solutions. Run claw-agent-chat (or -anthropic) jobs planned for the same tasks
+    against `claw-proxy serve --engine scripted:FILE --tokenizer STUDENT_DIR --record calls.jsonl`
+    and the calls are recorded in the student's tokenization, ready for SFT.
+
+    Example: claw-bench expert -s claw-toy --tag toy-steps --tag train -o expert.jsonl
+    """
+    from claw_bench.families import expert_script
+
+    s = _suite(suite).select(list(task_ids) or None, list(tags) or None)
+    n = write_records(output, expert_script(list(s.tasks)))
+    _log(f"wrote {n} scripted answers for {len(s.tasks)} tasks")
+
+
+@main.command()
 @click.argument("runs", default="-")
 @click.option(
     "--pass-threshold",

@@ -9,8 +9,9 @@ import attrs
 import yaml
 
 from claw_bench.errors import TaskError
-from claw_bench.harbor import is_harbor_task, load_harbor_task
-from claw_bench.loaders import LoadOptions, detect_layout, load_public
+from claw_bench.families import is_family_dir, load_family
+from claw_bench.harbor import is_harbor_multistep, is_harbor_task, load_harbor_task
+from claw_bench.loaders import LoadOptions, detect_layout, load_harbor_tb_task, load_public
 from claw_bench.tasks import Task, load_task
 
 
@@ -54,7 +55,7 @@ def load_any_task(path: str | Path) -> Task:
     """Load a claw task directory (task.toml + verifier) or a Harbor / Terminal-Bench one."""
     path = Path(path)
     if is_harbor_multistep(path):
-        raise TaskError(_MULTISTEP.format(path=path))
+        return load_harbor_tb_task(path)  # its steps need the verify runner of every step
     if (path / "task.toml").is_file() and not is_harbor_task(path):
         return load_task(path)
     if is_harbor_task(path):
@@ -64,26 +65,10 @@ def load_any_task(path: str | Path) -> Task:
     )
 
 
-_MULTISTEP = (
-    "{path}: a Harbor multi-step task (steps/<name>/ with their own instruction.md and tests/): "
-    "multi-step tasks are not supported by claw-bench yet"
-)
-
-
-def is_harbor_multistep(path: Path) -> bool:
-    """True for a Harbor multi-step task: task.toml and a ``steps/`` folder, no top-level tests/."""
-    return (
-        path.is_dir()
-        and (path / "steps").is_dir()
-        and (path / "task.toml").is_file()
-        and not is_harbor_task(path)
-    )
-
-
 def _load_entry(path: Path, options: LoadOptions | None) -> list[Task]:
     """A claw task directory, or a public-layout task path (ClawGym, PinchBench, Harbor; see loaders)."""
-    if is_harbor_multistep(path):
-        raise TaskError(_MULTISTEP.format(path=path))
+    if is_family_dir(path):
+        return load_family(path)
     if path.is_dir() and (path / "task.toml").is_file() and not is_harbor_task(path):
         return [load_task(path)]
     if detect_layout(path):
@@ -139,7 +124,8 @@ def load_suite(
     """Load a built-in suite by name (``claw-mini``, ``claw-toy``) or a directory of tasks.
 
     A directory is either one task or holds one task per sub-directory (claw, Harbor or ClawGym
-    layout, mixed freely) and PinchBench ``.md`` / ClawGym ``.jsonl`` files; a path may also be
+    layout, mixed freely; a task-family directory, with ``family.toml``, gives all its generated
+    instances, see claw_bench.families) and PinchBench ``.md`` / ClawGym ``.jsonl`` files; a path may also be
     one such file. A PinchBench checkout (its ``tasks/`` next to ``assets/``, whatever else sits
     at its root) or its ``tasks/`` folder loads ``tasks/manifest.yaml``'s list, else the
     ``task_*.md`` files. ``options`` tune the public layouts (threshold, workspace remap,
@@ -178,6 +164,7 @@ def load_suite(
         raise TaskError(f"unknown suite {s!r}: not a directory and not one of {builtin_suites()}")
     elif (
         (path / "task.toml").is_file()
+        or is_family_dir(path)
         or is_harbor_task(path)
         or detect_layout(path)
         or is_harbor_multistep(path)

@@ -1,0 +1,175 @@
+"""Task families: tasks generated from a seed instead of written one directory each.
+
+A family directory holds ``family.toml`` and the family's verifier (``verify.py``)::
+
+    family = "toy-steps"      # the generator (FAMILIES)
+    seed = 0                  # fixes every instance
+    [splits]                  # instances per split: ids <family>-<split>-NNNN, tagged <split>
+    train = 128
+    heldout = 32
+
+Each instance is an ordinary `Task` (workspace, hidden files, reference solution), and carries
+its expert solution in ``task.meta["expert"]``: the steps a perfect agent takes, each
+``{"tool": name, "arguments": {...}}`` (a call of claw-agent's tools) or ``{"text": "..."}``
+(the final answer). `expert_script` turns them into answers for claw-proxy's scripted engine,
+so a teacher plays them through a real harness (``claw-bench expert``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from claw_bench.errors import TaskError
+from claw_bench.tasks import Script, Task, interpreter_for
+
+FAMILY_FILE = "family.toml"
+_KEYS = {"family", "seed", "splits"}
+_SPLIT = r"[a-z][a-z0-9]{0,15}"
+
+# --- toy-steps: read a number from the named file, write it to the named file ----------------
+
+_SOURCES = ("value.txt", "input.txt", "data.txt", "key.txt", "config.txt", "report.txt")
+_TARGETS = ("result.txt", "output.txt", "total.txt", "count.txt")
+_DISTRACTORS = 2  # other files of _SOURCES in the workspace, each with another number
+
+
+def _toy_steps(
+    split: str, index: int, rng: random.Random, taken: set[int]
+) -> tuple[str, dict, dict, list[dict]]:
+    """One toy-steps instance: (instruction, workspace, expected {path, content}, expert steps).
+
+    Two tool calls are needed: the number is only in the workspace file, and the answer goes to
+    another file. Numbers are 100-999 and never repeat across the family (`taken`), so a
+    held-out instance cannot be answered from a training instance's number.
+    """
+    src, *others = rng.sample(_SOURCES, 1 + _DISTRACTORS)
+    dst = rng.choice(_TARGETS)
+    numbers = []
+    for _ in range(1 + _DISTRACTORS):
+        n = rng.randint(100, 999)
+        while n in taken or n in numbers:
+            n = rng.randint(100, 999)
+        numbers.append(n)
+    taken.add(numbers[0])
+    value = str(numbers[0])
+    workspace = {
+        src: f"{value}\n",
+        **{p: f"{n}\n" for p, n in zip(others, numbers[1:], strict=True)},
+    }
+    instruction = f"Read {src} and write the number in it to {dst}."
+    expert: list[dict[str, Any]] = [
+        {"tool": "read_file", "arguments": {"path": src}},
+        {"tool": "write_file", "arguments": {"path": dst, "content": value}},
+        {"text": "done"},
+    ]
+    return instruction, workspace, {"path": dst, "content": value}, expert
+
+
+#: generator name -> (instance maker, tags, difficulty)
+FAMILIES: dict[
+    str, tuple[Callable[..., tuple[str, dict, dict, list[dict]]], tuple[str, ...], str]
+] = {
+    "toy-steps": (_toy_steps, ("toy", "tools", "multi-step", "toy-steps"), "easy"),
+}
+
+
+def is_family_dir(path: Path) -> bool:
+    """A task-family directory: it holds ``family.toml``."""
+    return path.is_dir() and (path / FAMILY_FILE).is_file()
+
+
+def load_family(path: str | Path) -> list[Task]:
+    """Every instance of the family in ``path`` (errors name family.toml and the field)."""
+    path = Path(path)
+    where = str(path / FAMILY_FILE)
+    try:
+        meta = tomllib.loads((path / FAMILY_FILE).read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{where}: invalid TOML: {exc}") from exc
+    unknown = set(meta) - _KEYS
+    if unknown:
+        raise TaskError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    name = meta.get("family")
+    if name not in FAMILIES:
+        raise TaskError(f"{where}: field 'family' must be one of {sorted(FAMILIES)}, got {name!r}")
+    seed = meta.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TaskError(f"{where}: field 'seed' must be an integer, got {seed!r}")
+    splits = meta.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        raise TaskError(f"{where}: table [splits] must map split names to instance counts")
+    for split, n in splits.items():
+        if not re.fullmatch(_SPLIT, split):
+            raise TaskError(f"{where} [splits]: split name {split!r} must match {_SPLIT}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 9999:
+            raise TaskError(f"{where} [splits]: {split} must be a count in [0, 9999], got {n!r}")
+    verify_path = path / "verify.py"
+    if not verify_path.is_file():
+        raise TaskError(f"{where}: the family's verifier {verify_path} is missing")
+    vtext = verify_path.read_text(encoding="utf-8")
+    verify = Script(name="verify.py", text=vtext, interpreter=interpreter_for("verify.py", vtext))
+    make, tags, difficulty = FAMILIES[name]
+    taken: set[int] = set()  # values drawn so far: no two instances of the family share one
+    tasks = []
+    for split, n in splits.items():  # in file order: the first split's instances never move
+        rng = random.Random(f"{name}:{seed}:{split}")
+        for i in range(n):
+            instruction, workspace, expected, expert = make(split, i, rng, taken)
+            tid = f"{name}-{split}-{i:04d}"
+            solution = "".join(
+                f"printf '%s' {json.dumps(s['arguments']['content'])} > {s['arguments']['path']}\n"
+                for s in expert
+                if s.get("tool") == "write_file"
+            )
+            tasks.append(
+                Task(
+                    id=tid,
+                    instruction=instruction + "\n",
+                    timeout_s=120.0,
+                    tags=(*tags, split),
+                    difficulty=difficulty,
+                    workspace=workspace,
+                    verify=verify,
+                    hidden={"expected.json": json.dumps(expected)},
+                    verify_timeout_s=30.0,
+                    pass_threshold=1.0,
+                    solution=Script(
+                        name="solution.sh",
+                        text="#!/usr/bin/env bash\nset -euo pipefail\n" + solution,
+                        interpreter="bash",
+                    ),
+                    source="claw",
+                    path=str(path),
+                    meta={"family": name, "split": split, "index": i, "expert": expert},
+                )
+            )
+    return tasks
+
+
+def expert_script(tasks: list[Task]) -> list[dict[str, Any]]:
+    """claw-proxy scripted-engine lines that play each task's expert steps as model answers.
+
+    One line per step, in order, each keyed to the task's sessions by the session tag
+    ``task`` (``{"tags": {"task": id}, ...}``): a tool step becomes ``{"tool_calls": [{"name",
+    "arguments"}]}`` (the proxy renders it in the policy's own tool-call format), a text step
+    ``{"text": ...}``. Tasks without ``meta["expert"]`` raise TaskError naming them.
+    """
+    lines: list[dict[str, Any]] = []
+    for t in tasks:
+        steps = t.meta.get("expert")
+        if not isinstance(steps, list) or not steps:
+            raise TaskError(f"task {t.id}: no expert solution (only generated families have one)")
+        for step in steps:
+            line: dict[str, Any] = {"tags": {"task": t.id}}
+            if "tool" in step:
+                line["tool_calls"] = [{"name": step["tool"], "arguments": step["arguments"]}]
+            else:
+                line["text"] = step["text"]
+            lines.append(line)
+    return lines

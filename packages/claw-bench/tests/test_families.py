@@ -1,0 +1,149 @@
+"""Generated task families: claw-toy's toy-steps instances, their strict verifier and expert."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench_testlib import check_task
+from claw_bench import TaskError, load_suite
+from claw_bench.cli import main
+from claw_bench.families import expert_script, load_family
+from claw_bench.tasks import Script, Task
+from click.testing import CliRunner
+
+TOY = load_suite("claw-toy")
+STEPS = TOY.select(tags=["toy-steps"])
+TRAIN = TOY.select(tags=["toy-steps", "train"]).tasks
+HELDOUT = TOY.select(tags=["toy-steps", "heldout"]).tasks
+FAMILY_DIR = Path(TRAIN[0].path or "")
+
+
+def _with_solution(task: Task, script: str) -> Task:
+    """The task with another 'reference solution' (what an agent might leave behind)."""
+    data = {f: getattr(task, f) for f in ("id", "instruction", "workspace", "verify", "hidden")}
+    return Task(
+        **data,
+        pass_threshold=task.pass_threshold,
+        solution=Script(name="solution.sh", text=script, interpreter="bash"),
+    )
+
+
+def test_splits_ids_tags_and_determinism():
+    """The family gives 128 train and 32 held-out instances, numbered ids, split tags; loading again gives the same."""
+    assert [t.id for t in TRAIN] == [f"toy-steps-train-{i:04d}" for i in range(128)]
+    assert [t.id for t in HELDOUT] == [f"toy-steps-heldout-{i:04d}" for i in range(32)]
+    again = load_family(FAMILY_DIR)
+    assert [(t.id, t.instruction, t.workspace, t.hidden) for t in again] == [
+        (t.id, t.instruction, t.workspace, t.hidden) for t in STEPS.tasks
+    ]
+    assert all({"toy-steps", "multi-step"} <= set(t.tags) for t in STEPS.tasks)
+
+
+def test_heldout_instances_differ_from_training_ones():
+    """No held-out number is a training instance's number, and instructions vary within each split."""
+    number = {t.id: json.loads(t.hidden["expected.json"])["content"] for t in STEPS.tasks}
+    assert not {number[t.id] for t in HELDOUT} & {number[t.id] for t in TRAIN}
+    assert len({number[t.id] for t in TRAIN}) == len(TRAIN)
+    assert len({t.instruction for t in TRAIN}) > 10 and len({t.instruction for t in HELDOUT}) > 5
+
+
+def test_instance_needs_a_read_and_a_write():
+    """The number is only in the named workspace file (never in the instruction), next to distractors."""
+    for t in STEPS.tasks:
+        expected = json.loads(t.hidden["expected.json"])
+        src = t.meta["expert"][0]["arguments"]["path"]
+        assert expected["content"] not in t.instruction
+        assert t.workspace[src] == expected["content"] + "\n"
+        assert len(t.workspace) == 3 and expected["path"] not in t.workspace
+        assert [s.get("tool") for s in t.meta["expert"]] == ["read_file", "write_file", None]
+
+
+@pytest.mark.parametrize("task", [TRAIN[3], HELDOUT[5]], ids=lambda t: t.id)
+def test_verifier_is_strict(task):
+    """Only the exact number in the target file passes; near misses, distractors and nothing get reward 0."""
+    expected = json.loads(task.hidden["expected.json"])
+    dst, value = expected["path"], expected["content"]
+    other = next(v.strip() for k, v in task.workspace.items() if v.strip() != value)
+    cases = {
+        f"printf '{value}' > {dst}": 1.0,
+        f"printf '{value}\\n' > {dst}": 1.0,
+        f"printf ' {value}' > {dst}": 0.0,
+        f"printf '{value}\\n\\n' > {dst}": 0.0,
+        f"printf '{value}0' > {dst}": 0.0,
+        f"printf '{other}' > {dst}": 0.0,
+        f"printf '{value}' > answer.txt": 0.0,
+        "true": 0.0,
+    }
+    for script, reward in cases.items():
+        r = check_task(_with_solution(task, script), "solution")
+        assert r["reward"] == reward and r["passed"] is (reward == 1.0), (script, r)
+        assert r["scores"] == {"exact": reward}
+
+
+def test_expert_script_plays_each_task_by_session_tag():
+    """expert_script gives one scripted-engine line per expert step, keyed by the task tag."""
+    t = HELDOUT[0]
+    lines = expert_script([t])
+    step = t.meta["expert"]
+    assert lines == [
+        {
+            "tags": {"task": t.id},
+            "tool_calls": [{"name": "read_file", "arguments": step[0]["arguments"]}],
+        },
+        {
+            "tags": {"task": t.id},
+            "tool_calls": [{"name": "write_file", "arguments": step[1]["arguments"]}],
+        },
+        {"tags": {"task": t.id}, "text": "done"},
+    ]
+    with pytest.raises(TaskError, match="toy-hello: no expert solution"):
+        expert_script([TOY.get("toy-hello")])
+
+
+def test_expert_command(tmp_path):
+    """`claw-bench expert` writes the script for the selected tasks; a task without one is a clear error."""
+    out = tmp_path / "expert.jsonl"
+    r = CliRunner().invoke(
+        main, ["expert", "-s", "claw-toy", "--tag", "toy-steps", "--tag", "heldout", "-o", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 3 * len(HELDOUT) and rows[0]["tags"] == {"task": "toy-steps-heldout-0000"}
+    r = CliRunner().invoke(main, ["expert", "-s", "claw-toy", "--task", "toy-hello"])
+    assert r.exit_code == 1 and "no expert solution" in r.output
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('family = "nope"\n[splits]\ntrain = 1\n', "field 'family' must be one of"),
+        ('family = "toy-steps"\n', "table [splits]"),
+        ('family = "toy-steps"\n[splits]\ntrain = -1\n', "train must be a count"),
+        ('family = "toy-steps"\n[splits]\n"Bad Split" = 1\n', "split name 'Bad Split'"),
+        ('family = "toy-steps"\nseed = "x"\n[splits]\ntrain = 1\n', "field 'seed'"),
+        ('family = "toy-steps"\nsize = 3\n[splits]\ntrain = 1\n', "unknown field(s) ['size']"),
+    ],
+)
+def test_bad_family_file_is_named(tmp_path, toml, message):
+    """A malformed family.toml is a TaskError naming the file and the field."""
+    (tmp_path / "family.toml").write_text(toml)
+    (tmp_path / "verify.py").write_text((FAMILY_DIR / "verify.py").read_text())
+    with pytest.raises(TaskError, match="family.toml") as e:
+        load_family(tmp_path)
+    assert message in str(e.value)
+
+
+def test_custom_family_directory_as_a_suite(tmp_path):
+    """A copied family directory with another seed and sizes loads as a suite of its own, with other instances."""
+    (tmp_path / "family.toml").write_text(
+        'family = "toy-steps"\nseed = 5\n[splits]\ntrain = 4\ntest = 2\n'
+    )
+    (tmp_path / "verify.py").write_text((FAMILY_DIR / "verify.py").read_text())
+    s = load_suite(tmp_path)
+    assert [t.id for t in s.tasks] == [f"toy-steps-train-{i:04d}" for i in range(4)] + [
+        "toy-steps-test-0000",
+        "toy-steps-test-0001",
+    ]
+    assert [t.workspace for t in s.tasks[:4]] != [t.workspace for t in TRAIN[:4]]
