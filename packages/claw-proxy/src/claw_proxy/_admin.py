@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from claw_proxy import api_anthropic
 from claw_proxy._jsonbody import loads, read_limited
+from claw_proxy._replicas import ReplicaSet
 from claw_proxy._responses import error_response
 from claw_proxy.errors import ClawError, NotFoundError, RecordError, RequestError
 from claw_proxy.records import Policy
@@ -33,9 +34,13 @@ async def _json(request: Request) -> dict:
 
 def routes(proxy) -> list[Route]:
     async def healthz(request):
-        return JSONResponse(
-            {"ok": True, "policy": proxy.policy_engine.policy, "engine": proxy.policy_engine.spec}
-        )
+        """`status`: ok; with replicas, degraded while one is down and down (503) when all are."""
+        engine = proxy.policy_engine
+        body = {"ok": True, "status": "ok", "policy": engine.policy, "engine": engine.spec}
+        if isinstance(engine, ReplicaSet):
+            body.update(engine.health())
+            body["ok"] = body["status"] != "down"
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
     async def models(request):
         names = [proxy.config.policy_name] + [glob for glob, _ in proxy.config.routes]
@@ -108,6 +113,8 @@ def routes(proxy) -> list[Route]:
             s.closed = True
             for cache in proxy.caches.values():
                 cache.forget(sid)
+            if isinstance(proxy.policy_engine, ReplicaSet):
+                proxy.policy_engine.forget(sid)
             return JSONResponse({"ok": True, "session": sid, "calls": s.calls})
         except ClawError as e:
             return _err(e)
@@ -157,6 +164,11 @@ def routes(proxy) -> list[Route]:
                 "in_flight": sum(s.in_flight for s in proxy.sessions.values()),
                 "policy": proxy.policy_engine.policy,
                 "engines": engines,
+                **(
+                    {"replicas": proxy.policy_engine.health()}
+                    if isinstance(proxy.policy_engine, ReplicaSet)
+                    else {}
+                ),
                 "records": proxy.writer.written if proxy.writer else 0,
                 "prefix_cache": {d: c.stats() for d, c in proxy.caches.items()},
             }

@@ -197,7 +197,7 @@ class Run:
             api=self.api.NAME,
             model=self.req.model,
             policy=self.gen.policy or dict(self.engine.policy),
-            engine=self.engine.spec,
+            engine=getattr(self.gen, "engine_spec", None) or self.engine.spec,
             trainable=self.engine.trainable,
             prompt_ids=self.gen_req.prompt_ids,
             completion_ids=self.ids,

@@ -43,8 +43,24 @@ def main() -> None:
 @main.command()
 @click.option(
     "--engine",
-    required=True,
-    help="policy engine: transformers:DIR, vllm:URL, scripted:FILE, passthrough:URL",
+    "engines",
+    multiple=True,
+    help="policy engine: transformers:DIR, vllm:URL, scripted:FILE, passthrough:URL; repeat it "
+    "for replicas of the policy (sessions stick to one replica, new ones go to the least loaded)",
+)
+@click.option(
+    "--replicas-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="more policy replicas: one engine spec per line (# comments), after any --engine",
+)
+@click.option(
+    "--replica-routing",
+    type=click.Choice(["sticky", "random"]),
+    default="sticky",
+    show_default=True,
+    help="with replicas: sticky keeps a session on one replica (its prefix cache); random picks "
+    "one per call (a baseline)",
 )
 @click.option(
     "--secret-file",
@@ -225,7 +241,9 @@ def main() -> None:
     help="server log level on stderr (debug, info, warning, error)",
 )
 def serve(
-    engine,
+    engines,
+    replicas_file,
+    replica_routing,
     secret_file,
     record,
     host,
@@ -264,11 +282,27 @@ def serve(
 
         claw-proxy serve --engine transformers:tests/fixtures/tiny-qwen3 --port 8765
         --secret-file secret.txt --record calls.jsonl --route 'claude-haiku*=policy'
+
+    Two vLLM replicas of one policy:
+
+        claw-proxy serve --engine vllm:http://127.0.0.1:8001 --engine vllm:http://127.0.0.1:8002
+        --tokenizer runs/tiny --secret-file secret.txt --record calls.jsonl
     """
     import os
 
     if record is not None:
         _check_output(record, "--record")
+    specs = list(engines)
+    if replicas_file:
+        from pathlib import Path
+
+        for line in Path(replicas_file).read_text(encoding="utf-8").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                specs.append(line)
+    if not specs:
+        raise _UsageLine("give the policy's engine: --engine SPEC (repeatable) or --replicas-file")
+    engine = specs[0]
     from claw_proxy.config import ProxyConfig, parse_route
     from claw_proxy.serve import serve as run
     from claw_proxy.tokens import read_secret
@@ -276,6 +310,8 @@ def serve(
     try:
         config = ProxyConfig(
             engine=engine,
+            replicas=tuple(specs[1:]),
+            replica_routing=replica_routing,
             secret=read_secret(secret_file),
             record=record,
             admin_token=read_secret(admin_token_file) if admin_token_file else None,
@@ -310,7 +346,9 @@ def serve(
             host=host,
             port=port,
             log_level=log_level,
-            announce=lambda url: click.echo(f"claw-proxy: serving {engine} on {url}", err=True),
+            announce=lambda url: click.echo(
+                f"claw-proxy: serving {' + '.join(specs)} on {url}", err=True
+            ),
         )
     except ClawError as e:
         raise _fail(e, "check the engine spec, the tokenizer directory and the secret file") from e

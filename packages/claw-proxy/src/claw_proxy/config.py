@@ -42,6 +42,8 @@ class ProxyConfig:
     """Everything `claw-proxy serve` takes."""
 
     engine: str  # the policy's engine spec; unmatched model names go here
+    replicas: tuple[str, ...] = ()  # more engines serving the policy (sticky sessions)
+    replica_routing: str = "sticky"  # sticky: a session stays on one replica; random: per call
     secret: str  # HMAC key of session tokens
     record: str | None = None  # claw.call/v1 JSONL path (None: record nothing)
     admin_token: str | None = None  # enables /admin/*
@@ -88,6 +90,17 @@ class ProxyConfig:
 
     def __attrs_post_init__(self) -> None:
         split_spec(self.engine)
+        for spec in self.replicas:
+            if split_spec(spec)[0] == "passthrough":
+                raise ConfigError(f"replica {spec}: a passthrough endpoint cannot serve the policy")
+        if self.replicas and split_spec(self.engine)[0] == "passthrough":
+            raise ConfigError("replicas serve the policy: the first engine cannot be passthrough")
+        if len({self.engine, *self.replicas}) != 1 + len(self.replicas):
+            raise ConfigError("an engine is named twice among the replicas")
+        if self.replica_routing not in ("sticky", "random"):
+            raise ConfigError(
+                f"replica_routing must be 'sticky' or 'random', got {self.replica_routing!r}"
+            )
         for _glob, spec in self.routes:
             if spec != "policy":
                 split_spec(spec)

@@ -40,6 +40,7 @@ class GenRequest:
     stop_ids: tuple[int, ...] = ()
     turn: int = 0  # assistant messages already in the conversation (for scripted engines)
     model: str = ""
+    session: str = ""  # the rollout the call belongs to (replicas keep a session on one engine)
 
 
 class Generation:
@@ -103,6 +104,11 @@ class Engine:
     async def preflight(self) -> None:
         """Checks worth failing a start for (`claw-proxy serve` runs them before serving)."""
         return None
+
+    async def alive(self) -> bool:
+        """Whether the engine still serves (asked after a failed call, to tell a dead replica
+        from a bad request). In-process engines live as long as the proxy."""
+        return True
 
     async def load_policy(self, policy: Policy) -> None:
         raise EngineError(f"engine {self.spec} cannot load new weights", status=501)
@@ -317,6 +323,7 @@ class VLLMEngine(Engine):
             }
             if req.seed is not None:
                 body["seed"] = req.seed
+            body["cache_salt"] = cache_salt(policy)
             greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
             finish = None
@@ -398,6 +405,14 @@ class VLLMEngine(Engine):
             finally:
                 self._idle.set()
 
+    async def alive(self) -> bool:
+        """vLLM's ``/health`` answers: not reachable, or a 5xx (its engine died), is dead."""
+        try:
+            r = await self._client.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code < 500
+
     async def _admin(self, method: str, path: str, **kw) -> None:
         try:
             r = await self._client.request(method, path, **kw)
@@ -417,6 +432,13 @@ class VLLMEngine(Engine):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def cache_salt(policy: dict) -> str:
+    """vLLM's ``cache_salt`` for calls of one policy version: prefix-cache blocks are keyed by
+    it, so blocks computed with one version's weights never serve a call of another (on any
+    replica, also for calls that were in flight while new weights loaded)."""
+    return f"{policy.get('name', 'policy')}-v{policy.get('version', 0)}"
 
 
 def _logprob(value) -> float:

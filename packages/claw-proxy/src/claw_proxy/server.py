@@ -83,6 +83,13 @@ class Proxy:
         # sessions already in the records: their numbering continues after a restart
         self._last_seq = last_seqs(config.record) if config.record else {}
         self.policy_engine = self._engine(config.engine)
+        if config.replicas:
+            from claw_proxy._replicas import ReplicaSet
+
+            self.policy_engine = ReplicaSet(
+                [self.policy_engine, *(self._engine(s) for s in config.replicas)],
+                routing=config.replica_routing,
+            )
         for _, spec in config.routes:
             if spec != "policy":
                 self._engine(spec)
@@ -203,7 +210,12 @@ class Proxy:
         return body
 
     def _gen_request(
-        self, req: ChatRequest, prompt_ids: list[int], stop_ids, max_context: int | None = None
+        self,
+        req: ChatRequest,
+        prompt_ids: list[int],
+        stop_ids,
+        max_context: int | None = None,
+        session: str = "",
     ) -> GenRequest:
         c, s = self.config, req.sampling
         max_tokens = min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap)
@@ -226,6 +238,7 @@ class Proxy:
             stop_ids=tuple(stop_ids),
             model=req.model,
             turn=sum(1 for m in req.messages if m.role == "assistant"),
+            session=session,
         )
 
     async def handle(self, api, request: Request) -> Response:
@@ -268,7 +281,11 @@ class Proxy:
                     status=413,
                 )
             gen_req = self._gen_request(
-                req, rendered.prompt_ids, renderer.eos_ids, getattr(engine, "max_context", None)
+                req,
+                rendered.prompt_ids,
+                renderer.eos_ids,
+                getattr(engine, "max_context", None),
+                session=session,
             )
         except BaseException:
             state.in_flight -= 1
