@@ -35,7 +35,20 @@ pytestmark = pytest.mark.slow
 
 SESSIONS, TURNS = 24, 4
 SLOTS, TOKEN_S, PREFILL_S = 4, 0.03, 0.0002
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+]
 
 
 async def _session(client: httpx.AsyncClient, i: int) -> int:
