@@ -4,7 +4,7 @@ Sessions are shaped like harness traffic: a system prompt + tool definitions, th
 whose prompts grow by the previous completion and a tool result (prefix reuse), and one
 session with a branch (a compacted history restarting from the system prompt). The tree
 trains each token once; the flat baseline (a per-call trainer) forwards each call's
-prompt + completion. Both run the same GRPOLearner.step (old-logprob pass + one update) on
+prompt + completion. Both run the same Learner.step (old-logprob pass + one update) on
 the same tiny model, micro-batch 1 (no padding).
 
 Run: .venvs/claw-rl/bin/python -m pytest bench/test_rl_tree_vs_flat.py --benchmark-only -s
@@ -16,7 +16,7 @@ import random
 import time
 
 import pytest
-from claw_rl import GRPOConfig, GRPOLearner, chain_sample, init_tiny
+from claw_rl import GRPOConfig, Learner, chain_sample, init_tiny
 
 SESSIONS = 2
 
@@ -92,7 +92,7 @@ def test_tree_vs_flat_update(benchmark, setup):
     """Wall time of one update on tree-packed vs flat data; speedup vs token ratio."""
     model, trees, flats = setup
     cfg = GRPOConfig(lr=1e-5, micro_batch_size=1)
-    tree_learner, flat_learner = GRPOLearner(cfg, model), GRPOLearner(cfg, model)
+    tree_learner, flat_learner = Learner.grpo(cfg, model), Learner.grpo(cfg, model)
     tree_learner.step(trees)  # warm up both paths
     flat_learner.step(flats[:2])
 

@@ -155,8 +155,7 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
 def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: int):
     """The learner after `done` completed steps: from their checkpoint, or new on the start model."""
     if done:
-        cls = claw_rl.GRPOLearner if args.algo == "grpo" else claw_rl.PPOLearner
-        return cls.resume(run / "checkpoints" / f"{done:04d}")
+        return claw_rl.load_checkpoint(run / "checkpoints" / f"{done:04d}", algo=args.algo)
     if args.algo == "grpo":
         cfg = claw_rl.GRPOConfig(
             name="policy",
@@ -166,7 +165,7 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
             seed=args.seed,
             max_staleness=0,
         )
-        return claw_rl.GRPOLearner(cfg, start_model)
+        return claw_rl.Learner.grpo(cfg, start_model)
     cfg = claw_rl.PPOConfig(
         name="policy",
         lr=args.lr,
@@ -176,7 +175,7 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         seed=args.seed,
         max_staleness=0,
     )
-    return claw_rl.PPOLearner(cfg, start_model)
+    return claw_rl.Learner.ppo(cfg, start_model)
 
 
 # --- one step ----------------------------------------------------------------------------------
@@ -348,11 +347,11 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             trained = train_step(args, learner, run, step, outcomes, log)
             policy_dir = run / "policy" / f"step-{step + 1:04d}"
             shutil.rmtree(policy_dir, ignore_errors=True)  # left by a run killed in this step
-            policy = learner.save(policy_dir)
+            policy = claw_rl.save_policy(learner, policy_dir)
             # Checkpoint k+1 first, then the records that mark step k done. A crash in between
             # leaves an unused checkpoint: the rerun redoes the update from checkpoint k, on the
             # same rollouts, and overwrites it.
-            learner.save_checkpoint(run / "checkpoints" / f"{step + 1:04d}")
+            claw_rl.save_checkpoint(learner, run / "checkpoints" / f"{step + 1:04d}")
             row = summarise(step, outcomes, trained, policy, time.monotonic() - t0)
             append_jsonl(run / "policies.jsonl", [policy])
             append_jsonl(run / "metrics.jsonl", [row])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner, init_tiny
+from claw_rl import GRPOConfig, Learner, PPOConfig, init_tiny
 from claw_tree import (
     build_forest,
     build_samples,
@@ -106,7 +106,7 @@ def _train(learner, algo: str, steps: int, seed: int, gae_level: str = "token") 
     gen = torch.Generator().manual_seed(seed)
     curve = []
     for step in range(steps):
-        calls, outcomes, mean_r = _rollouts(learner.model, step, learner.version, gen)
+        calls, outcomes, mean_r = _rollouts(learner.policy, step, learner.version, gen)
         forest = build_forest(calls)
         samples = build_samples(forest, outcomes, algo=algo, id_prefix=f"b{step}").samples
         if algo == "ppo":
@@ -121,8 +121,8 @@ def test_rollouts_become_one_chain_each_with_the_reward_at_the_leaf(tiny):
     """The two calls of a rollout merge into one chain (call 2 reuses call 1's tokens); prompt and
     tool tokens are not trained; the reward sits on the leaf only, and GRPO's and PPO's (V = 0,
     lambda = 1) advantages give every sampled token of a rollout its rollout's value."""
-    learner = GRPOLearner(GRPOConfig(), tiny)
-    calls, outcomes, _ = _rollouts(learner.model, 0, 0, torch.Generator().manual_seed(0))
+    learner = Learner.grpo(GRPOConfig(), tiny)
+    calls, outcomes, _ = _rollouts(learner.policy, 0, 0, torch.Generator().manual_seed(0))
     forest = build_forest(calls)
     stats = forest_stats(forest)
     n = len(PROMPTS) * G
@@ -154,7 +154,7 @@ def test_grpo_learns_from_a_terminal_reward_through_claw_tree(tiny, seed):
     Measured on 8 seeds (0-7): first 3 steps 0.070-0.117, last 3 steps 1.000 on every seed; the
     batch mean first reaches 0.8 at step 14-27 (median 16.5), so the slowest seed has 13 steps
     of room."""
-    learner = GRPOLearner(GRPOConfig(lr=1e-2, seed=seed), tiny)
+    learner = Learner.grpo(GRPOConfig(lr=1e-2, seed=seed), tiny)
     curve = _train(learner, "grpo", 40, seed)
     start, end = np.mean(curve[:3]), np.mean(curve[-3:])
     assert start < 0.2 and end > 0.8, [round(r, 3) for r in curve]
@@ -175,7 +175,7 @@ def test_ppo_learns_from_a_terminal_reward_through_claw_tree(tiny, gae_level, se
     step 13-18, last 3 steps 0.997-1.000 (8 seeds). Why lr 5e-3: at 1e-2 seed 0 fell from 1.0 to
     0.63 at step 23 once saturated (whitening a batch whose rewards are nearly all 1 blows noise
     up to std 1); without whitening it stayed at 0.98-1.0."""
-    learner = PPOLearner(PPOConfig(lr=5e-3, critic_lr=1e-2, seed=seed), tiny)
+    learner = Learner.ppo(PPOConfig(lr=5e-3, critic_lr=1e-2, seed=seed), tiny)
     curve = _train(learner, "ppo", 30, seed, gae_level)
     start, end = np.mean(curve[:3]), np.mean(curve[-3:])
     assert start < 0.2 and end > 0.8, [round(r, 3) for r in curve]

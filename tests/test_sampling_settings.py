@@ -17,7 +17,7 @@ openai = pytest.importorskip(
 )
 
 from claw_proxy import ProxyConfig, ProxyServer, mint_token  # noqa: E402
-from claw_rl import GRPOConfig, GRPOLearner  # noqa: E402
+from claw_rl import GRPOConfig, Learner  # noqa: E402
 from claw_tree import build_forest, make_samples  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +158,6 @@ def test_learner_sees_no_mismatch_through_claw_tree_samples(recorded):
         t for s in samples for t, tr in zip(s["temperatures"], s["trainable"], strict=True) if tr
     }
     assert temps == {0.6, 0.8}
-    metrics = GRPOLearner(GRPOConfig(lr=1e-6), TINY).step(samples)
+    metrics = Learner.grpo(GRPOConfig(lr=1e-6), TINY).step(samples)
     assert metrics["mismatch_max_abs"] <= TOL, metrics
     assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-2)

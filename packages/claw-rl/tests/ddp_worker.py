@@ -10,7 +10,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from claw_rl import ClawError, GRPOConfig, GRPOLearner, PPOConfig, PPOLearner  # noqa: E402
+from claw_rl import (  # noqa: E402
+    ClawError,
+    GRPOConfig,
+    Learner,
+    PPOConfig,
+    load_checkpoint,
+    save_checkpoint,
+    save_policy,
+)
 from claw_rl._dist import init_from_env, is_sharded, shutdown  # noqa: E402
 from rl_testlib import tree_sample  # noqa: E402
 
@@ -28,7 +36,7 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
         for k in range(5)
     ]
     grpo_rows = [{**{k: v for k, v in r.items() if k != "returns"}, "algo": "grpo"} for r in rows]
-    g = GRPOLearner(
+    g = Learner.grpo(
         GRPOConfig(
             lr=1e-3,
             epochs=2,
@@ -41,24 +49,24 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
         model,
     )
     g.step(grpo_rows)
-    held = sum(p.to_local().numel() if is_sharded(p) else p.numel() for p in g.model.parameters())
+    held = sum(p.to_local().numel() if is_sharded(p) else p.numel() for p in g.policy.parameters())
     (o / f"params-rank{rank}").write_text(
-        f"{held} {sum(p.numel() for p in g.model.parameters())}\n"
+        f"{held} {sum(p.numel() for p in g.policy.parameters())}\n"
     )
-    g.save_checkpoint(o / "grpo-ckpt")
-    g = GRPOLearner.resume(o / "grpo-ckpt")
+    save_checkpoint(g, o / "grpo-ckpt")
+    g = load_checkpoint(o / "grpo-ckpt")
     g.step(grpo_rows[::-1])
-    g.save(o / "grpo")
-    p = PPOLearner(PPOConfig(lr=1e-3, micro_batch_size=2, parallelism=parallelism), model)
+    save_policy(g, o / "grpo")
+    p = Learner.ppo(PPOConfig(lr=1e-3, micro_batch_size=2, parallelism=parallelism), model)
     m = p.step(rows)
-    p.save(o / "ppo")
-    c = PPOLearner(
+    save_policy(p, o / "ppo")
+    c = Learner.ppo(
         PPOConfig(lr=1e-3, micro_batch_size=1, critic="model", parallelism=parallelism), model
     )
     c.step(rows[:3])
-    c.save(o / "ppo-critic-model")
+    save_policy(c, o / "ppo-critic-model")
     try:  # a taken directory: every rank gets the error, none is left waiting
-        c.save(o / "ppo-critic-model")
+        save_policy(c, o / "ppo-critic-model")
     except ClawError as exc:
         assert "not empty" in str(exc)
     else:

@@ -7,7 +7,7 @@ import json
 import pytest
 from claw_rl.cli import main
 from claw_rl.config import GRPOConfig, config_from_toml
-from claw_rl.learner import GRPOLearner
+from claw_rl.learner import Learner
 from click.testing import CliRunner
 from rl_testlib import tree_sample
 
@@ -174,7 +174,7 @@ def test_values_then_ppo_train(tiny, tmp_path):
 
 def test_logprobs_reports_the_mismatch_per_call(tiny, tmp_path):
     """Calls whose logprobs came from the same model match; a tampered one is flagged."""
-    learner = GRPOLearner(GRPOConfig(), tiny)
+    learner = Learner.grpo(GRPOConfig(), tiny)
     prompt, completion = [5, 6, 7, 8], [40, 41, 42]
     from claw_rl.packing import chain_sample
 

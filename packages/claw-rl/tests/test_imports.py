@@ -41,8 +41,8 @@ def test_all_is_complete_and_lazy_names_resolve():
     """Every name in __all__ resolves (the lazy ones load their module); every public attribute is in __all__."""
     for name in claw_rl.__all__:
         assert getattr(claw_rl, name) is not None, name
-    assert claw_rl.PPOLearner.__module__ == "claw_rl.ppo"
-    assert claw_rl.GRPOLearner.__module__ == "claw_rl.learner"
+    assert claw_rl.Learner.__module__ == "claw_rl.learner"
+    assert claw_rl.save_policy.__module__ == "claw_rl.checkpoint"
     public = {
         n
         for n in dir(claw_rl)

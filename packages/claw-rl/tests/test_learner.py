@@ -8,7 +8,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from claw_rl import ClawError, GRPOConfig, GRPOLearner, Policy, PPOConfig, PPOLearner
+from claw_rl import (
+    ClawError,
+    GRPOConfig,
+    Learner,
+    Policy,
+    PPOConfig,
+    load_checkpoint,
+    save_checkpoint,
+    save_policy,
+)
 from claw_rl.packing import path_matrix
 from rl_testlib import tree_sample
 from safetensors.torch import load_file
@@ -56,7 +65,7 @@ def _grads_after_step(learner, samples):
     orig = learner.optimizer.step
 
     def capture(*a, **kw):
-        for n, p in learner.model.named_parameters():
+        for n, p in learner.policy.named_parameters():
             seen[n] = p.grad.detach().clone()
         return orig(*a, **kw)
 
@@ -69,10 +78,10 @@ def test_tree_packed_loss_equals_flat_per_path_loss(tiny):
     """One tree sample and its paths as separate chains give the same loss and dedup factor
     (gradients, for every aggregator x correction: test_packed_gradients.py)."""
     cfg = GRPOConfig(lr=1e-3, max_grad_norm=0.0)
-    vocab = GRPOLearner(cfg, tiny).model.config.vocab_size
+    vocab = Learner.grpo(cfg, tiny).policy.config.vocab_size
     tree, flat = _tree_and_flat(vocab)
-    g_tree, m_tree = _grads_after_step(GRPOLearner(cfg, tiny), [tree])
-    g_flat, m_flat = _grads_after_step(GRPOLearner(cfg, tiny), flat)
+    g_tree, m_tree = _grads_after_step(Learner.grpo(cfg, tiny), [tree])
+    g_flat, m_flat = _grads_after_step(Learner.grpo(cfg, tiny), flat)
     assert m_tree["loss"] == pytest.approx(m_flat["loss"], abs=1e-6)
     assert max(float((g_tree[n] - g_flat[n]).abs().max()) for n in g_tree) < 1e-5
     assert m_tree["dedup_factor"] == pytest.approx(
@@ -82,9 +91,9 @@ def test_tree_packed_loss_equals_flat_per_path_loss(tiny):
 
 def test_single_path_sample_gives_the_ordinary_loss(tiny):
     """A chain sample's loss is the plain per-token mean of -A * logp-ratio terms (ratio 1)."""
-    learner = GRPOLearner(GRPOConfig(is_correction="none"), tiny)
+    learner = Learner.grpo(GRPOConfig(is_correction="none"), tiny)
     s = tree_sample(
-        [-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size
+        [-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.policy.config.vocab_size
     )
     m = learner.step([s])
     # at epoch 1 pi_theta = pi_old, so l_i = -A_i and the loss is the mean over the 3 tokens
@@ -96,9 +105,9 @@ def test_single_path_sample_gives_the_ordinary_loss(tiny):
 def test_masked_tokens_leave_the_denominator(tiny, agg):
     """Token MIS drops the token whose rho = e > is_cap: the loss is the mean of -A over the
     other tokens (denominator 2, not 3), as if the masked token had never been in the batch."""
-    learner = GRPOLearner(GRPOConfig(is_correction="mis_token", loss_agg=agg), tiny)
+    learner = Learner.grpo(GRPOConfig(is_correction="mis_token", loss_agg=agg), tiny)
     s = tree_sample(
-        [-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.model.config.vocab_size
+        [-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=1, vocab=learner.policy.config.vocab_size
     )
     own = learner.logprobs([s])[0]
     own[3] -= 1.0  # engine logprob 1 nat lower: rho = pi_old / pi_engine = e
@@ -109,8 +118,8 @@ def test_masked_tokens_leave_the_denominator(tiny, agg):
 
 def test_mismatch_is_zero_for_own_logprobs_and_reported_when_perturbed(tiny):
     """Engine logprobs equal to the learner's give ~0 mismatch; +0.5 on two tokens is counted."""
-    learner = GRPOLearner(GRPOConfig(lr=1e-9, mismatch_threshold=0.1), tiny)
-    s = tree_sample(PARENT, TRAIN, seed=5, vocab=learner.model.config.vocab_size)
+    learner = Learner.grpo(GRPOConfig(lr=1e-9, mismatch_threshold=0.1), tiny)
+    s = tree_sample(PARENT, TRAIN, seed=5, vocab=learner.policy.config.vocab_size)
     own = learner.logprobs([s])[0]
     m = learner.step([dict(s, logprobs=own)])
     assert m["mismatch_max_abs"] < 1e-5 and m["mismatch_frac_beyond"] == 0.0
@@ -128,40 +137,42 @@ def test_staleness_is_reported_and_optionally_dropped(tiny):
     vocab = 2000
     fresh = tree_sample([-1, 0, 1], [0, 1, 1], sample_id="fresh", vocab=vocab, versions=[-1, 3, 3])
     old = tree_sample([-1, 0, 1], [0, 1, 1], sample_id="old", vocab=vocab, versions=[-1, 0, 0])
-    m = GRPOLearner(GRPOConfig(), tiny, version=3).step([fresh, old])
+    m = Learner.grpo(GRPOConfig(), tiny, version=3).step([fresh, old])
     assert (m["stale_samples"], m["staleness_max"], m["samples"], m["dropped_stale"]) == (
         1,
         3,
         2,
         0,
     )
-    m = GRPOLearner(GRPOConfig(drop_stale=True), tiny, version=3).step([fresh, old])
+    m = Learner.grpo(GRPOConfig(drop_stale=True), tiny, version=3).step([fresh, old])
     assert (m["stale_samples"], m["samples"], m["dropped_stale"]) == (1, 1, 1)
     with pytest.raises(ClawError, match="stale"):
-        GRPOLearner(GRPOConfig(drop_stale=True), tiny, version=3).step([old])
+        Learner.grpo(GRPOConfig(drop_stale=True), tiny, version=3).step([old])
 
 
 def test_save_writes_an_hf_dir_and_a_policy_record(tiny, tmp_path):
     """The saved directory loads with AutoModelForCausalLM and holds the new weights."""
-    learner = GRPOLearner(GRPOConfig(lr=1e-3, name="tiny"), tiny)
+    learner = Learner.grpo(GRPOConfig(lr=1e-3, name="tiny"), tiny)
     learner.step([tree_sample(PARENT, TRAIN, vocab=2000)])
-    rec = learner.save(tmp_path / "v1")
+    rec = save_policy(learner, tmp_path / "v1")
     pol = Policy.from_dict(rec)
     assert (pol.name, pol.version, pol.step) == ("tiny", 1, 1)
     assert pol.metrics["loss"] == learner.last_metrics["loss"]
     json.dumps(rec, allow_nan=False)
     loaded = AutoModelForCausalLM.from_pretrained(pol.path)
     for (n, p), (_, q) in zip(
-        learner.model.named_parameters(), loaded.named_parameters(), strict=True
+        learner.policy.named_parameters(), loaded.named_parameters(), strict=True
     ):
         assert torch.equal(p, q), n
     assert (tmp_path / "v1" / "tokenizer.json").exists()
-    assert learner.save(tmp_path / "again")["version"] == 1  # unchanged weights keep their version
+    assert (
+        save_policy(learner, tmp_path / "again")["version"] == 1
+    )  # unchanged weights keep their version
     with pytest.raises(ClawError, match="not empty"):
         learner.step([tree_sample(PARENT, TRAIN, vocab=2000)])
-        learner.save(tmp_path / "v1")
+        save_policy(learner, tmp_path / "v1")
     assert learner.version == 1  # the refused save did not take a version number
-    assert learner.save(tmp_path / "v2")["version"] == 2
+    assert save_policy(learner, tmp_path / "v2")["version"] == 2
 
 
 @pytest.mark.slow
@@ -169,9 +180,9 @@ def test_save_writes_an_hf_dir_and_a_policy_record(tiny, tmp_path):
 def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
     """2 steps straight == 1 step, checkpoint, resume, 1 step: identical weights and optimizer."""
     if algo == "grpo":
-        cls, cfg = GRPOLearner, GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1)
+        cls, cfg = Learner.grpo, GRPOConfig(lr=1e-3, epochs=2, minibatches=2, micro_batch_size=1)
     else:
-        cls, cfg = PPOLearner, PPOConfig(lr=1e-3, critic=algo[4:], micro_batch_size=1)
+        cls, cfg = Learner.ppo, PPOConfig(lr=1e-3, critic=algo[4:], micro_batch_size=1)
     batches = [
         [
             tree_sample(
@@ -190,16 +201,16 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
     m_a = [straight.step(b) for b in batches]
     half = cls(cfg, tiny)
     half.step(batches[0])
-    half.save_checkpoint(tmp_path / "ckpt")
-    resumed = cls.resume(tmp_path / "ckpt")
+    save_checkpoint(half, tmp_path / "ckpt")
+    resumed = load_checkpoint(tmp_path / "ckpt")
     m_b = resumed.step(batches[1])
     for (n, p), (_, q) in zip(
-        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+        straight.policy.named_parameters(), resumed.policy.named_parameters(), strict=True
     ):
         assert torch.equal(p, q), n
     if algo != "grpo":
         for p, q in zip(
-            straight.value_head.parameters(), resumed.value_head.parameters(), strict=True
+            straight.critic.head.parameters(), resumed.critic.head.parameters(), strict=True
         ):
             assert torch.equal(p, q)
     assert m_a[1]["loss"] == m_b["loss"] and resumed.step_count == 2
@@ -210,7 +221,7 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
 def test_critic_learns_and_round_trips_through_save(tiny, tmp_path, kind):
     """Value loss falls over steps; the saved critic/ reloads with the same values."""
     cfg = PPOConfig(lr=1e-4, critic_lr=1e-2, critic=kind, epochs=1, minibatches=1)
-    learner = PPOLearner(cfg, tiny)
+    learner = Learner.ppo(cfg, tiny)
     samples = [
         tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True)
         for k in range(2)
@@ -221,29 +232,29 @@ def test_critic_learns_and_round_trips_through_save(tiny, tmp_path, kind):
     assert last < 0.5 * first
     vals = learner.values(samples)
     assert [len(v["values"]) for v in vals] == [len(PARENT)] * 2 and vals[0]["values"][0] == 0.0
-    rec = learner.save(tmp_path / "p")
+    rec = save_policy(learner, tmp_path / "p")
     assert (tmp_path / "p" / "critic" / "value_head.safetensors").exists()
     assert set(load_file(str(tmp_path / "p" / "model.safetensors"))) == set(
         load_file(str(tiny / "model.safetensors"))
     )  # the policy dir holds only the policy weights
-    again = PPOLearner(PPOConfig(critic=kind), rec["path"])
+    again = Learner.ppo(PPOConfig(critic=kind), rec["path"])
     for a, b in zip(again.values(samples), vals, strict=True):
         assert a["sample_id"] == b["sample_id"] and a["values"] == pytest.approx(
             b["values"], abs=1e-6
         )
     with pytest.raises(ClawError, match="kind"):
-        PPOLearner(PPOConfig(critic="model" if kind == "head" else "head"), rec["path"])
+        Learner.ppo(PPOConfig(critic="model" if kind == "head" else "head"), rec["path"])
 
 
 def test_wrong_samples_are_rejected(tiny):
     """PPO needs returns; GRPO refuses PPO samples; bad trees name the field."""
     s = tree_sample([-1, 0, 1], [0, 1, 1], vocab=2000)
     with pytest.raises(ClawError, match="returns"):
-        PPOLearner(PPOConfig(), tiny).step([s])
+        Learner.ppo(PPOConfig(), tiny).step([s])
     with pytest.raises(ClawError, match="ppo"):
-        GRPOLearner(GRPOConfig(), tiny).step([dict(s, algo="ppo")])
+        Learner.grpo(GRPOConfig(), tiny).step([dict(s, algo="ppo")])
     with pytest.raises(ClawError, match=r"samples\[0\].*parent\[2\]"):
-        GRPOLearner(GRPOConfig(), tiny).step([dict(s, parent=[-1, 0, 2])])
+        Learner.grpo(GRPOConfig(), tiny).step([dict(s, parent=[-1, 0, 2])])
 
 
 @pytest.mark.slow
@@ -260,8 +271,8 @@ def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
         loss_agg=agg,
         constant_len=8,
     )
-    learner = GRPOLearner(cfg, tiny)
-    s = tree_sample(PARENT, TRAIN, seed=2, vocab=learner.model.config.vocab_size)
+    learner = Learner.grpo(cfg, tiny)
+    s = tree_sample(PARENT, TRAIN, seed=2, vocab=learner.policy.config.vocab_size)
     s = dict(s, logprobs=learner.logprobs([s])[0])
     first = learner.step([s])
     second = learner.step([s])
@@ -272,3 +283,23 @@ def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
     )  # pi_old moved off the engine's logprobs after one step
     assert second["is_weight_mean"] < 1.0  # ... by more than the band: sequence MIS drops paths
     assert all(v is None or np.isfinite(v) for v in second.values() if isinstance(v, float))
+
+
+def test_sft_learner_is_the_weighted_nll_at_temperature_one(tiny):
+    """Learner.sft's loss is sum w (-log pi) / sum w at T = 1 whatever the recorded settings; it
+    takes only sft samples, and the RL recipes refuse sft samples."""
+    from claw_rl.config import SFTConfig
+
+    learner = Learner.sft(SFTConfig(lr=1e-3), tiny)
+    w = [0.0, 0.0, 0.5, 0.1, 0.1, 0.1, 0.1, 0.0, 0.1]
+    s = dict(tree_sample(PARENT, TRAIN, seed=4, weights=w), algo="sft")
+    lp = learner.logprobs([s])[0]  # T = 1: the sample records no settings
+    hot = dict(s, temperatures=[0.0 if k == 3 else 0.5 for k in range(len(PARENT))])
+    m = learner.step([hot])  # greedy and T = 0.5 tokens are still plain targets
+    nll = sum(wi * -li for wi, li in zip(w, lp, strict=True)) / sum(w)
+    assert m["loss"] == pytest.approx(nll, rel=1e-5) and m["clip_frac"] == 0.0
+    assert "staleness_max" not in m and learner.step([s])["loss"] < m["loss"]
+    with pytest.raises(ClawError, match="sft learner takes sft samples.*sft-samples"):
+        learner.step([dict(s, algo="grpo")])
+    with pytest.raises(ClawError, match="Learner.sft"):
+        Learner.grpo(GRPOConfig(), tiny).step([s])

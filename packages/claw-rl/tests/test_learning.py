@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner
+from claw_rl import GRPOConfig, Learner, PPOConfig, save_policy
 from toy import allowed, chain_ppo_sample, group_sample, grpo_advantages, sample_group
 
 PROMPTS = [[5, 17, 29, 33], [8, 44, 90, 12]]
@@ -21,14 +21,14 @@ G, T = 8, 8
 @pytest.mark.slow
 def test_grpo_raises_reward_on_tree_packed_groups(tiny, tmp_path):
     """GRPO, one tree per group (prompt once, 8 branches): reward < 0.2 -> > 0.8 in 30 steps."""
-    learner = GRPOLearner(GRPOConfig(lr=1e-2, seed=0), tiny)
-    V = learner.model.config.vocab_size
+    learner = Learner.grpo(GRPOConfig(lr=1e-2, seed=0), tiny)
+    V = learner.policy.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     curve = []
     for step in range(30):
         batch, rewards = [], []
         for k, prompt in enumerate(PROMPTS):
-            ids, lps = sample_group(learner.model, prompt, G, T, gen)
+            ids, lps = sample_group(learner.policy, prompt, G, T, gen)
             r = allowed(ids, V).mean(1)
             rewards.append(r)
             batch.append(
@@ -45,7 +45,7 @@ def test_grpo_raises_reward_on_tree_packed_groups(tiny, tmp_path):
         m = learner.step(batch)
         assert m["mismatch_max_abs"] < 1e-4  # the sampler is the learner's own model
         assert m["dedup_factor"] > 1.3  # the prompt is shared by 8 paths
-        learner.save(tmp_path / f"v{step + 1}")
+        save_policy(learner, tmp_path / f"v{step + 1}")
         curve.append(float(torch.cat(rewards).mean()))
     start, end = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert start < 0.2 and end > 0.8, curve
@@ -54,14 +54,14 @@ def test_grpo_raises_reward_on_tree_packed_groups(tiny, tmp_path):
 @pytest.mark.slow
 def test_ppo_raises_reward_with_a_shaped_reward(tiny):
     """PPO with a value head, per-token reward and GAE: reward < 0.2 -> > 0.8 in 20 steps."""
-    learner = PPOLearner(PPOConfig(lr=3e-3, critic_lr=1e-2, seed=0), tiny)
-    V = learner.model.config.vocab_size
+    learner = Learner.ppo(PPOConfig(lr=3e-3, critic_lr=1e-2, seed=0), tiny)
+    V = learner.policy.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     curve, ev = [], []
     for step in range(20):
         raw = []
         for k, prompt in enumerate(PROMPTS):
-            ids, lps = sample_group(learner.model, prompt, G, T, gen)
+            ids, lps = sample_group(learner.policy, prompt, G, T, gen)
             raw += [
                 (f"{step}-{k}-{g}", prompt, ids[g], lps[g], allowed(ids[g], V)) for g in range(G)
             ]

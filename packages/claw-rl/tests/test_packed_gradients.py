@@ -19,7 +19,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from claw_rl import GRPOConfig, GRPOLearner, PPOConfig, PPOLearner, _tree_attention, packing
+from claw_rl import GRPOConfig, Learner, PPOConfig, _tree_attention, packing
 from claw_rl.packing import leaf_counts, path_matrix
 
 CORRECTIONS = ["none", "tis", "mis_token", "mis_sequence"]
@@ -117,7 +117,7 @@ def _grads(learner, samples: list[dict]) -> tuple[dict, dict]:
     """One step; the gradient of every trained parameter as the optimizer saw it, and the metrics."""
     seen: dict[str, torch.Tensor] = {}
     orig = learner.optimizer.step
-    modules = learner._trained_modules()
+    modules = learner.trained_modules()
 
     def capture(*a, **kw):
         for name, m in modules.items():
@@ -133,7 +133,7 @@ def _grads(learner, samples: list[dict]) -> tuple[dict, dict]:
 
 def _compare(cls, cfg, tiny, weighting: str, ppo: bool) -> tuple[float, float, dict]:
     a = cls(cfg, tiny)
-    samples = _batch(a.model.config.vocab_size, weighting, ppo)
+    samples = _batch(a.policy.config.vocab_size, weighting, ppo)
     _engine_logprobs(a, samples, seed=1)
     g_tree, m_tree = _grads(a, samples)
     g_flat, m_flat = _grads(cls(cfg, tiny), _flat(samples))
@@ -165,7 +165,7 @@ def test_grpo_packed_gradient_equals_flat(tiny, agg, correction, weighting):
         constant_len=8,
         entropy_coef=0.01,
     )
-    worst, _, m = _compare(GRPOLearner, cfg, tiny, weighting, ppo=False)
+    worst, _, m = _compare(Learner.grpo, cfg, tiny, weighting, ppo=False)
     assert worst <= TOL, f"{agg} x {correction} ({weighting}): max |g_tree - g_flat| = {worst:.3g}"
     if correction != "none":  # the perturbation makes every correction act on some tokens
         assert 0.0 < m["is_weight_mean"] < 1.0 or correction == "tis"
@@ -176,15 +176,15 @@ def test_grpo_packed_gradient_equals_flat(tiny, agg, correction, weighting):
 def test_ppo_packed_gradient_equals_flat(tiny, correction, weighting):
     """PPO (policy, value head, whitened advantages): packed and flat gradients agree to 1e-5."""
     cfg = PPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction=correction, epochs=1, minibatches=1)
-    worst, _, _ = _compare(PPOLearner, cfg, tiny, weighting, ppo=True)
+    worst, _, _ = _compare(Learner.ppo, cfg, tiny, weighting, ppo=True)
     assert worst <= TOL, f"ppo x {correction} ({weighting}): max |g_tree - g_flat| = {worst:.3g}"
 
 
 @pytest.mark.parametrize(
     ("cls", "cfg"),
     [
-        (GRPOLearner, GRPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction="mis_sequence")),
-        (PPOLearner, PPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction="tis", minibatches=1)),
+        (Learner.grpo, GRPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction="mis_sequence")),
+        (Learner.ppo, PPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction="tis", minibatches=1)),
     ],
     ids=["grpo", "ppo"],
 )
@@ -196,7 +196,7 @@ def test_tree_attention_gradient_equals_flat(tiny, cls, cfg, monkeypatch):
     seen = []
     orig = packing.preorder
     monkeypatch.setattr(packing, "preorder", lambda p: seen.append(len(p)) or orig(p))
-    worst, _, _ = _compare(cls, cfg, tiny, "token", ppo=cls is PPOLearner)
+    worst, _, _ = _compare(cls, cfg, tiny, "token", ppo=cls == Learner.ppo)
     assert seen  # the tree layout was used
     assert worst <= TOL, f"tree attention: max |g_tree - g_flat| = {worst:.3g}"
 
@@ -211,11 +211,11 @@ def test_clip_frac_and_approx_kl_are_per_path(tiny, agg):
     cfg = GRPOConfig(
         lr=3.0, adam_eps=1.0, max_grad_norm=0.0, epochs=2, is_correction="none", loss_agg=agg
     )
-    a = GRPOLearner(cfg, tiny)
-    samples = _batch(a.model.config.vocab_size, "rollout", ppo=False)
+    a = Learner.grpo(cfg, tiny)
+    samples = _batch(a.policy.config.vocab_size, "rollout", ppo=False)
     _engine_logprobs(a, samples, seed=1)
     _, m_tree = _grads(a, samples)
-    _, m_flat = _grads(GRPOLearner(cfg, tiny), _flat(samples))
+    _, m_flat = _grads(Learner.grpo(cfg, tiny), _flat(samples))
     assert 0.05 < m_tree["clip_frac"] < 0.95 and m_tree["approx_kl"] > 1e-3  # the policy moved
     assert m_tree["clip_frac"] == pytest.approx(m_flat["clip_frac"], abs=1e-6)
     assert m_tree["approx_kl"] == pytest.approx(m_flat["approx_kl"], rel=1e-4)

@@ -15,7 +15,7 @@ from claw_rl.cli import main
 from claw_rl.config import GRPOConfig
 from claw_rl.errors import ConfigError, RecordError
 from claw_rl.forward import backbone_hidden, sampling_log_softmax, token_logprobs
-from claw_rl.learner import GRPOLearner, load_policy
+from claw_rl.learner import Learner, load_policy
 from claw_rl.packing import chain_sample, pack, path_matrix
 from claw_rl.records import Sample
 from click.testing import CliRunner
@@ -181,7 +181,7 @@ def test_samples_drawn_at_their_settings_show_no_mismatch_and_unit_tis_weights(
                 top_ks=(0,) * n_p + (top_k,) * n_c,
             ).to_dict()
         )
-    learner = GRPOLearner(GRPOConfig(lr=1e-5, is_correction="tis", is_cap=2.0), tiny)
+    learner = Learner.grpo(GRPOConfig(lr=1e-5, is_correction="tis", is_cap=2.0), tiny)
     m = learner.step(samples)
     assert m["mismatch_max_abs"] < 1e-4 and m["mismatch_kl_k3"] < 1e-8
     assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
@@ -190,7 +190,7 @@ def test_samples_drawn_at_their_settings_show_no_mismatch_and_unit_tis_weights(
         {k: v for k, v in s.items() if k not in ("temperatures", "top_ps", "top_ks")}
         for s in samples
     ]
-    m_old = GRPOLearner(GRPOConfig(lr=1e-5), tiny).step(untagged)
+    m_old = Learner.grpo(GRPOConfig(lr=1e-5), tiny).step(untagged)
     assert (
         m_old["mismatch_mean_abs"] > 0.05
     )  # the bug this guards against: a mismatch that is not there
@@ -200,7 +200,7 @@ def test_greedy_tokens_leave_the_loss_and_the_metrics(tiny):
     """Greedy tokens (T = 0, engine logprob 0.0) are counted, give no NaN/inf, and do not move the
     mismatch; a batch of only greedy tokens has zero loss."""
     prompt, comp = [5, 6, 7, 8], [40, 41, 42, 43]
-    own = GRPOLearner(GRPOConfig(), tiny).logprobs([chain_sample("c", prompt, comp)])[0][
+    own = Learner.grpo(GRPOConfig(), tiny).logprobs([chain_sample("c", prompt, comp)])[0][
         len(prompt) :
     ]
     mixed = chain_sample(
@@ -211,7 +211,7 @@ def test_greedy_tokens_leave_the_loss_and_the_metrics(tiny):
         advantages=(0.0,) * 4 + (1.0,) * 4,
         temperatures=(1.0,) * 5 + (0.0, 1.0, 0.0),
     ).to_dict()
-    m = GRPOLearner(GRPOConfig(lr=1e-5), tiny).step([mixed])
+    m = Learner.grpo(GRPOConfig(lr=1e-5), tiny).step([mixed])
     assert m["greedy_tokens"] == 2 and m["trainable_tokens"] == 4
     assert (
         m["mismatch_max_abs"] < 1e-5 and math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
@@ -224,7 +224,7 @@ def test_greedy_tokens_leave_the_loss_and_the_metrics(tiny):
         advantages=(0.0,) * 4 + (1.0,) * 2,
         temperatures=(1.0,) * 4 + (0.0, 0.0),
     ).to_dict()
-    m = GRPOLearner(GRPOConfig(lr=1e-5), tiny).step([only])
+    m = Learner.grpo(GRPOConfig(lr=1e-5), tiny).step([only])
     assert m["greedy_tokens"] == 2 and m["loss"] == 0.0 and m["grad_norm"] == 0.0
 
 

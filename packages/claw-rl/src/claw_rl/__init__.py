@@ -4,21 +4,23 @@ import importlib as _importlib
 import typing as _typing
 from importlib.metadata import version as _version
 
-from claw_rl.config import GRPOConfig, PPOConfig
+from claw_rl.config import GRPOConfig, PPOConfig, RLConfig, TrainConfig
 from claw_rl.errors import CheckpointError, ClawError, ConfigError, RecordError
 from claw_rl.records import Policy, Sample, read_samples
 from claw_rl.tiny import TinySpec, chat_template, init_tiny
 
 if _typing.TYPE_CHECKING:
-    from claw_rl.learner import GRPOLearner
+    from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
+    from claw_rl.learner import Learner
     from claw_rl.packing import Batch, ancestor_matrix, chain_sample, pack
-    from claw_rl.ppo import PPOLearner
 
 # Names whose modules import torch load on first use, so `import claw_rl` (and `claw-rl --help`)
 # stays light.
 _LAZY = {
-    "GRPOLearner": "claw_rl.learner",
-    "PPOLearner": "claw_rl.ppo",
+    "Learner": "claw_rl.learner",
+    "load_checkpoint": "claw_rl.checkpoint",
+    "save_checkpoint": "claw_rl.checkpoint",
+    "save_policy": "claw_rl.checkpoint",
     "Batch": "claw_rl.packing",
     "ancestor_matrix": "claw_rl.packing",
     "chain_sample": "claw_rl.packing",
@@ -46,18 +48,22 @@ __all__ = [
     "ClawError",
     "ConfigError",
     "GRPOConfig",
-    "GRPOLearner",
+    "Learner",
     "PPOConfig",
-    "PPOLearner",
     "Policy",
+    "RLConfig",
     "RecordError",
     "Sample",
     "TinySpec",
+    "TrainConfig",
     "__version__",
     "ancestor_matrix",
     "chain_sample",
     "pack",
     "chat_template",
     "init_tiny",
+    "load_checkpoint",
     "read_samples",
+    "save_checkpoint",
+    "save_policy",
 ]

@@ -57,6 +57,77 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def reduce_sums(values: dict[str, float]) -> dict[str, float]:
+    """Sum each named float over ranks (one float64 all-reduce)."""
+    t = all_reduce_sum(torch.tensor(list(values.values()), dtype=torch.float64))
+    return dict(zip(values, t.tolist(), strict=True))
+
+
+def reduce_max(value: float) -> float:
+    """The largest ``value`` over ranks."""
+    return float(all_reduce_max(torch.tensor([value], dtype=torch.float64))[0])
+
+
+def own(n: int) -> list[int]:
+    """The indices of a global batch of ``n`` samples this rank forwards (k % world == rank)."""
+    rank, size = world()
+    return [k for k in range(n) if k % size == rank]
+
+
+def passes(n: int, sharded: bool) -> int:
+    """Forward passes this rank runs for its ``n`` micro-batches: under FSDP each pass gathers
+    parameters from every rank, so all ranks run as many as the busiest one."""
+    if not sharded:
+        return n
+    return int(all_reduce_max(torch.tensor([n], dtype=torch.int64))[0])
+
+
+def rank0_decides(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (a rank left waiting in a collective would hang)."""
+    box = [flag]
+    if world()[1] > 1:
+        dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
+
+
+def barrier() -> None:
+    if world()[1] > 1:
+        dist.barrier()
+
+
+def reshard(modules: list[torch.nn.Module]) -> None:
+    """Free the gathered parameters an FSDP forward without backward leaves behind (the root
+    keeps its own gathered after forward, expecting a backward)."""
+    for module in modules:
+        module.reshard()
+
+
+def full_options() -> object:
+    """State-dict options: whole tensors, gathered to CPU (rank 0)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state_dicts(
+    modules: dict[str, torch.nn.Module], sharded: list[torch.nn.Module]
+) -> dict[str, dict]:
+    """Whole state dicts of the FSDP-sharded ones among ``modules`` (a collective; on rank 0).
+
+    A tied weight (the LM head sharing the embeddings) is gathered once per name; it is kept
+    under the name ``named_parameters`` gives it, as ``save_pretrained`` expects.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    out = {}
+    for name, m in modules.items():
+        if any(m is s for s in sharded):
+            full = get_model_state_dict(m, options=full_options())
+            names = {n for n, _ in m.named_parameters()} | {n for n, _ in m.named_buffers()}
+            out[name] = {k: v for k, v in full.items() if k in names}
+    return out
+
+
 def is_sharded(t: torch.Tensor) -> bool:
     """Whether a tensor is an FSDP shard (a DTensor)."""
     from torch.distributed.tensor import DTensor

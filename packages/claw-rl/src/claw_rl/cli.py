@@ -54,13 +54,15 @@ def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int) -> None:
 # -- train: every config field is a flag ------------------------------------------------------
 
 
-def _config_fields() -> dict[str, tuple[attrs.Attribute, dict[str, object]]]:
-    """field name -> (attribute, {algo: default}) over both config classes."""
+def _config_fields(
+    algos: tuple[str, ...] = ("grpo", "ppo"),
+) -> dict[str, tuple[attrs.Attribute, dict[str, object]]]:
+    """field name -> (attribute, {algo: default}) over the config classes of ``algos``."""
     from claw_rl.config import CONFIGS
 
     out: dict[str, tuple[attrs.Attribute, dict[str, object]]] = {}
-    for algo, cls in CONFIGS.items():
-        for f in attrs.fields(cls):
+    for algo in algos:
+        for f in attrs.fields(CONFIGS[algo]):
             prev = out.get(f.name)
             out[f.name] = (prev[0] if prev else f, {**(prev[1] if prev else {}), algo: f.default})
     return out
@@ -182,16 +184,15 @@ def train_cmd(
         torchrun --nproc_per_node 2 $(which claw-rl) train --algo ppo ...
     """
     from claw_rl._dist import init_from_env, shutdown
+    from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
     from claw_rl.config import dump_toml
-    from claw_rl.learner import GRPOLearner
-    from claw_rl.ppo import PPOLearner
+    from claw_rl.learner import Learner
     from claw_rl.records import read_samples, write_jsonl
 
-    cls = {"grpo": GRPOLearner, "ppo": PPOLearner}[algo]
     rank, _ = init_from_env()  # a no-op outside torchrun
     try:
         if resume_dir is not None:
-            learner = cls.resume(resume_dir)
+            learner = load_checkpoint(resume_dir, algo=algo)
             if any(v is not None for v in flags.values()) or config_path:
                 raise click.UsageError(
                     "--resume continues with the checkpoint's config; drop the config flags"
@@ -200,7 +201,7 @@ def train_cmd(
             if model_dir is None:
                 raise click.UsageError("--model is required (or --resume a checkpoint)")
             config = resolve_config(algo, config_path, flags)
-            learner = cls(config, model_dir, version=start_version)
+            learner = Learner.from_config(config, model_dir, version=start_version)
         samples = read_samples(samples_path)
         if not samples:
             raise click.ClickException(f"{samples_path}: no samples")
@@ -220,7 +221,7 @@ def train_cmd(
                 steps = tqdm(steps, desc="claw-rl train", unit="step", file=sys.stderr)
         for k in steps:
             metrics = learner.step(samples[k * size : (k + 1) * size])
-            policy = learner.save(out_dir / "policy" / f"v{learner.version + 1}")
+            policy = save_policy(learner, out_dir / "policy" / f"v{learner.version + 1}")
             if rank == 0:
                 with open(out_dir / "metrics.jsonl", "a") as fh:
                     write_jsonl([metrics], fh)
@@ -232,7 +233,7 @@ def train_cmd(
                     f"mismatch {metrics['mismatch_mean_abs']:.3g}  {metrics['tokens_per_s']:.0f} tok/s",
                     err=True,
                 )
-        learner.save_checkpoint(out_dir / "checkpoint")
+        save_checkpoint(learner, out_dir / "checkpoint")
     except ClawError as exc:
         raise _fail(exc) from exc
     shutdown()
@@ -282,7 +283,7 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
     """
     from claw_rl.config import PPOConfig
     from claw_rl.critic import critic_kind
-    from claw_rl.ppo import PPOLearner
+    from claw_rl.learner import Learner
     from claw_rl.records import read_samples, write_jsonl
 
     kind = critic if critic != "auto" else (critic_kind(model_dir) or "head")
@@ -291,7 +292,7 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
             f"{model_dir}: no critic/ yet; using a fresh {kind} critic (values are 0)", err=True
         )
     try:
-        learner = PPOLearner(PPOConfig(critic=kind, micro_batch_size=micro_batch_size), model_dir)
+        learner = Learner.ppo(PPOConfig(critic=kind, micro_batch_size=micro_batch_size), model_dir)
         rows = learner.values(read_samples(samples_path))
     except ClawError as exc:
         raise _fail(exc) from exc
@@ -350,11 +351,11 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
     """
     from claw_rl.calls import compare, finish_mismatch, iter_call_samples
     from claw_rl.config import GRPOConfig
-    from claw_rl.learner import GRPOLearner
+    from claw_rl.learner import Learner
     from claw_rl.records import write_jsonl
 
     try:
-        learner = GRPOLearner(GRPOConfig(), model_dir)
+        learner = Learner.grpo(GRPOConfig(), model_dir)
         pairs = list(iter_call_samples(calls_path, temperature=temperature))
         lps = learner.logprobs([s for _, s in pairs])
     except ClawError as exc:

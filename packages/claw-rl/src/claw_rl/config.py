@@ -1,8 +1,9 @@
 """One frozen config class per algorithm; each field is a CLI flag and a TOML key.
 
 The fields every learner shares are declared once: :class:`TrainConfig` (optimizer, batching,
-diagnostics, runtime) and :class:`RLConfig` (clipped surrogate, entropy, training-inference
-correction); :class:`GRPOConfig` and :class:`PPOConfig` add only their own.
+runtime) and :class:`RLConfig` (mismatch and staleness checks, clipped surrogate, entropy,
+training-inference correction); :class:`GRPOConfig` and :class:`PPOConfig` add only their own,
+:class:`SFTConfig` nothing.
 
 There is no temperature setting: the learner takes each token's logprob under the sampling
 settings recorded with it (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``).
@@ -33,7 +34,7 @@ AGG_CHOICES = ("weights", "token_mean", "constant")
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
-    """Fields every learner shares: optimizer, batching, data diagnostics and runtime."""
+    """Fields every learner shares: optimizer, batching and runtime."""
 
     algo: ClassVar[str] = ""
 
@@ -47,11 +48,6 @@ class TrainConfig:
     epochs: int = _f(1, "passes over each batch (PPO epochs)")
     minibatches: int = _f(1, "optimizer steps per epoch; the batch's samples are split evenly")
     micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
-    mismatch_threshold: float = _f(
-        0.1, "report the fraction of tokens with |logprob diff| above this"
-    )
-    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
-    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
     dtype: str = _f("float32", "parameter dtype: float32, bfloat16, float16")
     seed: int = _f(0, "seed for minibatch shuffling and initialisation (PPO: the value head)")
     parallelism: str = _f(
@@ -80,9 +76,14 @@ class TrainConfig:
 
 @attrs.frozen(kw_only=True)
 class RLConfig(TrainConfig):
-    """What GRPO and PPO add to :class:`TrainConfig`: the clipped surrogate, the entropy bonus
-    and the training-inference correction."""
+    """What GRPO and PPO add to :class:`TrainConfig`: training-inference mismatch and staleness
+    checks, the clipped surrogate, the entropy bonus and the correction."""
 
+    mismatch_threshold: float = _f(
+        0.1, "report the fraction of tokens with |logprob diff| above this"
+    )
+    max_staleness: int = _f(1, "samples older than learner version - this are stale (reported)")
+    drop_stale: bool = _f(False, "drop stale samples instead of training on them")
     clip_eps_low: float = _f(0.2, "ratio clip below: r >= 1 - eps_low")
     clip_eps_high: float = _f(0.2, "ratio clip above: r <= 1 + eps_high (DAPO clip-higher: 0.28)")
     entropy_coef: float = _f(0.0, "entropy bonus weight")
@@ -199,7 +200,15 @@ class PPOConfig(RLConfig):
             raise ConfigError(f"whiten_std_floor = {self.whiten_std_floor!r} must be >= 0")
 
 
-CONFIGS: dict[str, type[TrainConfig]] = {"grpo": GRPOConfig, "ppo": PPOConfig}
+@attrs.frozen(kw_only=True)
+class SFTConfig(TrainConfig):
+    """Supervised fine-tuning on tree-packed samples (``algo: sft``): the loss-weighted mean NLL
+    of the trainable tokens at temperature 1; nothing beyond :class:`TrainConfig`."""
+
+    algo: ClassVar[str] = "sft"
+
+
+CONFIGS: dict[str, type[TrainConfig]] = {"grpo": GRPOConfig, "ppo": PPOConfig, "sft": SFTConfig}
 
 
 def _from_dict(cls: type, d: dict, where: str) -> Any:
