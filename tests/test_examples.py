@@ -65,14 +65,17 @@ def test_quickstart_smallest(tmp_path):
 
 @pytest.mark.slow
 def test_reward_rises_through_the_real_pipeline(tmp_path):
-    """GRPO through proxy, sandbox, verifier and trees raises the reward on the dense toy task."""
+    """GRPO through proxy, sandbox, verifier and trees raises the reward on the dense toy task:
+    12 steps of 2 x 6 rollouts. Measured on seeds 0/1/2 (one machine): the mean reward of the
+    first two steps 0.703/0.705/0.705, of the last two 0.978/0.984/0.934; Pass@1 0 at step 0 and
+    1.00/1.00/0.88 over the last two. Asserted: +0.15 and Pass@1 >= 0.5."""
     out = tmp_path / "learn"
     r = _run(
         "mix_harness_rl.py",
         "--run-dir",
         str(out),
         "--steps",
-        "8",
+        "12",
         "--rollouts",
         "6",
         "--task",
@@ -84,7 +87,45 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = _rows(out / "metrics.jsonl")
     mean = [sum(m["reward"].values()) / len(m["reward"]) for m in metrics]
-    assert max(mean[-2:]) > mean[0] + 0.1, mean
+    passed = [sum(m["pass@1"].values()) / len(m["pass@1"]) for m in metrics]
+    assert len(mean) == 12 and passed[0] == 0.0, (mean, passed)
+    assert sum(mean[-2:]) / 2 > sum(mean[:2]) / 2 + 0.15, mean
+    assert sum(passed[-2:]) / 2 >= 0.5, passed
+
+
+@pytest.mark.slow
+def test_fixed_seed_reruns_draw_the_same_rollouts(tmp_path):
+    """Two runs with the same --seed in different run directories sample the same tokens and get
+    the same rewards per step (each call's sampling seed comes from the seed, session and seq, not
+    from arrival order); another seed samples other tokens."""
+
+    def run(name: str, seed: str) -> tuple[list, list]:
+        out = tmp_path / name
+        r = _run(
+            "mix_harness_rl.py",
+            "--run-dir",
+            str(out),
+            "--steps",
+            "2",
+            "--rollouts",
+            "2",
+            "--task",
+            "toy-digits",
+            "--seed",
+            seed,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        rewards = [m["reward"] for m in _rows(out / "metrics.jsonl")]
+        calls = sorted(
+            (c["session"], c["seq"], c["sampling"]["seed"], c["completion_ids"])
+            for c in _rows(out / "calls.jsonl")
+        )
+        return rewards, calls
+
+    first, again, other = run("a", "0"), run("b", "0"), run("c", "1")
+    assert len(first[0]) == 2 and len(first[1]) >= 2 * 2 * 2
+    assert first == again
+    assert [c[3] for c in other[1]] != [c[3] for c in first[1]]
 
 
 @pytest.mark.slow
