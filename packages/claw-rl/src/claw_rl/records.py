@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import attrs
 
@@ -338,7 +338,7 @@ def as_samples(rows: Iterable[Sample | dict]) -> list[Sample]:
     ]
 
 
-def write_jsonl(rows: Iterable[dict], fh: TextIO) -> None:
+def write_jsonl(rows: Iterable[dict], fh: IO[str]) -> None:
     for row in rows:
         fh.write(json.dumps(row, separators=(",", ":")) + "\n")
         fh.flush()
