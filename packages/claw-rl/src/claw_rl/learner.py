@@ -22,7 +22,6 @@ gradient sums, reductions of the metrics).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -32,13 +31,13 @@ import attrs
 import numpy as np
 import torch
 
-from claw_rl import _dist, losses
+from claw_rl import _dist, _metrics, losses
 from claw_rl.config import GRPOConfig, PPOConfig, TrainConfig
 from claw_rl.consistency import finish_mismatch, mismatch_stats
 from claw_rl.critic import Critic
 from claw_rl.errors import ClawError
 from claw_rl.forward import backbone_hidden, entropy, sampling_log_softmax, token_logprobs
-from claw_rl.packing import Batch, leaf_counts, pack, to_device
+from claw_rl.packing import Batch, pack, to_device
 from claw_rl.parts import (
     Aggregation,
     ClippedSurrogate,
@@ -360,21 +359,21 @@ class Learner:
         t0 = time.perf_counter()
         c = self.config
         metrics: dict = {"step": self.step_count + 1, "version": self.version}
-        batch = self._admit(as_samples(samples), metrics)
+        samples = self._admit(as_samples(samples), metrics)
 
         # 1. old logprobs (and values), mismatch against the engine, importance weights
-        old = self._old(batch, metrics)
+        old = self._old(samples, metrics)
 
         # 2-3. losses and update, epochs x minibatches
         sums = dict.fromkeys(_LOSS_SUMS, 0.0)
         grad_norm, n_updates = 0.0, 0
         self._reshard()
         for _ in range(c.epochs):
-            perm = torch.randperm(len(batch), generator=self.generator).tolist()
-            n_mb = min(c.minibatches, len(batch))
+            perm = torch.randperm(len(samples), generator=self.generator).tolist()
+            n_mb = min(c.minibatches, len(samples))
             for m in range(n_mb):
-                mb = perm[m * len(batch) // n_mb : (m + 1) * len(batch) // n_mb]
-                self._losses(mb, batch, old, sums)
+                mb = perm[m * len(samples) // n_mb : (m + 1) * len(samples) // n_mb]
+                self._losses(mb, samples, old, sums)
                 grad_norm += self._update()
                 n_updates += 1
 
@@ -390,14 +389,11 @@ class Learner:
             metrics["kl_ref"] = sums["kl"] / n_updates
         if self.critic is not None:
             metrics["value_loss"] = sums["value_loss"] / n_updates
-            metrics.update(_value_metrics(batch, old))
-        metrics.update(_batch_metrics(batch, old.n_tokens, time.perf_counter() - t0))
+            metrics.update(_metrics.values(samples, old.tokens))
+        metrics.update(_metrics.batch(samples, old.n_tokens, time.perf_counter() - t0))
         self.step_count += 1
         self.dirty = True
-        self.last_metrics = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in metrics.items()
-        }
+        self.last_metrics = _metrics.finite(metrics)
         return dict(self.last_metrics)
 
     def _admit(self, samples: list[Sample], metrics: dict) -> list[Sample]:
@@ -422,21 +418,9 @@ class Learner:
             ]
         if self.max_staleness is None:
             return samples
-        ages = []
-        for s in samples:
-            vs = [
-                v
-                for v, t in zip(s.policy_versions or (), s.trainable, strict=False)
-                if t and v >= 0
-            ]
-            ages.append(self.version - min(vs) if vs else 0)
+        ages = _metrics.ages(samples, self.version)
         stale = [a > self.max_staleness for a in ages]
-        metrics.update(
-            staleness_max=max(ages),
-            staleness_mean=sum(ages) / len(ages),
-            stale_samples=sum(stale),
-            dropped_stale=0,
-        )
+        metrics.update(_metrics.staleness(ages, stale))
         if self.drop_stale:
             metrics["dropped_stale"] = sum(stale)
             samples = [s for s, st in zip(samples, stale, strict=True) if not st]
@@ -557,7 +541,8 @@ class Learner:
                 acc["kl"] += float(kl.detach())
             if self.critic is not None:
                 v = self.critic.values(batch, hidden)[b, i]  # (M,)
-                R = batch.returns[b, i]  # type: ignore[index]  # PPO samples carry returns
+                assert batch.returns is not None  # _admit: a critic's samples carry returns
+                R = batch.returns[b, i]  # (M,)
                 vl = agg.loss(self.critic.loss(v, o["values_old"], R), tok)
                 loss = loss + self.critic.vf_coef * vl
                 acc["value_loss"] += float(vl.detach())
@@ -575,7 +560,8 @@ class Learner:
             d["logp_ref"] = lp.detach()
         if self.critic is not None:
             b, i, _ = batch.predictor_index()
-            d["values_old"] = batch.returns[b, i].float()  # type: ignore[index]
+            assert batch.returns is not None
+            d["values_old"] = batch.returns[b, i].float()
         return d
 
     def _update(self) -> float:
@@ -629,60 +615,6 @@ def _load(
     torch.manual_seed(config.seed)
     policy = load_policy(model_dir, dtype).to(dev)
     return policy, dtype, dev, Path(origin_dir) if origin_dir else Path(model_dir)
-
-
-def _value_metrics(samples: list[Sample], old: _Old) -> dict:
-    """Explained variance of the old values against the returns over every trainable token."""
-    own = sorted(old.tokens)
-    R = torch.tensor(
-        [
-            r
-            for k in own
-            for r, t in zip(samples[k].returns or (), samples[k].trainable, strict=True)
-            if t
-        ],
-        dtype=torch.float64,
-    )
-    v = (
-        torch.cat([old.tokens[k]["values_old"].double().cpu() for k in own])
-        if own
-        else torch.zeros(0, dtype=torch.float64)
-    )
-    s = _dist.reduce_sums(
-        {
-            "n": float(R.numel()),
-            "R": float(R.sum()),
-            "R2": float((R * R).sum()),
-            "D": float((R - v).sum()),
-            "D2": float(((R - v) ** 2).sum()),
-        }
-    )
-    n = max(s["n"], 1)
-    var_R = s["R2"] / n - (s["R"] / n) ** 2
-    var_D = s["D2"] / n - (s["D"] / n) ** 2
-    return {
-        "explained_variance": 1.0 - var_D / var_R if s["n"] > 1 and var_R > 1e-12 else math.nan,
-        "value_mean": float(v.mean()) if v.numel() else 0.0,
-        "return_mean": s["R"] / n,
-    }
-
-
-def _batch_metrics(samples: list[Sample], n_tokens: int, wall: float) -> dict:
-    packed = sum(len(s) for s in samples)
-    flat = sum(float(leaf_counts(s.parent).sum()) for s in samples)
-    adv = torch.tensor(
-        [a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t]
-    )
-    return {
-        "samples": len(samples),
-        "tokens": packed,
-        "trainable_tokens": n_tokens,
-        "dedup_factor": flat / max(packed, 1),
-        "tokens_per_s": packed / wall,
-        "step_time_s": wall,
-        "adv_mean": float(adv.mean()) if adv.numel() else 0.0,
-        "zero_adv_frac": float((adv == 0).float().mean()) if adv.numel() else 0.0,
-    }
 
 
 __all__ = ["Learner", "load_policy"]

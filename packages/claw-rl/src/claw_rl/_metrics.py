@@ -1,0 +1,95 @@
+"""The learner's step metrics that are not part of the losses: staleness, the critic's fit, the
+batch's shape and speed. Sums over ranks go through :mod:`claw_rl._dist`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from claw_rl import _dist
+from claw_rl.packing import leaf_counts
+from claw_rl.records import Sample
+
+
+def ages(samples: list[Sample], version: int) -> list[int]:
+    """Per sample: the learner version minus the oldest policy version of its trainable tokens
+    (0 when unknown)."""
+    out = []
+    for s in samples:
+        vs = [v for v, t in zip(s.policy_versions or (), s.trainable, strict=False) if t and v >= 0]
+        out.append(version - min(vs) if vs else 0)
+    return out
+
+
+def staleness(ages: list[int], stale: list[bool]) -> dict:
+    return {
+        "staleness_max": max(ages),
+        "staleness_mean": sum(ages) / len(ages),
+        "stale_samples": sum(stale),
+        "dropped_stale": 0,
+    }
+
+
+def values(samples: list[Sample], old: dict[int, dict[str, torch.Tensor]]) -> dict:
+    """Explained variance of the old values (``old[k]["values_old"]``, this rank's samples k)
+    against the returns, over every trainable token of the batch (all ranks)."""
+    own = sorted(old)
+    R = torch.tensor(
+        [
+            r
+            for k in own
+            for r, t in zip(samples[k].returns or (), samples[k].trainable, strict=True)
+            if t
+        ],
+        dtype=torch.float64,
+    )
+    v = (
+        torch.cat([old[k]["values_old"].double().cpu() for k in own])
+        if own
+        else torch.zeros(0, dtype=torch.float64)
+    )
+    s = _dist.reduce_sums(
+        {
+            "n": float(R.numel()),
+            "R": float(R.sum()),
+            "R2": float((R * R).sum()),
+            "D": float((R - v).sum()),
+            "D2": float(((R - v) ** 2).sum()),
+        }
+    )
+    n = max(s["n"], 1)
+    var_R = s["R2"] / n - (s["R"] / n) ** 2
+    var_D = s["D2"] / n - (s["D"] / n) ** 2
+    return {
+        "explained_variance": 1.0 - var_D / var_R if s["n"] > 1 and var_R > 1e-12 else math.nan,
+        "value_mean": float(v.mean()) if v.numel() else 0.0,
+        "return_mean": s["R"] / n,
+    }
+
+
+def batch(samples: list[Sample], n_tokens: int, wall: float) -> dict:
+    """Size, deduplication and speed of the step, and the advantages as given."""
+    packed = sum(len(s) for s in samples)
+    flat = sum(float(leaf_counts(s.parent).sum()) for s in samples)
+    adv = torch.tensor(
+        [a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t]
+    )
+    return {
+        "samples": len(samples),
+        "tokens": packed,
+        "trainable_tokens": n_tokens,
+        "dedup_factor": flat / max(packed, 1),
+        "tokens_per_s": packed / wall,
+        "step_time_s": wall,
+        "adv_mean": float(adv.mean()) if adv.numel() else 0.0,
+        "zero_adv_frac": float((adv == 0).float().mean()) if adv.numel() else 0.0,
+    }
+
+
+def finite(metrics: dict) -> dict:
+    """NaN / inf floats as None (JSON has neither)."""
+    return {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in metrics.items()
+    }
