@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from claw_rl.packing import Batch
 
@@ -135,6 +136,16 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
     return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
 
 
+def _head_chunk(head, h, T, top_p, top_k, targets, with_entropy: bool):
+    """(logprob of ``targets`` (m,), entropy (m,) or None) of one chunk of predictor rows."""
+    logp = sampling_log_softmax(head(h).float(), T, top_p, top_k, targets)  # (m, V)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = entropy(logp)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), ent
+
+
 def token_logprobs(
     model: torch.nn.Module, hidden: torch.Tensor, batch: Batch, *, with_entropy: bool = True
 ) -> TokenStats:
@@ -147,15 +158,18 @@ def token_logprobs(
     targets = batch.input_ids[b, i]  # (M,)
     T, top_p, top_k = batch.temperatures[b, i], batch.top_ps[b, i], batch.top_ks[b, i]  # (M,) each
     lps, ents = [], []
+    grad = torch.is_grad_enabled() and h.requires_grad
     for lo in range(0, h.shape[0], _CHUNK):
         sl = slice(lo, lo + _CHUNK)
-        logp = sampling_log_softmax(
-            head(h[sl]).float(), T[sl], top_p[sl], top_k[sl], targets[sl]
-        )  # (m, V)
-        lps.append(logp.gather(-1, targets[sl, None]).squeeze(-1))
+        args = (head, h[sl], T[sl], top_p[sl], top_k[sl], targets[sl], with_entropy)
+        # under autograd the (m, V) logits are recomputed in backward instead of kept: memory
+        # per trainable token is then H, not V (V = 151K floats for Qwen3)
+        lp, ent = (
+            checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
+        )
+        lps.append(lp)
         if with_entropy:
-            with torch.no_grad():
-                ents.append(entropy(logp))
+            ents.append(ent)
     empty = hidden.new_zeros(0)
     lp = torch.cat(lps) if lps else empty
     ent = torch.cat(ents) if ents else empty.detach()

@@ -30,11 +30,12 @@ import torch
 
 from claw_rl.records import Sample
 
-# Largest padded length N packed with a dense mask under attention="auto". Measured on CPU
-# (bench/test_rl_tree_attention.py, the tiny model, one update): the dense mask is faster up to
-# N ~ 1-2K tokens and the tree path from there on; above it the dense mask's N^2 memory grows
-# past the model's own activations. 1024 keeps dense only where it is at least as fast.
-DENSE_MAX_TOKENS = 1024
+# Largest padded length N packed with a dense mask under attention="auto". Measured on CPU (the
+# tiny model, session-shaped trees, forward + backward, 1 thread): dense / tree time was 0.71x
+# at 512 tokens, 0.78x at 1024, 1.08x at 2048 and 1.52x at 4096 (and the dense mask's N^2
+# memory dominates from ~16K on: bench/test_rl_tree_attention.py). 1536 sits at the crossover.
+# Not measured on CUDA, where flex_attention's tiles make the tree path cheap earlier still.
+DENSE_MAX_TOKENS = 1536
 ATTENTION_LAYOUTS = ("auto", "dense", "tree")
 
 
@@ -64,7 +65,7 @@ def preorder(parent: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """
     n = len(parent)
     children: list[list[int]] = [[] for _ in range(n)]
-    roots = []
+    roots: list[int] = []
     for i, p in enumerate(parent):
         (children[p] if p >= 0 else roots).append(i)
     order = np.empty(n, dtype=np.int64)
