@@ -17,7 +17,7 @@ from claw_rl.errors import ClawError
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="claw-rl")
 def main() -> None:
-    """claw-rl: PPO and GRPO learners on tree-packed samples."""
+    """claw-rl: PPO, GRPO and SFT learners on tree-packed samples."""
 
 
 def _fail(exc: ClawError, hint: str = "") -> click.ClickException:
@@ -68,10 +68,15 @@ def _config_fields(
     return out
 
 
-def _config_options(fn):
-    for name, (f, defaults) in reversed(list(_config_fields().items())):
+def _config_options(algos: tuple[str, ...]):
+    """A decorator adding one flag per config field of ``algos``."""
+    return lambda fn: _add_config_options(fn, algos)
+
+
+def _add_config_options(fn, algos: tuple[str, ...]):
+    for name, (f, defaults) in reversed(list(_config_fields(algos).items())):
         flag = "--" + name.replace("_", "-")
-        if len(defaults) == 1:
+        if len(defaults) == 1 and len(algos) > 1:
             default = f"{next(iter(defaults))} only; default {f.default!r}"
         elif len(set(map(repr, defaults.values()))) == 1:
             default = f"default {f.default!r}"
@@ -106,6 +111,80 @@ def resolve_config(algo: str, toml_path: Path | None, flags: dict):
             raise click.UsageError(f"--{key.replace('_', '-')} does not apply to --algo {algo}")
         values[key] = val
     return cls.from_dict(values, str(toml_path) if toml_path else "flags")
+
+
+def _run(
+    algo: str,
+    model_dir: Path | None,
+    samples_path: str,
+    out_dir: Path,
+    config_path: Path | None,
+    batch_size: int,
+    resume_dir: Path | None,
+    start_version: int,
+    flags: dict,
+    describe,
+) -> None:
+    """The loop `train` and `sft` share: one learner step per batch, a policy after each."""
+    from claw_rl._dist import init_from_env, shutdown
+    from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
+    from claw_rl.config import dump_toml
+    from claw_rl.learner import Learner
+    from claw_rl.records import read_samples, write_jsonl
+
+    rank, _ = init_from_env()  # a no-op outside torchrun
+    try:
+        if resume_dir is not None:
+            learner = load_checkpoint(resume_dir, algo=algo)
+            if any(v is not None for v in flags.values()) or config_path:
+                raise click.UsageError(
+                    "--resume continues with the checkpoint's config; drop the config flags"
+                )
+        else:
+            if model_dir is None:
+                raise click.UsageError("--model is required (or --resume a checkpoint)")
+            config = resolve_config(algo, config_path, flags)
+            learner = Learner.from_config(config, model_dir, version=start_version)
+        samples = read_samples(samples_path)
+        if not samples:
+            raise click.ClickException(f"{samples_path}: no samples")
+        size = batch_size if batch_size > 0 else len(samples)
+        n_steps = (len(samples) + size - 1) // size
+        refuse_taken_policies(out_dir, learner.version, n_steps, rank)  # before anything is written
+        if rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
+        steps = range(n_steps)
+        if rank == 0 and sys.stderr.isatty() and n_steps > 1:
+            try:
+                from tqdm import tqdm  # comes with transformers; no bar without it
+            except ImportError:
+                pass
+            else:
+                steps = tqdm(
+                    steps,
+                    desc=f"claw-rl {'sft' if algo == 'sft' else 'train'}",
+                    unit="step",
+                    file=sys.stderr,
+                )
+        for k in steps:
+            metrics = learner.step(samples[k * size : (k + 1) * size])
+            policy = save_policy(learner, out_dir / "policy" / f"v{learner.version + 1}")
+            if rank == 0:
+                with open(out_dir / "metrics.jsonl", "a") as fh:
+                    write_jsonl([metrics], fh)
+                with open(out_dir / "policies.jsonl", "a") as fh:
+                    write_jsonl([policy], fh)
+                write_jsonl([policy], sys.stdout)
+                click.echo(
+                    f"step {metrics['step']}: loss {metrics['loss']:.4g}  {describe(metrics)}  "
+                    f"{metrics['tokens_per_s']:.0f} tok/s",
+                    err=True,
+                )
+        save_checkpoint(learner, out_dir / "checkpoint")
+    except ClawError as exc:
+        raise _fail(exc) from exc
+    shutdown()
 
 
 @main.command("train")
@@ -156,7 +235,7 @@ def resolve_config(algo: str, toml_path: Path | None, flags: dict):
     show_default=True,
     help="Policy version of --model (the next saved policy is this + 1).",
 )
-@_config_options
+@_config_options(("grpo", "ppo"))
 def train_cmd(
     algo,
     model_dir,
@@ -183,60 +262,110 @@ def train_cmd(
 
         torchrun --nproc_per_node 2 $(which claw-rl) train --algo ppo ...
     """
-    from claw_rl._dist import init_from_env, shutdown
-    from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
-    from claw_rl.config import dump_toml
-    from claw_rl.learner import Learner
-    from claw_rl.records import read_samples, write_jsonl
+    _run(
+        algo,
+        model_dir,
+        samples_path,
+        out_dir,
+        config_path,
+        batch_size,
+        resume_dir,
+        start_version,
+        flags,
+        lambda m: f"clip {m['clip_frac']:.3f}  mismatch {m['mismatch_mean_abs']:.3g}",
+    )
 
-    rank, _ = init_from_env()  # a no-op outside torchrun
-    try:
-        if resume_dir is not None:
-            learner = load_checkpoint(resume_dir, algo=algo)
-            if any(v is not None for v in flags.values()) or config_path:
-                raise click.UsageError(
-                    "--resume continues with the checkpoint's config; drop the config flags"
-                )
-        else:
-            if model_dir is None:
-                raise click.UsageError("--model is required (or --resume a checkpoint)")
-            config = resolve_config(algo, config_path, flags)
-            learner = Learner.from_config(config, model_dir, version=start_version)
-        samples = read_samples(samples_path)
-        if not samples:
-            raise click.ClickException(f"{samples_path}: no samples")
-        size = batch_size if batch_size > 0 else len(samples)
-        n_steps = (len(samples) + size - 1) // size
-        refuse_taken_policies(out_dir, learner.version, n_steps, rank)  # before anything is written
-        if rank == 0:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
-        steps = range(n_steps)
-        if rank == 0 and sys.stderr.isatty() and n_steps > 1:
-            try:
-                from tqdm import tqdm  # comes with transformers; no bar without it
-            except ImportError:
-                pass
-            else:
-                steps = tqdm(steps, desc="claw-rl train", unit="step", file=sys.stderr)
-        for k in steps:
-            metrics = learner.step(samples[k * size : (k + 1) * size])
-            policy = save_policy(learner, out_dir / "policy" / f"v{learner.version + 1}")
-            if rank == 0:
-                with open(out_dir / "metrics.jsonl", "a") as fh:
-                    write_jsonl([metrics], fh)
-                with open(out_dir / "policies.jsonl", "a") as fh:
-                    write_jsonl([policy], fh)
-                write_jsonl([policy], sys.stdout)
-                click.echo(
-                    f"step {metrics['step']}: loss {metrics['loss']:.4g}  clip {metrics['clip_frac']:.3f}  "
-                    f"mismatch {metrics['mismatch_mean_abs']:.3g}  {metrics['tokens_per_s']:.0f} tok/s",
-                    err=True,
-                )
-        save_checkpoint(learner, out_dir / "checkpoint")
-    except ClawError as exc:
-        raise _fail(exc) from exc
-    shutdown()
+
+@main.command("sft")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="HF model directory to start from (not needed with --resume).",
+)
+@click.option(
+    "--samples",
+    "samples_path",
+    default="-",
+    show_default=True,
+    help="claw.sample/v1 JSONL file of SFT samples (algo sft, from `claw-tree sft-samples`).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    metavar="OUT",
+    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config ([sft] table or flat keys); flags override it.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Samples per learner step, each saving a policy (0 = the whole file is one step).",
+)
+@click.option(
+    "--resume",
+    "resume_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Continue from a checkpoint directory (a previous sft run's OUT/checkpoint).",
+)
+@click.option(
+    "--start-version",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Policy version of --model (the next saved policy is this + 1).",
+)
+@_config_options(("sft",))
+def sft_cmd(
+    model_dir,
+    samples_path,
+    out_dir,
+    config_path,
+    batch_size,
+    resume_dir,
+    start_version,
+    **flags,
+) -> None:
+    """Supervised fine-tuning on tree-packed samples; print one claw.policy/v1 line per step.
+
+    The loss is the loss-weighted mean negative log-likelihood of every trainable (completion)
+    token, at temperature 1 whatever the teacher sampled with; a prefix shared by several calls
+    is computed once. Each learner step makes --epochs passes over its batch in --minibatches
+    shuffled optimizer steps. Outputs, --resume and torchrun work as in `claw-rl train`:
+    OUT/policy/vN after each step, OUT/metrics.jsonl, OUT/policies.jsonl (and stdout),
+    OUT/checkpoint for --resume.
+
+    Example:
+
+    \b
+        claw-tree sft-samples teacher_calls.jsonl -o sft.jsonl
+        claw-rl sft --model runs/tiny --samples sft.jsonl -o runs/sft \\
+          --lr 3e-3 --epochs 50 --minibatches 3 --micro-batch-size 16
+
+        torchrun --nproc_per_node 2 $(which claw-rl) sft --model M --samples sft.jsonl -o runs/sft
+    """
+    _run(
+        "sft",
+        model_dir,
+        samples_path,
+        out_dir,
+        config_path,
+        batch_size,
+        resume_dir,
+        start_version,
+        flags,
+        lambda m: f"grad_norm {m['grad_norm']:.3g}",
+    )
 
 
 @main.command("values")
