@@ -76,8 +76,9 @@ def test_task_toml_fields_and_binary_files_are_kept():
     assert job["env"] == {"GREETING": "hello"} and job["network"] == {"policy": "none"}
 
 
-def test_gpu_and_multistep_tasks_are_refused_clearly(tmp_path):
-    """A task needing GPUs and a Harbor multi-step task are skipped with a reason that says so."""
+def test_gpu_task_and_malformed_multistep_task_are_skipped_clearly(tmp_path):
+    """A task needing GPUs is skipped with a reason that says so; so is a multi-step task whose
+    task.toml lists no [[steps]] for its steps/ folder."""
     gpu = tmp_path / "s" / "gpu-task"
     shutil.copytree(HB / "hb-tarball", gpu)
     (gpu / "task.toml").write_text("[environment]\ngpus = 1\n")
@@ -89,8 +90,8 @@ def test_gpu_and_multistep_tasks_are_refused_clearly(tmp_path):
     assert [t.id for t in s.tasks] == ["ok"]
     reasons = dict(s.skipped)
     assert "needs 1 GPU(s)" in reasons[str(gpu)]
-    assert "multi-step" in reasons[str(multi)] and "not supported" in reasons[str(multi)]
-    with pytest.raises(TaskError, match="multi-step"):
+    assert "a steps/ folder needs [[steps]] entries" in reasons[str(multi)]
+    with pytest.raises(TaskError, match=r"needs \[\[steps\]\]"):
         load_suite(multi)
 
 
@@ -138,21 +139,32 @@ def test_pinchbench_checkout_root_and_manifest(tmp_path):
     assert [t.id for t in load_suite(tmp_path / "a" / "tasks").tasks] == ["task_a", "task_b"]
 
 
-def test_multi_session_pinchbench_task_is_refused_not_truncated(tmp_path):
-    """A PinchBench task with sessions[] is skipped with that reason rather than run with one prompt."""
+def test_multi_session_pinchbench_task_loads_with_all_its_prompts(tmp_path):
+    """A PinchBench task with sessions[] loads with every prompt in order (none dropped); a bad
+    sessions entry is skipped with the field named."""
     root = _pinchbench_checkout(tmp_path / "c", None)
     text = PB_TASK.format(id="task_multi").replace(
         "grading_type: automated\n",
         "grading_type: automated\n"
-        "sessions:\n  - prompt: first\n  - prompt: second\n"
-        "    new_session: true\n",
+        "sessions:\n  - id: one\n    prompt: first\n  - prompt: second\n"
+        "  - prompt: third\n    new_session: true\n",
     )
     (root / "tasks" / "task_multi.md").write_text(text)
-    s = load_suite(root)
-    reasons = {Path(p).name: r for p, r in s.skipped}
-    assert (
-        "task_multi" not in [t.id for t in s.tasks] and "multi-session" in reasons["task_multi.md"]
+    (root / "tasks" / "task_badsess.md").write_text(
+        text.replace("task_multi", "task_badsess").replace(
+            "    new_session: true", "    new_session: 2"
+        )
     )
+    s = load_suite(root)
+    t = s.get("task_multi")
+    assert t.meta["sessions"] == [
+        {"id": "one", "prompt": "first", "new_session": False},
+        {"id": "session_2", "prompt": "second", "new_session": False},
+        {"id": "session_3", "prompt": "third", "new_session": True},
+    ]
+    assert "first" in t.instruction and "third" in t.instruction
+    reasons = {Path(p).name: r for p, r in s.skipped}
+    assert "sessions[2].new_session" in reasons["task_badsess.md"]
 
 
 def test_oracle_passes_nothing_fails_without_a_proxy(tmp_path):

@@ -44,6 +44,28 @@ def is_harbor_task(path: Path) -> bool:
     return (path / "instruction.md").is_file() and (path / "tests").is_dir()
 
 
+def is_harbor_multistep(path: Path) -> bool:
+    """True for a Harbor multi-step task: task.toml and a ``steps/`` folder (one sub-folder per
+    ``[[steps]]`` entry, each with its own instruction.md, tests/ and solution/)."""
+    return path.is_dir() and (path / "steps").is_dir() and (path / "task.toml").is_file()
+
+
+def step_names(meta: dict, tpath: Path) -> list[str]:
+    """The ``[[steps]]`` names of a multi-step task.toml, in order (TaskError when malformed)."""
+    steps = meta.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise TaskError(f"{tpath}: a steps/ folder needs [[steps]] entries (name = ...) in order")
+    names = []
+    for i, st in enumerate(steps):
+        name = st.get("name") if isinstance(st, dict) else None
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise TaskError(f"{tpath}: field steps[{i}].name must be a folder name, got {name!r}")
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise TaskError(f"{tpath}: [[steps]] names repeat: {names}")
+    return names
+
+
 def context_tag(task_id: str, context: Path) -> str:
     """``claw-harbor/<task>:<sha12>``: the first 12 hex digits of a SHA-256 over ``context``'s files.
 
@@ -65,6 +87,8 @@ def context_tag(task_id: str, context: Path) -> str:
 
 #: where Harbor puts a task's tests (verify time only), its logs, and the oracle's solution folder
 TESTS, LOGS_VERIFIER, LOGS_AGENT, SOLUTION = "/tests", "/logs/verifier", "/logs/agent", "/solution"
+#: where a Harbor trial's artifacts are gathered (task.toml `artifacts`, and what tests put there)
+LOGS_ARTIFACTS = "/logs/artifacts"
 DEFAULT_WORKDIR = "/app"
 #: claw's own verify files of a Harbor job (its verify runner, reward and details), at verify time
 CLAW_LOGS = "/logs/claw"
@@ -171,12 +195,6 @@ def _is_text(path: Path) -> bool:
 def load_harbor_task(task_dir: str | Path) -> Task:
     """Load one Harbor / Terminal-Bench task directory into a Task (errors name the file)."""
     task_dir = Path(task_dir)
-    ipath = task_dir / "instruction.md"
-    if not ipath.is_file():
-        raise TaskError(f"{task_dir}: not a Harbor task (no instruction.md)")
-    instruction = ipath.read_text(encoding="utf-8")
-    if not instruction.strip():
-        raise TaskError(f"{ipath}: instruction is empty")
     meta: dict = {}
     tpath = task_dir / "task.toml"
     if tpath.is_file():
@@ -184,15 +202,29 @@ def load_harbor_task(task_dir: str | Path) -> Task:
             meta = tomllib.loads(tpath.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
+    multi = is_harbor_multistep(task_dir)
+    # a multi-step task's own instruction is its first step's (claw_bench.loaders.harbor_tb
+    # plans every step); its task-level tests/ holds shared helpers and maybe a fallback test.sh
+    ipath = (
+        task_dir / "steps" / step_names(meta, tpath)[0] / "instruction.md"
+        if multi
+        else task_dir / "instruction.md"
+    )
+    if not ipath.is_file():
+        raise TaskError(f"{task_dir}: not a Harbor task (no {ipath.relative_to(task_dir)})")
+    instruction = ipath.read_text(encoding="utf-8")
+    if not instruction.strip():
+        raise TaskError(f"{ipath}: instruction is empty")
     ttable = t if isinstance(t := meta.get("task"), dict) else {}
     raw_name = n if isinstance(n := ttable.get("name"), str) and n else task_dir.name
     name = (
         _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"
     )  # [task] name is the id when present
     test_sh = task_dir / "tests" / "test.sh"
-    if not test_sh.is_file():
+    if not test_sh.is_file() and not multi:
         raise TaskError(f"{task_dir}: missing verifier: expected tests/test.sh")
     tests = read_text_tree(task_dir / "tests", what=f"task {name}")
+    tests.setdefault("test.sh", "")  # multi-step: each step brings its own (checked per step)
     if not isinstance(tests["test.sh"], str):
         raise TaskError(f"{test_sh}: not UTF-8 text")
     hidden: dict[str, FileContent] = {f"tests/{k}": v for k, v in tests.items() if k != "test.sh"}
@@ -277,6 +309,9 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         if image is None:
             image = context_tag(name, context)
             task_meta["docker_context"] = str(context)
+    artifacts = parse_artifacts(meta.get("artifacts"), f"{tpath}: field artifacts")
+    if artifacts:
+        harbor["artifacts"] = artifacts  # copied to /logs/artifacts after verify (plan)
     task_meta["harbor"] = harbor
     return Task(
         id=name,
@@ -296,6 +331,30 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         path=str(task_dir),
         meta=task_meta,
     )
+
+
+def parse_artifacts(value: object, where: str) -> list[dict]:
+    """task.toml ``artifacts``: paths, or ``{source, destination, exclude}`` tables, as
+    ``[{"source": abs path, "destination": relative path, "exclude": [patterns]}]``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TaskError(f"{where}: must be a list of paths or {{source, destination}} tables")
+    out = []
+    for i, a in enumerate(value):
+        src, dest, exclude = (a, None, []) if isinstance(a, str) else (None, None, [])
+        if isinstance(a, dict):
+            src, dest, exclude = a.get("source"), a.get("destination"), a.get("exclude", [])
+        if not isinstance(src, str) or not src.startswith("/") or ".." in src.split("/"):
+            raise TaskError(f"{where}[{i}]: source must be an absolute path, got {src!r}")
+        src = os.path.normpath(src)
+        dest = dest if dest is not None else (os.path.basename(src) or "root")
+        if not isinstance(dest, str) or dest.startswith("/") or ".." in dest.split("/") or not dest:
+            raise TaskError(f"{where}[{i}]: destination must be a relative path, got {dest!r}")
+        if not isinstance(exclude, list) or not all(isinstance(x, str) for x in exclude):
+            raise TaskError(f"{where}[{i}]: exclude must be a list of patterns")
+        out.append({"source": src, "destination": os.path.normpath(dest), "exclude": exclude})
+    return out
 
 
 def harbor_reward_file() -> str:

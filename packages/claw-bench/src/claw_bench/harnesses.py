@@ -12,6 +12,8 @@ Fields of an adapter (all strings may use the ``{{placeholders}}`` listed in PLA
                                          # stdin: the instruction file is fed on stdin
     model = "claw-policy"                # model name the harness asks the proxy for
     command = "claude -p {{instruction}} ..."
+    continue_command = "claude -c -p ..."  # optional: a prompt that continues the last session
+                                         # (multi-session tasks); same placeholders as command
     [env]                                # environment of the harness
     ANTHROPIC_BASE_URL = "{{base_url}}"
     [files]                              # config files written into the workspace first
@@ -61,6 +63,7 @@ _KEYS = {
     "instruction",
     "model",
     "command",
+    "continue_command",
     "env",
     "files",
 }
@@ -84,6 +87,9 @@ class Harness:
     path: str | None = None
     #: "oracle" / "nothing" for the built-in harnesses (see BUILTINS), None for an adapter
     builtin: str | None = None
+    #: the command for a prompt that continues the harness's previous session in the workspace
+    #: (multi-session tasks); None: every prompt starts a new session
+    continue_command: str | None = None
 
     @property
     def needs_model(self) -> bool:
@@ -94,11 +100,15 @@ class Harness:
         """Whether every required executable is on PATH (always True when none is required)."""
         return all(shutil.which(r) for r in self.requires)
 
-    def render(self, values: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
-        """(command, env, files) with placeholders filled; ``values`` holds every placeholder."""
+    def render(
+        self, values: dict[str, str], *, cont: bool = False
+    ) -> tuple[str, dict[str, str], dict[str, str]]:
+        """(command, env, files) with placeholders filled; ``values`` holds every placeholder.
+        ``cont``: the ``continue_command`` (continue the previous session), when there is one."""
         plain = dict(values)
         quoted = {**plain, "instruction": shlex.quote(plain["instruction"])}
-        command = _fill(self.command, quoted)
+        template = self.continue_command if cont and self.continue_command else self.command
+        command = _fill(template, quoted)
         if self.instruction == "stdin":
             command = f"{command} < {INSTRUCTION_FILE}"
         env = {k: _fill(v, plain) for k, v in self.env.items()}
@@ -119,6 +129,7 @@ class Harness:
             "description": self.description,
             "path": self.path,
             "builtin": self.builtin,
+            "continue_command": self.continue_command,
         }
 
 
@@ -216,9 +227,17 @@ def load_harness_file(path: str | Path) -> Harness:
         raise HarnessError(
             f"{where}: field 'command' must contain {{{{instruction_file}}}} when instruction = \"file\""
         )
-    for key in ("description", "model"):
+    for key in ("description", "model", "continue_command"):
         if key in meta and not isinstance(meta[key], str):
             raise HarnessError(f"{where}: field {key!r} must be a string")
+    cont = meta.get("continue_command")
+    if cont is not None:
+        _check_placeholders(cont, f"{where}: field 'continue_command'")
+        need = {"arg": "instruction", "file": "instruction_file"}.get(mode)
+        if need and need not in _PH.findall(cont):
+            raise HarnessError(
+                f"{where}: field 'continue_command' must contain {{{{{need}}}}} like 'command'"
+            )
     return Harness(
         name=name,
         api=api,
@@ -231,6 +250,7 @@ def load_harness_file(path: str | Path) -> Harness:
         env=_str_table(meta, "env", where),
         files=_str_table(meta, "files", where),
         path=str(path),
+        continue_command=cont.strip() if cont else None,
     )
 
 

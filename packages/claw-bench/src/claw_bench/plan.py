@@ -7,12 +7,20 @@ import re
 import secrets
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from claw_bench.errors import PlanError
-from claw_bench.harbor import CLAW_LOGS, LOGS_AGENT, LOGS_VERIFIER, SOLUTION, TESTS
-from claw_bench.harnesses import Harness
+from claw_bench.harbor import (
+    CLAW_LOGS,
+    LOGS_AGENT,
+    LOGS_ARTIFACTS,
+    LOGS_VERIFIER,
+    SOLUTION,
+    TESTS,
+)
+from claw_bench.harnesses import INSTRUCTION_FILE, Harness
 from claw_bench.records import JOB
 from claw_bench.tasks import FileContent, Task, job_files
 from claw_bench.token import mint_token
@@ -75,8 +83,21 @@ def _preflight(h: Harness) -> str:
     )
 
 
+def _renderer(h: Harness, values: dict[str, str], pre: str) -> Callable[..., str]:
+    """The harness's command on another instruction (a step's, a session's prompt); ``cont``:
+    the adapter's ``continue_command``, which continues the session before it."""
+
+    def render(text: str, cont: bool = False) -> str:
+        return pre + h.render({**values, "instruction": text}, cont=cont)[0]
+
+    return render
+
+
 def _oracle(task: Task) -> tuple[str | None, dict[str, FileContent], dict[str, str]]:
     """(command or None when the task has no solution, files, env) of the oracle's job."""
+    if task.meta.get("harbor_steps"):  # each step's solve.sh runs at /solution (_harbor_steps)
+        has = any(st["solution"] for st in task.meta["harbor_steps"])
+        return ("true", {}, {}) if has else (None, {}, {})
     if task.solution is None:
         return None, {}, {}
     sol = task.solution_files or {task.solution.name: task.solution.text}
@@ -86,13 +107,128 @@ def _oracle(task: Task) -> tuple[str | None, dict[str, FileContent], dict[str, s
     return f"{run}; code=$?; rm -rf {SOLUTION_DIR}; exit $code", files, env
 
 
-def _harbor(job: dict[str, Any], task: Task, hb: dict[str, Any], oracle: bool) -> None:
+def artifact_copy(artifacts: list[dict[str, Any]], root: str) -> str:
+    """Shell (POSIX sh) that copies each of task.toml's ``artifacts`` (file or folder, if it
+    exists) to ``root/<destination>``, as Harbor gathers a trial's artifacts after verification."""
+    parts = []
+    for a in artifacts:
+        src, dest = shlex.quote(a["source"]), shlex.quote(f"{root}/{a['destination']}")
+        excl = "".join(f" --exclude={shlex.quote(x)}" for x in a.get("exclude", []))
+        copy_dir = (
+            f"tar -C {src} -cf -{excl} . | tar -C {dest} -xf -"
+            if excl
+            else f"cp -a {src}/. {dest}/"
+        )
+        parts.append(
+            f"if [ -d {src} ]; then mkdir -p {dest} && {copy_dir}; "
+            f'elif [ -e {src} ]; then mkdir -p "$(dirname {dest})" && cp -a {src} {dest}; fi'
+        )
+    return "; ".join(parts)
+
+
+def _with_artifacts(command: str, artifacts: list[dict[str, Any]], root: str) -> str:
+    """The verify command, then the artifact copies; the verifier's exit code is kept."""
+    if not artifacts:
+        return command
+    return f"{command}; code=$?; {artifact_copy(artifacts, root)}; exit $code"
+
+
+def _verify_mounts(task: Task, tests: dict[str, Any], runner: str | None) -> tuple[str, list]:
+    """(command, verify mounts) of a Harbor verify step: the tests at /tests, and claw's verify
+    runner at /logs/claw unless the task's own test.sh writes the reward (``runner`` None)."""
+    vmounts: list[dict[str, Any]] = [{"target": TESTS, "files": job_files(tests)}]
+    if runner is None:  # plain Harbor: test.sh writes the reward itself
+        command = (
+            f"rm -f {LOGS_VERIFIER}/reward.txt {LOGS_VERIFIER}/reward.json; bash {TESTS}/test.sh"
+        )
+    else:  # claw's verify runner (reward.txt / reward.json -> the reward file, details)
+        vmounts.append({"target": CLAW_LOGS, "files": {task.verify.name: runner}})
+        command = f"CLAW_REWARD_FILE={task.reward_file} bash {CLAW_LOGS}/{task.verify.name}"
+    return command, vmounts
+
+
+def _healthcheck(hc: dict[str, Any]) -> str:
+    """A step's healthcheck as a setup command: its command retried like Docker's HEALTHCHECK."""
+    retries = int(hc.get("retries", 3)) if isinstance(hc.get("retries"), int) else 3
+    interval = hc.get("interval_sec", 1)
+    interval = interval if isinstance(interval, int | float) and interval >= 0 else 1
+    cmd = shlex.quote(hc["command"])
+    return (
+        f"i=0; while [ $i -lt {max(1, retries)} ]; do sh -c {cmd} && exit 0; i=$((i+1)); "
+        f"sleep {interval:g}; done; echo 'healthcheck failed: '{cmd} >&2; exit 1"
+    )
+
+
+def _harbor_steps(
+    job: dict[str, Any], task: Task, h: Harness, render: Callable[[str], str] | None
+) -> None:
+    """A Harbor multi-step task's job: its ``steps`` run in order in the one trial environment,
+    each with its WORKDIR uploads (and their setup.sh), healthcheck, agent run on the step's
+    instruction (``render``; the oracle runs the step's solve.sh at /solution), and verify with
+    the task's tests/ under the step's at /tests and the step's ``min_reward``."""
+    steps = []
+    artifacts = task.meta["harbor"].get("artifacts", [])
+    for st in task.meta["harbor_steps"]:
+        files = dict(st["workdir_files"])
+        setup = ["bash ./setup.sh"] if "setup.sh" in files else []
+        if st.get("healthcheck"):
+            setup.append(_healthcheck(st["healthcheck"]))
+        step: dict[str, Any] = {"name": st["name"], "timeout_s": st["timeout_s"]}
+        if h.builtin == "oracle":
+            step["command"] = "bash /solution/solve.sh" if st["solution"] else "true"
+            step["mounts"] = [{"target": SOLUTION, "files": job_files(st["solution"])}]
+        elif render is not None:
+            step["command"] = render(st["instruction"])
+            files[INSTRUCTION_FILE] = st["instruction"]
+        else:
+            step["command"] = job["command"]
+        command, vmounts = _verify_mounts(task, st["tests"], st["runner"])
+        root = f"{LOGS_ARTIFACTS}/steps/{st['name']}"
+        step["verify"] = {
+            "command": _with_artifacts(command, [*artifacts, *st["artifacts"]], root),
+            "timeout_s": st["verify_timeout_s"],
+            "mounts": vmounts,
+            "reward_file": task.reward_file,
+        }
+        if files:
+            step["files"] = job_files(files)
+        if setup:
+            step["setup"] = setup
+        if st.get("min_reward") is not None:
+            step["min_reward"] = st["min_reward"]
+        steps.append(step)
+    job["steps"] = steps
+    job["command"] = steps[0]["command"]  # what a reader that does not know `steps` would run
+    job.pop("verify", None)
+    job["meta"]["multi_step_reward_strategy"] = task.meta["multi_step_reward_strategy"]
+
+
+def _harbor(
+    job: dict[str, Any],
+    task: Task,
+    hb: dict[str, Any],
+    h: Harness,
+    render: Callable[[str], str] | None,
+) -> None:
     """Give a Harbor task's job Harbor's execution model (claw.job/v1 ``profile: "harbor"``): the
-    WORKDIR as workspace and cwd, writable /logs/agent and /logs/verifier, the tests at /tests at
-    verify time only, the solution folder at /solution for the oracle; scripts run unchanged."""
+    WORKDIR as workspace and cwd, writable /logs/agent, /logs/verifier and /logs/artifacts, the
+    tests at /tests at verify time only, the solution folder at /solution for the oracle; scripts
+    run unchanged. A multi-step task gets ``steps`` (:func:`_harbor_steps`)."""
+    oracle = h.builtin == "oracle"
     job["profile"], job["workdir"] = "harbor", hb["workdir"]
-    mounts: list[dict[str, Any]] = [{"target": LOGS_AGENT}, {"target": LOGS_VERIFIER}]
-    if oracle and task.solution is not None:
+    mounts: list[dict[str, Any]] = [
+        {"target": LOGS_AGENT},
+        {"target": LOGS_VERIFIER},
+        {"target": LOGS_ARTIFACTS},
+    ]
+    if task.meta.get("harbor_steps") and "not_scorable" not in job["meta"]:
+        if oracle:
+            mounts.append({"target": SOLUTION})
+            job["workspace"] = {"files": job_files(task.workspace)}
+            job["env"].pop("CLAW_SOLUTION_DIR", None)
+        job["mounts"] = mounts
+        _harbor_steps(job, task, h, render)
+    elif oracle and task.solution is not None:
         sol = task.solution_files or {task.solution.name: task.solution.text}
         mounts.append({"target": SOLUTION, "files": job_files(sol)})
         job["command"] = task.solution.command(f"{SOLUTION}/{task.solution.name}")
@@ -103,30 +239,25 @@ def _harbor(job: dict[str, Any], task: Task, hb: dict[str, Any], oracle: bool) -
         job["image_run"] = list(hb["image_run"])
     if "verify" in job:
         tests = {k[len("tests/") :]: v for k, v in task.hidden.items() if k.startswith("tests/")}
-        vmounts: list[dict[str, Any]] = [{"target": TESTS, "files": {}}]
-        if task.verify.name == "tests/test.sh":  # plain Harbor: test.sh writes the reward itself
+        plain = task.verify.name == "tests/test.sh"
+        if plain:
             tests["test.sh"] = task.verify.text
-            command = f"rm -f {LOGS_VERIFIER}/reward.txt {LOGS_VERIFIER}/reward.json; bash {TESTS}/test.sh"
-        else:  # claw's verify runner (reward.txt / reward.json -> the reward file, details)
-            vmounts.append({"target": CLAW_LOGS, "files": {task.verify.name: task.verify.text}})
-            command = f"CLAW_REWARD_FILE={task.reward_file} bash {CLAW_LOGS}/{task.verify.name}"
-        vmounts[0]["files"] = job_files(tests)
+        command, vmounts = _verify_mounts(task, tests, None if plain else task.verify.text)
         job["verify"] = {
-            "command": command,
+            "command": _with_artifacts(command, hb.get("artifacts", []), LOGS_ARTIFACTS),
             "timeout_s": task.verify_timeout_s,
             "mounts": vmounts,
             "reward_file": task.reward_file,
         }
-    places = [
-        hb["workdir"],
-        *(m["target"] for m in [*mounts, *job.get("verify", {}).get("mounts", [])]),
-    ]
+    vms = [m for v in [job.get("verify", {}), *job.get("steps", [])] for m in v.get("mounts", [])]
+    vms += [m for st in job.get("steps", []) for m in st.get("verify", {}).get("mounts", [])]
+    places = [hb["workdir"], *(m["target"] for m in [*mounts, *vms])]
     job["collect"] = [
         c
         for c in job["collect"]
         if not c.startswith("/") or any(c.startswith(p + "/") for p in places)
     ]
-    job["collect"] += [f"{LOGS_VERIFIER}/**", f"{LOGS_AGENT}/**"]
+    job["collect"] += [f"{LOGS_VERIFIER}/**", f"{LOGS_AGENT}/**", f"{LOGS_ARTIFACTS}/**"]
 
 
 def plan_jobs(
@@ -198,6 +329,7 @@ def plan_jobs(
                     "files": job_files(task.verify_files()),
                     "reward_file": task.reward_file,
                 }
+                render: Callable[[str], str] | None = None  # a model harness on an instruction
                 if h.needs_model:
                     assert proxy_url is not None and secret is not None and port is not None
                     token = mint_token(session, secret, {"task": task.id, "harness": h.name})
@@ -224,7 +356,10 @@ def plan_jobs(
                         )
                     files.update(harness_files)
                     env.update(h_env)
-                    command = _preflight(h) + command if h.requires and not install else command
+                    pre = _preflight(h) if h.requires and not install else ""
+                    command = pre + command
+                    render = _renderer(h, values, pre)
+
                 elif h.builtin == "oracle":
                     oracle, sol_files, sol_env = _oracle(task)
                     if oracle is None:
@@ -279,7 +414,9 @@ def plan_jobs(
                 if task.image:
                     job["image"] = task.image
                 if isinstance(task.meta.get("harbor"), dict):
-                    _harbor(job, task, task.meta["harbor"], oracle=h.builtin == "oracle")
+                    _harbor(job, task, task.meta["harbor"], h, render)
+                elif task.meta.get("sessions") and render is not None:
+                    _sessions(job, task, h, render)
                 task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
                 if limits or task_limits:
                     job["limits"] = {
@@ -288,3 +425,27 @@ def plan_jobs(
                     }  # plan's flags override the task's
                 jobs.append(job)
     return jobs
+
+
+def _sessions(job: dict[str, Any], task: Task, h: Harness, render: Callable[..., str]) -> None:
+    """A multi-session task (PinchBench ``sessions[]``): one step per prompt, in order, in the one
+    workspace, graded once at the end (the job's verify). A prompt that continues the session
+    before it runs the harness's ``continue_command`` when the adapter has one; without one it
+    runs as a new harness session, and ``meta.sessions_not_continued`` names it."""
+    steps, not_continued = [], []
+    for i, sess in enumerate(task.meta["sessions"]):
+        cont = i > 0 and not sess["new_session"]
+        if cont and not h.continue_command:
+            not_continued.append(sess["id"])
+        steps.append(
+            {
+                "name": sess["id"],
+                "command": render(sess["prompt"], cont=cont and bool(h.continue_command)),
+                "timeout_s": task.timeout_s,
+                "files": {INSTRUCTION_FILE: sess["prompt"]},
+            }
+        )
+    job["steps"] = steps
+    job["command"] = steps[0]["command"]
+    if not_continued:
+        job["meta"]["sessions_not_continued"] = not_continued

@@ -10,6 +10,9 @@ Rules:
   ``status: not_scorable`` with the reason.
 - Otherwise the reward is the verifier's reward when it gave one; else the mean of its numeric
   sub-scores (``details``); else 1.0 / 0.0 from its exit code. A verifier that timed out scores 0.
+- A multi-step run (Harbor ``steps/``; ``meta.multi_step_reward_strategy``) takes its reward from
+  its steps by Harbor's rule: ``mean`` (per-key mean over the verified steps) or ``final`` (the
+  last step's); see :func:`aggregate_steps`.
 - ``passed`` is ``reward >= threshold`` when a threshold applies (the ``threshold`` argument,
   else the task's ``pass_threshold`` carried in the job meta); else the verifier's exit code.
 """
@@ -193,6 +196,8 @@ def score_run(
             else "the run has no verify result"
         )
         return out
+    if isinstance(run.get("steps"), list) and meta.get("multi_step_reward_strategy") in STRATEGIES:
+        return _score_steps(out, run, meta, threshold, where)
     details: dict[str, Any] = {}
     passed_exit = bool(verify.get("passed", verify.get("exit_code") == 0))
     reward = verify.get("reward")
@@ -221,6 +226,83 @@ def score_run(
     out["details"] = details
     if isinstance(meta.get("judge"), dict):
         out = apply_judge(out, run, meta["judge"], judge, threshold)
+    return out
+
+
+#: Harbor's multi-step reward rules (task.toml ``multi_step_reward_strategy``)
+STRATEGIES = ("mean", "final")
+
+
+def step_rewards(verify: dict[str, Any]) -> dict[str, float]:
+    """A verified step's named rewards: the reward file's keys when it held an object, else
+    {"reward": reward}; a verifier that timed out gives {"reward": 0}."""
+    if verify.get("timed_out"):
+        return {"reward": 0.0}
+    subs = _sub_scores(verify.get("details"))
+    if subs:
+        return subs
+    reward = verify.get("reward")
+    if isinstance(reward, int | float) and not isinstance(reward, bool):
+        return {"reward": float(reward)}
+    return {"reward": 1.0 if verify.get("passed") else 0.0}
+
+
+def aggregate_steps(per_step: list[dict[str, float]], strategy: str) -> dict[str, float]:
+    """Harbor's trial reward of a multi-step task from its verified steps' rewards, in order:
+    ``mean`` is the per-key mean over the steps (a key a step lacks counts 0 for it); ``final`` is
+    the last step's, as it is."""
+    if not per_step:
+        return {}
+    if strategy == "final":
+        return dict(per_step[-1])
+    keys = list(dict.fromkeys(k for r in per_step for k in r))
+    return {k: sum(r.get(k, 0.0) for r in per_step) / len(per_step) for k in keys}
+
+
+def _score_steps(
+    out: dict[str, Any],
+    run: dict[str, Any],
+    meta: dict[str, Any],
+    threshold: float | None,
+    where: str,
+) -> dict[str, Any]:
+    """A multi-step run (claw.run/v1 ``steps``): each verified step's rewards, the trial reward by
+    the task's strategy (one number: the aggregate's ``reward`` key alone, else its keys' mean),
+    ``details.steps`` per step and ``details.stopped_after`` when a min_reward gate ended them."""
+    steps = [s for s in run["steps"] if isinstance(s, dict)]
+    for i, s in enumerate(steps):
+        if s.get("verify") is not None:
+            check_run({"job_id": "step", "verify": s["verify"]}, f"{where}: steps[{i}]")
+    verified = [(s, step_rewards(s["verify"])) for s in steps if isinstance(s.get("verify"), dict)]
+    if not verified:
+        out["status"] = "infra_error"
+        out["error"] = "no step of the multi-step run was verified"
+        return out
+    strategy = meta["multi_step_reward_strategy"]
+    agg = aggregate_steps([r for _, r in verified], strategy)
+    reward = agg["reward"] if set(agg) == {"reward"} else sum(agg.values()) / len(agg)
+    details: dict[str, Any] = {k: v for k, v in agg.items() if set(agg) != {"reward"}}
+    details["steps"] = [
+        {
+            "name": s.get("name"),
+            "reward": (sum(r.values()) / len(r)) if r else 0.0,
+            "rewards": r,
+        }
+        for s, r in verified
+    ]
+    details["multi_step_reward_strategy"] = strategy
+    gated = [s.get("name") for s in steps if (s.get("min_reward") or {}).get("met") is False]
+    if gated:
+        details["stopped_after"] = gated[0]
+    if any(s.get("status") == "timeout" for s in steps):
+        details["agent_timed_out"] = True
+    thr = threshold if threshold is not None else meta.get("pass_threshold")
+    out["reward"] = float(reward)
+    last = verified[-1][0]["verify"]
+    out["passed"] = (
+        bool(reward >= thr) if isinstance(thr, int | float) else bool(last.get("passed"))
+    )
+    out["details"] = details
     return out
 
 

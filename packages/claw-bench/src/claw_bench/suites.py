@@ -69,7 +69,12 @@ def _load_entry(path: Path, options: LoadOptions | None) -> list[Task]:
     """A claw task directory, or a public-layout task path (ClawGym, PinchBench, Harbor; see loaders)."""
     if is_family_dir(path):
         return load_family(path)
-    if path.is_dir() and (path / "task.toml").is_file() and not is_harbor_task(path):
+    if (
+        path.is_dir()
+        and (path / "task.toml").is_file()
+        and not is_harbor_task(path)
+        and not is_harbor_multistep(path)
+    ):
         return [load_task(path)]
     if detect_layout(path):
         return load_public(path, options)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from claw_bench.errors import TaskError
-from claw_bench.harbor import is_harbor_task
+from claw_bench.harbor import is_harbor_multistep, is_harbor_task
 from claw_bench.loaders._common import LoadOptions
 from claw_bench.loaders.clawgym import is_clawgym_task, load_clawgym_jsonl, load_clawgym_task
 from claw_bench.loaders.harbor_tb import load_harbor_tb_task
@@ -35,7 +35,7 @@ def detect_layout(path: str | Path) -> str | None:
         return "pinchbench" if is_pinchbench_file(path) else None
     if is_clawgym_task(path):
         return "clawgym"
-    if is_harbor_task(path):
+    if is_harbor_task(path) or is_harbor_multistep(path):
         return "harbor"
     return None
 

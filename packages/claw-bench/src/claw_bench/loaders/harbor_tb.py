@@ -27,9 +27,17 @@ from typing import Any
 import attrs
 
 from claw_bench.errors import TaskError
-from claw_bench.harbor import CLAW_LOGS, HARBOR_DETAILS, is_harbor_task, load_harbor_task
+from claw_bench.harbor import (
+    CLAW_LOGS,
+    HARBOR_DETAILS,
+    is_harbor_multistep,
+    is_harbor_task,
+    load_harbor_task,
+    parse_artifacts,
+    step_names,
+)
 from claw_bench.loaders._common import VERIFY_MARGIN_S, LoadOptions
-from claw_bench.tasks import Script, Task
+from claw_bench.tasks import Script, Task, read_text_tree
 
 _RUNNER = r"""#!/bin/bash
 # claw-bench's Harbor verify runner: runs tests/test.sh, turns reward.txt / reward.json into the reward.
@@ -68,27 +76,38 @@ def _toml(task_dir: Path) -> dict[str, Any]:
         raise TaskError(f"{p}: invalid TOML: {exc}") from exc
 
 
-def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -> Task:
-    """A Harbor / Terminal-Bench 2 task directory as a Task with the continuous-reward runner."""
-    opts = opts or LoadOptions()
-    task_dir = Path(task_dir)
-    if not is_harbor_task(task_dir):
-        raise TaskError(f"{task_dir}: not a Harbor task (needs instruction.md and tests/)")
-    base = load_harbor_task(task_dir)
-    meta = _toml(task_dir)
-    vtable = t if isinstance(t := meta.get("verifier"), dict) else {}
-    env = vtable.get("env", {})
-    if not isinstance(env, dict):
-        raise TaskError(f"{task_dir / 'task.toml'}: field [verifier] env must be a table")
-    timeout = opts.checker_timeout_s or base.verify_timeout_s
+def runner_text(timeout: float, env: dict[str, Any]) -> str:
+    """claw's Harbor verify runner for a verifier timeout and ``[verifier].env``."""
     exports = "\n".join(
         f"export {k}={shlex.quote(str(v))}" for k, v in env.items() if str(k).isidentifier()
     )
-    text = (
+    return (
         _RUNNER.replace("__TIMEOUT__", f"{timeout:g}")
         .replace("__ENV__", exports)
         .replace("__DETAILS__", HARBOR_DETAILS)
     )
+
+
+def _env_table(table: dict[str, Any], what: str, tpath: Path) -> dict[str, Any]:
+    env = table.get("env", {})
+    if not isinstance(env, dict):
+        raise TaskError(f"{tpath}: field {what} env must be a table")
+    return env
+
+
+def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -> Task:
+    """A Harbor / Terminal-Bench 2 task directory as a Task with the continuous-reward runner
+    (a multi-step task's steps in ``meta["harbor_steps"]``, see :func:`_steps`)."""
+    opts = opts or LoadOptions()
+    task_dir = Path(task_dir)
+    if not is_harbor_task(task_dir) and not is_harbor_multistep(task_dir):
+        raise TaskError(f"{task_dir}: not a Harbor task (needs instruction.md and tests/)")
+    base = load_harbor_task(task_dir)
+    meta = _toml(task_dir)
+    vtable = t if isinstance(t := meta.get("verifier"), dict) else {}
+    env = _env_table(vtable, "[verifier]", task_dir / "task.toml")
+    timeout = opts.checker_timeout_s or base.verify_timeout_s
+    text = runner_text(timeout, env)
     hidden = {k: v for k, v in base.hidden.items()}
     hidden["tests/test.sh"] = base.verify.text
     task_meta = dict(base.meta)
@@ -109,6 +128,17 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
             limits[name] = kind(v)
     if limits:
         task_meta["limits"] = limits  # job limits (plan --cpus / --memory-mb override them)
+    if is_harbor_multistep(task_dir):
+        strategy = meta.get("multi_step_reward_strategy") or "mean"
+        if strategy not in STRATEGIES:
+            raise TaskError(
+                f"{task_dir / 'task.toml'}: field multi_step_reward_strategy must be one of "
+                f"{STRATEGIES}, got {strategy!r}"
+            )
+        task_meta["harbor_steps"] = _steps(task_dir, meta, base, opts, env)
+        task_meta["multi_step_reward_strategy"] = strategy
+        agent_s = sum(st["timeout_s"] for st in task_meta["harbor_steps"])
+        base = attrs.evolve(base, timeout_s=agent_s)
     return attrs.evolve(
         base,
         verify=Script(name="harbor_verify.sh", text=text, interpreter="bash"),
@@ -118,3 +148,73 @@ def load_harbor_tb_task(task_dir: str | Path, opts: LoadOptions | None = None) -
         pass_threshold=opts.pass_threshold,
         meta=task_meta,
     )
+
+
+#: Harbor's rules for a multi-step trial's reward (claw_bench.score applies them)
+STRATEGIES = ("mean", "final")
+
+
+def _positive(table: dict[str, Any], key: str, default: float, where: str) -> float:
+    v = table.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+        raise TaskError(f"{where}: field {key} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _steps(
+    task_dir: Path, meta: dict[str, Any], base: Task, opts: LoadOptions, env: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One dict per ``[[steps]]`` entry, in order, as Harbor runs them: the step's instruction;
+    its tests (the task's tests/ with the step's own on top, so a step's test.sh wins); the verify
+    runner with the step's ``[steps.verifier]`` timeout and env (else the task's); the agent
+    timeout; ``workdir/`` files (copied into the WORKDIR before the agent; its ``setup.sh`` runs
+    then); the solution folder (oracle); ``min_reward``; ``healthcheck``; ``artifacts``."""
+    tpath = task_dir / "task.toml"
+    task_tests = {k[len("tests/") :]: v for k, v in base.hidden.items() if k.startswith("tests/")}
+    if base.verify.text:
+        task_tests["test.sh"] = base.verify.text
+    out = []
+    for i, (name, st) in enumerate(zip(step_names(meta, tpath), meta["steps"], strict=True)):
+        where = f"{tpath}: steps[{i}] ({name})"
+        sdir = task_dir / "steps" / name
+        ipath = sdir / "instruction.md"
+        if not ipath.is_file() or not ipath.read_text(encoding="utf-8").strip():
+            raise TaskError(f"{where}: missing or empty {ipath.relative_to(task_dir)}")
+        tests = {**task_tests, **read_text_tree(sdir / "tests", what=f"task {base.id}")}
+        if not isinstance(tests.get("test.sh"), str) or not tests["test.sh"]:
+            raise TaskError(f"{where}: no tests/test.sh (neither the step's nor the task's)")
+        agent = t if isinstance(t := st.get("agent"), dict) else {}
+        verifier = t if isinstance(t := st.get("verifier"), dict) else {}
+        v_timeout = opts.checker_timeout_s or _positive(
+            verifier, "timeout_sec", base.verify_timeout_s, f"{where} verifier"
+        )
+        step_env = _env_table(verifier, f"steps[{i}].verifier", tpath) if "env" in verifier else env
+        solution = read_text_tree(sdir / "solution", what=f"task {base.id}")
+        if solution and not isinstance(solution.get("solve.sh"), str):
+            raise TaskError(f"{where}: solution/ has no solve.sh (UTF-8 text)")
+        min_reward = st.get("min_reward")
+        ok = isinstance(min_reward, int | float) or (
+            isinstance(min_reward, dict)
+            and all(isinstance(v, int | float) for v in min_reward.values())
+        )
+        if min_reward is not None and (isinstance(min_reward, bool) or not ok):
+            raise TaskError(f"{where}: min_reward must be a number or a table of numbers")
+        hc = st.get("healthcheck")
+        if hc is not None and not (isinstance(hc, dict) and isinstance(hc.get("command"), str)):
+            raise TaskError(f"{where}: healthcheck must be a table with a command")
+        out.append(
+            {
+                "name": name,
+                "instruction": ipath.read_text(encoding="utf-8").strip() + "\n",
+                "timeout_s": _positive(agent, "timeout_sec", base.timeout_s, f"{where} agent"),
+                "tests": tests,
+                "runner": runner_text(v_timeout, step_env),
+                "verify_timeout_s": v_timeout + VERIFY_MARGIN_S,
+                "workdir_files": read_text_tree(sdir / "workdir", what=f"task {base.id}"),
+                "solution": solution,
+                "min_reward": min_reward,
+                "healthcheck": hc,
+                "artifacts": parse_artifacts(st.get("artifacts"), f"{where}: field artifacts"),
+            }
+        )
+    return out

@@ -2,7 +2,9 @@
 
 A task file: YAML front matter (``id, name, category, grading_type: automated | llm_judge |
 hybrid, timeout_seconds, workspace_files: [{source, dest} | {path, content}]``, optional
-``grading_weights: {automated, llm_judge}``), then the sections ``## Prompt``, ``## Expected
+``grading_weights: {automated, llm_judge}`` and ``sessions: [{id, prompt, new_session}]``: a
+multi-session task, its prompts run one after another in the same workspace, graded at the end,
+each ``timeout_seconds`` long), then the sections ``## Prompt``, ``## Expected
 Behavior``, ``## Grading Criteria``, ``## Automated Checks`` (a fenced python block defining
 ``grade(transcript, workspace_path) -> dict``) and ``## LLM Judge Rubric``.
 
@@ -128,11 +130,7 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
     task_file = Path(task_file)
     where = str(task_file)
     front, sections = _split(task_file.read_text(encoding="utf-8"), where)
-    if front.get("sessions"):
-        raise TaskError(
-            f"{where}: field 'sessions': multi-session tasks (successive prompts) are not supported "
-            "yet; refused rather than run with their first prompt only"
-        )
+    sessions = _sessions(front.get("sessions"), where)
     raw_id = front.get("id") or task_file.stem
     tid = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(raw_id)).strip("-.")
     if not TASK_ID.match(tid):
@@ -143,6 +141,12 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
             f"{where}: field 'grading_type' must be one of {GRADING_TYPES}, got {grading!r}"
         )
     prompt = sections.get("prompt")
+    if sessions:  # the agent gets the session prompts; the judge reads them all
+        prompt = "\n\n".join(
+            f"Session {i + 1} ({s['id']}{', new session' if s['new_session'] else ''}):\n"
+            f"{s['prompt'].strip()}"
+            for i, s in enumerate(sessions)
+        )
     if not prompt:
         raise TaskError(f"{where}: missing section '## Prompt'")
     code = None
@@ -210,6 +214,8 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
             llm_judge=j / (a + j),
             grading=grading,
         )
+    if sessions:
+        meta["sessions"] = sessions  # run as successive prompts (claw_bench.plan)
     category = front.get("category")
     return Task(
         id=tid,
@@ -225,3 +231,32 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
         path=str(task_file),
         meta=meta,
     )
+
+
+def _sessions(value: Any, where: str) -> list[dict[str, Any]]:
+    """``sessions: [{id, prompt, new_session}]`` of a multi-session task: successive prompts in
+    one workspace; ``new_session: true`` starts the harness afresh, else the prompt continues the
+    session before it (where the harness adapter can; see claw_bench.plan)."""
+    if not value:
+        return []
+    if not isinstance(value, list):
+        raise TaskError(f"{where}: field 'sessions' must be a list of {{id, prompt}}")
+    out, seen = [], set()
+    for i, s in enumerate(value):
+        if (
+            not isinstance(s, dict)
+            or not isinstance(s.get("prompt"), str)
+            or not s["prompt"].strip()
+        ):
+            raise TaskError(f"{where}: field 'sessions[{i}].prompt' must be a non-empty string")
+        sid = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(s.get("id") or f"session_{i + 1}")).strip("-.")
+        if not sid or sid in seen:
+            raise TaskError(
+                f"{where}: field 'sessions[{i}].id' {s.get('id')!r} is empty or repeats"
+            )
+        seen.add(sid)
+        new = s.get("new_session", False)
+        if not isinstance(new, bool):
+            raise TaskError(f"{where}: field 'sessions[{i}].new_session' must be true or false")
+        out.append({"id": sid, "prompt": s["prompt"], "new_session": new})
+    return out
