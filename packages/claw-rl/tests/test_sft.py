@@ -9,7 +9,12 @@ to fp32 summation order (~1e-6 relative); 1e-5 absolute on gradient entries of O
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,3 +244,44 @@ def test_cli_sft_refuses_rl_samples_with_the_reason(tiny, tmp_path):
     )
     assert r.exit_code == 1 and "sft-samples" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "run" / "policy").exists()
+
+
+def _claw_rl(args: list[str], nproc: int) -> None:
+    """Run the claw-rl CLI in a subprocess, under torchrun (gloo on CPU) when nproc > 1."""
+    exe = str(Path(sys.executable).parent / "claw-rl")
+    if nproc > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+               "--master_port", str(port), exe, *args]  # fmt: skip
+    else:
+        cmd = [exe, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_cli_sft_under_torchrun_matches_one_process(tiny, tmp_path):
+    """`torchrun --nproc_per_node 2 claw-rl sft`, then a --resume under torchrun, gives the
+    weights of the same two commands in one process, to 1e-6 (float32 gradient-sum order)."""
+    from safetensors.torch import load_file
+
+    rows = _sft_batch(2000, "path") + _sft_batch(2000, "path", seed=1)
+    samples = _write(
+        tmp_path / "s.jsonl", [{**r, "sample_id": f"s{k}"} for k, r in enumerate(rows)]
+    )
+    for name, nproc in (("one", 1), ("two", 2)):
+        out = tmp_path / name
+        common = ["--samples", str(samples), "-o", str(out)]
+        _claw_rl(["sft", "--model", str(tiny), *common, "--lr", "1e-3", "--batch-size", "2",
+                  "--minibatches", "2", "--epochs", "2", "--micro-batch-size", "1"], nproc)  # fmt: skip
+        _claw_rl(["sft", "--resume", str(out / "checkpoint"), *common, "--batch-size", "4"], nproc)
+    one = load_file(tmp_path / "one" / "policy" / "v3" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "policy" / "v3" / "model.safetensors")
+    assert set(one) == set(two)
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) <= 1e-6
+    start = load_file(Path(tiny) / "model.safetensors")
+    assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-4  # it did train
