@@ -196,6 +196,21 @@ def test_sessions_plan_as_steps_continuing_where_the_adapter_can(tmp_path):
     assert plain["meta"]["sessions_not_continued"] == ["follow_up"]
 
 
+def test_continue_command_is_checked_and_claude_code_has_one(tmp_path):
+    """An adapter's continue_command needs the instruction placeholder its mode uses; Claude Code
+    continues with `claude -c`."""
+    from claw_bench.errors import HarnessError
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'api = "chat"\ncommand = "x {{instruction}}"\ncontinue_command = "x --continue"\n'
+    )
+    with pytest.raises(HarnessError, match="continue_command.*instruction"):
+        load_harness(str(bad))
+    cc = load_harness("claude-code")
+    assert cc.continue_command is not None and cc.continue_command.startswith("claude -c -p ")
+
+
 def _sandbox(jobs: Path, runs: Path, backend: str, *extra: str) -> None:
     doctor = subprocess.run(
         ["claw-sandbox", "doctor"], capture_output=True, text=True
