@@ -295,6 +295,7 @@ def test_sft_learner_is_the_weighted_nll_at_temperature_one(tiny):
     s = dict(tree_sample(PARENT, TRAIN, seed=4, weights=w), algo="sft")
     lp = learner.logprobs([s])[0]  # T = 1: the sample records no settings
     hot = dict(s, temperatures=[0.0 if k == 3 else 0.5 for k in range(len(PARENT))])
+    assert learner.logprobs([hot])[0] == lp
     m = learner.step([hot])  # greedy and T = 0.5 tokens are still plain targets
     nll = sum(wi * -li for wi, li in zip(w, lp, strict=True)) / sum(w)
     assert m["loss"] == pytest.approx(nll, rel=1e-5) and m["clip_frac"] == 0.0

@@ -317,6 +317,14 @@ class Learner:
             rows = [pad_with] if padding and pad_with is not None else parts[k]
             yield to_device(pack(rows), self.device), padding
 
+    def _samples(self, rows: Sequence[Sample | dict]) -> list[Sample]:
+        """Validated samples; for an objective on the model's own distribution (SFT), without
+        their sampling settings (every token at temperature 1, none greedy)."""
+        samples = as_samples(rows)
+        if self.objective.at_sampling_settings:
+            return samples
+        return [attrs.evolve(s, temperatures=None, top_ps=None, top_ks=None) for s in samples]
+
     def _reshard(self) -> None:
         if self.fsdp:
             _dist.reshard(self.sharded_modules())
@@ -325,7 +333,7 @@ class Learner:
     def logprobs(self, samples: Sequence[Sample | dict]) -> list[list[float]]:
         """Learner logprob of each sample's trainable tokens, aligned with its tokens (0 elsewhere)."""
         out: list[list[float]] = []
-        for batch, _ in self._micro_batches(as_samples(samples)):
+        for batch, _ in self._micro_batches(self._samples(samples)):
             hidden = backbone_hidden(self.policy, batch)
             lp = token_logprobs(self.policy, hidden, batch, with_entropy=False).logprobs
             for k, part in enumerate(_split(lp, batch)):
@@ -345,7 +353,7 @@ class Learner:
         if self.critic is None:
             raise ClawError(f"this {self.algo} learner has no critic: no values")
         out = []
-        for batch, _ in self._micro_batches(as_samples(samples)):
+        for batch, _ in self._micro_batches(self._samples(samples)):
             hidden = backbone_hidden(self.policy, batch) if self.critic.backbone is None else None
             v = self.critic.values(batch, hidden)
             for k, s in enumerate(batch.samples):
@@ -359,7 +367,7 @@ class Learner:
         t0 = time.perf_counter()
         c = self.config
         metrics: dict = {"step": self.step_count + 1, "version": self.version}
-        samples = self._admit(as_samples(samples), metrics)
+        samples = self._admit(self._samples(samples), metrics)
 
         # 1. old logprobs (and values), mismatch against the engine, importance weights
         old = self._old(samples, metrics)
@@ -412,10 +420,6 @@ class Learner:
                     f"sample {s.sample_id!r} has no 'returns': PPO needs value targets "
                     "(claw-tree samples --algo ppo --values FILE)"
                 )
-        if not self.objective.at_sampling_settings:  # the model's own distribution, T = 1
-            samples = [
-                attrs.evolve(s, temperatures=None, top_ps=None, top_ks=None) for s in samples
-            ]
         if self.max_staleness is None:
             return samples
         ages = _metrics.ages(samples, self.version)
