@@ -1,7 +1,7 @@
 """One learner over tree-packed samples, made of parts: a policy, an objective, a training-
 inference correction, an aggregation, and optionally a critic and a reference.
 
-    learner = Learner.grpo(GRPOConfig(lr=1e-5), "runs/tiny")     # or Learner.ppo(PPOConfig(), ...)
+    learner = Learner.grpo(GRPOConfig(lr=1e-5), "runs/tiny")  # or .ppo(PPOConfig()), .sft(SFTConfig())
     metrics = learner.step(samples)          # list of claw.sample/v1 dicts -> metrics dict
     policy = save_policy(learner, "runs/p/v1")   # claw_rl.checkpoint: HF dir + claw.policy/v1
     save_checkpoint(learner, "runs/ckpt")        # ... load_checkpoint("runs/ckpt")
@@ -11,8 +11,8 @@ One step, in three phases:
 1. **old logprobs** - drop or report stale samples; recompute log pi_old of the recorded tokens
    (and the critic's old values, the reference's logprobs); compare with the engine's logprobs
    (mismatch report); importance weights (TIS / MIS); whiten the advantages (PPO);
-2. **losses** - per minibatch: objective (clipped surrogate) - entropy bonus + KL penalty +
-   value loss, backward;
+2. **losses** - per minibatch: objective (clipped surrogate; weighted NLL for SFT) - entropy
+   bonus + KL penalty + value loss, backward;
 3. **update** - sum gradients over ranks, clip the norm, AdamW step;
 
 phases 2-3 repeat ``epochs`` x ``minibatches`` times. Under torchrun each rank forwards its share
