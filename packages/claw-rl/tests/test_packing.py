@@ -213,12 +213,18 @@ def test_chunked_attention_gradient_equals_dense_mask():
         assert (a - b).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("attention", ["dense", "tree"])
+@pytest.mark.parametrize("attention", ["dense", "tree", "tree+checkpointing"])
 def test_tree_gradient_equals_per_path_gradient(tiny, attention, monkeypatch):
     """Model gradient of a weighted logprob sum over packed trees equals that of per-path
-    forwards where each token's weight is split over the paths through it (<= 1e-5, fp32)."""
+    forwards where each token's weight is split over the paths through it (<= 1e-5, fp32);
+    also with HF activation checkpointing (layers recomputed in backward)."""
     monkeypatch.setattr(_tree_attention, "_CPU_SCORE_BUDGET", 1)
     model = load_policy(tiny, torch.float32)
+    if attention.endswith("+checkpointing"):
+        attention = "tree"
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
+        model.train()  # HF checkpoints only in train mode (Qwen3 has no dropout)
     samples = _random_samples(model.config.vocab_size, [150, 90], seed=4)
     batch = pack(samples, attention=attention)
     b, i, _ = batch.predictor_index()
@@ -261,3 +267,18 @@ def test_flex_path_equals_chunked_path_forward():
         flex = _tree_attention.flex_tree_attention(q, k, v, tree_block_mask(e), None)
         chunked = chunked_tree_attention(q, k, v, e, None)
     assert (flex - chunked).abs().max() < 1e-5
+
+
+def test_tree_attention_switch_is_sdpa_elsewhere_and_not_saved(tiny, tmp_path):
+    """After a tree forward the model runs chains exactly as before (claw_tree is SDPA for any
+    other mask), and a saved model's config names no claw_tree (other packages can load it)."""
+    model = load_policy(tiny, torch.float32)
+    ids = torch.tensor([[5, 9, 13, 7, 21]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        s = Sample.from_dict(tree_sample(PARENT, [0, 1, 1, 1, 1], vocab=model.config.vocab_size))
+        backbone_hidden(model, pack([s], attention="tree"))
+        assert model.config._attn_implementation == _tree_attention.NAME
+        assert torch.equal(model(input_ids=ids).logits, before)
+    model.save_pretrained(tmp_path / "m")
+    assert _tree_attention.NAME not in (tmp_path / "m" / "config.json").read_text()

@@ -13,15 +13,13 @@ In preorder every token's subtree is one interval, so query q may attend to key 
   is q, k, v themselves: memory linear in N. The work is the tree's own (each query against
   its ancestors), not N^2.
 
-Registered with transformers' AttentionInterface as ``claw_tree``; claw_rl.forward switches a
-model to it only for the duration of one tree forward pass.
+Registered with transformers' AttentionInterface as ``claw_tree`` (SDPA for any other mask);
+claw_rl.forward switches a model to it at its first tree forward pass (:func:`enable`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -130,10 +128,15 @@ def attention_forward(
     scaling: float | None = None,
     dropout: float = 0.0,
     **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """transformers attention function: (B, H, N, D) inputs -> ((B, N, H, D), None)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers attention function: (B, H, N, D) inputs -> ((B, N, H, D), None). Tree
+    attention for a :class:`TreeMask`, transformers' SDPA attention for anything else."""
     if not isinstance(attention_mask, TreeMask):
-        raise TypeError(f"{NAME} attention needs a TreeMask, got {type(attention_mask).__name__}")
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if kwargs.get("sliding_window") is not None:
         raise ValueError(f"{NAME} attention does not implement sliding-window layers")
     if dropout:
@@ -145,27 +148,27 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def register() -> None:
-    """Make ``claw_tree`` known to transformers (idempotent)."""
+def enable(model: torch.nn.Module) -> None:
+    """Route ``model``'s attention through ``claw_tree`` (idempotent).
+
+    ``claw_tree`` is SDPA (its mask function and attention) for every input but a
+    :class:`TreeMask`, so the switch stays: layers recomputed in backward under activation
+    checkpointing must see it too. Only models on SDPA (how claw-rl loads them) are switched.
+    The implementation name is not saved with the config (transformers keeps it internal).
+    """
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAME, attention_forward)
-
-
-@contextlib.contextmanager
-def using_tree_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Run ``model``'s attention layers through ``claw_tree`` inside the block."""
-    register()
-    configs = {}
+    AttentionMaskInterface.register(NAME, sdpa_mask)
     for m in model.modules():
         cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "_attn_implementation"):
-            configs[id(cfg)] = cfg
-    saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
-    try:
-        for cfg in configs.values():
-            cfg._attn_implementation = NAME
-        yield
-    finally:
-        for key, cfg in configs.items():
-            cfg._attn_implementation = saved[key]
+        impl = getattr(cfg, "_attn_implementation", NAME)
+        if impl == NAME:
+            continue
+        if impl != "sdpa":
+            raise ValueError(
+                f"tree attention stands in for SDPA, but this model uses {impl!r}: load it "
+                "with attn_implementation='sdpa'"
+            )
+        cfg._attn_implementation = NAME  # type: ignore[union-attr]

@@ -33,14 +33,14 @@ def backbone_hidden(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.mask,
                   "position_ids": batch.position_ids, "use_cache": False}  # fmt: skip
         return _run_backbone(model, inputs)
-    from claw_rl._tree_attention import tree_block_mask, using_tree_attention
+    from claw_rl._tree_attention import enable, tree_block_mask
 
     order = batch.tree_order  # (B, N): preorder position k holds token order[k]
     inputs = {"input_ids": batch.input_ids.gather(1, order),
               "attention_mask": tree_block_mask(batch.tree_end),
               "position_ids": batch.position_ids.gather(1, order), "use_cache": False}  # fmt: skip
-    with using_tree_attention(model):
-        h = _run_backbone(model, inputs)  # (B, N, H) in preorder
+    enable(model)
+    h = _run_backbone(model, inputs)  # (B, N, H) in preorder
     back = torch.argsort(order, dim=1)  # token i sits at preorder position back[i]
     return h.gather(1, back[:, :, None].expand(-1, -1, h.shape[-1]))
 
