@@ -14,7 +14,7 @@ from claw_tree import __version__
 from claw_tree._cli_paths import output_path
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
-from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PATH_WEIGHTING, build_samples
+from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, build_samples
 from claw_tree.sft import SFT_WEIGHTING, build_sft_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
@@ -186,6 +186,14 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
     help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
 )
 @click.option(
+    "--pack",
+    type=click.Choice(PACKS),
+    default="session",
+    show_default=True,
+    help="session: one tree per rollout; group: the rollouts of a group (--group-by) in one tree "
+    "whose shared context prefix (system prompt, tools, instruction) appears once. Same loss.",
+)
+@click.option(
     "--values",
     "values_path",
     type=click.Path(exists=True, dir_okay=False),
@@ -228,6 +236,7 @@ def samples(
     no_std: bool,
     path_weighting: str,
     max_tokens: int | None,
+    pack: str,
     values_path: str | None,
     gamma: float,
     lam: float,
@@ -247,6 +256,8 @@ def samples(
         claw-tree samples calls.jsonl --outcomes outcomes.jsonl --algo grpo > samples.jsonl
 
         claw-tree samples --algo ppo --values v.jsonl calls.jsonl outcomes.jsonl > ppo.jsonl
+
+        claw-tree samples --pack group calls.jsonl outcomes.jsonl > grouped.jsonl
     """
     if (outcomes_arg is None) == (outcomes is None):
         raise click.UsageError(
@@ -272,6 +283,7 @@ def samples(
             scale_by_std=not no_std,
             path_weighting=path_weighting,
             max_tokens=max_tokens,
+            pack=pack,
             values=values,
             gamma=gamma,
             lam=lam,

@@ -58,6 +58,7 @@ ALGOS = ("grpo", "ppo", "rloo", "reinforce")
 GROUP_BY = ("group", "task", "task+harness")
 PATH_WEIGHTING = ("token", "rollout", "path")
 GAE_LEVELS = ("token", "turn")
+PACKS = ("session", "group")
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +177,7 @@ def build_samples(
     gae_level: str = "token",
     baseline: float = 0.0,
     id_prefix: str | None = None,
+    pack: str = "session",
 ) -> SampleBatch:
     """Tree-pack the forest's rolled-out sessions into `claw.sample/v1` dicts.
 
@@ -190,6 +192,14 @@ def build_samples(
     ``"turn"`` (:func:`turn_gae_on_tree`, one time step per call, values at call boundaries).
     Sample ids are ``f"{id_prefix}-{k}"`` (prefix defaults to the algo); give each batch its own
     prefix when samples of several batches end up in one file.
+
+    ``pack``: ``"session"`` (one tree per session) or ``"group"``: the rollouts of one group
+    (the ``group_by`` key) go into one sample, and the context prefix they share (system prompt,
+    tools, instruction: every token from a root down to the first trainable token) appears once
+    (:func:`merge_context_prefixes`). Trainable tokens are never merged, so every loss weight,
+    advantage and return is that of ``"session"`` packing and the loss is the same. With
+    ``max_tokens`` a group larger than the budget spans several samples (whole sessions, or
+    pieces of one), and small groups share a sample.
     """
     if algo not in ALGOS:
         raise ClawError(f"algo must be one of {ALGOS}, got {algo!r}")
@@ -199,6 +209,8 @@ def build_samples(
         raise ClawError(f"path_weighting must be one of {PATH_WEIGHTING}, got {path_weighting!r}")
     if max_tokens is not None and max_tokens < 1:
         raise ClawError("max_tokens must be positive")
+    if pack not in PACKS:
+        raise ClawError(f"pack must be one of {PACKS}, got {pack!r}")
     if values is not None and algo != "ppo":
         raise ClawError("values are only used with algo='ppo'")
     gae = _gae_function(gae_level)
@@ -262,27 +274,28 @@ def build_samples(
                 coef[path.index] = 1.0 / (len(included) * len(paths) * n_p)
 
     # Plan: pieces (node ids + paths) -> samples (lists of pieces).
-    plans: list[list[tuple[Any, np.ndarray, list[Trajectory]]]] = []
-    current: list[tuple[Any, np.ndarray, list[Trajectory]]] = []
-    size = 0
-    for tree, paths, _ in included:
-        if max_tokens is None or tree.n_nodes <= max_tokens:
-            piece = (tree, np.arange(tree.start, tree.stop), paths)
-            if max_tokens is None:
-                plans.append([piece])
-                continue
-            if current and size + tree.n_nodes > max_tokens:
-                plans.append(current)
-                current, size = [], 0
-            current.append(piece)
-            size += tree.n_nodes
-        else:
-            for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens):
-                plans.append([(tree, nodes, sub)])
-    if current:
-        plans.append(current)
+    if pack == "group":
+        plans = _plan_groups(forest, included, by_session, group_by, max_tokens)
+    else:
+        plans = _plan_sessions(forest, included, max_tokens)
     sample_ids = [f"{id_prefix or algo}-{k}" for k in range(len(plans))]
     node_lists = [np.concatenate([nodes for _, nodes, _ in plan]) for plan in plans]
+    where = np.full(forest.n_nodes, -1, dtype=np.int64)  # node id -> index in the current sample
+    # per sample: parents over its node list; with pack="group", (kept tokens, merged parents)
+    parents: list[np.ndarray] = []
+    keeps: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for nodes in node_lists:
+        where[nodes] = np.arange(len(nodes))
+        gp = forest.parent[nodes]
+        parents.append(np.where(gp >= 0, where[gp], -1))
+        where[nodes] = -1
+        if pack == "group":
+            keeps.append(
+                merge_context_prefixes(parents[-1], forest.trainable[nodes], forest.tokens[nodes])
+            )
+        else:
+            keeps.append(None)
+    sample_nodes = [n if k is None else n[k[0]] for n, k in zip(node_lists, keeps, strict=True)]
 
     leaf_reward = np.zeros(forest.n_nodes)
     for tree, _, _ in included:
@@ -291,16 +304,17 @@ def build_samples(
     if algo == "ppo":
         V = np.zeros(forest.n_nodes)
         if values is not None:
-            V = _scatter_values(forest.n_nodes, sample_ids, node_lists, _values_map(values))
+            V = _scatter_values(forest.n_nodes, sample_ids, sample_nodes, _values_map(values))
         tok_adv, tok_ret = gae(
             forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam
         )
 
     samples = []
-    for sid, plan, nodes in zip(sample_ids, plans, node_lists, strict=True):
+    for sid, plan, nodes, parent, merged in zip(
+        sample_ids, plans, node_lists, parents, keeps, strict=True
+    ):
         n = len(nodes)
-        gp = forest.parent[nodes]
-        parent = np.where(gp >= 0, np.searchsorted(nodes, gp), -1)
+        where[nodes] = np.arange(n)
         trainable = forest.trainable[nodes]
         diff = np.zeros(n + 1)
         starts, lens, cs_ = [], [], []
@@ -310,16 +324,24 @@ def build_samples(
                     starts.append(a)
                     lens.append(b - a)
                     cs_.append(coef[path.index])
-        loc = np.searchsorted(nodes, np.array(starts))
+        loc = where[np.array(starts, dtype=np.int64)]
+        where[nodes] = -1
         np.add.at(diff, loc, cs_)
         np.add.at(diff, loc + np.array(lens), np.negative(cs_))
         weights = np.where(trainable, np.cumsum(diff)[:n] * node_scale[nodes], 0.0)
         session_index = np.concatenate([np.full(len(nd), k) for k, (_, nd, _) in enumerate(plan)])
+        offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
         if algo == "ppo":
             advantages, returns = tok_adv[nodes], tok_ret[nodes]
         else:
             per_session = np.array([rollout_adv[tree.name] for tree, _, _ in plan])
             advantages, returns = np.where(trainable, per_session[session_index], 0.0), None
+        if merged is not None:
+            keep, parent = merged
+            offsets = np.concatenate(([0], np.cumsum(keep)))[offsets]
+            nodes, trainable, weights = nodes[keep], trainable[keep], weights[keep]
+            advantages = advantages[keep]
+            returns = None if returns is None else returns[keep]
         row: dict[str, Any] = {
             "schema": SAMPLE_SCHEMA,
             "sample_id": sid,
@@ -335,7 +357,6 @@ def build_samples(
             row["returns"] = returns.tolist()
         row.update(_sampling_arrays(forest, nodes))
         plan_sessions = [by_session[tree.name] for tree, _, _ in plan]
-        offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
         row.update(
             {
                 "loss_weights": weights.tolist(),
@@ -352,6 +373,8 @@ def build_samples(
                 },
             }
         )
+        if pack == "group":
+            row["tags"]["pack"] = "group"
         samples.append(row)
     return SampleBatch(
         samples=samples,
@@ -360,6 +383,161 @@ def build_samples(
         trajectories=n_total_paths,
         zero_spread_groups=zero_spread,
     )
+
+
+Piece = tuple[Any, np.ndarray, list[Trajectory]]  # (session tree, its node ids, its paths)
+
+
+def _pieces(forest: Forest, tree: Any, paths: list[Trajectory], max_tokens: int | None):
+    """The session whole, or (larger than max_tokens) cut into pieces of whole paths."""
+    if max_tokens is None or tree.n_nodes <= max_tokens:
+        return [(tree, np.arange(tree.start, tree.stop), paths)]
+    return [
+        (tree, nodes, sub)
+        for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens)
+    ]
+
+
+def _plan_sessions(
+    forest: Forest, included: list[tuple[Any, list[Trajectory], list[int]]], max_tokens: int | None
+) -> list[list[Piece]]:
+    """One sample per session, or sessions packed greedily into samples of <= max_tokens."""
+    plans: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0
+    for tree, paths, _ in included:
+        if max_tokens is None:
+            plans.append(_pieces(forest, tree, paths, None))
+            continue
+        if tree.n_nodes > max_tokens:
+            plans.extend([piece] for piece in _pieces(forest, tree, paths, max_tokens))
+            continue
+        if current and size + tree.n_nodes > max_tokens:
+            plans.append(current)
+            current, size = [], 0
+        current.append((tree, np.arange(tree.start, tree.stop), paths))
+        size += tree.n_nodes
+    if current:
+        plans.append(current)
+    return plans
+
+
+def _plan_groups(
+    forest: Forest,
+    included: list[tuple[Any, list[Trajectory], list[int]]],
+    by_session: dict[str, Outcome],
+    group_by: str,
+    max_tokens: int | None,
+) -> list[list[Piece]]:
+    """The sessions of each group together (groups in order of their first session); with
+    max_tokens, consecutive pieces fill a sample while its merged size stays in budget."""
+    groups: dict[str, list[tuple[Any, list[Trajectory]]]] = {}
+    for tree, paths, _ in included:
+        key = _group_key(by_session[tree.name], group_by)
+        groups.setdefault(key, []).append((tree, paths))
+    if max_tokens is None:
+        return [
+            [piece for tree, paths in members for piece in _pieces(forest, tree, paths, None)]
+            for members in groups.values()
+        ]
+    plans: list[list[Piece]] = []
+    current: list[Piece] = []
+    trie = _ContextTrie(forest)
+    size = 0
+    for members in groups.values():
+        for tree, paths in members:
+            for piece in _pieces(forest, tree, paths, max_tokens):
+                new = len(piece[1]) - trie.shared(piece[1])
+                if current and size + new > max_tokens:
+                    plans.append(current)
+                    current, trie, size = [], _ContextTrie(forest), 0
+                    new = len(piece[1])
+                trie.insert(piece[1])
+                current.append(piece)
+                size += new
+    if current:
+        plans.append(current)
+    return plans
+
+
+class _ContextTrie:
+    """The context prefixes (root to first trainable token, leaves left out) of the pieces
+    planned into one sample, as a trie over token ids: how many nodes a new piece would share
+    with them (what :func:`merge_context_prefixes` will merge)."""
+
+    def __init__(self, forest: Forest) -> None:
+        self.children: dict[tuple[int, int], int] = {}
+        self.forest = forest
+        self.inner = np.zeros(forest.n_nodes, dtype=bool)  # has a child (pieces keep whole paths)
+        self.inner[forest.parent[forest.parent >= 0]] = True
+
+    def _walk(self, nodes: np.ndarray, insert: bool) -> int:
+        ids: dict[int, int] = {}  # node id -> trie id, for context-prefix nodes
+        shared = 0
+        f = self.forest
+        for v, p, tok, tr, inner in zip(
+            nodes.tolist(),
+            f.parent[nodes].tolist(),
+            f.tokens[nodes].tolist(),
+            f.trainable[nodes].tolist(),
+            self.inner[nodes].tolist(),
+            strict=True,
+        ):
+            if tr or not inner:
+                continue
+            up = ids.get(p) if p >= 0 else -1
+            if up is None:  # below a trainable token: never shared
+                continue
+            tid = self.children.get((up, tok))
+            if tid is not None:
+                shared += 1
+            elif insert:
+                tid = self.children[(up, tok)] = len(self.children)
+            else:
+                continue
+            ids[v] = tid
+        return shared
+
+    def shared(self, nodes: np.ndarray) -> int:
+        return self._walk(nodes, insert=False)
+
+    def insert(self, nodes: np.ndarray) -> None:
+        self._walk(nodes, insert=True)
+
+
+def merge_context_prefixes(
+    parent: np.ndarray, trainable: np.ndarray, tokens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merge the context prefixes of a packed tree: ``(keep, parent)``.
+
+    A *context-prefix* token has no trainable token on its path from the root, itself included
+    (the system prompt, tools and instruction the rollouts of a group share), and is no leaf. Two
+    of them with the same token id and the same (merged) parent are one prefix-tree node; the
+    later one is dropped and its children re-attached to the first. Leaves are never merged, so
+    the paths (one per leaf) stay as they were. ``keep`` (shape (n,), bool) marks the
+    tokens that stay, ``parent`` (shape (keep.sum(),)) is the parent array over them (parents
+    still precede children). Trainable tokens and everything below them are never merged, so
+    every path keeps its tokens, positions and trainable tokens, with the same ancestors: a
+    per-token loss over the merged tree equals the loss over the unmerged one.
+    """
+    n = len(parent)
+    rep = list(range(n))
+    prefix = [False] * n
+    inner = np.zeros(n, dtype=bool)
+    inner[parent[parent >= 0]] = True
+    children: dict[tuple[int, int], int] = {}
+    for i, (p, tr, tok, has_child) in enumerate(
+        zip(parent.tolist(), trainable.tolist(), tokens.tolist(), inner.tolist(), strict=True)
+    ):
+        if tr or not has_child or (p >= 0 and not prefix[p]):
+            continue
+        prefix[i] = True
+        rep[i] = children.setdefault((rep[p] if p >= 0 else -1, tok), i)
+    rep_a = np.asarray(rep, dtype=np.int64)
+    keep = rep_a == np.arange(n)
+    new_index = np.cumsum(keep) - 1
+    merged_parent = np.where(parent >= 0, new_index[rep_a[parent]], -1)
+    return keep, merged_parent[keep]
 
 
 def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:
