@@ -226,6 +226,7 @@ class Run:
             tags=dict(self.state.tags),
             request=self.req.body if proxy.config.record_bodies else None,
             response=body if proxy.config.record_bodies else None,
+            extra={"teacher": self.engine.teacher} if self.engine.teacher else {},
         )
         if proxy.writer:
             proxy.writer.write(call, prompt_ids_json=r.prompt_json)

@@ -2,7 +2,17 @@
 
 The request goes upstream as it came (with the upstream key, never the session token); the
 answer comes back as it was, streamed or not. The call is recorded with the request, the
-answer and no token ids, `trainable: false`: for evaluation and SFT data.
+answer and no token ids, `trainable: false`: for evaluation.
+
+With ``student_ids`` (``claw-proxy serve --student-ids``; the student's HF directory given as
+``--tokenizer``) the teacher's call is recorded in the student's tokenization instead, so it
+trains the student (SFT): ``prompt_ids`` are the request as the student's chat template renders
+it (with the same per-session prefix reuse as the proxy's own engines), ``completion_ids`` the
+teacher's answer (text and tool calls) as that template writes the turn, eos included (left out
+when the teacher stopped at its length limit). Such calls carry ``trainable: true`` and
+``teacher: "passthrough"``; their ``completion_logprobs`` are 0.0 placeholders, not the
+student's (nor the teacher's: its tokens are not the student's). An answer the proxy cannot read
+(a shape it does not know) is recorded as without ``student_ids``.
 """
 
 from __future__ import annotations
@@ -14,9 +24,9 @@ import uuid
 import httpx
 from starlette.responses import JSONResponse, StreamingResponse
 
-from claw_proxy import api_anthropic, api_chat
-from claw_proxy.errors import EngineError
-from claw_proxy.messages import sampling_from
+from claw_proxy import api_anthropic, api_chat, api_responses
+from claw_proxy.errors import EngineError, RequestError
+from claw_proxy.messages import Answer, ToolCall, parse_arguments, sampling_from
 from claw_proxy.records import Call, sampling_record
 
 _PATHS = {
@@ -58,9 +68,201 @@ def _sampling(body: dict) -> dict:
     )
 
 
-def _record(proxy, api, engine, body, session, state, seq, started, response: dict) -> None:
+def _calls(raw: list) -> tuple[ToolCall, ...]:
+    for c in raw:
+        if not isinstance(c.get("name"), str) or not isinstance(c.get("arguments"), dict):
+            raise TypeError(f"a tool call without a name or an arguments object: {c!r:.200}")
+    return tuple(
+        ToolCall(id=str(c.get("id") or f"call_{i}"), name=c["name"], arguments=c["arguments"])
+        for i, c in enumerate(raw)
+    )
+
+
+def _sse_events(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+            event = json.loads(line[5:])
+            if isinstance(event, dict):
+                out.append(event)
+    return out
+
+
+def _sse_answer(api, sse: str) -> dict:
+    """A streamed upstream answer put back together in the API's non-streamed shape (the parts
+    `answer_parts` reads)."""
+    events = _sse_events(sse)
+    if api is api_responses:
+        return [e["response"] for e in events if e.get("type") == "response.completed"][-1]
+    if api is api_chat:
+        pieces: list[str] = []
+        calls: dict = {}
+        finish = "stop"
+        for e in events:
+            for ch in e.get("choices") or []:
+                delta = ch.get("delta") or {}
+                pieces.append(delta.get("content") or "")
+                for tc in delta.get("tool_calls") or []:
+                    c = calls.setdefault(tc.get("index", 0), {"args": []})
+                    c["id"] = tc.get("id") or c.get("id")
+                    fn = tc.get("function") or {}
+                    c["name"] = fn.get("name") or c.get("name")
+                    c["args"].append(fn.get("arguments") or "")
+                finish = ch.get("finish_reason") or finish
+        message = {
+            "content": "".join(pieces),
+            "tool_calls": [
+                {
+                    "id": c.get("id"),
+                    "function": {"name": c.get("name"), "arguments": "".join(c["args"])},
+                }
+                for _, c in sorted(calls.items())
+            ],
+        }
+        return {"choices": [{"message": message, "finish_reason": finish}]}
+    blocks: dict = {}
+    stop = "end_turn"
+    for e in events:
+        if e.get("type") == "content_block_start":
+            blocks[e["index"]] = {**e["content_block"], "_json": []}
+        elif e.get("type") == "content_block_delta":
+            b, d = blocks[e["index"]], e["delta"]
+            if d.get("type") == "text_delta":
+                b["text"] = b.get("text", "") + d["text"]
+            elif d.get("type") == "input_json_delta":
+                b["_json"].append(d["partial_json"])
+        elif e.get("type") == "message_delta":
+            stop = (e.get("delta") or {}).get("stop_reason") or stop
+    content = []
+    for _, b in sorted(blocks.items()):
+        if b.get("type") == "tool_use" and b["_json"]:
+            b["input"] = json.loads("".join(b["_json"]))
+        content.append(b)
+    return {"content": content, "stop_reason": stop}
+
+
+def answer_parts(api, response: dict) -> tuple[str, tuple[ToolCall, ...], str]:
+    """(text, tool calls, finish reason) of an upstream answer, non-streamed or ``{"sse": ...}``.
+    Reasoning / thinking is left out (templates drop it from history). KeyError, TypeError,
+    ValueError or RequestError when the answer has a shape this reader does not know."""
+    if "sse" in response:
+        response = _sse_answer(api, response["sse"])
+    finish = _finish(api, response)
+    if api is api_chat:
+        msg = response["choices"][0]["message"]
+        raw = [
+            {
+                "id": tc.get("id"),
+                "name": tc["function"]["name"],
+                "arguments": parse_arguments(tc["function"].get("arguments"), "tool_calls"),
+            }
+            for tc in msg.get("tool_calls") or []
+        ]
+        return msg.get("content") or "", _calls(raw), finish
+    if api is api_anthropic:
+        blocks = response["content"]
+        text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        raw = [
+            {"id": b.get("id"), "name": b["name"], "arguments": dict(b.get("input") or {})}
+            for b in blocks
+            if b.get("type") == "tool_use"
+        ]
+        return text, _calls(raw), finish
+    text, raw = "", []
+    for item in response["output"]:
+        if item.get("type") == "message":
+            text += "".join(
+                p.get("text", "")
+                for p in item.get("content") or []
+                if p.get("type") == "output_text"
+            )
+        elif item.get("type") == "function_call":
+            raw.append(
+                {
+                    "id": item.get("call_id"),
+                    "name": item["name"],
+                    "arguments": parse_arguments(item.get("arguments"), "output"),
+                }
+            )
+    calls_ = _calls(raw)
+    if response.get("status") == "incomplete":
+        finish = "length"
+    return text, calls_, "tool_calls" if calls_ else finish
+
+
+def _student(proxy, engine, session, student, response: dict):
+    """The student-tokenized fields of a teacher's call, or None when its answer is unreadable."""
+    api, rendered = student
+    try:
+        text, calls, finish = answer_parts(api, response)
+        cache = proxy.caches[engine.tokenizer_dir]
+        ids = cache.renderer.render_answer(text, [(c.name, c.arguments) for c in calls])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RequestError) as e:
+        proxy.stats["errors"] += 1
+        import logging
+
+        logging.getLogger("claw_proxy").warning(
+            "passthrough: cannot read the teacher's answer (%s: %s); recorded without ids",
+            type(e).__name__,
+            e,
+        )
+        return None
+    if finish == "length":
+        ids = ids[:-1]  # the teacher was cut off: the student must not learn to stop there
+    answer = Answer(
+        text=text,
+        reasoning="",
+        tool_calls=calls,
+        finish_reason=finish,
+        prompt_tokens=len(rendered.prompt_ids),
+        completion_tokens=len(ids),
+    )
+    return cache, rendered, answer, ids
+
+
+def _record(
+    proxy, api, engine, body, session, state, seq, started, response: dict, student=None
+) -> None:
+    call_id = f"call-{uuid.uuid4().hex}"
+    got = _student(proxy, engine, session, student, response) if student else None
+    if got is not None:
+        cache, r, answer, ids = got
+        call = Call(
+            call_id=call_id,
+            session=session,
+            seq=seq,
+            api=api.NAME,
+            model=str(body.get("model", "")),
+            policy=dict(engine.policy),
+            engine=engine.spec,
+            trainable=True,
+            prompt_ids=r.prompt_ids,
+            completion_ids=ids,
+            completion_logprobs=[0.0] * len(ids),
+            prefix={
+                "reused_tokens": r.reused_tokens,
+                "rendered_tokens": r.rendered_tokens,
+                "parent_call": r.parent_call,
+                "fresh_render_matches": r.fresh_render_matches,
+            },
+            finish_reason=answer.finish_reason,
+            sampling=_sampling(body),
+            usage={"prompt_tokens": len(r.prompt_ids), "completion_tokens": len(ids)},
+            started_at=started,
+            ended_at=time.time(),
+            tags=dict(state.tags),
+            request=body,
+            response=response,
+            extra={"teacher": "passthrough"},
+        )
+        if proxy.writer:
+            proxy.writer.write(call, prompt_ids_json=r.prompt_json)
+        proxy.stats["calls_recorded"] += 1
+        state.calls += 1
+        cache.remember(session, call_id, r, answer, ids)
+        return
     call = Call(
-        call_id=f"call-{uuid.uuid4().hex}",
+        call_id=call_id,
         session=session,
         seq=seq,
         api=api.NAME,
@@ -90,6 +292,11 @@ def _record(proxy, api, engine, body, session, state, seq, started, response: di
 async def forward(proxy, api, engine, request, body: dict, session: str, state):
     started = time.time()
     _sampling(body)  # a bad temperature / top_p / top_k is refused before going upstream
+    student = None
+    if proxy.config.student_ids:  # render the student's prompt before paying for the teacher
+        req = await proxy.offload(api.parse, body)
+        rendered = await proxy.offload(proxy.caches[engine.tokenizer_dir].render, session, req)
+        student = (api, rendered)
     seq, state.seq = state.seq, state.seq + 1
     path = _PATHS[api.NAME]
     headers = engine.headers(api.NAME, request.headers)
@@ -105,7 +312,7 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
                 f"upstream {engine.url} answered {r.status_code} with non-JSON"
             ) from None
         if r.status_code < 400:
-            _record(proxy, api, engine, body, session, state, seq, started, answer)
+            _record(proxy, api, engine, body, session, state, seq, started, answer, student)
         return JSONResponse(answer, status_code=r.status_code)
 
     req = engine.client.build_request("POST", path, json=body, headers=headers)
@@ -137,6 +344,7 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
                 seq,
                 started,
                 {"sse": b"".join(sse).decode("utf-8", "replace")},
+                student,
             )
             if held is not None:
                 yield held

@@ -150,6 +150,14 @@ def main() -> None:
     help="environment variable holding a passthrough upstream key",
 )
 @click.option(
+    "--student-ids/--no-student-ids",
+    default=False,
+    show_default=True,
+    help="passthrough engines are teachers: record each call in the student's tokenization "
+    "(--tokenizer: prompt as its chat template renders it, the teacher's answer as the template "
+    "writes it), trainable, marked teacher: passthrough; logprobs are 0.0 placeholders",
+)
+@click.option(
     "--tool-parser",
     default="hermes",
     show_default=True,
@@ -262,6 +270,7 @@ def serve(
     record_bodies,
     drift_check_tokens,
     upstream_key_env,
+    student_ids,
     tool_parser,
     max_batch,
     batch_wait,
@@ -328,6 +337,7 @@ def serve(
             record_bodies=record_bodies,
             drift_check_tokens=drift_check_tokens,
             upstream_api_key=os.environ.get(upstream_key_env) if upstream_key_env else None,
+            student_ids=student_ids,
             parser=tool_parser,
             max_batch=max_batch,
             batch_wait=batch_wait,

@@ -77,6 +77,8 @@ class ProxyConfig:
     batch_wait: float = 0.005  # transformers engine: seconds to gather a batch
     max_batch: int = 16
     upstream_api_key: str | None = None  # passthrough engines' key for the real endpoint
+    # passthrough engines: record calls in the student's tokenization (`tokenizer`), trainable
+    student_ids: bool = False
     vllm_reload_method: str = (
         "reload_weights"  # vllm engines: /collective_rpc method for new weights
     )

@@ -40,6 +40,7 @@ class GenRequest:
     stop_ids: tuple[int, ...] = ()
     turn: int = 0  # assistant messages already in the conversation (for scripted engines)
     model: str = ""
+    tags: dict = attrs.field(factory=dict)  # the session's tags (scripted engines pick by them)
     session: str = ""  # the rollout the call belongs to (replicas keep a session on one engine)
 
 
@@ -92,6 +93,8 @@ class Engine:
 
     spec = ""
     trainable = True
+    #: calls whose completion no model sampled are recorded with `teacher` set to this
+    teacher: str | None = None
     tokenizer_dir: str | None = None
     max_context: int | None = None  # prompt + completion tokens the model takes, when known
 
@@ -120,20 +123,36 @@ class Engine:
 class ScriptedEngine(Engine):
     """Deterministic answers from a script, still through the tokenizer, parser and recording.
 
-    The script is JSONL, one answer per line: ``{"text": "..."}``. A line may also say
-    ``"model": GLOB`` (only for requested model names matching it). The answer for a request is
-    chosen by the number of assistant turns already in its conversation (turn 0 answers the
-    first request of a rollout, turn 1 the request after the first answer, ...); past the end of
-    the script, the last answer repeats. The text is tokenized and ends with the eos token; each
-    sampled token gets logprob 0.0 (the script is a deterministic policy).
+    The script is JSONL, one answer per line: ``{"text": "..."}``, or ``{"tool_calls": [{"name":
+    ..., "arguments": {...}}], "text": "..."}`` (text optional) for an answer that calls tools:
+    those are rendered with the chat template, so they come out in the policy's own tool-call
+    format, exactly as the template writes such a turn into history. A line may also say
+    ``"model": GLOB`` (only for requested model names matching it) and ``"tags": {...}`` (only
+    for sessions whose tags hold all of these, e.g. ``{"task": "toy-steps-train-0007"}``: one
+    expert solution per task, see ``claw-bench expert``). The answer for a request is chosen
+    among the lines that apply by the number of assistant turns already in its conversation
+    (turn 0 answers the first request of a rollout, turn 1 the request after the first answer,
+    ...); past the end of the script, the last answer repeats. Text is tokenized and ends with
+    the eos token; each token gets logprob 0.0 (the script is a deterministic policy), and the
+    calls are recorded with ``teacher: "scripted"``: their ids were not sampled from a model.
     """
 
-    def __init__(self, path: str, encode, eos_id: int, policy_name: str = "scripted") -> None:
+    teacher = "scripted"
+
+    def __init__(
+        self,
+        path: str,
+        encode,
+        eos_id: int,
+        policy_name: str = "scripted",
+        render_answer=None,
+    ) -> None:
         super().__init__()
         self.spec = f"scripted:{path}"
         self.policy = {"name": policy_name, "version": 0}
         self._encode = encode
         self._eos = eos_id
+        self._render_answer = render_answer  # (text, [(name, arguments)]) -> ids with the eos
         self.lines: list[dict] = []
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -146,18 +165,26 @@ class ScriptedEngine(Engine):
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}:{n}: invalid JSON ({e.msg})") from e
-            if not isinstance(d, dict) or not isinstance(d.get("text"), str):
-                raise ConfigError(f"{path}:{n}: each line must be an object with a string 'text'")
-            self.lines.append(d)
+            self.lines.append(_script_line(d, f"{path}:{n}"))
         if not self.lines:
             raise ConfigError(f"{path}: the script has no answers")
-        self._ids = [self._encode(d["text"]) + [eos_id] for d in self.lines]
+        self._ids = [self._answer_ids(d, f"{path}:{n}") for n, d in enumerate(self.lines, 1)]
+
+    def _answer_ids(self, d: dict, where: str) -> list[int]:
+        if not d.get("tool_calls"):
+            return self._encode(d.get("text", "")) + [self._eos]
+        if self._render_answer is None:
+            raise ConfigError(f"{where}: tool_calls need the chat template (pass --tokenizer)")
+        calls = [(c["name"], c["arguments"]) for c in d["tool_calls"]]
+        return self._render_answer(d.get("text", ""), calls)
 
     async def load_policy(self, policy: Policy) -> None:
         """A new version: a JSONL script file replaces the answers; a directory (an HF model the
         script stands in for) keeps them. Either way later calls carry the new version."""
         if Path(policy.path).is_file():
-            fresh = ScriptedEngine(policy.path, self._encode, self._eos, policy.name)
+            fresh = ScriptedEngine(
+                policy.path, self._encode, self._eos, policy.name, self._render_answer
+            )
             self.lines, self._ids = fresh.lines, fresh._ids
         elif not Path(policy.path).is_dir():
             raise EngineError(
@@ -168,9 +195,17 @@ class ScriptedEngine(Engine):
     def _pick(self, req: GenRequest) -> list[int]:
         from fnmatch import fnmatch
 
-        idx = [i for i, d in enumerate(self.lines) if fnmatch(req.model, d.get("model", "*"))]
+        idx = [
+            i
+            for i, d in enumerate(self.lines)
+            if fnmatch(req.model, d.get("model", "*"))
+            and all(req.tags.get(k) == v for k, v in d.get("tags", {}).items())
+        ]
         if not idx:
-            raise EngineError(f"the script has no answer for model {req.model!r}", status=500)
+            raise EngineError(
+                f"the script has no answer for model {req.model!r} and session tags {req.tags}",
+                status=500,
+            )
         return self._ids[idx[min(req.turn, len(idx) - 1)]]
 
     def generate(self, req: GenRequest) -> Generation:
@@ -181,6 +216,35 @@ class ScriptedEngine(Engine):
             gen.put_nowait("tokens", [(i, 0.0)])
         gen.put_nowait("end", None)
         return gen
+
+
+def _script_line(d, where: str) -> dict:
+    """A script line, checked: text and/or tool_calls, optional model glob and session tags."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: each line must be a JSON object")
+    if "text" in d and not isinstance(d["text"], str):
+        raise ConfigError(f"{where}: field 'text' must be a string")
+    calls = d.get("tool_calls")
+    well_formed = isinstance(calls, list) and all(
+        isinstance(c, dict)
+        and isinstance(c.get("name"), str)
+        and c["name"]
+        and isinstance(c.get("arguments"), dict)
+        for c in calls
+    )
+    if calls is not None and not well_formed:
+        raise ConfigError(
+            f"{where}: field 'tool_calls' must be a list of {{\"name\": string, "
+            '"arguments": object}}'
+        )
+    if "text" not in d and not calls:
+        raise ConfigError(f"{where}: each line needs a string 'text' or a list 'tool_calls'")
+    if "model" in d and not isinstance(d["model"], str):
+        raise ConfigError(f"{where}: field 'model' must be a string (a glob)")
+    tags = d.get("tags", {})
+    if not isinstance(tags, dict) or not all(isinstance(v, str) for v in tags.values()):
+        raise ConfigError(f"{where}: field 'tags' must be an object of strings")
+    return d
 
 
 # what vLLM's `--logprobs-mode` must be for its logprobs to be those of the sampled distribution

@@ -20,7 +20,7 @@ from collections import OrderedDict
 import attrs
 
 from claw_proxy.errors import ConfigError, RequestError
-from claw_proxy.messages import Answer, ChatRequest, Message
+from claw_proxy.messages import Answer, ChatRequest, Message, ToolCall
 
 _MARK = "\u2063claw-anchor\u2063"
 
@@ -125,6 +125,30 @@ class Renderer:
                 return backend.encode(text, add_special_tokens=False).ids
             return backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def render_answer(self, text: str, tool_calls=()) -> list[int]:
+        """The ids of an assistant answer (``text`` and ``(name, arguments)`` tool calls) as the
+        chat template writes that turn into history, up to and including its eos token: what
+        the policy would have to sample to give this answer. ConfigError when the template does
+        not end an assistant turn with the eos token."""
+        msg = Message(
+            role="assistant",
+            content=text,
+            tool_calls=tuple(
+                ToolCall(id=f"call_{i}", name=name, arguments=dict(args))
+                for i, (name, args) in enumerate(tool_calls)
+            ),
+        )
+        anchor = [{"role": "user", "content": "u"}]
+        head = self._template(anchor, None, True)
+        full = self._template([*anchor, msg.to_template()], None, False)
+        end = full.rfind(self.eos_text) if self.eos_text else -1
+        if not full.startswith(head) or end < len(head):
+            raise ConfigError(
+                f"the chat template of {self.directory} does not write an assistant turn as the "
+                "generation prompt followed by the answer and the eos token"
+            )
+        return self.encode(full[len(head) : end]) + [self.tokenizer.eos_token_id]
 
     def render_full(self, req: ChatRequest) -> list[int]:
         msgs = [m.to_template() for m in req.messages]

@@ -134,7 +134,13 @@ class Proxy:
             engine.tokenizer_dir = c.tokenizer or target
         elif kind == "scripted":
             r = self._renderer(c.tokenizer)
-            engine = ScriptedEngine(target, r.encode, r.eos_ids[0], policy_name=c.policy_name)
+            engine = ScriptedEngine(
+                target,
+                r.encode,
+                r.eos_ids[0],
+                policy_name=c.policy_name,
+                render_answer=r.render_answer,
+            )
             engine.tokenizer_dir = c.tokenizer
         elif kind == "vllm":
             self._renderer(c.tokenizer)
@@ -150,6 +156,14 @@ class Proxy:
             engine = PassthroughEngine(
                 target, api_key=c.upstream_api_key, transport=self._transport
             )
+            if c.student_ids:  # a teacher: its calls are recorded in the student's tokenization
+                if c.tokenizer is None:
+                    raise ConfigError(
+                        "--student-ids needs the student's HF directory (tokenizer and chat "
+                        "template): pass --tokenizer DIR"
+                    )
+                self._renderer(c.tokenizer)
+                engine.tokenizer_dir = c.tokenizer
         self.engines[spec] = engine
         return engine
 
@@ -215,6 +229,7 @@ class Proxy:
         prompt_ids: list[int],
         stop_ids,
         max_context: int | None = None,
+        tags: dict | None = None,
         session: str = "",
     ) -> GenRequest:
         c, s = self.config, req.sampling
@@ -238,6 +253,7 @@ class Proxy:
             stop_ids=tuple(stop_ids),
             model=req.model,
             turn=sum(1 for m in req.messages if m.role == "assistant"),
+            tags=tags or {},
             session=session,
         )
 
@@ -285,6 +301,7 @@ class Proxy:
                 rendered.prompt_ids,
                 renderer.eos_ids,
                 getattr(engine, "max_context", None),
+                tags=state.tags,
                 session=session,
             )
         except BaseException:
