@@ -37,13 +37,10 @@ def session_tree(n_tokens: int, seed: int = 0, vocab: int = 2000) -> dict:
     threads: list[list[int]] = []  # context nodes of each thread: where side calls branch off
     while len(ids) < n_tokens:
         if not threads or rng.random() < 0.45:  # main thread, sub-agent or compaction restart
-            node, length = (
-                system_end,
-                rng.randint(min(2000, n_tokens // 16), min(8000, n_tokens // 4)),
-            )
+            node, length = system_end, _length(rng, n_tokens, 2000, 8000, 4)
         else:  # side call / edited history: branch from an earlier thread's context
             t = rng.choice(threads)
-            node, length = t[rng.randrange(len(t))], rng.randint(200, min(1500, n_tokens // 8))
+            node, length = t[rng.randrange(len(t))], _length(rng, n_tokens, 200, 1500, 8)
         context: list[int] = []
         for turn in range(10**9):
             left = min(n_tokens - len(ids), length)
@@ -58,6 +55,12 @@ def session_tree(n_tokens: int, seed: int = 0, vocab: int = 2000) -> dict:
                 context += range(start, len(ids))
         threads.append(context)
     return _sample(f"tree{n_tokens}", ids, parent, trainable)
+
+
+def _length(rng: random.Random, n: int, lo: int, hi: int, part: int) -> int:
+    """A thread length in [lo, hi], scaled down for small trees (at most n / part)."""
+    lo = max(1, min(lo, n // 16))
+    return rng.randint(lo, max(lo, min(hi, n // part)))
 
 
 def _sample(sid: str, ids: list[int], parent: list[int], trainable: list[int], w=None) -> dict:

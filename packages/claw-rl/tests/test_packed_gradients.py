@@ -192,7 +192,7 @@ def test_tree_attention_gradient_equals_flat(tiny, cls, cfg, monkeypatch):
     """The same packed-vs-flat gradient check with the learner on block-sparse tree attention
     (no dense mask: DENSE_MAX_TOKENS = 0, query chunks of 64) instead of the dense mask."""
     monkeypatch.setattr(packing, "DENSE_MAX_TOKENS", 0)
-    monkeypatch.setattr(_tree_attention, "_CPU_SCORE_BUDGET", 1)
+    monkeypatch.setattr(_tree_attention, "_CPU_CHUNK", 64)
     seen = []
     orig = packing.preorder
     monkeypatch.setattr(packing, "preorder", lambda p: seen.append(len(p)) or orig(p))

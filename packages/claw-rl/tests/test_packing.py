@@ -79,7 +79,7 @@ def _random_samples(vocab: int, sizes: list[int], seed: int) -> list[Sample]:
 def test_tree_forward_equals_per_path_forward(tiny, seed, attention, monkeypatch):
     """Packed logprobs of a batch of random trees match per-path forwards to < 1e-5 (float32),
     with the dense mask and with tree attention (query chunks of 64: several per sample)."""
-    monkeypatch.setattr(_tree_attention, "_CPU_SCORE_BUDGET", 1)
+    monkeypatch.setattr(_tree_attention, "_CPU_CHUNK", 64)
     model = load_policy(tiny, torch.float32)
     samples = _random_samples(model.config.vocab_size, [140, 23, 257], seed)
     batch = pack(samples, attention=attention)
@@ -183,9 +183,10 @@ def test_block_table_covers_the_tree_and_full_tiles_are_full(seed):
     assert (listed | full).sum() < 0.2 * 2 * nb * nb
 
 
-def test_chunked_attention_gradient_equals_dense_mask():
-    """Tree attention through checkpointed query chunks: output and q/k/v gradients equal SDPA
+def test_chunked_attention_gradient_equals_dense_mask(monkeypatch):
+    """Tree attention through query chunks (recomputed in backward): output and q/k/v gradients equal SDPA
     with the dense ancestor mask (GQA, two samples, padding)."""
+    monkeypatch.setattr(_tree_attention, "_CPU_CHUNK", 64)
     parents = [random_tree(300, 5), random_tree(170, 6)]
     n = 300
     end = np.tile(np.arange(1, n + 1), (2, 1))
@@ -205,7 +206,7 @@ def test_chunked_attention_gradient_equals_dense_mask():
                 q, k, v, attn_mask=torch.from_numpy(dense), enable_gqa=True
             )
         else:
-            o = chunked_tree_attention(q, k, v, torch.from_numpy(end), None)
+            o = chunked_tree_attention(q, k, v, torch.from_numpy(end), None)  # chunks of 64
         outs.append(o.detach())
         grads.append(torch.autograd.grad((o * w).sum(), (q, k, v)))
     assert (outs[0] - outs[1]).abs().max() < 1e-5
@@ -218,7 +219,7 @@ def test_tree_gradient_equals_per_path_gradient(tiny, attention, monkeypatch):
     """Model gradient of a weighted logprob sum over packed trees equals that of per-path
     forwards where each token's weight is split over the paths through it (<= 1e-5, fp32);
     also with HF activation checkpointing (layers recomputed in backward)."""
-    monkeypatch.setattr(_tree_attention, "_CPU_SCORE_BUDGET", 1)
+    monkeypatch.setattr(_tree_attention, "_CPU_CHUNK", 64)
     model = load_policy(tiny, torch.float32)
     if attention.endswith("+checkpointing"):
         attention = "tree"

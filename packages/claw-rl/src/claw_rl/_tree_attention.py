@@ -9,8 +9,8 @@ In preorder every token's subtree is one interval, so query q may attend to key 
 - CPU (flex_attention has no CPU backward): queries in chunks of C; the keys a chunk needs are
   the ancestors of its first token plus the chunk itself (every other ancestor of a token in
   the chunk lies inside the chunk: preorder), gathered and fed to SDPA with a small
-  (C, ancestors + C) mask. Under autograd each chunk is checkpointed, so what backward keeps
-  is q, k, v themselves: memory linear in N. The work is the tree's own (each query against
+  (C, ancestors + C) mask. Backward recomputes each chunk (a custom autograd function), so what
+  it keeps is q, k, v themselves: memory linear in N. The work is the tree's own (each query against
   its ancestors), not N^2.
 
 Registered with transformers' AttentionInterface as ``claw_tree`` (SDPA for any other mask);
@@ -24,11 +24,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
-from torch.utils.checkpoint import checkpoint
 
 NAME = "claw_tree"
 BLOCK = 128  # flex tile (queries and keys)
-_CPU_SCORE_BUDGET = 1 << 24  # query rows x gathered keys per CPU chunk (bounds the chunk mask)
+_CPU_CHUNK = 512  # queries per CPU chunk: its mask is 512 x (ancestors + 512) booleans
 _compiled_flex = None
 
 
@@ -78,36 +77,66 @@ def tree_block_mask(end: torch.Tensor, block: int = BLOCK) -> TreeMask:
     return mask
 
 
-def _chunk_attention(q, k, v, end, q0: int, q1: int, scale, gqa: bool) -> torch.Tensor:
-    """Attention of queries [q0, q1) of one sample: q (1, Hq, C, D), k, v (1, Hkv, N, D)."""
-    anc = torch.nonzero(end[:q0] > q0).flatten()  # the ancestors of q0, in preorder
+def _chunk(end: torch.Tensor, q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (K,) of queries [q0, q1) of one sample and the (C, K) mask over them: the ancestors
+    of q0 (every ancestor outside the chunk of a token in it is one, by preorder), then the
+    chunk itself."""
+    anc = torch.nonzero(end[:q0] > q0).flatten()
     keys = torch.cat([anc, torch.arange(q0, q1, device=end.device)])  # (K,)
     pos = torch.arange(q0, q1, device=end.device)[:, None]
-    allowed = (keys[None, :] <= pos) & (pos < end[keys][None, :])  # (C, K)
-    return F.scaled_dot_product_attention(
-        q, k[:, :, keys], v[:, :, keys], attn_mask=allowed, scale=scale, enable_gqa=gqa
-    )
+    return keys, (keys[None, :] <= pos) & (pos < end[keys][None, :])
+
+
+class _ChunkedTreeAttention(torch.autograd.Function):
+    """Forward chunk by chunk without autograd; backward recomputes each chunk, takes its
+    gradient and adds the keys' share into one dk, dv (index_add_): nothing of size N^2, and no
+    full-size gradient buffer per chunk. Saves q, k, v and end only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, end, scale, C: int):
+        B, _, N, _ = q.shape
+        gqa = q.shape[1] != k.shape[1]
+        out = torch.empty_like(q)
+        for b in range(B):
+            for q0 in range(0, N, C):
+                q1 = min(N, q0 + C)
+                keys, allowed = _chunk(end[b], q0, q1)
+                out[b : b + 1, :, q0:q1] = F.scaled_dot_product_attention(
+                    q[b : b + 1, :, q0:q1], k[b : b + 1, :, keys], v[b : b + 1, :, keys],
+                    attn_mask=allowed, scale=scale, enable_gqa=gqa,
+                )  # fmt: skip
+        ctx.save_for_backward(q, k, v, end)
+        ctx.scale, ctx.C, ctx.gqa = scale, C, gqa
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, end = ctx.saved_tensors
+        B, _, N, _ = q.shape
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for b in range(B):
+            for q0 in range(0, N, ctx.C):
+                q1 = min(N, q0 + ctx.C)
+                keys, allowed = _chunk(end[b], q0, q1)
+                with torch.enable_grad():
+                    qc = q[b : b + 1, :, q0:q1].detach().requires_grad_()
+                    kc = k[b : b + 1, :, keys].detach().requires_grad_()
+                    vc = v[b : b + 1, :, keys].detach().requires_grad_()
+                    o = F.scaled_dot_product_attention(
+                        qc, kc, vc, attn_mask=allowed, scale=ctx.scale, enable_gqa=ctx.gqa
+                    )
+                    gq, gk, gv = torch.autograd.grad(o, (qc, kc, vc), dout[b : b + 1, :, q0:q1])
+                dq[b : b + 1, :, q0:q1] = gq
+                dk[b].index_add_(1, keys, gk[0])
+                dv[b].index_add_(1, keys, gv[0])
+        return dq, dk, dv, None, None, None
 
 
 def chunked_tree_attention(q, k, v, end: torch.Tensor, scale: float | None) -> torch.Tensor:
     """Exact tree attention on any device with memory linear in N. q (B, Hq, N, D), k, v
     (B, Hkv, N, D), end (B, N) -> (B, Hq, N, D)."""
-    B, Hq, N, _ = q.shape
-    gqa = Hq != k.shape[1]
-    C = int(min(1024, max(64, _CPU_SCORE_BUDGET // max(Hq * N, 1))))
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    rows = []
-    for b in range(B):
-        parts = []
-        for q0 in range(0, N, C):
-            q1 = min(N, q0 + C)
-            args = (q[b : b + 1, :, q0:q1], k[b : b + 1], v[b : b + 1], end[b], q0, q1, scale, gqa)
-            if grad:
-                parts.append(checkpoint(_chunk_attention, *args, use_reentrant=False))
-            else:
-                parts.append(_chunk_attention(*args))
-        rows.append(torch.cat(parts, dim=2))
-    return torch.cat(rows, dim=0)
+    C = min(_CPU_CHUNK, q.shape[2])
+    return _ChunkedTreeAttention.apply(q, k, v, end, scale, C)
 
 
 def flex_tree_attention(q, k, v, mask: TreeMask, scale: float | None) -> torch.Tensor:

@@ -31,11 +31,11 @@ import torch
 from claw_rl.records import Sample
 
 # Largest padded length N packed with a dense mask under attention="auto". Measured on CPU (the
-# tiny model, session-shaped trees, forward + backward, 1 thread): dense / tree time was 0.71x
-# at 512 tokens, 0.78x at 1024, 1.08x at 2048 and 1.52x at 4096 (and the dense mask's N^2
-# memory dominates from ~16K on: bench/test_rl_tree_attention.py). 1536 sits at the crossover.
-# Not measured on CUDA, where flex_attention's tiles make the tree path cheap earlier still.
-DENSE_MAX_TOKENS = 1536
+# tiny model, bench/rl_tree_shapes.py session trees, forward + backward, 1 thread): dense / tree
+# time 1.07x at 512 tokens (equal within noise), 1.15x at 1024, 1.7x at 2048, 3.1x at 8192; the
+# dense mask's N^2 memory dominates from ~16K on (bench/test_rl_tree_attention.py). Not measured
+# on CUDA, where flex_attention skips whole masked tiles and so gains earlier still.
+DENSE_MAX_TOKENS = 512
 ATTENTION_LAYOUTS = ("auto", "dense", "tree")
 
 
