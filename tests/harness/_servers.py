@@ -82,6 +82,8 @@ def claw_proxy(engine: str, workdir: Path, *, tokenizer: Path = TINY, extra: tup
         "--port",
         str(port),
         # re-render every prompt so the drift study covers whole harness prompts (~25k tokens)
+        "--drift-check",
+        "full",
         "--drift-check-tokens",
         "200000",
         "--log-level",

@@ -244,6 +244,7 @@ def _record(
                 "rendered_tokens": r.rendered_tokens,
                 "parent_call": r.parent_call,
                 "fresh_render_matches": r.fresh_render_matches,
+                **({"drift_check": r.drift_check} if r.drift_check else {}),
             },
             finish_reason=answer.finish_reason,
             sampling=_sampling(body),

@@ -142,7 +142,24 @@ def main() -> None:
     default=16384,
     show_default=True,
     type=int,
-    help="re-render prompts up to this many tokens to check tokenization drift (0: never)",
+    help="full re-renders to check tokenization drift only for prompts up to this many tokens "
+    "(0: never)",
+)
+@click.option(
+    "--drift-check",
+    type=click.Choice(["boundary", "full", "off"]),
+    default="boundary",
+    show_default=True,
+    help="how a prompt built by prefix reuse is checked against a re-render (prefix."
+    "fresh_render_matches): boundary re-renders only the reused answer and the new messages "
+    "(cost grows with the new tokens, not the context); full re-renders the whole request",
+)
+@click.option(
+    "--drift-full-every",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="with --drift-check boundary, also re-render every Nth reused prompt in full (0: never)",
 )
 @click.option(
     "--upstream-key-env",
@@ -269,6 +286,8 @@ def serve(
     fsync,
     record_bodies,
     drift_check_tokens,
+    drift_check,
+    drift_full_every,
     upstream_key_env,
     student_ids,
     tool_parser,
@@ -336,6 +355,8 @@ def serve(
             record_fsync=fsync,
             record_bodies=record_bodies,
             drift_check_tokens=drift_check_tokens,
+            drift_check=drift_check,
+            drift_full_every=drift_full_every,
             upstream_api_key=os.environ.get(upstream_key_env) if upstream_key_env else None,
             student_ids=student_ids,
             parser=tool_parser,

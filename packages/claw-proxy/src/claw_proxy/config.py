@@ -72,8 +72,12 @@ class ProxyConfig:
     )
     record_bodies: bool = False  # keep the raw request and the answer in each record
     drift_check_tokens: int = (
-        16384  # re-render fully to check drift when the prompt is at most this long
+        16384  # full re-renders (drift checks) only for prompts up to this many tokens
     )
+    # boundary: re-render only the reused answer and the new messages (O(new tokens));
+    # full: re-render the whole request; off: no check
+    drift_check: str = "boundary"
+    drift_full_every: int = 0  # boundary mode: a full re-render every Nth reuse too (0: never)
     batch_wait: float = 0.005  # transformers engine: seconds to gather a batch
     max_batch: int = 16
     upstream_api_key: str | None = None  # passthrough engines' key for the real endpoint
@@ -115,6 +119,14 @@ class ProxyConfig:
                 raise ConfigError(f"{name} must be >= 1")
         if not (self.header_timeout > 0 and self.body_timeout > 0):
             raise ConfigError("header_timeout and body_timeout must be > 0 seconds")
+        from claw_proxy.render import DRIFT_CHECKS
+
+        if self.drift_check not in DRIFT_CHECKS:
+            raise ConfigError(
+                f"drift_check must be one of {', '.join(DRIFT_CHECKS)}, got {self.drift_check!r}"
+            )
+        if self.drift_full_every < 0:
+            raise ConfigError("drift_full_every must be >= 0")
         if self.sampling not in SAMPLING_POLICIES:
             raise ConfigError(f"sampling must be one of {SAMPLING_POLICIES}, got {self.sampling!r}")
         for name in ("max_temperature", "default_temperature"):

@@ -111,6 +111,8 @@ def _prefix(d: dict, where: str) -> dict:
         p["fresh_render_matches"], bool
     ):
         raise RecordError(f"{where}: field 'prefix.fresh_render_matches' must be a boolean or null")
+    if p.get("drift_check") not in (None, "boundary", "full"):
+        raise RecordError(f"{where}: field 'prefix.drift_check' must be 'boundary' or 'full'")
     return p
 
 

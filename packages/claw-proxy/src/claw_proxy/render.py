@@ -23,6 +23,7 @@ from claw_proxy.errors import ConfigError, RequestError
 from claw_proxy.messages import Answer, ChatRequest, Message, ToolCall
 
 _MARK = "\u2063claw-anchor\u2063"
+DRIFT_CHECKS = ("boundary", "full", "off")
 
 
 @attrs.frozen(kw_only=True)
@@ -32,6 +33,7 @@ class Rendered:
     rendered_tokens: int
     parent_call: str | None
     fresh_render_matches: bool | None
+    drift_check: str | None = None  # "boundary" / "full": what fresh_render_matches compared
     keys: list[str] = attrs.field(factory=list, repr=False)  # history keys of the request
     prompt_array: array = attrs.field(factory=lambda: array("q"), repr=False)
     prompt_json: str = attrs.field(default="", repr=False)  # "1,2,3": the ids as JSON, cached
@@ -54,6 +56,7 @@ class _Branch:
     call_id: str
     keys: list[str]  # context key, then one key per message, the answer's last
     token_ids: array  # prompt ids + completion ids (8 bytes a token)
+    prompt_len: int  # how many of token_ids are the prompt (the rest was sampled)
     ids_json: str  # the same ids as JSON text without brackets: records reuse it
     ended_with_eos: bool
     superseded: bool = False  # a later call of the session extends this one
@@ -88,6 +91,27 @@ class Renderer:
         eos = self.tokenizer.eos_token_id
         self.eos_text = self.tokenizer.convert_ids_to_tokens(eos) if eos is not None else None
         self._lock = threading.Lock()
+        self._boundary = self._boundary_state()
+
+    def _boundary_state(self) -> tuple[str, list[int], list[int]] | None:
+        """What the boundary drift check needs, computed once: the text and ids of a stand-in
+        user turn with the generation prompt, and the generation prompt's own ids. None when
+        the generation prompt does not start with an added token (then the text before it may
+        merge with it, and only a full re-render can tell)."""
+        anchor = [{"role": "user", "content": "u"}]
+        head = self._template(anchor, None, True)
+        closed = self._template(anchor, None, False)
+        head_ids, closed_ids = self.encode(head), self.encode(closed)
+        gen_ids = head_ids[len(closed_ids) :]
+        added = set(self.tokenizer.get_added_vocab().values())
+        if (
+            not head.startswith(closed)
+            or head_ids[: len(closed_ids)] != closed_ids
+            or not gen_ids
+            or gen_ids[0] not in added
+        ):
+            return None
+        return head, head_ids, gen_ids
 
     def _eos_ids(self, directory: str) -> tuple[int, ...]:
         import json
@@ -154,6 +178,28 @@ class Renderer:
         msgs = [m.to_template() for m in req.messages]
         return self.encode(self._template(msgs, list(req.tools), True))
 
+    def boundary_matches(
+        self, prompt_ids, completion_ids, resent: Message, new: list[Message], tail: list[int]
+    ) -> bool | None:
+        """Drift check in O(new tokens): whether a full re-render would give the same ids from
+        the generation prompt that ends `prompt_ids` on, i.e. the answer as the client sent it
+        back (`resent`) against the sampled `completion_ids`, the `new` messages against
+        `tail`, and no token merged across either boundary. The template renders the answer
+        and the new messages after a stand-in user turn, so the work does not grow with the
+        context. None when this template has no added token to anchor the boundary."""
+        if self._boundary is None:
+            return None
+        head, head_ids, gen_ids = self._boundary
+        if len(prompt_ids) < len(gen_ids) or list(prompt_ids[-len(gen_ids) :]) != gen_ids:
+            return False  # the reused prompt does not end with the generation prompt
+        msgs = [{"role": "user", "content": "u"}, resent.to_template()]
+        text = self._template(msgs + [m.to_template() for m in new], None, True)
+        if not text.startswith(head):
+            return None
+        ids = self.encode(text)
+        n = len(head_ids)
+        return ids[:n] == head_ids and ids[n:] == [*completion_ids, *tail]
+
     def render_continuation(self, new: list[Message], ended_with_eos: bool) -> list[int] | None:
         """Ids that follow an assistant answer: its end of turn, the new messages, the generation
         prompt. None when this template does not end an assistant turn with its eos token."""
@@ -182,12 +228,19 @@ class PrefixCache:
         self,
         renderer: Renderer,
         drift_check_tokens: int = 16384,
+        drift_check: str = "boundary",
+        drift_full_every: int = 0,
         branches_per_session: int = 32,
         max_sessions: int = 10000,
         max_bytes: int = 1 << 30,
     ) -> None:
         self.renderer = renderer
+        if drift_check not in DRIFT_CHECKS:
+            raise ConfigError(f"drift_check must be one of {', '.join(DRIFT_CHECKS)}")
         self.drift_check_tokens = drift_check_tokens
+        self.drift_check = drift_check
+        self.drift_full_every = drift_full_every
+        self._reuses = 0  # calls built by reuse so far (every Nth gets a full re-render)
         self.branches_per_session = branches_per_session
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
@@ -232,15 +285,14 @@ class PrefixCache:
             tail = self.renderer.render_continuation(new, best.ended_with_eos)
             if tail is not None:
                 ids = best.token_ids.tolist() + tail
-                matches = None
-                if len(ids) <= self.drift_check_tokens:
-                    matches = self.renderer.render_full(req) == ids
+                matches, check = self._drift(req, best, new, tail, ids)
                 return Rendered(
                     prompt_ids=ids,
                     reused_tokens=len(best.token_ids),
                     rendered_tokens=len(tail),
                     parent_call=best.call_id,
                     fresh_render_matches=matches,
+                    drift_check=check,
                     keys=keys,
                     prompt_array=best.token_ids + array("q", tail),
                     prompt_json=_join(best.ids_json, _ids_json(tail)),
@@ -257,6 +309,28 @@ class PrefixCache:
             prompt_json=_ids_json(ids),
         )
 
+    def _drift(self, req, best: _Branch, new, tail, ids) -> tuple[bool | None, str | None]:
+        """Check the reused ids against a re-render: on the boundary region only (the default,
+        O(new tokens)), or in full (`full`, or every `drift_full_every`-th reuse in boundary
+        mode) for prompts up to `drift_check_tokens`."""
+        if self.drift_check == "off":
+            return None, None
+        with self._lock:
+            self._reuses += 1
+            sampled = self.drift_full_every > 0 and self._reuses % self.drift_full_every == 0
+        if (self.drift_check == "full" or sampled) and len(ids) <= self.drift_check_tokens:
+            return self.renderer.render_full(req) == ids, "full"
+        if self.drift_check == "full":
+            return None, None
+        p = best.prompt_len
+        resent = req.messages[len(best.keys) - 2]
+        matches = self.renderer.boundary_matches(
+            best.token_ids[max(0, p - 64) : p], best.token_ids[p:].tolist(), resent, new, tail
+        )
+        if matches is None and len(ids) <= self.drift_check_tokens:
+            return self.renderer.render_full(req) == ids, "full"
+        return matches, "boundary" if matches is not None else None
+
     def remember(
         self,
         session: str,
@@ -271,6 +345,7 @@ class PrefixCache:
             call_id=call_id,
             keys=[*rendered.keys, answer.message().key()],
             token_ids=rendered.prompt_array + array("q", completion_ids),
+            prompt_len=len(rendered.prompt_array),
             ids_json=_join(rendered.prompt_json, _ids_json(completion_ids)),
             ended_with_eos=ended,
         )

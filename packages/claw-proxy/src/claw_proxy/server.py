@@ -107,6 +107,8 @@ class Proxy:
             self.caches[directory] = PrefixCache(
                 self.renderers[directory],
                 self.config.drift_check_tokens,
+                drift_check=self.config.drift_check,
+                drift_full_every=self.config.drift_full_every,
                 max_bytes=self.config.prefix_cache_bytes,
             )
         return self.renderers[directory]

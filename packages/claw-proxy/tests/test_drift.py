@@ -1,0 +1,151 @@
+"""The boundary drift check (O(new tokens)) against the full re-render, on real harness
+requests replayed turn by turn, and on the drift shapes it must see."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from claw_proxy import api_anthropic, api_chat, api_responses
+from claw_proxy.messages import Answer, ChatRequest, Message
+from claw_proxy.render import PrefixCache, Renderer
+from proxy_testlib import HARNESS_REQUESTS, TINY
+
+_API = {
+    "/v1/messages": api_anthropic,
+    "/v1/chat/completions": api_chat,
+    "/v1/responses": api_responses,
+}
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    return Renderer(str(TINY))
+
+
+def _answer(m: Message) -> Answer:
+    return Answer(
+        text=m.content,
+        reasoning="",
+        tool_calls=m.tool_calls,
+        finish_reason="tool_calls" if m.tool_calls else "stop",
+        prompt_tokens=0,
+        completion_tokens=0,
+    )
+
+
+def _replay(renderer, req: ChatRequest, sampled) -> list[tuple]:
+    """Replay `req` turn by turn through a boundary cache and a full cache, the policy having
+    sampled `sampled(message)` for each assistant message; (boundary, full) verdicts."""
+    caches = {
+        mode: PrefixCache(renderer, drift_check_tokens=1 << 30, drift_check=mode)
+        for mode in ("boundary", "full")
+    }
+    msgs = req.messages
+    cuts = [
+        i for i, m in enumerate(msgs) if m.role == "assistant" and msgs[i - 1].role != "assistant"
+    ]
+    verdicts = []
+    for n, cut in enumerate([*cuts, len(msgs)]):
+        turn = ChatRequest(api=req.api, model=req.model, messages=msgs[:cut], tools=req.tools)
+        got = {}
+        for mode, cache in caches.items():
+            r = cache.render("s", turn)
+            got[mode] = (r.fresh_render_matches, r.drift_check, r.parent_call is not None)
+            if cut < len(msgs):
+                m = msgs[cut]
+                cache.remember("s", f"c{n}", r, _answer(m), sampled(m))
+        if got["full"][2]:  # built by reuse
+            assert got["boundary"][1] == "boundary" and got["full"][1] == "full"
+            verdicts.append((got["boundary"][0], got["full"][0]))
+    return verdicts
+
+
+def _requests():
+    for path in sorted(HARNESS_REQUESTS.glob("*.json")):
+        d = json.loads(path.read_text())
+        req = _API[d["path"].split("?")[0]].parse(d["body"])
+        if any(m.role == "assistant" for m in req.messages[1:]):
+            yield path.stem, req
+
+
+def test_boundary_agrees_with_full_on_harness_requests(renderer):
+    """On every captured multi-turn harness request, replayed turn by turn, the boundary check
+    gives the full re-render's verdict: no drift when the policy sampled what the template
+    writes, drift when it sampled trailing whitespace the harness stripped."""
+
+    def tool_calls(m):
+        return [(c.name, c.arguments) for c in m.tool_calls]
+
+    def exact(m):
+        return renderer.render_answer(m.content, tool_calls(m))
+
+    def spaced(m):
+        return renderer.render_answer(m.content + " \n", tool_calls(m))
+
+    reused = 0
+    for name, req in _requests():
+        for sampled, want in ((exact, True), (spaced, False)):
+            verdicts = _replay(renderer, req, sampled)
+            assert verdicts, name
+            for boundary, full in verdicts:
+                assert boundary == full == want, (name, want)
+            reused += len(verdicts)
+    assert reused >= 8  # four captured requests carry earlier turns
+
+
+def test_boundary_sees_a_token_merged_across_the_join(renderer):
+    """An answer the policy ended without eos (a length stop) followed by text that merges with
+    its last token: the reused ids differ from a fresh tokenisation, and both checks say so."""
+    base = [Message(role="user", content="count")]
+    caches = {m: PrefixCache(renderer, drift_check=m) for m in ("boundary", "full")}
+    verdicts = {}
+    for mode, cache in caches.items():
+        r = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=tuple(base)))
+        # sampled "ab" as two tokens: a re-render tokenises the text "ab" as it likes
+        sampled = renderer.encode("a") + renderer.encode("b") + [renderer.tokenizer.eos_token_id]
+        cache.remember("s", "c0", r, _answer(Message(role="assistant", content="ab")), sampled)
+        nxt = (*base, Message(role="assistant", content="ab"), Message(role="user", content="go"))
+        r2 = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=nxt))
+        assert r2.parent_call == "c0"
+        verdicts[mode] = r2.fresh_render_matches
+    merged = renderer.encode("ab") != renderer.encode("a") + renderer.encode("b")
+    assert verdicts == {"boundary": not merged, "full": not merged}
+
+
+def test_full_rerender_every_nth_reuse(renderer):
+    """--drift-full-every N: in boundary mode every Nth reused prompt is re-rendered in full."""
+    cache = PrefixCache(renderer, drift_check="boundary", drift_full_every=2)
+    msgs: list[Message] = [Message(role="user", content="start")]
+    checks = []
+    for turn in range(4):
+        r = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=tuple(msgs)))
+        if r.parent_call:
+            checks.append(r.drift_check)
+            assert r.fresh_render_matches is True
+        answer = Message(role="assistant", content=f"reply {turn}")
+        cache.remember("s", f"c{turn}", r, _answer(answer), renderer.render_answer(answer.content))
+        msgs += [answer, Message(role="user", content=f"next {turn}")]
+    assert checks == ["boundary", "full", "boundary"]
+
+
+def test_drift_check_off_and_bad_mode(renderer):
+    """`off` leaves the verdict unknown; an unknown mode is refused."""
+    cache = PrefixCache(renderer, drift_check="off")
+    first = ChatRequest(api="openai.chat", model="m", messages=(Message(role="user", content="a"),))
+    r = cache.render("s", first)
+    answer = Message(role="assistant", content="b")
+    cache.remember("s", "c0", r, _answer(answer), renderer.render_answer("b"))
+    r2 = cache.render(
+        "s",
+        ChatRequest(
+            api="openai.chat",
+            model="m",
+            messages=(*first.messages, answer, Message(role="user", content="c")),
+        ),
+    )
+    assert r2.parent_call == "c0" and r2.fresh_render_matches is None and r2.drift_check is None
+    from claw_proxy.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drift_check"):
+        PrefixCache(renderer, drift_check="sometimes")
