@@ -12,7 +12,7 @@ block-sparse tree attention (claw_rl._tree_attention). Dense at 64K is not run: 
 is 4 GiB of bool before SDPA expands it; the 4K-16K trend is printed instead.
 
 Run: .venvs/claw-rl/bin/python -m pytest bench/test_rl_tree_attention.py --benchmark-only -s
-(about 5 minutes on 2 cores). One run by hand:
+(5-10 minutes on 2 shared cores; 64K tree alone ~4 min). One run by hand:
 .venvs/claw-rl/bin/python bench/test_rl_tree_attention.py 16384 tree
 """
 
@@ -54,7 +54,7 @@ def measure(n_tokens: int, attention: str, model_dir: str) -> dict:
     else:
         learner = claw_rl.GRPOLearner(cfg, model_dir)
     tree = session_tree(n_tokens)
-    learner.step([session_tree(512, seed=1)])  # one small warm-up step: lazy allocations
+    learner.step([session_tree(4096, seed=1)])  # a warm-up step: lazy allocations
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak-RSS high-water mark
     base = _rss_kb("VmRSS")
@@ -72,14 +72,15 @@ def measure(n_tokens: int, attention: str, model_dir: str) -> dict:
 def _run(n_tokens: int, attention: str, model_dir: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env["MALLOC_MMAP_THRESHOLD_"] = "131072"  # big buffers mmapped: RSS follows live tensors
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, __file__, str(n_tokens), attention, model_dir],
-        check=True,
         capture_output=True,
         text=True,
         env=env,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    )
+    if done.returncode:
+        raise RuntimeError(f"{n_tokens} {attention}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
