@@ -43,7 +43,6 @@ QWEN3_1_7B = dict(
     num_attention_heads=16,
     num_key_value_heads=8,
     head_dim=128,
-    rope_theta=1000000.0,
     rms_norm_eps=1e-6,
     tie_word_embeddings=True,
     max_position_embeddings=65536,
