@@ -119,6 +119,16 @@ def measure(learner, samples: list[dict], device: str, cap: int, warm: list[dict
     }
 
 
+def _attempt(learner, samples: list[dict], device: str, cap: int, warm: list[dict]) -> dict:
+    """:func:`measure`, or {"error": ...} when it fails (the other methods still run)."""
+    try:
+        return measure(learner, samples, device, cap, warm)
+    except Exception as exc:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
@@ -128,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-checkpointing", action="store_true", help="keep all activations")
     args = ap.parse_args(argv)
     import transformers
-    from claw_rl import GRPOConfig, Learner
+    from claw_rl import GRPOConfig, Learner, _tree_attention
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     arch, dtype = (TINY, "float32") if args.tiny else (QWEN3_1_7B, "bfloat16")
@@ -144,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "cap_tokens": args.cap,
+        "tree_kernel": "flex_attention" if device == "cuda" else "chunked (CPU)",
         "sizes": {},
     }
 
@@ -170,12 +181,21 @@ def main(argv: list[str] | None = None) -> dict:
             report["sizes"][str(n)] = row
             for name, samples in runs.items():
                 warm = [tree] if name == "tree" else samples[:1]
-                row[name] = measure(learner, samples, device, args.cap, warm)
+                row[name] = _attempt(learner, samples, device, args.cap, warm)
+                flex = device == "cuda" and _tree_attention.FLEX_ON_CUDA
+                if "error" in row[name] and name == "tree" and flex:
+                    _tree_attention.FLEX_ON_CUDA = False  # flex failed: the chunked kernel
+                    report["tree_kernel"] = "chunked (flex_attention failed)"
+                    flex_error = row[name]["error"]
+                    row[name] = _attempt(learner, samples, device, args.cap, warm)
+                    row[name]["flex_error"] = flex_error
                 write()
                 print(f"{n} {name}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
             t = row["tree"]
             for other in ("chain_merge", "per_call"):
                 o = row[other]
+                if "error" in t or "error" in o:
+                    continue
                 row[f"{other}_token_ratio"] = o["tokens"] / t["tokens"]
                 row[f"{other}_speedup"] = o["seconds"] / t["seconds"]
                 row[f"{other}_speedup_over_token_ratio"] = (o["seconds"] / t["seconds"]) / (

@@ -29,6 +29,7 @@ NAME = "claw_tree"
 BLOCK = 128  # flex tile (queries and keys)
 _CPU_CHUNK = 512  # queries per CPU chunk: its mask is 512 x (ancestors + 512) booleans
 _compiled_flex = None
+FLEX_ON_CUDA = True  # False: the chunked kernel on CUDA too (a fallback; bench/gpu_check.py)
 
 
 class TreeMask(BlockMask):
@@ -170,7 +171,7 @@ def attention_forward(
         raise ValueError(f"{NAME} attention does not implement sliding-window layers")
     if dropout:
         raise ValueError(f"{NAME} attention does not implement attention dropout")
-    if query.is_cuda:
+    if query.is_cuda and FLEX_ON_CUDA:
         out = flex_tree_attention(query, key, value, attention_mask, scaling)
     else:
         out = chunked_tree_attention(query, key, value, attention_mask.end, scaling)
