@@ -304,3 +304,16 @@ def test_sft_learner_is_the_weighted_nll_at_temperature_one(tiny):
         learner.step([dict(s, algo="grpo")])
     with pytest.raises(ClawError, match="Learner.sft"):
         Learner.grpo(GRPOConfig(), tiny).step([s])
+
+
+def test_a_micro_batch_without_trainable_tokens_adds_nothing(tiny):
+    """A sample with no trainable token alone in its micro-batch: the step runs, and the loss and
+    gradient are those of the other sample alone."""
+    cfg = GRPOConfig(lr=1e-3, max_grad_norm=0.0, micro_batch_size=1, minibatches=1)
+    vocab = Learner.grpo(cfg, tiny).policy.config.vocab_size
+    a = tree_sample([-1, 0, 1, 2], [0, 0, 1, 1], seed=1, vocab=vocab, sample_id="a")
+    b = tree_sample([-1, 0, 1], [0, 0, 0], seed=2, vocab=vocab, sample_id="b")
+    g_both, m_both = _grads_after_step(Learner.grpo(cfg, tiny), [a, b])
+    g_a, m_a = _grads_after_step(Learner.grpo(cfg, tiny), [a])
+    assert m_both["loss"] == pytest.approx(m_a["loss"], abs=1e-6)
+    assert max(float((g_both[n] - g_a[n]).abs().max()) for n in g_a) < 1e-6

@@ -550,6 +550,8 @@ class Learner:
                 vl = agg.loss(self.critic.loss(v, o["values_old"], R), tok)
                 loss = loss + self.critic.vf_coef * vl
                 acc["value_loss"] += float(vl.detach())
+            if not loss.requires_grad:  # no trainable token here: a zero loss on the graph,
+                loss = loss + 0.0 * hidden.sum()  # so backward (FSDP's collectives) still runs
             (loss * 0.0 if padding else loss).backward()
             acc["loss"] += float(loss.detach())
             acc["pg_loss"] += float(pg_loss.detach())
