@@ -49,22 +49,26 @@ def fake_vllm(seen: list, logprobs_mode: str | None = "raw_logprobs"):
         finish = "stop" if len(ids) == len(ANSWER) else "length"
 
         async def sse():
-            # like vLLM: one chunk per token (the first also carries the prompt ids), then [DONE]
+            # like vLLM: one chunk per token, then [DONE]; ids as logprob tokens under
+            # return_tokens_as_token_ids, as token_ids (the first chunk also carrying the prompt
+            # ids) under return_token_ids
+            as_ids = body.get("return_tokens_as_token_ids")
             for k, (i, lp) in enumerate(zip(ids, lps, strict=True)):
                 choice = {
                     "index": 0,
                     "text": "x",
-                    "token_ids": [i],
                     "logprobs": {
-                        "tokens": [str(i)],
+                        "tokens": [f"token_id:{i}" if as_ids else R.tokenizer.decode([i])],
                         "token_logprobs": [lp],
                         "top_logprobs": [{}],
                         "text_offset": [0],
                     },
                     "finish_reason": finish if k == len(ids) - 1 else None,
                 }
-                if k == 0:
-                    choice["prompt_token_ids"] = body["prompt"]
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = [i]
+                    if k == 0:
+                        choice["prompt_token_ids"] = body["prompt"]
                 yield (
                     "data: "
                     + json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": [choice]})
@@ -144,7 +148,8 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     sent = {k: seen[0][k] for k in ("temperature", "top_p", "top_k", *NEUTRAL)}
     assert sent == {"temperature": 0.5, "top_p": 0.9, "top_k": 7, **NEUTRAL}
     assert seen[0]["model"] == "tiny" and seen[0]["seed"] == 3
-    assert seen[0]["return_token_ids"] is True and seen[0]["logprobs"] == 1
+    assert seen[0]["return_tokens_as_token_ids"] is True and seen[0]["logprobs"] == 1
+    assert "return_token_ids" not in seen[0]  # vLLM would echo the prompt ids back
     assert call.engine == "vllm:http://vllm.test"
     assert call.sampling == {
         "temperature": 0.5,
@@ -355,3 +360,14 @@ def test_passthrough_forwards_and_records_text_only(make_server, clients):
     assert all(
         token("p1") not in json.dumps(h) for h, _ in seen
     )  # the session token is never forwarded
+
+
+def test_vllm_sampled_ids_read_from_logprob_tokens():
+    """Under return_tokens_as_token_ids vLLM names each sampled token 'token_id:N'; anything
+    else is refused with the reason, never read as a wrong id."""
+    from claw_proxy.engines import _token_ids
+    from claw_proxy.errors import EngineError
+
+    assert _token_ids(["token_id:5", "token_id:151645"]) == [5, 151645]
+    with pytest.raises(EngineError, match="token_id:N"):
+        _token_ids(["hello"])

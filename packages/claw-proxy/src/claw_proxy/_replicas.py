@@ -164,7 +164,9 @@ class ReplicaSet(Engine):
                 if left <= 0:
                     gen.put_nowait("end", "length")
                     return
-                sub = attrs.evolve(req, prompt_ids=req.prompt_ids + sent, max_tokens=left)
+                sub = attrs.evolve(
+                    req, prompt_ids=req.prompt_ids + sent, max_tokens=left, prompt_json=""
+                )
             self.in_flight[i] += 1
             try:
                 inner = gen.inner = replica.generate(sub)

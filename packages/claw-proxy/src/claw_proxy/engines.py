@@ -42,6 +42,9 @@ class GenRequest:
     model: str = ""
     tags: dict = attrs.field(factory=dict)  # the session's tags (scripted engines pick by them)
     session: str = ""  # the rollout the call belongs to (replicas keep a session on one engine)
+    # `prompt_ids` as JSON without brackets ("1,2,3"), when known: sent as is, not re-encoded.
+    # It must hold exactly `prompt_ids`: whoever changes the ids clears it (evolve(..., ""))
+    prompt_json: str = attrs.field(default="", repr=False)
 
 
 class Generation:
@@ -289,7 +292,9 @@ class VLLMEngine(Engine):
         self._mode_checked = False
         self.policy = {"name": policy_name, "version": 0}
         self._transport = transport
-        self._client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
+        self._client = httpx.AsyncClient(
+            base_url=self.url, transport=transport or http_transport(), timeout=timeout
+        )
         self._model: str | None = None
         self._lora: str | None = None
         self._reload_lock = asyncio.Lock()
@@ -369,7 +374,6 @@ class VLLMEngine(Engine):
             policy = dict(self.policy)
             body = {
                 "model": model,
-                "prompt": req.prompt_ids,
                 "max_tokens": req.max_tokens,
                 "temperature": req.temperature,
                 "top_p": req.top_p,
@@ -379,7 +383,9 @@ class VLLMEngine(Engine):
                 "presence_penalty": 0.0,
                 "frequency_penalty": 0.0,
                 "logprobs": 1,
-                "return_token_ids": True,
+                # the sampled ids come as the logprobs' tokens ("token_id:N"): vLLM's
+                # return_token_ids would also echo the whole prompt back in the first chunk
+                "return_tokens_as_token_ids": True,
                 "skip_special_tokens": False,
                 "stop_token_ids": list(req.stop_ids),
                 "include_stop_str_in_output": True,
@@ -391,7 +397,14 @@ class VLLMEngine(Engine):
             greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
             finish = None
-            async with self._client.stream("POST", "/v1/completions", json=body) as r:
+            # the prompt ids go out as the JSON the renderer already holds (no re-encoding)
+            prompt = req.prompt_json
+            if not prompt or prompt.count(",") + 1 != len(req.prompt_ids):  # stale or unknown
+                prompt = ",".join(map(str, req.prompt_ids))
+            content = f'{json.dumps(body)[:-1]},"prompt":[{prompt}]}}'.encode()
+            async with self._client.stream(
+                "POST", "/v1/completions", content=content, headers=_JSON
+            ) as r:
                 if r.status_code >= 400:
                     raise EngineError(f"vLLM answered {r.status_code}: {(await r.aread())[:300]!r}")
                 async for line in r.aiter_lines():
@@ -400,8 +413,9 @@ class VLLMEngine(Engine):
                     if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                         continue
                     for choice in json.loads(line[5:])["choices"]:
-                        ids = choice.get("token_ids") or []
-                        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                        lp = choice.get("logprobs") or {}
+                        ids = choice.get("token_ids") or _token_ids(lp.get("tokens") or ())
+                        lps = lp.get("token_logprobs") or []
                         if len(ids) != len(lps):
                             raise EngineError(
                                 "vLLM returned token ids and logprobs of different lengths"
@@ -505,6 +519,36 @@ def cache_salt(policy: dict) -> str:
     return f"{policy.get('name', 'policy')}-v{policy.get('version', 0)}"
 
 
+_JSON = {"content-type": "application/json"}
+
+
+def http_transport() -> httpx.AsyncHTTPTransport:
+    """The connection pool to an engine or upstream: TCP_NODELAY on every connection (without
+    it a request's header and body writes meet Nagle and the server's delayed ACK, 40 ms a
+    call, on event loops that do not set it themselves) and enough kept-alive connections for
+    many concurrent calls, so a busy proxy does not open a connection per request."""
+    import socket
+
+    return httpx.AsyncHTTPTransport(
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        limits=httpx.Limits(
+            max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30.0
+        ),
+    )
+
+
+def _token_ids(tokens) -> list[int]:
+    """Sampled ids from vLLM's logprobs tokens under return_tokens_as_token_ids
+    ("token_id:N")."""
+    try:
+        return [int(t.removeprefix("token_id:")) for t in tokens]
+    except (TypeError, ValueError, AttributeError):
+        raise EngineError(
+            "vLLM returned logprob tokens that are not token ids (expected 'token_id:N'; "
+            "return_tokens_as_token_ids not honoured?)"
+        ) from None
+
+
 def _logprob(value) -> float:
     lp = float(value)
     if not math.isfinite(lp):  # vLLM reported a token outside the distribution it sampled from
@@ -534,7 +578,9 @@ class PassthroughEngine(Engine):
         self.spec = f"passthrough:{self.url}"
         self.policy = {"name": "passthrough", "version": 0}
         self.api_key = api_key
-        self.client = httpx.AsyncClient(base_url=self.url, transport=transport, timeout=timeout)
+        self.client = httpx.AsyncClient(
+            base_url=self.url, transport=transport or http_transport(), timeout=timeout
+        )
 
     def headers(self, api: str, incoming) -> dict:
         h = {"content-type": "application/json"}

@@ -22,7 +22,10 @@ from claw_proxy.server import Proxy
 def bind(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port (not yet listening); a port in use is a `ConfigError`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # accepted connections inherit it (with proto 0, a response's header and body writes meet
+    # Nagle and the client's delayed ACK: 40 ms a request)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -233,6 +233,7 @@ class Proxy:
         max_context: int | None = None,
         tags: dict | None = None,
         session: str = "",
+        prompt_json: str = "",
     ) -> GenRequest:
         c, s = self.config, req.sampling
         max_tokens = min(s.max_tokens or c.default_max_tokens, c.max_tokens_cap)
@@ -257,6 +258,7 @@ class Proxy:
             turn=sum(1 for m in req.messages if m.role == "assistant"),
             tags=tags or {},
             session=session,
+            prompt_json=prompt_json,
         )
 
     async def handle(self, api, request: Request) -> Response:
@@ -305,6 +307,7 @@ class Proxy:
                 getattr(engine, "max_context", None),
                 tags=state.tags,
                 session=session,
+                prompt_json=rendered.prompt_json,
             )
         except BaseException:
             state.in_flight -= 1
