@@ -28,6 +28,7 @@ def test_all_names_exist_and_public_modules_are_covered():
         "check",
         "cli",
         "errors",
+        "families",
         "harbor",
         "harnesses",
         "images",

@@ -11,6 +11,7 @@ from claw_bench.errors import (
     RecordError,
     TaskError,
 )
+from claw_bench.families import expert_script, load_family
 from claw_bench.harbor import load_harbor_task
 from claw_bench.harnesses import Harness, list_harnesses, load_harness
 from claw_bench.images import ImageRow, build_images, list_images
@@ -46,8 +47,10 @@ __all__ = [
     "check_task",
     "compare",
     "detect_layout",
+    "expert_script",
     "list_harnesses",
     "list_images",
+    "load_family",
     "load_harbor_task",
     "load_public",
     "load_harness",
