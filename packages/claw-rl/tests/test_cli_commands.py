@@ -62,7 +62,8 @@ def test_train_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
         and (out / "policy" / "v2" / "model.safetensors").exists()
     )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2] and all("mismatch_kl_k3" in m for m in metrics)
+    assert [m["step"] for m in metrics] == [0, 1]
+    assert all("mismatch_kl_k3" in m["learner"] for m in metrics)
     resolved = config_from_toml(out / "config.toml", "grpo")
     assert GRPOConfig.from_dict(resolved) == GRPOConfig(
         lr=2e-4, name="tiny", epochs=2, is_correction="mis_token"
@@ -73,7 +74,7 @@ def test_train_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
             "--algo",
             "grpo",
             "--resume",
-            str(out / "checkpoint"),
+            str(out),
             "--samples",
             str(samples),
             "--output",

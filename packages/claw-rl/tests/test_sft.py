@@ -200,13 +200,13 @@ def test_cli_sft_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
     assert [(p["name"], p["version"]) for p in policies] == [("tiny", 1), ("tiny", 2)]
     assert (out / "policy" / "v2" / "model.safetensors").exists()
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] > 0 for m in metrics)
+    assert [m["step"] for m in metrics] == [0, 1] and all(m["learner"]["loss"] > 0 for m in metrics)
     resolved = SFTConfig.from_dict(config_from_toml(out / "config.toml", "sft"))
     assert resolved == SFTConfig(lr=1e-3, epochs=2, name="tiny")
-    assert json.loads((out / "checkpoint" / "state.json").read_text())["algo"] == "sft"
+    assert json.loads((out / "checkpoints" / "0002" / "state.json").read_text())["algo"] == "sft"
     r = CliRunner().invoke(
         main,
-        ["sft", "--resume", str(out / "checkpoint"), "--samples", str(samples), "-o", str(out)],
+        ["sft", "--resume", str(out), "--samples", str(samples), "-o", str(out)],
     )
     assert r.exit_code == 0, r.output
     assert [json.loads(x)["version"] for x in r.stdout.splitlines()] == [3]
@@ -217,7 +217,7 @@ def test_cli_sft_writes_policies_metrics_config_and_resumes(tiny, tmp_path):
             "--algo",
             "grpo",
             "--resume",
-            str(out / "checkpoint"),
+            str(out),
             "--samples",
             str(samples),
             "-o",
@@ -278,7 +278,7 @@ def test_cli_sft_under_torchrun_matches_one_process(tiny, tmp_path):
         common = ["--samples", str(samples), "-o", str(out)]
         _claw_rl(["sft", "--model", str(tiny), *common, "--lr", "1e-3", "--batch-size", "2",
                   "--minibatches", "2", "--epochs", "2", "--micro-batch-size", "1"], nproc)  # fmt: skip
-        _claw_rl(["sft", "--resume", str(out / "checkpoint"), *common, "--batch-size", "4"], nproc)
+        _claw_rl(["sft", "--resume", str(out), *common, "--batch-size", "4"], nproc)
     one = load_file(tmp_path / "one" / "policy" / "v3" / "model.safetensors")
     two = load_file(tmp_path / "two" / "policy" / "v3" / "model.safetensors")
     assert set(one) == set(two)

@@ -113,6 +113,15 @@ def resolve_config(algo: str, toml_path: Path | None, flags: dict):
     return cls.from_dict(values, str(toml_path) if toml_path else "flags")
 
 
+def _checkpoint_of(path: Path) -> Path:
+    """``--resume``: a checkpoint directory, or a run directory (its last completed step's)."""
+    from claw_rl import loop
+
+    if (path / "state.json").exists() or not (path / "metrics.jsonl").exists():
+        return path
+    return loop.checkpoint_dir(path, len(loop.completed_steps(path)))
+
+
 def _run(
     algo: str,
     model_dir: Path | None,
@@ -126,8 +135,9 @@ def _run(
     describe,
 ) -> None:
     """The loop `train` and `sft` share: one learner step per batch, a policy after each."""
+    from claw_rl import loop
     from claw_rl._dist import init_from_env, shutdown
-    from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
+    from claw_rl.checkpoint import load_checkpoint
     from claw_rl.config import dump_toml
     from claw_rl.learner import Learner
     from claw_rl.records import read_samples, write_jsonl
@@ -135,7 +145,7 @@ def _run(
     rank, _ = init_from_env()  # a no-op outside torchrun
     try:
         if resume_dir is not None:
-            learner = load_checkpoint(resume_dir, algo=algo)
+            learner = load_checkpoint(_checkpoint_of(resume_dir), algo=algo)
             if any(v is not None for v in flags.values()) or config_path:
                 raise click.UsageError(
                     "--resume continues with the checkpoint's config; drop the config flags"
@@ -167,21 +177,26 @@ def _run(
                     unit="step",
                     file=sys.stderr,
                 )
+        if rank == 0:
+            loop.resume(out_dir)  # drops a policies.jsonl row of a step cut off in OUT
+        first = len(loop.completed_steps(out_dir))
         for k in steps:
-            metrics = learner.step(samples[k * size : (k + 1) * size])
-            policy = save_policy(learner, out_dir / "policy" / f"v{learner.version + 1}")
+            row, policy = loop.train_step(
+                learner,
+                samples[k * size : (k + 1) * size],
+                out_dir,
+                first + k,
+                current=loop.latest_policy(out_dir),
+                extra={"samples_file": samples_path, "batch": k},
+            )
             if rank == 0:
-                with open(out_dir / "metrics.jsonl", "a") as fh:
-                    write_jsonl([metrics], fh)
-                with open(out_dir / "policies.jsonl", "a") as fh:
-                    write_jsonl([policy], fh)
                 write_jsonl([policy], sys.stdout)
+                metrics = row["learner"]
                 click.echo(
-                    f"step {metrics['step']}: loss {metrics['loss']:.4g}  {describe(metrics)}  "
+                    f"step {row['step']}: loss {metrics['loss']:.4g}  {describe(metrics)}  "
                     f"{metrics['tokens_per_s']:.0f} tok/s",
                     err=True,
                 )
-        save_checkpoint(learner, out_dir / "checkpoint")
     except ClawError as exc:
         raise _fail(exc) from exc
     shutdown()
@@ -207,7 +222,7 @@ def _run(
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
     metavar="OUT",
-    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.",
+    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoints/K/.",
 )
 @click.option(
     "--config",
@@ -226,7 +241,7 @@ def _run(
     "--resume",
     "resume_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Continue from a checkpoint directory (a previous run's OUT/checkpoint).",
+    help="Continue from a run directory (its last completed step) or a checkpoint directory.",
 )
 @click.option(
     "--start-version",
@@ -250,8 +265,9 @@ def train_cmd(
     """Train on tree-packed samples; print one claw.policy/v1 line per update.
 
     After each step the weights are saved to OUT/policy/vN (HF directory, safetensors), the
-    step's metrics are appended to OUT/metrics.jsonl and the policy record to
-    OUT/policies.jsonl and stdout. OUT/checkpoint holds the learner state for --resume.
+    step's row is appended to OUT/metrics.jsonl and the policy record to OUT/policies.jsonl
+    and stdout; OUT/checkpoints/K holds the learner state after K steps (--resume OUT). The
+    run directory is claw_rl.loop's, the one examples/mix_harness_rl.py writes.
     Under torchrun every rank reads the same file; rank 0 writes.
 
     Example:
@@ -297,7 +313,7 @@ def train_cmd(
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
     metavar="OUT",
-    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoint/.",
+    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoints/K/.",
 )
 @click.option(
     "--config",
@@ -316,7 +332,7 @@ def train_cmd(
     "--resume",
     "resume_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Continue from a checkpoint directory (a previous sft run's OUT/checkpoint).",
+    help="Continue from a sft run directory (its last completed step) or a checkpoint directory.",
 )
 @click.option(
     "--start-version",
@@ -343,7 +359,7 @@ def sft_cmd(
     is computed once. Each learner step makes --epochs passes over its batch in --minibatches
     shuffled optimizer steps. Outputs, --resume and torchrun work as in `claw-rl train`:
     OUT/policy/vN after each step, OUT/metrics.jsonl, OUT/policies.jsonl (and stdout),
-    OUT/checkpoint for --resume.
+    OUT/checkpoints/K (--resume OUT).
 
     Example:
 

@@ -1,0 +1,164 @@
+"""One training step and the run directory it writes, shared by ``claw-rl train``, ``claw-rl sft``
+and ``examples/mix_harness_rl.py``.
+
+    learner = resume(run, algo="grpo") or Learner.grpo(config, model_dir)
+    for k in range(len(completed_steps(run)), n_steps):
+        row, policy = train_step(learner, samples_of(k), run, k, extra={"reward": ...})
+
+The run directory (every writer of a training run uses this layout):
+
+    metrics.jsonl     one row per completed step, in order: {"step": k (from 0), "policy_version",
+                      the caller's fields, "time": {phase: seconds}, "learner": learner metrics};
+                      step k is done once its row is here
+    policies.jsonl    the claw.policy/v1 record in force after each completed step (row k of it
+                      belongs to row k of metrics.jsonl)
+    policy/v<N>/      HF directory of policy version N
+    checkpoints/<k>/  learner state after k completed steps (4 digits; the last two are kept)
+
+A step writes its policy, then checkpoint k+1, then the two rows. A process killed anywhere in
+between leaves step k not done: :func:`resume` loads checkpoint k (the rows say k steps are done),
+drops a policies.jsonl row without its metrics row, and the rerun of step k overwrites what the
+killed one left (policy directory, checkpoint k+1). Under torchrun every rank calls these; rank 0
+writes the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
+from claw_rl.learner import Learner
+from claw_rl.records import Sample
+
+KEEP_CHECKPOINTS = 2
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a JSONL file; a last line cut off by a crash (no newline yet) is not one."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    text = p.read_text()
+    text = text[: text.rfind("\n") + 1]
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+def append_rows(path: str | Path, rows: Sequence[dict]) -> None:
+    """Append rows as JSONL and fsync: a row is either whole on disk or absent, and a last line
+    cut off by a crash is dropped first."""
+    p = Path(path)
+    with p.open("a+b") as f:
+        if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+            f.seek(0)  # a line cut off by a crash (read_rows skips it): drop it
+            f.truncate(f.read().rfind(b"\n") + 1)
+        for row in rows:
+            f.write((json.dumps(row) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def completed_steps(run: str | Path) -> list[dict]:
+    """The metrics rows of the completed steps (``run/metrics.jsonl``)."""
+    return read_rows(Path(run) / "metrics.jsonl")
+
+
+def policy_dir(run: str | Path, version: int) -> Path:
+    return Path(run) / "policy" / f"v{version}"
+
+
+def checkpoint_dir(run: str | Path, steps_done: int) -> Path:
+    return Path(run) / "checkpoints" / f"{steps_done:04d}"
+
+
+def latest_policy(run: str | Path) -> dict | None:
+    """The claw.policy/v1 record in force after the last completed step (None before any)."""
+    done = len(completed_steps(run))
+    policies = read_rows(Path(run) / "policies.jsonl")[:done]
+    return policies[-1] if policies else None
+
+
+def resume(run: str | Path, *, algo: str | None = None, device: str | None = None):
+    """The learner after the run's completed steps, from their checkpoint (None before any step);
+    a policies.jsonl row of a step that did not complete is dropped."""
+    run = Path(run)
+    done = len(completed_steps(run))
+    policies_path = run / "policies.jsonl"
+    policies = read_rows(policies_path)
+    if len(policies) > done or (policies_path.exists() and not _ends_whole(policies_path)):
+        tmp = policies_path.with_name(policies_path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(p) + "\n" for p in policies[:done]))
+        tmp.replace(policies_path)
+    if not done:
+        return None
+    return load_checkpoint(checkpoint_dir(run, done), algo=algo, device=device)
+
+
+def _ends_whole(path: Path) -> bool:
+    data = path.read_bytes()
+    return not data or data.endswith(b"\n")
+
+
+def train_step(
+    learner: Learner,
+    samples: Sequence[Sample | dict],
+    run: str | Path,
+    step: int,
+    *,
+    extra: dict | None = None,
+    current: dict | None = None,
+    keep: int = KEEP_CHECKPOINTS,
+) -> tuple[dict, dict]:
+    """Step ``step`` of the run: one learner update on ``samples`` (none: no update), the policy
+    saved to ``policy/v<N>/``, checkpoint ``step + 1``, then its policies.jsonl and metrics.jsonl
+    rows. ``extra``: the caller's fields for the metrics row (its ``time`` dict is merged with the
+    phases timed here). ``current``: the policy record in force before this step, given again
+    when the step changed no weights. Returns ``(metrics row, policy record)``."""
+    run = Path(run)
+    extra = dict(extra or {})
+    times = dict(extra.pop("time", {}))
+    t0 = time.monotonic()
+    metrics = learner.step(samples) if samples else {"skipped": "no samples"}
+    t1 = time.monotonic()
+    if learner.dirty or current is None:
+        out = policy_dir(run, learner.version + (1 if learner.dirty else 0))
+        if learner.rank == 0 and out.exists():  # left by a run killed in this step
+            shutil.rmtree(out)
+        policy = save_policy(learner, out)
+    else:
+        policy = dict(current)
+    t2 = time.monotonic()
+    # checkpoint k+1 first, then the rows that mark step k done (see the module docstring)
+    save_checkpoint(learner, checkpoint_dir(run, step + 1))
+    t3 = time.monotonic()
+    times.update(
+        train_s=round(t1 - t0, 3), save_policy_s=round(t2 - t1, 3), checkpoint_s=round(t3 - t2, 3)
+    )
+    row = {"step": step, "policy_version": policy["version"], **extra, "time": times}
+    row["learner"] = metrics
+    if learner.rank == 0:
+        append_rows(run / "policies.jsonl", [policy])
+        append_rows(run / "metrics.jsonl", [row])
+        for old in range(step + 1 - keep, -1, -1):
+            d = checkpoint_dir(run, old)
+            if not d.exists():
+                break
+            shutil.rmtree(d)
+    return row, policy
+
+
+__all__ = [
+    "KEEP_CHECKPOINTS",
+    "append_rows",
+    "checkpoint_dir",
+    "completed_steps",
+    "latest_policy",
+    "policy_dir",
+    "read_rows",
+    "resume",
+    "train_step",
+]

@@ -1,0 +1,63 @@
+"""claw_rl.loop: one step's records in the run directory, and resuming after a kill mid-step."""
+
+from __future__ import annotations
+
+import json
+
+from claw_rl import GRPOConfig, Learner, loop
+from rl_testlib import tree_sample
+from safetensors.torch import load_file
+
+
+def _batch(vocab: int, seed: int) -> list[dict]:
+    return [
+        tree_sample([-1, 0, 1, 2, 3], [0, 0, 1, 1, 1], seed=seed + k, vocab=vocab, sample_id=f"{k}")
+        for k in range(2)
+    ]
+
+
+def test_steps_write_the_layout_and_keep_two_checkpoints(tiny, tmp_path):
+    """Three steps: rows 0-2 with the caller's fields and phase times, policy/v1-v3, checkpoints
+    2 and 3 only; a step without samples keeps the policy in force."""
+    learner = Learner.grpo(GRPOConfig(lr=1e-3), tiny)
+    vocab = learner.policy.config.vocab_size
+    current = None
+    for k in range(3):
+        row, current = loop.train_step(
+            learner, _batch(vocab, k), tmp_path, k, extra={"reward": k, "time": {"rollout_s": 1}}
+        )
+        assert row["reward"] == k and row["time"]["rollout_s"] == 1 and "train_s" in row["time"]
+    row, policy = loop.train_step(learner, [], tmp_path, 3, current=current)
+    assert policy == current and row["learner"] == {"skipped": "no samples"}
+    rows = loop.completed_steps(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3, 3]
+    assert [p["version"] for p in loop.read_rows(tmp_path / "policies.jsonl")] == [1, 2, 3, 3]
+    assert all((loop.policy_dir(tmp_path, v) / "model.safetensors").exists() for v in (1, 2, 3))
+    assert sorted(d.name for d in (tmp_path / "checkpoints").iterdir()) == ["0003", "0004"]
+
+
+def test_a_step_cut_off_before_its_rows_is_redone_from_the_previous_checkpoint(tiny, tmp_path):
+    """Killed after policy v2 and checkpoint 2 but before step 1's rows (one half-written):
+    resume() loads checkpoint 1 and drops the orphan policies row; redoing step 1 gives the
+    weights of an uninterrupted run."""
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    learner = Learner.grpo(GRPOConfig(lr=1e-3), tiny)
+    vocab = learner.policy.config.vocab_size
+    for k in range(2):
+        loop.train_step(learner, _batch(vocab, k), straight, k)
+    learner = Learner.grpo(GRPOConfig(lr=1e-3), tiny)
+    for k in range(2):
+        loop.train_step(learner, _batch(vocab, k), cut, k)
+    metrics = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text(metrics[0] + metrics[1][:20])  # the kill, mid-write
+    resumed = loop.resume(cut, algo="grpo")
+    assert resumed.version == 1 and resumed.step_count == 1
+    assert [p["version"] for p in loop.read_rows(cut / "policies.jsonl")] == [1]
+    loop.train_step(resumed, _batch(vocab, 1), cut, 1, current=loop.latest_policy(cut))
+    rows = [json.loads(x) for x in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    a = load_file(loop.policy_dir(straight, 2) / "model.safetensors")
+    b = load_file(loop.policy_dir(cut, 2) / "model.safetensors")
+    assert max(float((a[n] - b[n]).abs().max()) for n in a) == 0.0
+    assert loop.resume(tmp_path / "empty") is None
