@@ -1,8 +1,9 @@
 """Connection hygiene for the uvicorn server: header timeouts, a connection cap, quiet logs.
 
-uvicorn's h11 protocol waits forever for a request's headers, so a client that opens
+uvicorn's HTTP protocols wait forever for a request's headers, so a client that opens
 connections and sends a header line now and then ("slowloris") holds a file descriptor each
-until the process runs out. `guarded_protocol` returns an h11 protocol class that
+until the process runs out. `guarded_protocol` returns a protocol class (httptools when
+installed, else h11) that
 
 - closes a connection that has not finished a request's headers within `header_timeout`
   seconds (from the connection's start, or from the end of its previous response);
@@ -26,12 +27,25 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("claw_proxy")
 ACCEPT_BATCH = 128  # listen backlog; asyncio also accepts up to this many sockets in one go
+MAX_HEAD_BYTES = 16 * 1024  # request line + headers (h11's own limit, kept on httptools)
 
 
-def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """An `H11Protocol` subclass with these limits (pass it as uvicorn's `http=`)."""
+def guarded_protocol(header_timeout: float, max_connections: int, parser: str = "auto") -> type:
+    """A uvicorn HTTP protocol class with these limits (pass it as uvicorn's `http=`): on
+    httptools (uvicorn's fast C parser) when it is installed and `parser` is ``auto`` or
+    ``httptools``, else on h11."""
+    base: type = H11Protocol
+    if parser in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class GuardedH11Protocol(H11Protocol):
+            base = HttpToolsProtocol
+        except ImportError:
+            if parser == "httptools":
+                raise
+    httptools = base is not H11Protocol
+
+    class Guarded(base):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             waiting = _waiting(self.server_state)
@@ -78,23 +92,58 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
             if not self.transport.is_closing():
                 self.transport.close()
 
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None and self.cycle is not self._claw_cycle:
-                self._claw_cycle = self.cycle  # a request's headers are in
-                self._claw_stop()
+        if httptools:
+            # h11 refuses a request line + headers past 16 KiB; httptools keeps whatever comes
+            _claw_head_bytes = 0
 
-        def on_response_complete(self) -> None:
-            done = self.cycle
-            super().on_response_complete()  # may start a pipelined request at once
-            if not self.transport.is_closing() and self.cycle is done:
-                self._claw_wait()  # a kept-alive connection waits for its next headers
+            def on_message_begin(self) -> None:
+                super().on_message_begin()
+                self._claw_head_bytes = 0
+
+            def on_url(self, url: bytes) -> None:
+                self._claw_head(len(url))
+                super().on_url(url)
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                self._claw_head(len(name) + len(value))
+                super().on_header(name, value)
+
+            def _claw_head(self, n: int) -> None:
+                self._claw_head_bytes += n
+                if self._claw_head_bytes > MAX_HEAD_BYTES:
+                    # raised inside a parser callback: uvicorn answers 400 and closes
+                    raise ValueError(f"request line and headers over {MAX_HEAD_BYTES} bytes")
+
+            def on_headers_complete(self) -> None:
+                super().on_headers_complete()
+                self._claw_stop()  # a request's headers are in
+
+            def on_response_complete(self) -> None:
+                pipelined = bool(self.pipeline)
+                super().on_response_complete()  # may start a pipelined request at once
+                if not self.transport.is_closing() and not pipelined:
+                    self._claw_wait()  # a kept-alive connection waits for its next headers
+
+        else:
+
+            def handle_events(self) -> None:
+                super().handle_events()
+                if self.cycle is not None and self.cycle is not self._claw_cycle:
+                    self._claw_cycle = self.cycle  # a request's headers are in
+                    self._claw_stop()
+
+            def on_response_complete(self) -> None:
+                done = self.cycle
+                super().on_response_complete()  # may start a pipelined request at once
+                if not self.transport.is_closing() and self.cycle is done:
+                    self._claw_wait()  # a kept-alive connection waits for its next headers
 
         def connection_lost(self, exc) -> None:
             self._claw_stop()
             super().connection_lost(exc)
 
-    return GuardedH11Protocol
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
 
 
 def _waiting(server_state) -> OrderedDict:

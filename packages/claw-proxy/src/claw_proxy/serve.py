@@ -92,9 +92,7 @@ class ProxyServer:
     ) -> None:
         self.config = config
         self.proxy = Proxy(config, transport=transport)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock = bind(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
         self._server = uvicorn.Server(uvicorn_config(self.proxy))
         self._thread: threading.Thread | None = None
