@@ -54,19 +54,29 @@ def _packed(samples, loss):
     return total
 
 
-@settings(max_examples=120, deadline=None)
-@given(corpora(), st.sampled_from(["token", "path"]), st.sampled_from([None, 3, 8, 50]))
-def test_packed_sft_loss_equals_the_flat_loss(data, weighting, budget):
+@settings(max_examples=150, deadline=None)
+@given(
+    corpora(),
+    st.sampled_from(["token", "path"]),
+    st.sampled_from([None, 3, 8, 50]),
+    st.sampled_from(["session", "group"]),
+)
+def test_packed_sft_loss_equals_the_flat_loss(data, weighting, budget, pack):
     """sum_i w_i l_i equals the token-mean loss over every call's generated tokens (token) or over
-    every trajectory's trainable tokens, a shared token once per path (path), at any budget."""
+    every trajectory's trainable tokens, a shared token once per path (path), at any budget,
+    with sessions in their own trees or sharing their context prefixes (group)."""
     calls, _ = data
     gen = _generated(calls)
     paths = [p for p in _paths(calls) if any(k in gen for k in p)]
     if budget is not None and max((len(p) for p in paths), default=0) > budget:
         with pytest.raises(BudgetError):
-            build_sft_samples(build_forest(calls), weighting=weighting, max_tokens=budget)
+            build_sft_samples(
+                build_forest(calls), weighting=weighting, max_tokens=budget, pack=pack
+            )
         return
-    batch = build_sft_samples(build_forest(calls), weighting=weighting, max_tokens=budget)
+    batch = build_sft_samples(
+        build_forest(calls), weighting=weighting, max_tokens=budget, pack=pack
+    )
     rng = random.Random(len(gen))
     loss = {k: rng.uniform(-2, 2) for k in sorted(gen)}
     if weighting == "token":
@@ -81,6 +91,9 @@ def test_packed_sft_loss_equals_the_flat_loss(data, weighting, budget):
         assert set(s["advantages"]) == {0.0}
         assert all(w > 0 for w, t in zip(s["loss_weights"], s["trainable"], strict=True) if t)
         assert len(s["input_ids"]) <= (budget or 10**9)
+        assert all(p < i for i, p in enumerate(s["parent"]))
+        keys = prefix_keys(s["input_ids"], s["parent"])
+        assert s["position_ids"] == [len(k) - 1 for k in keys]
 
 
 def test_shared_prefix_is_packed_once_and_weighted_per_choice():
@@ -135,7 +148,12 @@ def test_sft_samples_validate_against_the_schema():
         pytest.skip("formats/ not next to this package")
     validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
     calls = [call("a", 0, [1, 2], [3]), call("a", 1, [1, 2, 3, 4], [5]), call("b", 0, [1], [6])]
-    for kw in ({}, {"weighting": "path", "max_tokens": 5}, {"outcomes": [outcome("a", 1.0)]}):
+    for kw in (
+        {},
+        {"weighting": "path", "max_tokens": 5},
+        {"outcomes": [outcome("a", 1.0)]},
+        {"pack": "group", "max_tokens": 9},
+    ):
         for s in build_sft_samples(build_forest(calls), **kw).samples:
             assert list(validator.iter_errors(json.loads(json.dumps(s)))) == []
 
@@ -159,3 +177,32 @@ def test_cli_sft_samples_from_calls_and_with_passed_only(tmp_path):
     assert "excluded b: not passed" in r.stderr
     r = CliRunner().invoke(main, ["sft-samples", str(cpath), "--passed-only"])
     assert r.exit_code == 2 and "--outcomes" in r.output
+
+
+def test_group_packing_shares_the_context_prefix_of_sessions():
+    """With --pack group, sessions with the same system prompt share it in one tree: fewer
+    tokens, the same targets and weights as one tree per session."""
+    system = [1, 5, 6, 7, 8, 9]
+    calls = [call(s, 0, [*system, 20 + k], [30 + k, 31]) for k, s in enumerate("abcd")]
+    forest = build_forest(calls)
+    alone = build_sft_samples(forest).samples
+    (merged,) = build_sft_samples(forest, pack="group").samples
+    assert (
+        sum(len(s["input_ids"]) for s in alone) == 4 * 9 and len(merged["input_ids"]) == 6 + 4 * 3
+    )
+    assert merged["sessions"] == ["a", "b", "c", "d"] and merged["tags"]["pack"] == "group"
+    targets = [
+        (t, w)
+        for s in alone
+        for t, w, x in zip(s["input_ids"], s["loss_weights"], s["trainable"], strict=True)
+        if x
+    ]
+    merged_targets = [
+        (t, w)
+        for t, w, x in zip(
+            merged["input_ids"], merged["loss_weights"], merged["trainable"], strict=True
+        )
+        if x
+    ]
+    assert sorted(targets) == sorted(merged_targets)
+    assert len(build_sft_samples(forest, pack="group", max_tokens=12).samples) == 2

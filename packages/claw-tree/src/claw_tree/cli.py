@@ -15,7 +15,7 @@ from claw_tree._cli_paths import output_path
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
 from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, build_samples
-from claw_tree.sft import SFT_WEIGHTING, build_sft_samples
+from claw_tree.sft import SFT_PACKS, SFT_WEIGHTING, build_sft_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import Forest, build_forest, trajectory_record
@@ -336,6 +336,14 @@ def samples(
     help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
 )
 @click.option(
+    "--pack",
+    type=click.Choice(SFT_PACKS),
+    default="session",
+    show_default=True,
+    help="session: one tree per rollout; group: rollouts share trees of at most --max-tokens "
+    "tokens in which their common context prefix (system prompt, tools) appears once. Same loss.",
+)
+@click.option(
     "--id-prefix",
     default="sft",
     show_default=True,
@@ -349,6 +357,7 @@ def sft_samples(
     passed_only: bool,
     weighting: str,
     max_tokens: int | None,
+    pack: str,
     id_prefix: str,
     skip_invalid: bool,
 ) -> None:
@@ -364,6 +373,8 @@ def sft_samples(
         claw-tree sft-samples teacher_calls.jsonl -o sft.jsonl
 
         claw-tree sft-samples calls.jsonl --outcomes outcomes.jsonl --passed-only > rft.jsonl
+
+        claw-tree sft-samples --pack group --max-tokens 8192 teacher_calls.jsonl > sft.jsonl
     """
     if passed_only and outcomes is None:
         raise click.UsageError("--passed-only needs --outcomes (which rollouts passed)")
@@ -383,6 +394,7 @@ def sft_samples(
             weighting=weighting,
             max_tokens=max_tokens,
             id_prefix=id_prefix,
+            pack=pack,
         )
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None

@@ -39,10 +39,19 @@ import numpy as np
 
 from claw_tree.errors import ClawError
 from claw_tree.records import SAMPLE_SCHEMA, Outcome
-from claw_tree.samples import SampleBatch, _outcomes_by_session, _split_session
+from claw_tree.samples import (
+    Piece,
+    SampleBatch,
+    _ContextTrie,
+    _outcomes_by_session,
+    _pieces,
+    _split_session,
+    merge_context_prefixes,
+)
 from claw_tree.tree import Forest, SessionTree, Trajectory
 
 SFT_WEIGHTING = ("token", "path")
+SFT_PACKS = ("session", "group")
 
 
 def _session_tag(forest: Forest, tree: SessionTree, key: str) -> str:
@@ -62,6 +71,7 @@ def build_sft_samples(
     weighting: str = "token",
     max_tokens: int | None = None,
     id_prefix: str = "sft",
+    pack: str = "session",
 ) -> SampleBatch:
     """Tree-pack the forest's sessions into SFT `claw.sample/v1` dicts (``algo: "sft"``).
 
@@ -71,11 +81,20 @@ def build_sft_samples(
     sessions are in :attr:`SampleBatch.excluded` with the reason. ``max_tokens`` packs sessions
     into samples of at most that many tokens, splitting a larger session into whole paths.
     ``advantages`` are 0 and ``logprobs`` the engine's (the teacher's, for diagnostics only).
+
+    ``pack="group"``: SFT has no group statistics, so every kept session is in one group: the
+    sessions fill samples of at most ``max_tokens`` tokens *after* merging, and the context
+    prefix they share (system prompt, tools: root to first trainable token, leaves excluded)
+    appears once per sample (:func:`~claw_tree.samples.merge_context_prefixes`). Only context
+    is merged, so the loss weights and paths are those of ``"session"`` packing. Without
+    ``max_tokens`` all sessions go into one sample.
     """
     if weighting not in SFT_WEIGHTING:
         raise ClawError(f"weighting must be one of {SFT_WEIGHTING}, got {weighting!r}")
     if max_tokens is not None and max_tokens < 1:
         raise ClawError("max_tokens must be positive")
+    if pack not in SFT_PACKS:
+        raise ClawError(f"pack must be one of {SFT_PACKS}, got {pack!r}")
     if passed_only and outcomes is None:
         raise ClawError("passed_only needs the outcomes (which rollouts passed)")
     by_session = None if outcomes is None else _outcomes_by_session(outcomes)
@@ -124,32 +143,19 @@ def build_sft_samples(
     else:
         w_full = through / max(total_path_tokens, 1)
 
-    plans: list[list[tuple[SessionTree, np.ndarray, list[Trajectory]]]] = []
-    current: list[tuple[SessionTree, np.ndarray, list[Trajectory]]] = []
-    size = 0
-    for tree, paths in included:
-        if max_tokens is None or tree.n_nodes <= max_tokens:
-            piece = (tree, np.arange(tree.start, tree.stop), paths)
-            if max_tokens is None:
-                plans.append([piece])
-                continue
-            if current and size + tree.n_nodes > max_tokens:
-                plans.append(current)
-                current, size = [], 0
-            current.append(piece)
-            size += tree.n_nodes
-        else:
-            for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens):
-                plans.append([(tree, nodes, sub)])
-    if current:
-        plans.append(current)
-
+    plans = (
+        _plan_merged(forest, included, max_tokens)
+        if pack == "group"
+        else _plan_sessions(forest, included, max_tokens)
+    )
+    where = np.full(forest.n_nodes, -1, dtype=np.int64)  # node id -> index in the current sample
     samples = []
     for k, plan in enumerate(plans):
         nodes = np.concatenate([nd for _, nd, _ in plan])
         n = len(nodes)
+        where[nodes] = np.arange(n)
         gp = forest.parent[nodes]
-        parent = np.where(gp >= 0, np.searchsorted(nodes, gp), -1)
+        parent = np.where(gp >= 0, where[np.maximum(gp, 0)], -1)
         trainable = forest.trainable[nodes]
         # paths of this sample through each of its nodes (a split session's shared ancestors
         # carry only the shares of the paths in this piece)
@@ -157,15 +163,21 @@ def build_sft_samples(
         for _, _, paths in plan:
             for path in paths:
                 for a, b in path.segments:
-                    loc = int(np.searchsorted(nodes, a))
+                    loc = int(where[a])
                     here[loc] += 1.0
                     here[loc + b - a] -= 1.0
+        where[nodes] = -1
         share = np.divide(
             np.cumsum(here)[:n], through[nodes], out=np.zeros(n), where=through[nodes] > 0
         )
         weights = np.where(trainable, w_full[nodes] * share, 0.0)
         sessions = [tree for tree, _, _ in plan]
         offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
+        if pack == "group":
+            keep, parent = merge_context_prefixes(parent, trainable, forest.tokens[nodes])
+            offsets = np.concatenate(([0], np.cumsum(keep)))[offsets]
+            nodes, trainable, weights = nodes[keep], trainable[keep], weights[keep]
+            n = len(nodes)
         row: dict[str, Any] = {
             "schema": SAMPLE_SCHEMA,
             "sample_id": f"{id_prefix}-{k}",
@@ -195,6 +207,8 @@ def build_sft_samples(
             "session_offsets": offsets.tolist(),
             "sft_weighting": weighting,
         }
+        if pack == "group":
+            row["tags"]["pack"] = "group"
         samples.append(row)
     return SampleBatch(
         samples=samples,
@@ -203,3 +217,59 @@ def build_sft_samples(
         trajectories=sum(len(p) for _, p in included),
         zero_spread_groups=[],
     )
+
+
+def _plan_sessions(
+    forest: Forest, included: list[tuple[SessionTree, list[Trajectory]]], max_tokens: int | None
+) -> list[list[Piece]]:
+    """One sample per session, or sessions packed greedily into samples of <= max_tokens."""
+    plans: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0
+    for tree, paths in included:
+        if max_tokens is None or tree.n_nodes <= max_tokens:
+            piece = (tree, np.arange(tree.start, tree.stop), paths)
+            if max_tokens is None:
+                plans.append([piece])
+                continue
+            if current and size + tree.n_nodes > max_tokens:
+                plans.append(current)
+                current, size = [], 0
+            current.append(piece)
+            size += tree.n_nodes
+        else:
+            for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens):
+                plans.append([(tree, nodes, sub)])
+    if current:
+        plans.append(current)
+    return plans
+
+
+def _plan_merged(
+    forest: Forest, included: list[tuple[SessionTree, list[Trajectory]]], max_tokens: int | None
+) -> list[list[Piece]]:
+    """All sessions as one group: consecutive pieces fill a sample while its size after merging
+    the shared context prefixes stays within max_tokens (all in one sample without a budget)."""
+    if max_tokens is None:
+        return (
+            [[p for tree, paths in included for p in _pieces(forest, tree, paths, None)]]
+            if included
+            else []
+        )
+    plans: list[list[Piece]] = []
+    current: list[Piece] = []
+    trie = _ContextTrie(forest)
+    size = 0
+    for tree, paths in included:
+        for piece in _pieces(forest, tree, paths, max_tokens):
+            new = len(piece[1]) - trie.shared(piece[1])
+            if current and size + new > max_tokens:
+                plans.append(current)
+                current, trie, size = [], _ContextTrie(forest), 0
+                new = len(piece[1])
+            trie.insert(piece[1])
+            current.append(piece)
+            size += new
+    if current:
+        plans.append(current)
+    return plans
