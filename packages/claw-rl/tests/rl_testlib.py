@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 from claw_rl.records import Sample
 
 
@@ -60,3 +61,79 @@ def random_tree(n: int, seed: int, branch: float = 0.3) -> list[int]:
         else:
             parent.append(i - 1)
     return parent
+
+
+def group_rollout(rng: random.Random, k: int, system: list[int], vocab: int, ppo: bool) -> dict:
+    """One rollout: the shared system prompt, a main thread of two turns, a side branch inside
+    the prompt (a sub-agent), and a context-only leaf; per-session loss weights 1/(R U)."""
+    ids, parent, trainable = [], [], []
+
+    def chain(start: int, tokens: list[int], train: int) -> int:
+        for t in tokens:
+            ids.append(t)
+            parent.append(start)
+            trainable.append(train)
+            start = len(ids) - 1
+        return start
+
+    rand = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
+    end = chain(-1, system, 0)
+    node = chain(end, rand(3), 1)  # first answer
+    node = chain(node, rand(2), 0)  # tool result
+    chain(node, rand(4), 1)  # second answer
+    mid = len(system) // 2 - 1
+    node = chain(mid, rand(2), 0)  # sub-agent: branches inside the prompt
+    chain(node, rand(3), 1)
+    chain(end, [7, 8], 0)  # a context-only call (e.g. token counting): a leaf, never merged
+    n = len(ids)
+    pos = []
+    for p in parent:
+        pos.append(0 if p < 0 else pos[p] + 1)
+    tr = np.asarray(trainable, dtype=bool)
+    row = {
+        "schema": "claw.sample/v1",
+        "sample_id": f"r{k}",
+        "algo": "ppo" if ppo else "grpo",
+        "input_ids": ids,
+        "position_ids": pos,
+        "parent": parent,
+        "trainable": trainable,
+        "logprobs": [0.0] * n,
+        "advantages": np.where(tr, rng.uniform(-1, 1), 0.0).tolist(),
+        "loss_weights": (tr / (3 * tr.sum())).tolist(),
+        "tags": {"path_weighting": "token"},
+    }
+    if ppo:
+        row["returns"] = [rng.uniform(-1, 1) if t else 0.0 for t in trainable]
+    return row
+
+
+def merge_group(samples: list[dict]) -> dict:
+    """Reference group packing: concatenate the samples, then keep one copy of every inner
+    context-prefix node, identified by its token prefix."""
+    per_token = ("input_ids", "position_ids", "trainable", "logprobs", "advantages")
+    per_token += ("loss_weights",) + (("returns",) if "returns" in samples[0] else ())
+    out: dict = {k: [] for k in (*per_token, "parent")}
+    seen: dict[tuple, int] = {}  # token prefix of a merged node -> its index in out
+    for s in samples:
+        inner = set(s["parent"])
+        prefix: list[tuple] = []
+        index: list[int] = []  # this sample's token -> index in out
+        for i, p in enumerate(s["parent"]):
+            key = (prefix[p] if p >= 0 else ()) + (s["input_ids"][i],)
+            prefix.append(key)
+            context_prefix = not s["trainable"][i] and (p < 0 or prefix[p] in seen)
+            if context_prefix and i in inner and key in seen:
+                index.append(seen[key])
+                continue
+            index.append(len(out["input_ids"]))
+            if context_prefix and i in inner:
+                seen[key] = index[-1]
+            for k in per_token:
+                out[k].append(s[k][i])
+            out["parent"].append(index[p] if p >= 0 else -1)
+    return {
+        **{k: v for k, v in samples[0].items() if k not in out},
+        **out,
+        "sample_id": "group",
+    }
