@@ -8,8 +8,9 @@ and ``examples/mix_harness_rl.py``.
 The run directory (every writer of a training run uses this layout):
 
     metrics.jsonl     one row per completed step, in order: {"step": k (from 0), "policy_version",
-                      the caller's fields, "time": {phase: seconds}, "learner": learner metrics};
-                      step k is done once its row is here
+                      the caller's fields, "time": {phase: seconds}, "seconds" (their sum),
+                      the HEADLINE learner metrics, "learner": all learner metrics}; step k is
+                      done once its row is here
     policies.jsonl    the claw.policy/v1 record in force after each completed step (row k of it
                       belongs to row k of metrics.jsonl)
     policy/v<N>/      HF directory of policy version N
@@ -36,6 +37,15 @@ from claw_rl.learner import Learner
 from claw_rl.records import Sample
 
 KEEP_CHECKPOINTS = 2
+# learner metrics repeated at the top of a metrics row (all of them are under "learner")
+HEADLINE = (
+    "loss",
+    "mismatch_mean_abs",
+    "mismatch_max_abs",
+    "clip_frac",
+    "approx_kl",
+    "tokens_per_s",
+)
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -139,6 +149,8 @@ def train_step(
         train_s=round(t1 - t0, 3), save_policy_s=round(t2 - t1, 3), checkpoint_s=round(t3 - t2, 3)
     )
     row = {"step": step, "policy_version": policy["version"], **extra, "time": times}
+    row["seconds"] = round(sum(times.values()), 2)
+    row.update({k: metrics[k] for k in HEADLINE if k in metrics})
     row["learner"] = metrics
     if learner.rank == 0:
         append_rows(run / "policies.jsonl", [policy])
@@ -152,6 +164,7 @@ def train_step(
 
 
 __all__ = [
+    "HEADLINE",
     "KEEP_CHECKPOINTS",
     "append_rows",
     "checkpoint_dir",
