@@ -13,15 +13,18 @@ Run directory:
     config.json          resolved options (a resumed run must pass the same ones)
     secret, admin-token  proxy credentials (session tokens are minted from `secret`)
     calls.jsonl          every model call (claw.call/v1), written by the proxy
-    policies.jsonl       claw.policy/v1 of every saved policy; policy/v<N>/ the HF directories
-    steps/<k>/           jobs-a<attempt>.jsonl, runs.jsonl, outcomes.jsonl, samples.jsonl
-    checkpoints/<k>/     learner state after k completed steps (the last two are kept)
-    metrics.jsonl        one line per completed step: the step is done once its line is here
+    steps/<k>/           jobs-a<attempt>.jsonl, runs.jsonl, outcomes.jsonl, samples.jsonl,
+                         calls-offset.json (the byte range of calls.jsonl this step read)
+    metrics.jsonl, policies.jsonl, policy/v<N>/, checkpoints/<k>/
+                         claw-rl's run directory (claw_rl.loop, claw-rl's README): one row per
+                         completed step (the step is done once its metrics row is here), the
+                         policy record of each step, the HF directories, the last two checkpoints
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import secrets
@@ -33,6 +36,7 @@ from pathlib import Path
 import claw_bench
 import claw_proxy
 import claw_rl
+import claw_rl.loop
 import claw_sandbox
 import claw_tree
 import httpx
@@ -127,13 +131,6 @@ def prepare_run_dir(args: argparse.Namespace) -> dict:
     return resolved
 
 
-def completed_steps(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return (
-        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    )
-
-
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSONL file; a last line cut off by a crash (no newline yet) is not one."""
     if not path.exists():
@@ -155,7 +152,7 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
 def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: int):
     """The learner after `done` completed steps: from their checkpoint, or new on the start model."""
     if done:
-        return claw_rl.load_checkpoint(run / "checkpoints" / f"{done:04d}", algo=args.algo)
+        return claw_rl.loop.resume(run, algo=args.algo)
     if args.algo == "grpo":
         cfg = claw_rl.GRPOConfig(
             name="policy",
@@ -225,14 +222,37 @@ def rollouts(
     return outcomes
 
 
-def train_step(args, learner, run: Path, step: int, outcomes: list[dict], log) -> dict:
-    """Trees, advantages and one policy update from this step's outcomes and recorded calls."""
-    sessions = {o["session"] for o in outcomes}
-    calls = [
-        c
-        for c in claw_tree.read_calls(run / "calls.jsonl", skip_invalid=True).records
-        if c.session in sessions
-    ]
+def step_calls(run: Path, step: int, sessions: set[str]) -> list:
+    """The recorded calls of this step's sessions, read from the byte offset of calls.jsonl where
+    the step began to its last whole line: each step reads only the calls recorded since the
+    previous one, so the per-step cost does not grow with the run. The range goes to
+    steps/<k>/calls-offset.json; a rerun of the step starts from the same offset."""
+    mark = run / "steps" / f"{step:04d}" / "calls-offset.json"
+    prev = run / "steps" / f"{step - 1:04d}" / "calls-offset.json"
+    if mark.exists():
+        start = json.loads(mark.read_text())["start"]
+    else:  # the previous step's end (0 for the first step, or a run from before the marks)
+        start = json.loads(prev.read_text())["end"] if step and prev.exists() else 0
+    with (run / "calls.jsonl").open("rb") as f:
+        f.seek(start)
+        data = f.read()
+    data = data[: data.rfind(b"\n") + 1]  # a call still being written is not read
+    tmp = mark.with_name(mark.name + ".tmp")
+    tmp.write_text(json.dumps({"start": start, "end": start + len(data)}) + "\n")
+    tmp.replace(mark)
+    text = io.StringIO(data.decode())
+    calls = claw_tree.read_calls(text, skip_invalid=True).records
+    return [c for c in calls if c.session in sessions]
+
+
+def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], version, log) -> dict:
+    """Trees and advantages from this step's outcomes and recorded calls: the samples, and the
+    calls' staleness (policy `version` minus the version that answered the call) as counts."""
+    calls = step_calls(run, step, {o["session"] for o in outcomes})
+    staleness: dict[str, int] = {}
+    for c in calls:
+        key = str(version - c.policy_version)
+        staleness[key] = staleness.get(key, 0) + 1
     forest = claw_tree.build_forest(calls)
     stats = claw_tree.forest_stats(forest)
     if args.algo == "grpo":
@@ -244,19 +264,20 @@ def train_step(args, learner, run: Path, step: int, outcomes: list[dict], log) -
     log(f"step {step}: {batch.summary()}")
     d = run / "steps" / f"{step:04d}"
     (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    metrics = learner.step(samples) if samples else {"skipped": "no samples"}
-    return {"stats": stats, "learner": metrics}
+    tokens = sum(len(c.completion_ids) for c in calls)
+    return {"stats": stats, "samples": samples, "completion_tokens": tokens, "staleness": staleness}
 
 
-def summarise(step: int, outcomes: list[dict], trained: dict, policy: dict, seconds: float) -> dict:
+def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
+    """The example's fields of the step's metrics row (claw_rl.loop adds the learner's and the
+    time of its phases to `times`)."""
     per_harness: dict[str, list[dict]] = {}
     for o in sorted(outcomes, key=lambda o: o.get("harness", "")):
         per_harness.setdefault(o["harness"], []).append(o)
     ok = lambda rows: [o for o in rows if o["status"] == "ok"]  # noqa: E731
     row = {
-        "step": step,
-        "policy_version": policy["version"],
         "rollouts": len(outcomes),
+        "rollouts_failed": sum(o["status"] != "ok" for o in outcomes),
         "infra_errors": sum(o["status"] != "ok" for o in outcomes),
         "reward": {
             h: sum(o["reward"] for o in ok(rs)) / max(1, len(ok(rs)))
@@ -267,21 +288,13 @@ def summarise(step: int, outcomes: list[dict], trained: dict, policy: dict, seco
             for h, rs in per_harness.items()
         },
         "tree_token_ratio": trained["stats"].get("tree_token_ratio"),
-        "seconds": round(seconds, 2),
+        "dedup_factor": trained["stats"].get("dedup_factor"),  # flat tokens / tree tokens
+        "staleness": trained["staleness"],  # {versions behind: calls}
+        "rollout_tokens_per_s": round(
+            trained["completion_tokens"] / max(times["rollout_s"], 1e-9), 2
+        ),
+        "time": {k: round(v, 3) for k, v in times.items()},
     }
-    lm = trained["learner"]
-    for key in (
-        "loss",
-        "mismatch_mean_abs",
-        "mismatch_max_abs",
-        "mismatch_kl",
-        "clip_frac",
-        "approx_kl",
-        "tokens_per_s",
-    ):
-        if key in lm:
-            row[key] = lm[key]
-    row["learner"] = lm
     return row
 
 
@@ -302,17 +315,14 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     if args.model is None and not (start_model / "config.json").exists():
         shutil.rmtree(start_model, ignore_errors=True)
         claw_rl.init_tiny(start_model)
-    history = completed_steps(run)
+    history = claw_rl.loop.completed_steps(run)
     learner = make_learner(args, run, Path(start_model), len(history))
-    policies = read_jsonl(run / "policies.jsonl")[
-        : len(history)
-    ]  # drop a record of an unfinished step
-    (run / "policies.jsonl").write_text("".join(json.dumps(p) + "\n" for p in policies))
-    serving = (
-        policies[-1]
-        if policies
-        else {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start_model)}
-    )
+    serving = claw_rl.loop.latest_policy(run) or {
+        "schema": "claw.policy/v1",
+        "name": "policy",
+        "version": 0,
+        "path": str(start_model),
+    }
 
     suite = claw_bench.load_suite(args.suite)
     tasks = [t for t in suite.tasks if not args.task or t.id in args.task]
@@ -344,22 +354,29 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
                 r = admin_api.post(f"/admin/sessions/{session}/close", headers=headers)
                 if r.status_code != 404:  # 404: no call of it reached this proxy process
                     r.raise_for_status()
-            trained = train_step(args, learner, run, step, outcomes, log)
-            policy_dir = run / "policy" / f"step-{step + 1:04d}"
-            shutil.rmtree(policy_dir, ignore_errors=True)  # left by a run killed in this step
-            policy = claw_rl.save_policy(learner, policy_dir)
-            # Checkpoint k+1 first, then the records that mark step k done. A crash in between
-            # leaves an unused checkpoint: the rerun redoes the update from checkpoint k, on the
-            # same rollouts, and overwrites it.
-            claw_rl.save_checkpoint(learner, run / "checkpoints" / f"{step + 1:04d}")
-            row = summarise(step, outcomes, trained, policy, time.monotonic() - t0)
-            append_jsonl(run / "policies.jsonl", [policy])
-            append_jsonl(run / "metrics.jsonl", [row])
+            t1 = time.monotonic()
+            trained = train_samples(args, learner, run, step, outcomes, serving["version"], log)
+            times = {"rollout_s": t1 - t0, "data_s": time.monotonic() - t1}
+            # the one step function of claw-rl train: update, policy/v<N>, checkpoint step+1,
+            # then the policies.jsonl and metrics.jsonl rows that mark the step done
+            row, serving = claw_rl.loop.train_step(
+                learner,
+                trained["samples"],
+                run,
+                step,
+                extra=summarise(outcomes, trained, times),
+                current=serving,
+            )
+            policy = serving
             history.append(row)
-            shutil.rmtree(run / "checkpoints" / f"{step - 1:04d}", ignore_errors=True)
             admin_api.post("/admin/policy", json=policy, headers=headers).raise_for_status()
+            t = row["time"]
             log(
-                f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy v{policy['version']}"
+                f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy "
+                f"v{policy['version']} | rollouts {row['rollouts'] - row['rollouts_failed']} ok, "
+                f"{row['rollouts_failed']} failed | staleness {row['staleness']} | tokens/s "
+                f"rollout {row['rollout_tokens_per_s']:.0f} train {row.get('tokens_per_s', 0):.0f} | "
+                + " ".join(f"{k[:-2]} {v:.1f}s" for k, v in t.items())
             )
     return history
 
