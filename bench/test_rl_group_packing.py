@@ -11,7 +11,7 @@ group packing once per group. The loss and gradient are the same
 Trained tokens are counted at full size for three rollout lengths; one learner update is timed
 at ``SCALE`` of every length on the tiny model. Goal: >= 3x fewer trained tokens.
 
-Run: .venvs/workspace/bin/python -m pytest bench/test_group_packing.py --benchmark-only -s
+Run: .venvs/workspace/bin/python -m pytest bench/test_rl_group_packing.py --benchmark-only -s
 """
 
 from __future__ import annotations
