@@ -9,6 +9,19 @@ that was killed resumes from its last completed step with no rollout lost or cou
     uv run python examples/mix_harness_rl.py --run-dir runs/mix --steps 8 \
         --harness claw-agent-text --harness claw-agent-text-anthropic --suite claw-toy
 
+Multi-turn tool use, warm-started by SFT on teacher trajectories (claw-toy's toy-steps family:
+read a number from one file, write it to another): the scripted expert plays the first
+--sft-tasks training instances through the same proxy and harnesses, the start policy is
+fine-tuned on those calls (claw-rl's SFT learner on claw-tree SFT samples), then RL runs on
+--tasks-per-step training instances per step; held-out Pass@1 is measured before SFT, after SFT
+and after RL (eval.jsonl). `--algo ppo` runs the same recipe with PPO:
+
+    uv run python examples/mix_harness_rl.py --run-dir runs/steps --steps 8 --rollouts 4 \
+        --tag toy-steps --tag train --tasks-per-step 4 --sft-teacher --sft-tasks 32 \
+        --eval-tag toy-steps --eval-tag heldout --eval-tasks 16 --eval-rollouts 2 \
+        --harness claw-agent-steps --harness claw-agent-steps-anthropic --max-new-tokens 48 \
+        --pack group --lr 3e-3
+
 Run directory:
     config.json          resolved options (a resumed run must pass the same ones)
     secret, admin-token  proxy credentials (session tokens are minted from `secret`)
@@ -19,11 +32,24 @@ Run directory:
                          claw-rl's run directory (claw_rl.loop, claw-rl's README): one row per
                          completed step (the step is done once its metrics row is here), the
                          policy record of each step, the HF directories, the last two checkpoints
+    expert.jsonl, teacher/   --sft-teacher: the expert's script, its rollouts (calls, runs,
+                         outcomes) and sft.json (the stage is done once it is here); policy/sft/
+    eval/<stage>/, eval.jsonl  --eval-tag: held-out rollouts and Pass@1 at start, sft, rl
+
+A fixed --seed gives the same rollouts and rewards on one machine: every call samples with its
+own seed, derived from --seed, its session id (which holds the seed, step, task, harness and
+sample) and its place in the session (`claw-proxy serve --seed`), and the learner's shuffling is
+seeded. The learner's losses and the recorded logprobs can differ in the last float bits between
+runs, because the engine batches whichever calls arrive together and a different batch shape
+rounds differently; a sampled token changes only if its draw falls within that much of a
+boundary (not seen in our reruns).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -71,8 +97,55 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--task", action="append", help="only these task ids (repeatable; default: the whole suite)"
     )
+    p.add_argument(
+        "--tag", action="append", help="only tasks with all these tags (repeatable), e.g. train"
+    )
+    p.add_argument(
+        "--tasks-per-step",
+        type=int,
+        default=0,
+        help="tasks drawn for each step from the selected ones (seeded by --seed and the step; "
+        "0: all of them every step)",
+    )
+    p.add_argument(
+        "--eval-tag",
+        action="append",
+        help="held-out tasks (all these tags, repeatable, e.g. heldout): Pass@1 of the start "
+        "policy, the SFT policy and the last policy goes to eval.jsonl",
+    )
+    p.add_argument(
+        "--eval-rollouts", type=int, default=1, help="rollouts per held-out (task, harness)"
+    )
+    p.add_argument(
+        "--eval-tasks", type=int, default=0, help="only the first N held-out tasks (0: all)"
+    )
+    p.add_argument(
+        "--sft-teacher",
+        action="store_true",
+        help="first record the scripted expert (the tasks' generated solutions) through the "
+        "proxy on every selected task and harness, and SFT the start policy on those calls",
+    )
+    p.add_argument(
+        "--sft-tasks", type=int, default=0, help="the expert plays the first N tasks (0: all)"
+    )
+    p.add_argument("--sft-lr", type=float, default=3e-3)
+    p.add_argument("--sft-epochs", type=int, default=40, help="passes over the teacher samples")
+    p.add_argument(
+        "--pack",
+        choices=["session", "group"],
+        default="session",
+        help="RL samples: one tree per rollout, or one per group (shared prompt stored once)",
+    )
     p.add_argument("--rollouts", type=int, default=4, help="rollouts per (task, harness) per step")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="asynchronous rollouts: the rollouts of the next S steps run while the learner "
+        "trains, on the policy in force, so a step trains on calls at most S policy versions "
+        "old (older samples are dropped and counted); 0: synchronous",
+    )
     p.add_argument(
         "--engine",
         default="transformers",
@@ -160,7 +233,8 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
             epochs=args.epochs,
             minibatches=args.minibatches,
             seed=args.seed,
-            max_staleness=0,
+            max_staleness=args.max_staleness,
+            drop_stale=True,
         )
         return claw_rl.Learner.grpo(cfg, start_model)
     cfg = claw_rl.PPOConfig(
@@ -170,9 +244,137 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         epochs=args.epochs,
         minibatches=args.minibatches,
         seed=args.seed,
-        max_staleness=0,
+        max_staleness=args.max_staleness,
+        drop_stale=True,
     )
     return claw_rl.Learner.ppo(cfg, start_model)
+
+
+# --- teacher, SFT and held-out evaluation --------------------------------------------------------
+
+
+def play(args, d: Path, engine: str, tokenizer, secret: str, tasks, harnesses, samples: int, label):
+    """Rollouts of `tasks` x `harnesses` on a proxy of their own over `engine`, recorded in `d`:
+    calls.jsonl, runs.jsonl, outcomes.jsonl. Returns the outcomes."""
+    shutil.rmtree(d, ignore_errors=True)  # a stage cut off midway is redone whole
+    d.mkdir(parents=True)
+    config = claw_proxy.ProxyConfig(
+        engine=engine,
+        tokenizer=tokenizer,
+        secret=secret,
+        record=str(d / "calls.jsonl"),
+        policy_name="policy",
+        max_tokens_cap=args.max_new_tokens,
+        default_max_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
+    with claw_proxy.ProxyServer(config) as proxy:
+        jobs = claw_bench.plan_jobs(
+            tasks,
+            harnesses,
+            samples=samples,
+            proxy_url=proxy.url,
+            secret=secret.encode(),
+            run_id=f"seed{args.seed}-{label}",
+            group_by=args.group_by,
+        )
+        claw_sandbox.run_jobs(
+            jobs, backend=args.backend, parallel=args.parallel, out=d / "runs.jsonl"
+        )
+    outcomes = claw_bench.score_runs(read_jsonl(d / "runs.jsonl"))
+    (d / "outcomes.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outcomes))
+    return outcomes
+
+
+def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesses, log) -> dict:
+    """Record the scripted expert on every task and harness through the proxy (the student's chat
+    template renders the expert's tool calls), then SFT the start policy on the rollouts that
+    passed. Writes teacher/ and policy/sft/; returns the SFT summary (teacher/sft.json)."""
+    d = run / "teacher"
+    script = run / "expert.jsonl"
+    lines = claw_bench.families.expert_script(tasks)
+    script.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    t0 = time.monotonic()
+    outcomes = play(
+        args, d, f"scripted:{script}", str(start_model), secret, tasks, harnesses, 1, "teacher"
+    )
+    calls = claw_tree.read_calls(d / "calls.jsonl").records
+    forest = claw_tree.build_forest(calls)
+    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, passed_only=True)
+    if not batch.samples:
+        raise SystemExit(f"{d}: no teacher rollout passed, nothing to fine-tune on")
+    log(f"teacher: {len(batch.samples)} of {len(outcomes)} rollouts passed; SFT on them")
+    from claw_rl.config import SFTConfig
+
+    config = SFTConfig(
+        name="policy",
+        lr=args.sft_lr,
+        epochs=args.sft_epochs,
+        minibatches=max(1, len(batch.samples) // 16),
+        micro_batch_size=16,
+        seed=args.seed,
+    )
+    learner = claw_rl.Learner.sft(config, start_model)
+    metrics = learner.step(batch.samples)
+    sft_dir = run / "policy" / "sft"
+    shutil.rmtree(sft_dir, ignore_errors=True)
+    claw_rl.save_policy(learner, sft_dir)
+    stats = claw_tree.forest_stats(forest)
+    summary = {
+        "teacher_rollouts": len(outcomes),
+        "teacher_passed": sum(bool(o["passed"]) for o in outcomes),
+        "teacher_calls": stats["calls"],
+        "dedup_factor": stats["dedup_factor"],
+        "loss": metrics["loss"],
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+    (d / "sft.json").write_text(json.dumps(summary) + "\n")  # the stage is done once this exists
+    return summary
+
+
+def evaluate(
+    args, run: Path, stage: str, policy_dir: Path, secret: str, tasks, harnesses, log, steps=None
+):
+    """Pass@1 of the policy in `policy_dir` on the held-out `tasks` (eval/<stage>/), appended to
+    eval.jsonl as {stage, steps (RL steps before it), policy, pass@1 per harness, pass@1_mean,
+    rollouts, infra_errors}."""
+    outcomes = play(
+        args,
+        run / "eval" / stage,
+        f"transformers:{policy_dir}",
+        None,
+        secret,
+        tasks,
+        harnesses,
+        args.eval_rollouts,
+        f"eval-{stage}",
+    )
+    per: dict[str, list[bool]] = {}
+    for o in outcomes:
+        per.setdefault(o["harness"], []).append(bool(o["passed"]))
+    row = {
+        "stage": stage,
+        "steps": steps,
+        "policy": str(policy_dir),
+        "pass@1": {h: sum(v) / len(v) for h, v in sorted(per.items())},
+        "pass@1_mean": sum(bool(o["passed"]) for o in outcomes) / max(1, len(outcomes)),
+        "rollouts": len(outcomes),
+        "infra_errors": sum(o["status"] != "ok" for o in outcomes),
+    }
+    append_jsonl(run / "eval.jsonl", [row])
+    log(f"held-out Pass@1 {stage}: {row['pass@1_mean']:.3f} {row['pass@1']}")
+    return row
+
+
+def tasks_for_step(args, tasks: list, step: int) -> list:
+    """This step's tasks: all of them, or --tasks-per-step drawn by (seed, step)."""
+    if not args.tasks_per_step or args.tasks_per_step >= len(tasks):
+        return tasks
+    import random
+
+    return sorted(
+        random.Random(f"{args.seed}:{step}").sample(tasks, args.tasks_per_step), key=lambda t: t.id
+    )
 
 
 # --- one step ----------------------------------------------------------------------------------
@@ -222,11 +424,31 @@ def rollouts(
     return outcomes
 
 
+def mark_step_start(run: Path, step: int) -> None:
+    """Before the first rollout of a step starts: remember where calls.jsonl ends, since every
+    call of the step is recorded after that (steps/<k>/calls-offset.json; kept once written)."""
+    mark = run / "steps" / f"{step:04d}" / "calls-offset.json"
+    if mark.exists():
+        return
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    start = 0
+    if (run / "calls.jsonl").exists():
+        with (run / "calls.jsonl").open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - (1 << 20)))
+            tail = f.read()
+        start = size - len(tail) + tail.rfind(b"\n") + 1  # after the last whole line
+    tmp = mark.with_name(mark.name + ".tmp")
+    tmp.write_text(json.dumps({"start": start}) + "\n")
+    tmp.replace(mark)
+
+
 def step_calls(run: Path, step: int, sessions: set[str]) -> list:
     """The recorded calls of this step's sessions, read from the byte offset of calls.jsonl where
     the step began to its last whole line: each step reads only the calls recorded since the
-    previous one, so the per-step cost does not grow with the run. The range goes to
-    steps/<k>/calls-offset.json; a rerun of the step starts from the same offset."""
+    previous one (and, asynchronous, the calls of the next S steps so far), so the per-step cost
+    does not grow with the run. The range goes to steps/<k>/calls-offset.json; a rerun of the
+    step starts from the same offset."""
     mark = run / "steps" / f"{step:04d}" / "calls-offset.json"
     prev = run / "steps" / f"{step - 1:04d}" / "calls-offset.json"
     if mark.exists():
@@ -256,10 +478,10 @@ def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], ver
     forest = claw_tree.build_forest(calls)
     stats = claw_tree.forest_stats(forest)
     if args.algo == "grpo":
-        batch = claw_tree.build_samples(forest, outcomes, algo="grpo")
+        batch = claw_tree.build_samples(forest, outcomes, algo="grpo", pack=args.pack)
         samples = batch.samples
     else:
-        batch = claw_tree.build_samples(forest, outcomes, algo="ppo")
+        batch = claw_tree.build_samples(forest, outcomes, algo="ppo", pack=args.pack)
         samples = claw_tree.gae_for_samples(batch.samples, learner.values(batch.samples))
     log(f"step {step}: {batch.summary()}")
     d = run / "steps" / f"{step:04d}"
@@ -290,10 +512,13 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
         "tree_token_ratio": trained["stats"].get("tree_token_ratio"),
         "dedup_factor": trained["stats"].get("dedup_factor"),  # flat tokens / tree tokens
         "staleness": trained["staleness"],  # {versions behind: calls}
+        # rollout_s: from the rollouts' start to the last one's end (asynchronous: they began
+        # while earlier steps trained, so it is not one of this step's phases in "time")
+        "rollout_s": round(times["rollout_s"], 3),
         "rollout_tokens_per_s": round(
             trained["completion_tokens"] / max(times["rollout_s"], 1e-9), 2
         ),
-        "time": {k: round(v, 3) for k, v in times.items()},
+        "time": {k: round(v, 3) for k, v in times.items() if k != "rollout_s"},
     }
     return row
 
@@ -315,8 +540,31 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     if args.model is None and not (start_model / "config.json").exists():
         shutil.rmtree(start_model, ignore_errors=True)
         claw_rl.init_tiny(start_model)
+    start_model = Path(start_model)
+
+    suite = claw_bench.load_suite(args.suite)
+    tasks = [t for t in suite.select(tags=args.tag).tasks if not args.task or t.id in args.task]
+    harnesses = [claw_bench.load_harness(h) for h in args.harness]
+    held_out = list(suite.select(tags=args.eval_tag).tasks) if args.eval_tag else []
+    held_out = held_out[: args.eval_tasks or None]
+    if (args.eval_tag or args.sft_teacher) and args.engine != "transformers":
+        raise SystemExit("--eval-tag and --sft-teacher run the transformers engine only")
+    if args.eval_tag and not held_out:
+        raise SystemExit(f"no task of {args.suite} has all the tags {args.eval_tag}")
+    evals = {(e["stage"], e.get("steps")) for e in read_jsonl(run / "eval.jsonl")}
+    if held_out and ("start", None) not in evals:
+        evaluate(args, run, "start", start_model, secret, held_out, harnesses, log)
+    if args.sft_teacher:
+        if not (run / "teacher" / "sft.json").exists():
+            taught = tasks[: args.sft_tasks or None]
+            summary = teacher_sft(args, run, start_model, secret, taught, harnesses, log)
+            log(f"SFT: {summary}")
+        start_model = run / "policy" / "sft"
+        if held_out and ("sft", None) not in evals:
+            evaluate(args, run, "sft", start_model, secret, held_out, harnesses, log)
+
     history = claw_rl.loop.completed_steps(run)
-    learner = make_learner(args, run, Path(start_model), len(history))
+    learner = make_learner(args, run, start_model, len(history))
     serving = claw_rl.loop.latest_policy(run) or {
         "schema": "claw.policy/v1",
         "name": "policy",
@@ -324,9 +572,6 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         "path": str(start_model),
     }
 
-    suite = claw_bench.load_suite(args.suite)
-    tasks = [t for t in suite.tasks if not args.task or t.id in args.task]
-    harnesses = [claw_bench.load_harness(h) for h in args.harness]
     engine = f"transformers:{serving['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start_model)
     config = claw_proxy.ProxyConfig(
@@ -344,19 +589,45 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     with (
         claw_proxy.ProxyServer(config) as proxy,
         httpx.Client(base_url=proxy.url, timeout=600) as admin_api,
+        contextlib.ExitStack() as stack,
     ):
         headers = {"Authorization": f"Bearer {admin}"}
         admin_api.post("/admin/policy", json=serving, headers=headers).raise_for_status()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
+        pending: dict[int, tuple[float, concurrent.futures.Future]] = {}  # step: (start, runs)
+        stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         for step in range(len(history), args.steps):
             t0 = time.monotonic()
-            outcomes = rollouts(args, run, step, proxy.url, secret.encode(), tasks, harnesses, log)
+            # the rollouts of this step and the next S start now, on the policy in force (at most
+            # S versions behind when their step trains); S = 0: this step's only (synchronous)
+            for ahead in range(step, min(step + args.max_staleness + 1, args.steps)):
+                if ahead not in pending:
+                    mark_step_start(run, ahead)
+                    job = (
+                        args,
+                        run,
+                        ahead,
+                        proxy.url,
+                        secret.encode(),
+                        tasks_for_step(args, tasks, ahead),
+                        harnesses,
+                        log,
+                    )
+                    pending[ahead] = (t0, pool.submit(rollouts, *job))
+            launched, future = pending.pop(step)
+            outcomes = future.result()
+            running = sum(
+                len(tasks_for_step(args, tasks, k)) * len(harnesses) * args.rollouts
+                - len(read_jsonl(run / "steps" / f"{k:04d}" / "runs.jsonl"))
+                for k in pending
+            )
             for session in sorted({o["session"] for o in outcomes}):  # finished: free its cache
                 r = admin_api.post(f"/admin/sessions/{session}/close", headers=headers)
                 if r.status_code != 404:  # 404: no call of it reached this proxy process
                     r.raise_for_status()
             t1 = time.monotonic()
             trained = train_samples(args, learner, run, step, outcomes, serving["version"], log)
-            times = {"rollout_s": t1 - t0, "data_s": time.monotonic() - t1}
+            times = {"wait_s": t1 - t0, "rollout_s": t1 - launched, "data_s": time.monotonic() - t1}
             # the one step function of claw-rl train: update, policy/v<N>, checkpoint step+1,
             # then the policies.jsonl and metrics.jsonl rows that mark the step done
             row, serving = claw_rl.loop.train_step(
@@ -364,7 +635,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
                 trained["samples"],
                 run,
                 step,
-                extra=summarise(outcomes, trained, times),
+                extra={**summarise(outcomes, trained, times), "rollouts_running": running},
                 current=serving,
             )
             policy = serving
@@ -374,10 +645,14 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             log(
                 f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy "
                 f"v{policy['version']} | rollouts {row['rollouts'] - row['rollouts_failed']} ok, "
-                f"{row['rollouts_failed']} failed | staleness {row['staleness']} | tokens/s "
+                f"{row['rollouts_failed']} failed, {running} running | staleness "
+                f"{row['staleness']} (dropped {row.get('dropped_stale', 0)}) | tokens/s "
                 f"rollout {row['rollout_tokens_per_s']:.0f} train {row.get('tokens_per_s', 0):.0f} | "
                 + " ".join(f"{k[:-2]} {v:.1f}s" for k, v in t.items())
             )
+    if held_out and history and ("rl", len(history)) not in evals:
+        last = Path(claw_rl.loop.latest_policy(run)["path"])
+        evaluate(args, run, "rl", last, secret, held_out, harnesses, log, steps=len(history))
     return history
 
 

@@ -1,7 +1,7 @@
 """Quickstart: mix-harness GRPO on one CPU machine, end to end, in a few minutes.
 
     ./dev/demo                      # from a fresh clone (makes .venvs/workspace first)
-    uv run python examples/quickstart.py --steps 8 --task toy-digits --task toy-short
+    uv run python examples/quickstart.py --steps 12 --seed 1 --task toy-digits --task toy-short
 
 It makes a tiny random policy, starts claw-proxy in-process on it (transformers engine), and for
 every step plans the claw-toy tasks for two harness kinds at once -- claw-bench's reference agent
@@ -36,7 +36,10 @@ p.add_argument(
     default=Path("runs/quickstart"),
     help="run directory (resumable)",
 )
-p.add_argument("--steps", type=int, default=8)
+p.add_argument("--steps", type=int, default=12)
+p.add_argument(
+    "--seed", type=int, default=0, help="the run's seed: the same seed prints the same table"
+)
 p.add_argument("--rollouts", type=int, default=8, help="rollouts per (task, harness) per step")
 p.add_argument(
     "--task",
@@ -68,6 +71,8 @@ loop_args = [
     args.backend,
     "--algo",
     "grpo",
+    "--seed",
+    str(args.seed),
 ]
 for h in harnesses:
     loop_args += ["--harness", h]

@@ -68,7 +68,8 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
     """GRPO through proxy, sandbox, verifier and trees raises the reward on the dense toy task:
     12 steps of 2 x 6 rollouts. Measured on seeds 0/1/2 (one machine): the mean reward of the
     first two steps 0.703/0.705/0.705, of the last two 0.978/0.984/0.934; Pass@1 0 at step 0 and
-    1.00/1.00/0.88 over the last two. Asserted: +0.15 and Pass@1 >= 0.5."""
+    1.00/1.00/0.88 over the last two. Asserted: +0.15 and Pass@1 >= 0.5. Then evaluate.py's
+    before/after comparison of the first and last policy: held to Pass@1 0 before, >= 0.5 after."""
     out = tmp_path / "learn"
     r = _run(
         "mix_harness_rl.py",
@@ -91,6 +92,32 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
     assert len(mean) == 12 and passed[0] == 0.0, (mean, passed)
     assert sum(mean[-2:]) / 2 > sum(mean[:2]) / 2 + 0.15, mean
     assert sum(passed[-2:]) / 2 >= 0.5, passed
+
+    # examples/evaluate.py's documented comparison, on these policies: Pass@1 rises from 0
+    ev = tmp_path / "eval"
+    r = _run(
+        "evaluate.py",
+        "--model",
+        str(out / "policy" / "v0"),
+        "--compare-model",
+        str(out / "policy" / "v12"),
+        "--task",
+        "toy-digits",
+        "-n",
+        "4",
+        "--max-new-tokens",
+        "24",
+        "-o",
+        str(ev),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rate = {}
+    for label in ("model", "compare"):
+        outcomes = _rows(ev / label / "outcomes.jsonl")
+        assert len(outcomes) == 2 * 4 and all(o["status"] == "ok" for o in outcomes)
+        rate[label] = sum(bool(o["passed"]) for o in outcomes) / len(outcomes)
+    assert rate["model"] == 0.0 and rate["compare"] >= 0.5, rate
+    assert (ev / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
@@ -126,6 +153,37 @@ def test_fixed_seed_reruns_draw_the_same_rollouts(tmp_path):
     assert len(first[0]) == 2 and len(first[1]) >= 2 * 2 * 2
     assert first == again
     assert [c[3] for c in other[1]] != [c[3] for c in first[1]]
+
+
+@pytest.mark.slow
+def test_teacher_sft_then_rl_on_multi_step_tasks_with_held_out_pass_rates(tmp_path):
+    """--sft-teacher records the scripted expert through the proxy and harnesses (every rollout
+    passes; three calls a session sharing prefixes), fine-tunes the start policy on them, runs RL
+    on the multi-step family and reports held-out Pass@1 at start, after SFT and after RL."""
+    out = tmp_path / "steps"
+    r = _run(
+        "mix_harness_rl.py",
+        *("--run-dir", str(out), "--steps", "1", "--rollouts", "2", "--seed", "0"),
+        *("--tag", "toy-steps", "--tag", "train", "--tasks-per-step", "2"),
+        *("--sft-teacher", "--sft-tasks", "2", "--sft-epochs", "2"),
+        *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", "2"),
+        *("--harness", "claw-agent-steps", "--harness", "claw-agent-steps-anthropic"),
+        *("--max-new-tokens", "48", "--pack", "group"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    teacher = _rows(out / "teacher" / "outcomes.jsonl")
+    assert len(teacher) == 2 * 2 and all(o["passed"] for o in teacher)
+    calls = _rows(out / "teacher" / "calls.jsonl")
+    assert len(calls) == 3 * 4 and all(c.get("teacher") == "scripted" for c in calls)
+    sft = json.loads((out / "teacher" / "sft.json").read_text())
+    assert sft["teacher_passed"] == 4 and sft["dedup_factor"] > 1.5
+    assert (out / "policy" / "sft" / "model.safetensors").exists()
+    evals = _rows(out / "eval.jsonl")
+    assert [(e["stage"], e["steps"]) for e in evals] == [("start", None), ("sft", None), ("rl", 1)]
+    assert evals[0]["pass@1_mean"] == 0.0 and all(e["rollouts"] == 2 * 2 for e in evals)
+    assert evals[-1]["policy"].endswith("v1")
+    (step,) = _rows(out / "metrics.jsonl")
+    assert step["rollouts"] == 2 * 2 * 2 and step["infra_errors"] == 0
 
 
 @pytest.mark.slow
