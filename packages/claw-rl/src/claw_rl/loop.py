@@ -45,6 +45,8 @@ HEADLINE = (
     "clip_frac",
     "approx_kl",
     "tokens_per_s",
+    "staleness_max",
+    "dropped_stale",
 )
 
 
