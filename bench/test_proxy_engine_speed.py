@@ -341,7 +341,7 @@ def test_load_generator_calibration(stack):
 
 def test_passthrough(stack):
     """Passthrough: added p50 at c=1 (interleaved with direct calls) and the c=64 tail."""
-    urls = stack["urls"]
+    urls, pid = stack["urls"], stack["pids"]["pass"]
     hdr = {"authorization": f"Bearer {_key('pt')}", "content-type": "application/json"}
     out = {}
 
@@ -349,23 +349,29 @@ def test_passthrough(stack):
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for stream in (False, True):
                 body = _agent_body(stream)
-                d, p = [], []
+                d, p, cpu = [], [], 0
                 for _ in range(200):
                     d.append(await _post(http, urls["fake"] + "/v1/chat/completions", body, hdr))
+                    c0 = _cpu_ns(pid)
                     p.append(await _post(http, urls["pass"] + "/v1/chat/completions", body, hdr))
+                    cpu += _cpu_ns(pid) - c0
                 rps, lat = await _load(
                     http, urls["pass"] + "/v1/chat/completions", body, hdr, 64, 20
                 )
-                out[stream] = (statistics.median(d), statistics.median(p), rps, lat)
+                out[stream] = (statistics.median(d), statistics.median(p), cpu / 200, rps, lat)
 
     _run(main())
     print("\npassthrough, 30 KB agent body")
-    print("| | direct p50 | proxy p50 | added p50 (c=1) | req/s (c=64) | p50 / p99 (c=64) |")
-    print("|---|---|---|---|---|---|")
-    for stream, (d, p, rps, lat) in out.items():
+    print(
+        "| | direct p50 | proxy p50 | added p50 (c=1) | CPU per call | req/s (c=64) "
+        "| p50 / p99 (c=64) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for stream, (d, p, cpu, rps, lat) in out.items():
         p50, p99 = _pct(lat, 0.5), _pct(lat, 0.99)
         print(
             f"| {'stream' if stream else 'non-stream'} | {d * 1e3:.2f} ms | {p * 1e3:.2f} ms | "
-            f"+{(p - d) * 1e3:.2f} ms | {rps:.0f} | {p50 * 1e3:.1f} / {p99 * 1e3:.1f} ms "
+            f"+{(p - d) * 1e3:.2f} ms | {cpu / 1e6:.2f} ms | {rps:.0f} | "
+            f"{p50 * 1e3:.1f} / {p99 * 1e3:.1f} ms "
             f"({p99 / p50:.2f}x) |"
         )
