@@ -149,3 +149,17 @@ def test_drift_check_off_and_bad_mode(renderer):
 
     with pytest.raises(ConfigError, match="drift_check"):
         PrefixCache(renderer, drift_check="sometimes")
+
+
+def test_boundary_falls_back_to_full_without_an_anchor(renderer, monkeypatch):
+    """A template whose generation prompt does not start with an added token cannot anchor the
+    boundary: such prompts get the full re-render (up to --drift-check-tokens) instead."""
+    monkeypatch.setattr(renderer, "_boundary", None)
+    cache = PrefixCache(renderer, drift_check="boundary")
+    first = ChatRequest(api="openai.chat", model="m", messages=(Message(role="user", content="a"),))
+    r = cache.render("s", first)
+    answer = Message(role="assistant", content="b")
+    cache.remember("s", "c0", r, _answer(answer), renderer.render_answer("b"))
+    nxt = (*first.messages, answer, Message(role="user", content="c"))
+    r2 = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=nxt))
+    assert (r2.parent_call, r2.drift_check, r2.fresh_render_matches) == ("c0", "full", True)

@@ -99,8 +99,11 @@ class Renderer:
         the generation prompt does not start with an added token (then the text before it may
         merge with it, and only a full re-render can tell)."""
         anchor = [{"role": "user", "content": "u"}]
-        head = self._template(anchor, None, True)
-        closed = self._template(anchor, None, False)
+        try:
+            head = self._template(anchor, None, True)
+            closed = self._template(anchor, None, False)
+        except RequestError:  # a template that refuses a lone user turn: full checks only
+            return None
         head_ids, closed_ids = self.encode(head), self.encode(closed)
         gen_ids = head_ids[len(closed_ids) :]
         added = set(self.tokenizer.get_added_vocab().values())
