@@ -36,13 +36,23 @@ Run directory:
                          outcomes) and sft.json (the stage is done once it is here); policy/sft/
     eval/<stage>/, eval.jsonl  --eval-tag: held-out rollouts and Pass@1 at start, sft, rl
 
+Asynchronous rollouts (`--max-staleness S`, 0 = synchronous): the rollouts of the next S steps
+run while the learner trains, on the policy in force; a session may span a weight update, since
+every call records the version that answered it (per token in the samples, and the learner's
+TIS/MIS use each token's own engine logprob). Step k's rollouts start once step k - S - 1's
+update is loaded, so they are at most S versions old when step k trains; the learner drops a
+sample whose oldest call is older (metrics: staleness, dropped_stale). Up to (S + 1) x
+--parallel rollouts run at once. Each step reads calls.jsonl from the offset where its
+rollouts began, so a kill -9 at any moment resumes with no rollout lost or counted twice.
+
 A fixed --seed gives the same rollouts and rewards on one machine: every call samples with its
 own seed, derived from --seed, its session id (which holds the seed, step, task, harness and
 sample) and its place in the session (`claw-proxy serve --seed`), and the learner's shuffling is
 seeded. The learner's losses and the recorded logprobs can differ in the last float bits between
 runs, because the engine batches whichever calls arrive together and a different batch shape
 rounds differently; a sampled token changes only if its draw falls within that much of a
-boundary (not seen in our reruns).
+boundary (not seen in our reruns). This holds for the synchronous loop: with --max-staleness
+S >= 1, which calls of a session a weight update reaches depends on timing.
 """
 
 from __future__ import annotations
@@ -526,6 +536,29 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
 # --- the loop ----------------------------------------------------------------------------------
 
 
+def schedule(steps: range, max_staleness: int, launch):
+    """The order of work: yields ``(step, started, outcomes, ahead)`` for each step in turn.
+
+    Before step k's outcomes are awaited, the rollouts of k and of the next S = max_staleness
+    steps are started, each once, with ``launch(j) -> Future`` of its outcomes; the caller trains
+    on step k between two yields, so with S >= 1 the later steps' rollouts run meanwhile, on the
+    policy in force (at most S versions behind when their step trains: step j's start waits for
+    step j - S - 1's update), and S = 0 is the synchronous loop. ``started``: when step k's
+    rollouts were launched (monotonic clock); ``ahead``: the later steps whose rollouts run.
+    """
+    pending: dict[int, tuple[float, concurrent.futures.Future]] = {}
+    try:
+        for step in steps:
+            for j in range(step, min(step + max_staleness + 1, steps.stop)):
+                if j not in pending:
+                    pending[j] = (time.monotonic(), launch(j))
+            started, future = pending.pop(step)
+            yield step, started, future.result(), sorted(pending)
+    finally:
+        for _, future in pending.values():
+            future.cancel()
+
+
 def main(argv: list[str] | None = None, log=None) -> list[dict]:
     args = options(argv)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -594,32 +627,21 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         headers = {"Authorization": f"Bearer {admin}"}
         admin_api.post("/admin/policy", json=serving, headers=headers).raise_for_status()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
-        pending: dict[int, tuple[float, concurrent.futures.Future]] = {}  # step: (start, runs)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-        for step in range(len(history), args.steps):
-            t0 = time.monotonic()
-            # the rollouts of this step and the next S start now, on the policy in force (at most
-            # S versions behind when their step trains); S = 0: this step's only (synchronous)
-            for ahead in range(step, min(step + args.max_staleness + 1, args.steps)):
-                if ahead not in pending:
-                    mark_step_start(run, ahead)
-                    job = (
-                        args,
-                        run,
-                        ahead,
-                        proxy.url,
-                        secret.encode(),
-                        tasks_for_step(args, tasks, ahead),
-                        harnesses,
-                        log,
-                    )
-                    pending[ahead] = (t0, pool.submit(rollouts, *job))
-            launched, future = pending.pop(step)
-            outcomes = future.result()
+
+        def launch(k: int) -> concurrent.futures.Future:
+            mark_step_start(run, k)  # before any call of step k is recorded
+            step_tasks = tasks_for_step(args, tasks, k)
+            job = (args, run, k, proxy.url, secret.encode(), step_tasks, harnesses, log)
+            return pool.submit(rollouts, *job)
+
+        t0 = time.monotonic()
+        steps = range(len(history), args.steps)
+        for step, launched, outcomes, ahead in schedule(steps, args.max_staleness, launch):
             running = sum(
                 len(tasks_for_step(args, tasks, k)) * len(harnesses) * args.rollouts
                 - len(read_jsonl(run / "steps" / f"{k:04d}" / "runs.jsonl"))
-                for k in pending
+                for k in ahead
             )
             for session in sorted({o["session"] for o in outcomes}):  # finished: free its cache
                 r = admin_api.post(f"/admin/sessions/{session}/close", headers=headers)
@@ -650,6 +672,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
                 f"rollout {row['rollout_tokens_per_s']:.0f} train {row.get('tokens_per_s', 0):.0f} | "
                 + " ".join(f"{k[:-2]} {v:.1f}s" for k, v in t.items())
             )
+            t0 = time.monotonic()
     if held_out and history and ("rl", len(history)) not in evals:
         last = Path(claw_rl.loop.latest_policy(run)["path"])
         evaluate(args, run, "rl", last, secret, held_out, harnesses, log, steps=len(history))

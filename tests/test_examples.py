@@ -233,3 +233,60 @@ def test_killed_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
         assert len(keys) == len(set(keys)) == 1 * 2 * 3, (step, keys)
         runs = _rows(out / "steps" / step / "runs.jsonl")
         assert len(runs) == len({r["job_id"] for r in runs}) == 6
+
+
+@pytest.mark.slow
+def test_killed_async_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
+    """--max-staleness 1: kill -9 while step 2's rollouts run beside the learner, rerun: steps
+    0-2 complete, every rollout exactly once, every sample at most one policy version old."""
+    out = tmp_path / "crash-async"
+    args = [
+        sys.executable,
+        str(EXAMPLES / "mix_harness_rl.py"),
+        "--run-dir",
+        str(out),
+        "--steps",
+        "3",
+        "--rollouts",
+        "2",
+        "--task",
+        "toy-digits",
+        "--parallel",
+        "2",
+        "--max-staleness",
+        "1",
+    ]
+    log = tmp_path / "first-run.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+        step2_runs = out / "steps" / "0002" / "runs.jsonl"
+        deadline = time.monotonic() + 600
+        while not (step2_runs.exists() and len(_rows(step2_runs)) >= 1):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "step 2 never started"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(_rows(out / "metrics.jsonl")) in (1, 2), "step 2 starts after step 0 trained"
+
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step 0: running" not in r.stderr  # step 0 was not redone
+    metrics = _rows(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert [p["version"] for p in _rows(out / "policies.jsonl")] == [1, 2, 3]
+    assert all(set(m["staleness"]) <= {"0", "1"} for m in metrics), metrics
+    assert sum(m["staleness"].get("1", 0) for m in metrics) > 0  # sessions did run ahead
+    for step in ("0000", "0001", "0002"):
+        outcomes = _rows(out / "steps" / step / "outcomes.jsonl")
+        keys = [(o["task"], o["harness"], o["sample"]) for o in outcomes]
+        assert len(keys) == len(set(keys)) == 1 * 2 * 2, (step, keys)
+        runs = _rows(out / "steps" / step / "runs.jsonl")
+        assert len(runs) == len({r["job_id"] for r in runs}) == 4
+        samples = _rows(out / "steps" / step / "samples.jsonl")
+        trained = [x for s in samples for x in s["sessions"]]
+        assert len(trained) == len(set(trained)) and set(trained) <= {
+            o["session"] for o in outcomes
+        }
