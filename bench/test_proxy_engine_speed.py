@@ -138,6 +138,7 @@ def stack():
 
     tmp = Path(tempfile.mkdtemp(prefix="claw-proxy-speed-"))
     (tmp / "secret").write_text("bench-secret")
+    (tmp / "admin").write_text("bench-admin")
     tok = AutoTokenizer.from_pretrained(str(TINY))
     ids = tok.encode(ANSWER_TEXT, add_special_tokens=False) + [tok.eos_token_id]
     pieces = [tok.decode(ids[: i + 1])[len(tok.decode(ids[:i])) :] for i in range(len(ids))]
@@ -145,7 +146,16 @@ def stack():
     fake_argv = [str(ROOT / "bench" / "fake_vllm.py"), str(pf), json.dumps(ids), "hi there"]
     procs = [
         subprocess.Popen([sys.executable, *fake_argv, json.dumps(pieces)]),
-        _serve(f"vllm:http://127.0.0.1:{pf}", pv, tmp, "vllm", "--tokenizer", str(TINY)),
+        _serve(
+            f"vllm:http://127.0.0.1:{pf}",
+            pv,
+            tmp,
+            "vllm",
+            "--tokenizer",
+            str(TINY),
+            "--admin-token-file",
+            str(tmp / "admin"),
+        ),
         _serve(f"passthrough:http://127.0.0.1:{pf}", pp, tmp, "pass"),
     ]
     urls = {
@@ -284,6 +294,19 @@ def test_vllm_mode_by_turn(stack):
         f"(goal <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'}); added p50 at turn "
         f"{REPORT_TURNS[-1]}: {last['added_p50_ms']:.2f} ms (goal <= 3 ms: "
         f"{'met' if last['added_p50_ms'] <= 3 else 'NOT met'})"
+    )
+    import urllib.request
+
+    ask = urllib.request.Request(
+        urls["vllm"] + "/admin/stats", headers={"authorization": "Bearer bench-admin"}
+    )
+    with urllib.request.urlopen(ask) as r:
+        (cache,) = json.loads(r.read())["prefix_cache"].values()
+    per_session = cache["bytes"] / max(1, cache["sessions"])
+    last_tokens = rows[TURNS]["prompt_tokens"]
+    print(
+        f"prefix cache: {per_session / 1e6:.2f} MB per {TURNS}-turn session "
+        f"({per_session / last_tokens:.1f} bytes per token of its last prompt)"
     )
     from claw_proxy import read_calls
 

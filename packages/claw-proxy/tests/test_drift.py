@@ -163,3 +163,33 @@ def test_boundary_falls_back_to_full_without_an_anchor(renderer, monkeypatch):
     nxt = (*first.messages, answer, Message(role="user", content="c"))
     r2 = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=nxt))
     assert (r2.parent_call, r2.drift_check, r2.fresh_render_matches) == ("c0", "full", True)
+
+
+def test_prefix_cache_memory_follows_distinct_tokens(renderer):
+    """50 turns of one session hold about one copy of its tokens (each call's ids are a prefix
+    of the next call's copy), and an earlier call stays reusable with its exact ids."""
+    cache = PrefixCache(renderer)
+    msgs: list[Message] = [Message(role="user", content="start " + "word " * 200)]
+    history = []
+    for turn in range(50):
+        r = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=tuple(msgs)))
+        assert r.fresh_render_matches is True
+        answer = Message(role="assistant", content=f"reply {turn}")
+        sampled = renderer.render_answer(answer.content)
+        cache.remember("s", f"c{turn}", r, _answer(answer), sampled)
+        history.append((tuple(msgs), r.prompt_ids + sampled))
+        msgs += [answer, Message(role="user", content=f"next {turn} " + "word " * 60)]
+    total = len(history[-1][1])
+    assert cache.nbytes < 2 * (total * 8 + total * 7)  # about one copy, not one per turn
+    # a request that extends call 40 (an edited later history) reuses call 40's exact ids
+    old_msgs, old_ids = history[40]
+    edit = (
+        *old_msgs,
+        Message(role="assistant", content="reply 40"),
+        Message(role="user", content="x"),
+    )
+    r = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=edit))
+    assert r.parent_call == "c40" and r.prompt_ids[: len(old_ids)] == old_ids
+    assert r.fresh_render_matches is True
+    cache.forget("s")
+    assert cache.nbytes == 0

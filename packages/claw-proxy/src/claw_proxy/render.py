@@ -51,20 +51,53 @@ def _join(a: str, b: str) -> str:
     return f"{a},{b}" if a and b else a or b
 
 
+class _Ids:
+    """Token ids, their JSON and history keys, shared by a line of calls: a call that extends
+    another holds the longer copy and the shorter one becomes a prefix of it, so a session's
+    memory follows its distinct tokens, not its number of turns."""
+
+    __slots__ = ("array", "json", "keys", "refs")
+
+    def __init__(self, ids: array, ids_json: str, keys: list[str]) -> None:
+        self.array = ids  # prompt ids + completion ids (8 bytes a token)
+        self.json = ids_json  # the same ids as JSON text without brackets: records reuse it
+        self.keys = keys  # context key, then one key per message, the answer's last
+        self.refs = 0  # branches using it
+
+    @property
+    def nbytes(self) -> int:
+        """What this holds in memory, near enough (ids, their JSON, the keys)."""
+        return len(self.array) * 8 + len(self.json) + 90 * len(self.keys) + 200
+
+
+_BRANCH_BYTES = 200  # a branch's own fields
+
+
 @attrs.define
 class _Branch:
     call_id: str
-    keys: list[str]  # context key, then one key per message, the answer's last
-    token_ids: array  # prompt ids + completion ids (8 bytes a token)
+    ids: _Ids
+    n_tokens: int  # this call's prompt + completion: the first n_tokens of ids.array
+    n_chars: int  # ... their JSON: the first n_chars of ids.json
+    n_keys: int  # ... its history keys: the first n_keys of ids.keys
     prompt_len: int  # how many of token_ids are the prompt (the rest was sampled)
-    ids_json: str  # the same ids as JSON text without brackets: records reuse it
     ended_with_eos: bool
     superseded: bool = False  # a later call of the session extends this one
 
     @property
-    def nbytes(self) -> int:
-        """What this branch holds in memory, near enough (ids, their JSON, the keys)."""
-        return len(self.token_ids) * 8 + len(self.ids_json) + 90 * len(self.keys) + 300
+    def token_ids(self) -> array:
+        a = self.ids.array
+        return a if len(a) == self.n_tokens else a[: self.n_tokens]
+
+    @property
+    def ids_json(self) -> str:
+        j = self.ids.json
+        return j if len(j) == self.n_chars else j[: self.n_chars]
+
+    @property
+    def keys(self) -> list[str]:
+        k = self.ids.keys
+        return k if len(k) == self.n_keys else k[: self.n_keys]
 
 
 class Renderer:
@@ -252,8 +285,24 @@ class PrefixCache:
         self.nbytes = 0  # bytes held by every branch of every session
         self.evicted_sessions = 0
 
+    def _attach(self, branch: _Branch, ids: _Ids) -> None:
+        ids.refs += 1
+        if ids.refs == 1:
+            self.nbytes += ids.nbytes
+        branch.ids = ids
+
+    def _detach(self, branch: _Branch) -> None:
+        branch.ids.refs -= 1
+        if branch.ids.refs == 0:
+            self.nbytes -= branch.ids.nbytes
+
+    def _drop(self, branch: _Branch) -> None:
+        self._detach(branch)
+        self.nbytes -= _BRANCH_BYTES
+
     def _drop_session(self, session: str) -> None:
-        self.nbytes -= sum(b.nbytes for b in self._sessions.pop(session))
+        for b in self._sessions.pop(session):
+            self._drop(b)
 
     def stats(self) -> dict:
         with self._lock:
@@ -280,24 +329,25 @@ class PrefixCache:
             if session in self._sessions:
                 self._sessions.move_to_end(session)  # recently used: evicted last
             for b in self._sessions.get(session, ()):
-                n = len(b.keys)
-                if n < len(keys) and (best is None or n > len(best.keys)) and keys[:n] == b.keys:
+                n = b.n_keys
+                if n < len(keys) and (best is None or n > best.n_keys) and keys[:n] == b.keys:
                     best = b
         if best is not None:
-            new = list(req.messages[len(best.keys) - 1 :])
+            new = list(req.messages[best.n_keys - 1 :])
             tail = self.renderer.render_continuation(new, best.ended_with_eos)
             if tail is not None:
-                ids = best.token_ids.tolist() + tail
-                matches, check = self._drift(req, best, new, tail, ids)
+                reused = best.token_ids  # a copy when best is a prefix of a longer call
+                ids = reused.tolist() + tail
+                matches, check = self._drift(req, best, reused, new, tail, ids)
                 return Rendered(
                     prompt_ids=ids,
-                    reused_tokens=len(best.token_ids),
+                    reused_tokens=len(reused),
                     rendered_tokens=len(tail),
                     parent_call=best.call_id,
                     fresh_render_matches=matches,
                     drift_check=check,
                     keys=keys,
-                    prompt_array=best.token_ids + array("q", tail),
+                    prompt_array=reused + array("q", tail),
                     prompt_json=_join(best.ids_json, _ids_json(tail)),
                 )
         ids = self.renderer.render_full(req)
@@ -312,7 +362,9 @@ class PrefixCache:
             prompt_json=_ids_json(ids),
         )
 
-    def _drift(self, req, best: _Branch, new, tail, ids) -> tuple[bool | None, str | None]:
+    def _drift(
+        self, req, best: _Branch, reused: array, new, tail, ids
+    ) -> tuple[bool | None, str | None]:
         """Check the reused ids against a re-render: on the boundary region only (the default,
         O(new tokens)), or in full (`full`, or every `drift_full_every`-th reuse in boundary
         mode) for prompts up to `drift_check_tokens`."""
@@ -326,9 +378,9 @@ class PrefixCache:
         if self.drift_check == "full":
             return None, None
         p = best.prompt_len
-        resent = req.messages[len(best.keys) - 2]
+        resent = req.messages[best.n_keys - 2]
         matches = self.renderer.boundary_matches(
-            best.token_ids[max(0, p - 64) : p], best.token_ids[p:].tolist(), resent, new, tail
+            reused[max(0, p - 64) : p], reused[p:].tolist(), resent, new, tail
         )
         if matches is None and len(ids) <= self.drift_check_tokens:
             return self.renderer.render_full(req) == ids, "full"
@@ -344,28 +396,51 @@ class PrefixCache:
     ) -> None:
         """Keep this call so a later request that extends it reuses its tokens."""
         ended = bool(completion_ids) and completion_ids[-1] in self.renderer.eos_ids
+        ids = _Ids(
+            rendered.prompt_array + array("q", completion_ids),
+            _join(rendered.prompt_json, _ids_json(completion_ids)),
+            [*rendered.keys, answer.message().key()],
+        )
         branch = _Branch(
             call_id=call_id,
-            keys=[*rendered.keys, answer.message().key()],
-            token_ids=rendered.prompt_array + array("q", completion_ids),
+            ids=ids,
+            n_tokens=len(ids.array),
+            n_chars=len(ids.json),
+            n_keys=len(ids.keys),
             prompt_len=len(rendered.prompt_array),
-            ids_json=_join(rendered.prompt_json, _ids_json(completion_ids)),
             ended_with_eos=ended,
         )
         with self._lock:
             branches = self._sessions.setdefault(session, [])
             self._sessions.move_to_end(session)
-            n = len(branch.keys)
+            n = branch.n_keys
+            parent = None
             for b in branches:
-                if len(b.keys) < n and branch.keys[: len(b.keys)] == b.keys:
+                if b.n_keys < n and ids.keys[: b.n_keys] == b.keys:
                     b.superseded = True
+                if rendered.parent_call is not None and b.call_id == rendered.parent_call:
+                    parent = b
+            self._attach(branch, ids)
+            self.nbytes += _BRANCH_BYTES
+            if parent is not None and rendered.reused_tokens == parent.n_tokens:
+                # this call's ids, JSON and keys begin with the parent's: the parent and the
+                # calls it extends become prefixes of this call's copy
+                shared = parent.ids
+                for b in branches:
+                    if (
+                        b.ids is shared
+                        and b.n_tokens <= parent.n_tokens
+                        and b.n_chars <= parent.n_chars
+                        and b.n_keys <= parent.n_keys
+                    ):
+                        self._detach(b)
+                        self._attach(b, ids)
             branches.append(branch)
-            self.nbytes += branch.nbytes
             # over capacity: forget superseded calls first (oldest first), so the tips of every
             # line of conversation (main agent, sub-agents, side calls) stay reusable
             while len(branches) > self.branches_per_session:
                 old = next((i for i, b in enumerate(branches) if b.superseded), 0)
-                self.nbytes -= branches.pop(old).nbytes
+                self._drop(branches.pop(old))
             # over budget: forget the coldest sessions, then this session's oldest calls
             while len(self._sessions) > self.max_sessions or (
                 self.nbytes > self.max_bytes and len(self._sessions) > 1
@@ -374,7 +449,7 @@ class PrefixCache:
                 self.evicted_sessions += 1
             while self.nbytes > self.max_bytes and branches:
                 old = next((i for i, b in enumerate(branches) if b.superseded), 0)
-                self.nbytes -= branches.pop(old).nbytes
+                self._drop(branches.pop(old))
             if not branches:
                 del self._sessions[session]
 
