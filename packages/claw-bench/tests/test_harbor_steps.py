@@ -303,7 +303,7 @@ def test_sessions_run_in_order_in_one_workspace(tmp_path):
         samples=1,
         proxy_url="http://127.0.0.1:9",
         secret=SECRET,
-        network="internet",  # the stand-in harness calls no model: no proxy needs to listen
+        network="host",  # the stand-in harness calls no model: no proxy needs to listen
     )
     jobs, runs = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl"
     jobs.write_text(json.dumps(job) + "\n")

@@ -225,7 +225,7 @@ def test_network_choice_and_allow_internet(tmp_path):
         samples=1,
         proxy_url="http://10.0.0.2:8000",
         secret=SECRET,
-        network="internet",
+        network="host",
     )
     nets = {(j["meta"]["task"], j["meta"]["harness"]): j["network"]["policy"] for j in jobs}
     assert nets == {

@@ -58,7 +58,7 @@ def check_tasks(
 ) -> list[dict[str, Any]]:
     """Run every task in each of ``modes`` in the sandbox (``claw-sandbox run --backend``), never on
     the host: ``untouched`` is the ``nothing`` harness's job, ``solution`` the ``oracle``'s (the
-    same jobs ``plan`` writes, network ``internet`` unless a task says ``allow_internet = false``).
+    same jobs ``plan`` writes, network ``host`` unless a task says ``allow_internet = false``).
 
     One result dict per (task, mode), in that order: task, mode, passed, reward, scores, the
     verifier's exit code and output tail, and for ``solution`` the solution's exit code. A task
@@ -74,7 +74,7 @@ def check_tasks(
     jobs = []
     for t, m in wanted:
         (job,) = plan_jobs(
-            [t], [load_harness(_HARNESS[m])], samples=1, network="internet", run_id="check"
+            [t], [load_harness(_HARNESS[m])], samples=1, network="host", run_id="check"
         )
         job["job_id"] = f"check-{m}-{t.id}"
         jobs.append(job)

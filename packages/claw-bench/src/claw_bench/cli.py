@@ -192,7 +192,7 @@ def harnesses(as_json: bool) -> None:
 @click.option(
     "--network",
     type=click.Choice(NETWORKS),
-    help="the jobs' network: none, proxy (only the proxy) or internet; default: proxy for model "
+    help="the jobs' network: none, proxy (only the proxy) or host (the host's network, as in claw-sandbox); default: proxy for model "
     "harnesses, none for oracle / nothing; a task's allow_internet = false always wins",
 )
 @click.option(

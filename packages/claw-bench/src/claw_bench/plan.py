@@ -27,8 +27,8 @@ from claw_bench.token import mint_token
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 GROUP_BY = ("task", "task+harness")  # the spelling claw-tree samples --group-by uses (docs/cli.md)
-#: plan --network: none (no network), proxy (only the proxy, at a loopback port), internet (the host's)
-NETWORKS = ("none", "proxy", "internet")
+#: plan --network: none (no network), proxy (only the proxy, at a loopback port), host (the host's; the job record's policy names)
+NETWORKS = ("none", "proxy", "host")
 #: where the oracle's job holds the task's solution files (workspace-relative; removed before verify)
 SOLUTION_DIR = ".claw_solution"
 #: first words of the line a job prints when its harness cannot start (exit 127)
@@ -61,16 +61,16 @@ def session_id(run_id: str, task: str, harness: str, sample: int) -> str:
 def _network(h: Harness, task: Task, network: str | None) -> str:
     """The network one job gets: ``network`` (default: proxy for model harnesses, none for the
     built-ins); a harness without a model never needs the proxy; a task's allow_internet = false
-    always wins over internet."""
+    always wins over host."""
     net = network or ("proxy" if h.needs_model else "none")
     if net == "none" and h.needs_model:
         raise PlanError(
             f"harness {h.name} talks to a model: --network none leaves it no way to reach one; "
-            "use --network proxy (or internet)"
+            "use --network proxy (or host)"
         )
     if net == "proxy" and not h.needs_model:
         net = "none"
-    if net == "internet" and task.meta.get("allow_internet") is False:
+    if net == "host" and task.meta.get("allow_internet") is False:
         net = "proxy" if h.needs_model else "none"
     return net
 
@@ -278,9 +278,9 @@ def plan_jobs(
     """claw.job/v1 dicts, one per (task, harness, sample), in task-major order.
 
     Model harnesses reach the proxy through the sandbox's loopback port (the proxy URL's port;
-    ``network="proxy"``, their default) or the proxy URL itself (``"internet"``) with a session
+    ``network="proxy"``, their default) or the proxy URL itself (``"host"``) with a session
     token minted from ``secret`` and tagged {task, harness}. The built-in harnesses (``oracle``,
-    ``nothing``) call no model: they get ``network="none"`` unless ``"internet"`` is asked for,
+    ``nothing``) call no model: they get ``network="none"`` unless ``"host"`` is asked for,
     and need no proxy. A task with ``allow_internet = false`` never gets the internet.
     The verifier and hidden files travel in ``verify.files``. ``install`` runs the harness's
     install commands as job setup. ``group_by`` picks the group key: the task (GRPO over all
@@ -334,7 +334,7 @@ def plan_jobs(
                     assert proxy_url is not None and secret is not None and port is not None
                     token = mint_token(session, secret, {"task": task.id, "harness": h.name})
                     base_url = (
-                        proxy_url.rstrip("/") if net == "internet" else f"http://127.0.0.1:{port}"
+                        proxy_url.rstrip("/") if net == "host" else f"http://127.0.0.1:{port}"
                     )
                     values = {
                         "base_url": base_url,
@@ -391,9 +391,7 @@ def plan_jobs(
                     meta["judge"] = task.meta[
                         "judge"
                     ]  # the rubric, for claw-bench score's judge step
-                net_rec: dict[str, Any] = {
-                    "policy": {"none": "none", "proxy": "proxy", "internet": "host"}[net]
-                }
+                net_rec: dict[str, Any] = {"policy": net}
                 if net == "proxy":
                     assert proxy_url is not None
                     net_rec.update(proxy_url=proxy_url.rstrip("/"), port=port)
