@@ -178,7 +178,7 @@ def _run(
                     file=sys.stderr,
                 )
         if rank == 0:
-            loop.resume(out_dir)  # drops a policies.jsonl row of a step cut off in OUT
+            loop.drop_incomplete(out_dir)  # a policies.jsonl row of a step cut off in OUT
         first = len(loop.completed_steps(out_dir))
         for k in steps:
             row, policy = loop.train_step(

@@ -98,6 +98,16 @@ def resume(run: str | Path, *, algo: str | None = None, device: str | None = Non
     """The learner after the run's completed steps, from their checkpoint (None before any step);
     a policies.jsonl row of a step that did not complete is dropped."""
     run = Path(run)
+    done = drop_incomplete(run)
+    if not done:
+        return None
+    return load_checkpoint(checkpoint_dir(run, done), algo=algo, device=device)
+
+
+def drop_incomplete(run: str | Path) -> int:
+    """Drop a policies.jsonl row of a step that did not complete; the completed steps' count.
+    No collective (no checkpoint is loaded): under torchrun rank 0 alone calls it."""
+    run = Path(run)
     done = len(completed_steps(run))
     policies_path = run / "policies.jsonl"
     policies = read_rows(policies_path)
@@ -105,9 +115,7 @@ def resume(run: str | Path, *, algo: str | None = None, device: str | None = Non
         tmp = policies_path.with_name(policies_path.name + ".tmp")
         tmp.write_text("".join(json.dumps(p) + "\n" for p in policies[:done]))
         tmp.replace(policies_path)
-    if not done:
-        return None
-    return load_checkpoint(checkpoint_dir(run, done), algo=algo, device=device)
+    return done
 
 
 def _ends_whole(path: Path) -> bool:
