@@ -1,6 +1,7 @@
 """Worker for test_ddp_group.py: GRPO and PPO updates on a batch of one large group-packed sample
-and two small per-session ones (rank 0 owns the group and one small sample, rank 1 the other),
-then on the group sample alone (rank 1 owns nothing), then save.
+and two small per-session ones (ranks are balanced by tokens: rank 0 owns the group, rank 1 both
+small samples, so under FSDP rank 0 runs a padding pass), then on the group sample alone (rank 1
+owns nothing), then save.
 
 Run as ``python ddp_group_worker.py MODEL OUT`` (1 process) or under
 ``torchrun --nproc_per_node 2 ddp_group_worker.py MODEL OUT [ddp|fsdp]`` (gloo on CPU).

@@ -50,11 +50,15 @@ SAVED = {
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
     """Weights after GRPO (KL reference, checkpoint + resume between two steps) and PPO (value
-    head; separate critic model) agree to 1e-6 between 1 process and 2, replicated or FSDP.
+    head; separate critic model) agree to 2e-6 between 1 process and 2, replicated or FSDP.
 
-    What may differ is the float32 order of the gradient sums (two ranks' partial sums against
-    one process's sequence): a few ulps at |w| <= ~1 (1 ulp = 1.19e-7); measured max 1.19e-7 in
-    both modes. The clip coefficient is order-free (float64 norms, see ``_dist._sq_norm``)."""
+    What may differ is float32 rounding: the order of the gradient sums (two ranks' partial sums
+    against one process's sequence) and which samples share a micro-batch (ranks re-balance each
+    minibatch by tokens). Mostly a few ulps at |w| <= ~1 (1 ulp = 1.19e-7); AdamW's second step
+    can magnify one element whose two gradients nearly cancel: measured max 1.06e-6 (one PPO
+    embedding entry of 266K), the same entry and size by which 1 process differs from itself
+    between micro_batch_size 2 and 1 (and 2 ranks match 1 process at size 1 to 1.19e-7). The
+    clip coefficient is order-free (float64 norms, see ``_dist._sq_norm``)."""
     two = tmp_path / "two"
     _run(
         [
@@ -82,7 +86,7 @@ def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
             b = load_file(str(two / run / f))
             assert a.keys() == b.keys(), (run, f)
             for k in a:
-                assert (a[k] - b[k]).abs().max() < 1e-6, (run, f, k)
+                assert (a[k] - b[k]).abs().max() < 2e-6, (run, f, k)
             if f == "model.safetensors":  # and the update is not trivially zero
                 base = load_file(str(tiny / f))
                 assert max(float((a[k] - base[k]).abs().max()) for k in a) > 1e-4

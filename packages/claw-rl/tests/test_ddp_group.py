@@ -1,6 +1,6 @@
 """Group-packed batches under torchrun: one large group sample next to small ones, and a batch
 whose only sample is a group (one rank owns nothing), give the 1-process update on 2 ranks,
-replicated (DDP) or FSDP-sharded. Ranks own samples k % world (claw_rl._dist.own)."""
+replicated (DDP) or FSDP-sharded. Ranks own samples balanced by tokens (claw_rl._dist.assign)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Data parallelism under ``torchrun``: ranks own samples k % world == rank, gradients are
-summed (the loss is a weighted sum over the global batch, so a sum is exact, not a mean).
+"""Data parallelism under ``torchrun``: ranks own samples balanced by token count
+(:func:`assign`), gradients are summed (the loss is a weighted sum over the global batch, so a
+sum is exact, not a mean, whichever rank forwards a sample).
 
 Two ways to hold the model (``parallelism`` in the configs):
 
@@ -13,6 +14,9 @@ Two ways to hold the model (``parallelism`` in the configs):
 """
 
 from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -68,10 +72,40 @@ def reduce_max(value: float) -> float:
     return float(all_reduce_max(torch.tensor([value], dtype=torch.float64))[0])
 
 
-def own(n: int) -> list[int]:
-    """The indices of a global batch of ``n`` samples this rank forwards (k % world == rank)."""
+def assign(sizes: Sequence[int], ranks: int) -> list[list[int]]:
+    """Each rank's sample indices (ascending), balanced by token count: largest sample first,
+    each to the rank with the fewest tokens so far (then fewest samples, then lowest rank).
+
+    A pure function of ``sizes`` and ``ranks``, so every rank computes the same split without a
+    collective. Greedy by size (LPT) keeps the busiest rank within one sample of the idlest:
+    max tokens <= min tokens + the largest sample. A rank owns nothing only when there are
+    fewer samples than ranks.
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    load = [(0, 0, r) for r in range(ranks)]  # (tokens, samples, rank): a min-heap
+    out: list[list[int]] = [[] for _ in range(ranks)]
+    for k in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+        tokens, count, r = heapq.heappop(load)
+        out[r].append(k)
+        heapq.heappush(load, (tokens + sizes[k], count + 1, r))
+    return [sorted(ks) for ks in out]
+
+
+def own(sizes: Sequence[int]) -> list[int]:
+    """The indices of a global batch of samples of ``sizes`` tokens this rank forwards
+    (:func:`assign`)."""
     rank, size = world()
-    return [k for k in range(n) if k % size == rank]
+    return assign(sizes, size)[rank]
+
+
+def gather_dicts(d: dict) -> dict:
+    """The union of every rank's ``d`` (disjoint keys; picklable values, CPU tensors)."""
+    if world()[1] == 1:
+        return d
+    parts: list = [None] * world()[1]
+    dist.all_gather_object(parts, d)
+    return {k: v for part in parts for k, v in part.items()}
 
 
 def passes(n: int, sharded: bool) -> int:

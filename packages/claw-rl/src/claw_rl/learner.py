@@ -71,10 +71,12 @@ def _default_device(world: int) -> torch.device:
 
 @attrs.define
 class _Old:
-    """What phase 1 hands to the losses: per own sample (global index) its old tokens, and per
-    sample of the batch its mass in the loss and the part of it MIS kept."""
+    """What phase 1 hands to the losses: per own sample (global index; every sample when
+    minibatches re-balance under torchrun) its old tokens, and per sample of the batch its mass
+    in the loss and the part of it MIS kept."""
 
     tokens: dict[int, Tokens]
+    own: list[int]  # the samples this rank forwarded in phase 1 (its part of the metrics)
     n_tokens: int  # trainable tokens of the batch (all ranks), greedy ones included
     mass: np.ndarray  # (n_samples,) sum of q over the sample's trainable tokens
     kept: np.ndarray  # (n_samples,) sum of q * keep
@@ -397,7 +399,7 @@ class Learner:
             metrics["kl_ref"] = sums["kl"] / n_updates
         if self.critic is not None:
             metrics["value_loss"] = sums["value_loss"] / n_updates
-            metrics.update(_metrics.values(samples, old.tokens))
+            metrics.update(_metrics.values(samples, {k: old.tokens[k] for k in old.own}))
         metrics.update(_metrics.batch(samples, old.n_tokens, time.perf_counter() - t0))
         self.step_count += 1
         self.dirty = True
@@ -436,12 +438,12 @@ class Learner:
     def _old(self, samples: list[Sample], metrics: dict) -> _Old:
         """Phase 1: log pi_old, IS weights and keep fractions (and old values, reference
         logprobs) of this rank's samples; mismatch, entropy and weight metrics over all ranks."""
-        own = _dist.own(len(samples))
+        own = _dist.own([len(s) for s in samples])  # balanced by tokens, the same on every rank
         tokens: dict[int, Tokens] = {}
         mm = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0}
         ent_sum = greedy_sum = 0.0
         pos = 0
-        for batch, padding in self._micro_batches([samples[k] for k in own], samples[0]):
+        for batch, padding in self._micro_batches([samples[k] for k in own], _shortest(samples)):
             hidden = backbone_hidden(self.policy, batch)
             st = token_logprobs(self.policy, hidden, batch)  # (M,) each
             values = self.critic.values(batch, hidden) if self.critic else None  # (B, N)
@@ -491,8 +493,17 @@ class Learner:
         kept = torch.zeros(len(samples), dtype=torch.float64)
         for k, o in tokens.items():
             kept[k] = float((torch.from_numpy(q[k]) * o["keep"].double().cpu()).sum())
+        if self.world > 1 and min(self.config.minibatches, len(samples)) > 1:
+            # minibatches re-balance their samples over the ranks (_losses): every rank gets
+            # every sample's old tokens (a few floats per trainable token)
+            cpu = {k: {key: t.cpu() for key, t in d.items()} for k, d in tokens.items()}
+            tokens = {
+                k: {key: t.to(self.device) for key, t in d.items()}
+                for k, d in _dist.gather_dicts(cpu).items()
+            }
         old = _Old(
             tokens=tokens,
+            own=own,
             n_tokens=int(n_tok) + metrics["greedy_tokens"],
             mass=np.array([float(x.sum()) for x in q]),
             kept=_dist.all_reduce_sum(kept).numpy(),
@@ -513,9 +524,14 @@ class Learner:
     def _losses(self, mb: list[int], samples: list[Sample], old: _Old, sums: dict) -> None:
         """Phase 2: the loss of one minibatch on this rank's share of it, backward."""
         agg = self.aggregation.for_minibatch([samples[k] for k in mb], old.mass[mb], old.kept[mb])
-        mine = [k for k in mb if k % self.world == self.rank]
+        # this rank's share, balanced by tokens within the minibatch; with one minibatch it is
+        # exactly phase 1's (the same split of the same batch), else phase 1 gathered old tokens
+        by_index = sorted(mb)
+        chosen = {by_index[j] for j in _dist.own([len(samples[k]) for k in by_index])}
+        mine = [k for k in mb if k in chosen]
         pos = 0
-        for batch, padding in self._micro_batches([samples[k] for k in mine], samples[mb[0]]):
+        shortest = _shortest([samples[k] for k in mb])
+        for batch, padding in self._micro_batches([samples[k] for k in mine], shortest):
             hidden = backbone_hidden(self.policy, batch)
             lp = token_logprobs(self.policy, hidden, batch, with_entropy=False).logprobs  # (M,)
             if padding:  # same passes as a real micro-batch (FSDP's collectives), zero weight
@@ -586,6 +602,11 @@ class Learner:
 
 def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
+
+
+def _shortest(samples: Sequence[Sample]) -> Sample:
+    """The cheapest sample to forward as an FSDP padding pass (its loss counts zero)."""
+    return min(samples, key=len)
 
 
 def _split(t: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
