@@ -73,6 +73,7 @@ import claw_bench
 import claw_proxy
 import claw_rl
 import claw_rl.loop
+import claw_rl.tensorboard
 import claw_sandbox
 import claw_tree
 import httpx
@@ -182,6 +183,11 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2, help="passes over each step's batch")
     p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also log every metrics row to RUN/tensorboard (needs claw-rl[tensorboard])",
+    )
     args = p.parse_args(argv)
     args.harness = args.harness or list(DEFAULT_HARNESSES)
     return args
@@ -195,7 +201,9 @@ def prepare_run_dir(args: argparse.Namespace) -> dict:
     run = args.run_dir
     run.mkdir(parents=True, exist_ok=True)
     resolved = {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "steps"
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in vars(args).items()
+        if k not in ("steps", "tensorboard")  # neither changes what a step does
     }
     cfg_path = run / "config.json"
     if cfg_path.exists():
@@ -628,6 +636,10 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         admin_api.post("/admin/policy", json=serving, headers=headers).raise_for_status()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+        board = None
+        if args.tensorboard:  # the library needs the tensorboard package only here
+            board = claw_rl.tensorboard.TensorBoard(run / "tensorboard")
+            stack.callback(board.close)
 
         def launch(k: int) -> concurrent.futures.Future:
             mark_step_start(run, k)  # before any call of step k is recorded
@@ -662,6 +674,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             )
             policy = serving
             history.append(row)
+            if board is not None:
+                board.log(row)
             admin_api.post("/admin/policy", json=policy, headers=headers).raise_for_status()
             t = row["time"]
             log(
