@@ -146,7 +146,7 @@ def train_step(
     t1 = time.monotonic()
     if learner.dirty or current is None:
         out = policy_dir(run, learner.version + (1 if learner.dirty else 0))
-        if learner.rank == 0 and out.exists():  # left by a run killed in this step
+        if learner.dirty and learner.rank == 0 and out.exists():  # left by a run killed here
             shutil.rmtree(out)
         policy = save_policy(learner, out)
     else:
