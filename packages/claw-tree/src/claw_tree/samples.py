@@ -440,21 +440,31 @@ def _plan_groups(
             [piece for tree, paths in members for piece in _pieces(forest, tree, paths, None)]
             for members in groups.values()
         ]
+    pieces = (
+        piece
+        for members in groups.values()
+        for tree, paths in members
+        for piece in _pieces(forest, tree, paths, max_tokens)
+    )
+    return _fill_merged(forest, pieces, max_tokens)
+
+
+def _fill_merged(forest: Forest, pieces: Iterable[Piece], max_tokens: int) -> list[list[Piece]]:
+    """Consecutive pieces fill a sample while its size after merging the shared context
+    prefixes stays within max_tokens (a piece that alone exceeds it gets its own sample)."""
     plans: list[list[Piece]] = []
     current: list[Piece] = []
     trie = _ContextTrie(forest)
     size = 0
-    for members in groups.values():
-        for tree, paths in members:
-            for piece in _pieces(forest, tree, paths, max_tokens):
-                new = len(piece[1]) - trie.shared(piece[1])
-                if current and size + new > max_tokens:
-                    plans.append(current)
-                    current, trie, size = [], _ContextTrie(forest), 0
-                    new = len(piece[1])
-                trie.insert(piece[1])
-                current.append(piece)
-                size += new
+    for piece in pieces:
+        new = len(piece[1]) - trie.shared(piece[1])
+        if current and size + new > max_tokens:
+            plans.append(current)
+            current, trie, size = [], _ContextTrie(forest), 0
+            new = len(piece[1])
+        trie.insert(piece[1])
+        current.append(piece)
+        size += new
     if current:
         plans.append(current)
     return plans

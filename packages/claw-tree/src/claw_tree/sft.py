@@ -42,7 +42,7 @@ from claw_tree.records import SAMPLE_SCHEMA, Outcome
 from claw_tree.samples import (
     Piece,
     SampleBatch,
-    _ContextTrie,
+    _fill_merged,
     _outcomes_by_session,
     _pieces,
     _split_session,
@@ -256,20 +256,7 @@ def _plan_merged(
             if included
             else []
         )
-    plans: list[list[Piece]] = []
-    current: list[Piece] = []
-    trie = _ContextTrie(forest)
-    size = 0
-    for tree, paths in included:
-        for piece in _pieces(forest, tree, paths, max_tokens):
-            new = len(piece[1]) - trie.shared(piece[1])
-            if current and size + new > max_tokens:
-                plans.append(current)
-                current, trie, size = [], _ContextTrie(forest), 0
-                new = len(piece[1])
-            trie.insert(piece[1])
-            current.append(piece)
-            size += new
-    if current:
-        plans.append(current)
-    return plans
+    pieces = (
+        piece for tree, paths in included for piece in _pieces(forest, tree, paths, max_tokens)
+    )
+    return _fill_merged(forest, pieces, max_tokens)
