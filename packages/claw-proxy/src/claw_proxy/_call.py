@@ -202,13 +202,7 @@ class Run:
             prompt_ids=self.gen_req.prompt_ids,
             completion_ids=self.ids,
             completion_logprobs=self.logprobs,
-            prefix={
-                "reused_tokens": r.reused_tokens,
-                "rendered_tokens": r.rendered_tokens,
-                "parent_call": r.parent_call,
-                "fresh_render_matches": r.fresh_render_matches,
-                **({"drift_check": r.drift_check} if r.drift_check else {}),
-            },
+            prefix=r.prefix_record(),
             finish_reason=answer.finish_reason,
             sampling=sampling_record(
                 self.gen_req.temperature,

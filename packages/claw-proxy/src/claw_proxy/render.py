@@ -38,6 +38,18 @@ class Rendered:
     prompt_array: array = attrs.field(factory=lambda: array("q"), repr=False)
     prompt_json: str = attrs.field(default="", repr=False)  # "1,2,3": the ids as JSON, cached
 
+    def prefix_record(self) -> dict:
+        """The `prefix` object of a `claw.call/v1` recorded on this rendering."""
+        out = {
+            "reused_tokens": self.reused_tokens,
+            "rendered_tokens": self.rendered_tokens,
+            "parent_call": self.parent_call,
+            "fresh_render_matches": self.fresh_render_matches,
+        }
+        if self.drift_check:
+            out["drift_check"] = self.drift_check
+        return out
+
 
 def _ids_json(ids) -> str:
     if len(ids) <= 65536:
