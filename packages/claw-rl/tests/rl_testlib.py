@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
 
 import numpy as np
 from claw_rl.records import Sample
@@ -137,3 +141,21 @@ def merge_group(samples: list[dict]) -> dict:
         **out,
         "sample_id": "group",
     }
+
+
+def run_checked(cmd: list[str]) -> None:
+    """Run cmd (OMP_NUM_THREADS=1); fail with the tail of its stderr unless it exits 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def torchrun_cmd(nproc: int, *target: str) -> list[str]:
+    """The command running target (a script, or -m module, and its args) under torchrun with
+    nproc local ranks on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+            "--master_port", str(port), *target]  # fmt: skip

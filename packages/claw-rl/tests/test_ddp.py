@@ -4,34 +4,20 @@ same global batch (GRPO with minibatches, PPO with a value head), model replicat
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rl_testlib import run_checked, torchrun_cmd
 from safetensors.torch import load_file
 
 WORKER = Path(__file__).parent / "ddp_worker.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(cmd: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def one_process(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    _run([sys.executable, str(WORKER), str(tiny), str(out)])
+    run_checked([sys.executable, str(WORKER), str(tiny), str(out)])
     return out
 
 
@@ -60,24 +46,14 @@ def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
     between micro_batch_size 2 and 1 (and 2 ranks match 1 process at size 1 to 1.19e-7). The
     clip coefficient is order-free (float64 norms, see ``_dist._sq_norm``)."""
     two = tmp_path / "two"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(_free_port()),
+    run_checked(
+        torchrun_cmd(
+            2,
             str(WORKER),
             str(tiny),
             str(two),
             parallelism,
-        ]
+        )
     )
     assert (two / "world").read_text().split()[0] == "2"
     for run, files in SAVED.items():
@@ -127,20 +103,10 @@ def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
         "--micro-batch-size",
         "1",
     ]
-    _run([sys.executable, "-m", "claw_rl.cli", *args, "--output", str(tmp_path / "one")])
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(_free_port()),
+    run_checked([sys.executable, "-m", "claw_rl.cli", *args, "--output", str(tmp_path / "one")])
+    run_checked(
+        torchrun_cmd(
+            2,
             "-m",
             "claw_rl.cli",
             *args,
@@ -148,7 +114,7 @@ def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
             parallelism,
             "--output",
             str(tmp_path / "two"),
-        ]
+        )
     )
     assert len((tmp_path / "two" / "policies.jsonl").read_text().splitlines()) == 1
     a = load_file(str(tmp_path / "one" / "policy" / "v1" / "model.safetensors"))

@@ -9,10 +9,7 @@ to fp32 summation order (~1e-6 relative); 1e-5 absolute on gradient entries of O
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from claw_rl.cli import main
 from claw_rl.config import CONFIGS, SFTConfig, config_from_toml
 from claw_rl.packing import leaf_counts, path_matrix
 from click.testing import CliRunner
+from rl_testlib import run_checked, torchrun_cmd
 
 TOL = 1e-5
 
@@ -249,18 +247,7 @@ def test_cli_sft_refuses_rl_samples_with_the_reason(tiny, tmp_path):
 def _claw_rl(args: list[str], nproc: int) -> None:
     """Run the claw-rl CLI in a subprocess, under torchrun (gloo on CPU) when nproc > 1."""
     exe = str(Path(sys.executable).parent / "claw-rl")
-    if nproc > 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-               "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-               "--master_port", str(port), exe, *args]  # fmt: skip
-    else:
-        cmd = [exe, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    run_checked(torchrun_cmd(nproc, exe, *args) if nproc > 1 else [exe, *args])
 
 
 @pytest.mark.slow
