@@ -97,6 +97,58 @@ def _add_config_options(fn, algos: tuple[str, ...]):
     return fn
 
 
+def _run_options(algos: tuple[str, ...], *, samples: str, config: str, batch: str, resume: str):
+    """The options `train` and `sft` share (model, samples, run directory, config, batching,
+    resume, start version) plus the config flags of ``algos``; the help texts name what differs."""
+    options = [
+        click.option(
+            "--model",
+            "model_dir",
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            help="HF model directory to start from (not needed with --resume).",
+        ),
+        click.option("--samples", "samples_path", default="-", show_default=True, help=samples),
+        click.option(
+            "-o",
+            "--output",
+            "out_dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            required=True,
+            metavar="OUT",
+            help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, "
+            "checkpoints/K/.",
+        ),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help=config,
+        ),
+        click.option("--batch-size", type=int, default=0, show_default=True, help=batch),
+        click.option(
+            "--resume",
+            "resume_dir",
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            help=resume,
+        ),
+        click.option(
+            "--start-version",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Policy version of --model (the next saved policy is this + 1).",
+        ),
+        _config_options(algos),
+    ]
+
+    def apply(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
 def resolve_config(algo: str, toml_path: Path | None, flags: dict):
     """TOML file first, then flags; a flag of the other algorithm is an error."""
     from claw_rl.config import CONFIGS, config_from_toml
@@ -206,51 +258,13 @@ def _run(
 @click.option(
     "--algo", type=click.Choice(["grpo", "ppo"]), required=True, help="Learner algorithm."
 )
-@click.option(
-    "--model",
-    "model_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="HF model directory to start from (not needed with --resume).",
+@_run_options(
+    ("grpo", "ppo"),
+    samples="claw.sample/v1 JSONL file.",
+    config="TOML config ([grpo] / [ppo] table or flat keys); flags override it.",
+    batch="Samples per learner step (0 = the whole file is one step).",
+    resume="Continue from a run directory (its last completed step) or a checkpoint directory.",
 )
-@click.option(
-    "--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file."
-)
-@click.option(
-    "-o",
-    "--output",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    metavar="OUT",
-    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoints/K/.",
-)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TOML config ([grpo] / [ppo] table or flat keys); flags override it.",
-)
-@click.option(
-    "--batch-size",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Samples per learner step (0 = the whole file is one step).",
-)
-@click.option(
-    "--resume",
-    "resume_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Continue from a run directory (its last completed step) or a checkpoint directory.",
-)
-@click.option(
-    "--start-version",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Policy version of --model (the next saved policy is this + 1).",
-)
-@_config_options(("grpo", "ppo"))
 def train_cmd(
     algo,
     model_dir,
@@ -293,55 +307,13 @@ def train_cmd(
 
 
 @main.command("sft")
-@click.option(
-    "--model",
-    "model_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="HF model directory to start from (not needed with --resume).",
+@_run_options(
+    ("sft",),
+    samples="claw.sample/v1 JSONL file of SFT samples (algo sft, from `claw-tree sft-samples`).",
+    config="TOML config ([sft] table or flat keys); flags override it.",
+    batch="Samples per learner step, each saving a policy (0 = the whole file is one step).",
+    resume="Continue from a sft run directory (its last completed step) or a checkpoint directory.",
 )
-@click.option(
-    "--samples",
-    "samples_path",
-    default="-",
-    show_default=True,
-    help="claw.sample/v1 JSONL file of SFT samples (algo sft, from `claw-tree sft-samples`).",
-)
-@click.option(
-    "-o",
-    "--output",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    metavar="OUT",
-    help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, checkpoints/K/.",
-)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TOML config ([sft] table or flat keys); flags override it.",
-)
-@click.option(
-    "--batch-size",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Samples per learner step, each saving a policy (0 = the whole file is one step).",
-)
-@click.option(
-    "--resume",
-    "resume_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Continue from a sft run directory (its last completed step) or a checkpoint directory.",
-)
-@click.option(
-    "--start-version",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Policy version of --model (the next saved policy is this + 1).",
-)
-@_config_options(("sft",))
 def sft_cmd(
     model_dir,
     samples_path,
