@@ -14,7 +14,15 @@ from claw_tree import __version__
 from claw_tree._cli_paths import output_path
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
-from claw_tree.samples import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, build_samples
+from claw_tree.samples import (
+    ALGOS,
+    GAE_LEVELS,
+    GROUP_BY,
+    PACKS,
+    PATH_WEIGHTING,
+    SampleBatch,
+    build_samples,
+)
 from claw_tree.sft import SFT_PACKS, SFT_WEIGHTING, build_sft_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
@@ -26,6 +34,12 @@ _SKIP = click.option(
     help="Skip malformed lines (their count and reasons go to stderr) instead of failing.",
 )
 _CALLS = click.argument("calls", default="-", type=click.Path(allow_dash=True, dir_okay=False))
+_MAX_TOKENS = click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
+)
 
 
 def _note(text: str) -> None:
@@ -39,6 +53,14 @@ def _report_skipped(what: str, skipped: list[str]) -> None:
             _note(f"  {reason}")
         if len(skipped) > 10:
             _note(f"  ... and {len(skipped) - 10} more")
+
+
+def _write_batch(batch: SampleBatch, output: str) -> None:
+    """Write a batch's samples, then its summary and the first excluded sessions to stderr."""
+    write_jsonl(batch.samples, output)
+    _note(f"claw-tree: {batch.summary()}")
+    for session, why in sorted(batch.excluded.items())[:20]:
+        _note(f"  excluded {session}: {why}")
 
 
 def _forest(calls: str, skip_invalid: bool) -> Forest:
@@ -179,12 +201,7 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
     help="token: each rollout counts once, spread evenly over its trainable tokens; rollout: each "
     "rollout counts once, its paths share the vote equally; path: plain mean over paths.",
 )
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
-)
+@_MAX_TOKENS
 @click.option(
     "--pack",
     type=click.Choice(PACKS),
@@ -293,10 +310,7 @@ def samples(
         )
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
-    write_jsonl(batch.samples, output)
-    _note(f"claw-tree: {batch.summary()}")
-    for session, why in sorted(batch.excluded.items())[:20]:
-        _note(f"  excluded {session}: {why}")
+    _write_batch(batch, output)
 
 
 @main.command("sft-samples")
@@ -329,12 +343,7 @@ def samples(
     help="token: every generated token counts once (each recorded call its own example); "
     "path: weight 1 per root-to-leaf path (a shared token counts once per path through it).",
 )
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Pack sessions into samples of at most this many tokens (default: one sample per session).",
-)
+@_MAX_TOKENS
 @click.option(
     "--pack",
     type=click.Choice(SFT_PACKS),
@@ -398,10 +407,7 @@ def sft_samples(
         )
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
-    write_jsonl(batch.samples, output)
-    _note(f"claw-tree: {batch.summary()}")
-    for session, why in sorted(batch.excluded.items())[:20]:
-        _note(f"  excluded {session}: {why}")
+    _write_batch(batch, output)
 
 
 @main.command()
