@@ -20,6 +20,31 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines() if x.strip()]
 
 
+def _kill_once_written(args: list[str], path: Path, rows: int, log: Path) -> None:
+    """Start the example, kill -9 its process group once ``path`` holds ``rows`` complete lines."""
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+        deadline = time.monotonic() + 600
+        while not (path.exists() and len(_rows(path)) >= rows):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{path} never got {rows} lines"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _assert_each_rollout_once(step_dir: Path, n: int) -> list[dict]:
+    """A step directory holds n outcomes, one per (task, harness, sample), and n distinct runs."""
+    outcomes = _rows(step_dir / "outcomes.jsonl")
+    keys = [(o["task"], o["harness"], o["sample"]) for o in outcomes]
+    assert len(keys) == len(set(keys)) == n, (step_dir.name, keys)
+    runs = _rows(step_dir / "runs.jsonl")
+    assert len(runs) == len({r["job_id"] for r in runs}) == n
+    return outcomes
+
+
 def _run(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
@@ -204,19 +229,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
         "--parallel",
         "2",
     ]
-    log = tmp_path / "first-run.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
-        )
-        step1_runs = out / "steps" / "0001" / "runs.jsonl"
-        deadline = time.monotonic() + 600
-        while not (step1_runs.exists() and len(_rows(step1_runs)) >= 2):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "step 1 never started"
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _kill_once_written(args, out / "steps" / "0001" / "runs.jsonl", 2, tmp_path / "first-run.log")
     assert len(_rows(out / "metrics.jsonl")) == 1, "the kill should land inside step 1"
 
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -226,13 +239,7 @@ def test_killed_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert [p["version"] for p in _rows(out / "policies.jsonl")] == [1, 2, 3]
     for step in ("0000", "0001", "0002"):
-        keys = [
-            (o["task"], o["harness"], o["sample"])
-            for o in _rows(out / "steps" / step / "outcomes.jsonl")
-        ]
-        assert len(keys) == len(set(keys)) == 1 * 2 * 3, (step, keys)
-        runs = _rows(out / "steps" / step / "runs.jsonl")
-        assert len(runs) == len({r["job_id"] for r in runs}) == 6
+        _assert_each_rollout_once(out / "steps" / step, 1 * 2 * 3)
 
 
 @pytest.mark.slow
@@ -256,19 +263,7 @@ def test_killed_async_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
         "--max-staleness",
         "1",
     ]
-    log = tmp_path / "first-run.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
-        )
-        step2_runs = out / "steps" / "0002" / "runs.jsonl"
-        deadline = time.monotonic() + 600
-        while not (step2_runs.exists() and len(_rows(step2_runs)) >= 1):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "step 2 never started"
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _kill_once_written(args, out / "steps" / "0002" / "runs.jsonl", 1, tmp_path / "first-run.log")
     assert len(_rows(out / "metrics.jsonl")) in (1, 2), "step 2 starts after step 0 trained"
 
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -280,11 +275,7 @@ def test_killed_async_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
     assert all(set(m["staleness"]) <= {"0", "1"} for m in metrics), metrics
     assert sum(m["staleness"].get("1", 0) for m in metrics) > 0  # sessions did run ahead
     for step in ("0000", "0001", "0002"):
-        outcomes = _rows(out / "steps" / step / "outcomes.jsonl")
-        keys = [(o["task"], o["harness"], o["sample"]) for o in outcomes]
-        assert len(keys) == len(set(keys)) == 1 * 2 * 2, (step, keys)
-        runs = _rows(out / "steps" / step / "runs.jsonl")
-        assert len(runs) == len({r["job_id"] for r in runs}) == 4
+        outcomes = _assert_each_rollout_once(out / "steps" / step, 1 * 2 * 2)
         samples = _rows(out / "steps" / step / "samples.jsonl")
         trained = [x for s in samples for x in s["sessions"]]
         assert len(trained) == len(set(trained)) and set(trained) <= {
