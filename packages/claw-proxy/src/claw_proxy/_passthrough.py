@@ -21,8 +21,7 @@ import json
 import time
 import uuid
 
-import httpx
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy.errors import EngineError, RequestError
@@ -220,8 +219,26 @@ def _student(proxy, engine, session, student, response: dict):
     return cache, rendered, answer, ids
 
 
+def one_line_json(raw: bytes) -> dict[str, str] | None:
+    """`CallWriter.write`'s `raw` for a request whose bytes (already parsed and checked into a
+    JSON object) can go into a JSONL line as they are: UTF-8 without line breaks."""
+    if raw[:1] != b"{" or b"\n" in raw or b"\r" in raw or b"\x00" in raw[:4]:
+        return None
+    return {"request": raw.decode("utf-8")}
+
+
 def _record(
-    proxy, api, engine, body, session, state, seq, started, response: dict, student=None
+    proxy,
+    api,
+    engine,
+    body,
+    session,
+    state,
+    seq,
+    started,
+    response: dict,
+    student=None,
+    raw: dict[str, str] | None = None,
 ) -> None:
     call_id = f"call-{uuid.uuid4().hex}"
     got = _student(proxy, engine, session, student, response) if student else None
@@ -251,7 +268,7 @@ def _record(
             extra={"teacher": "passthrough"},
         )
         if proxy.writer:
-            proxy.writer.write(call, prompt_ids_json=r.prompt_json)
+            proxy.writer.write(call, prompt_ids_json=r.prompt_json, raw=raw)
         proxy.stats["calls_recorded"] += 1
         state.calls += 1
         cache.remember(session, call_id, r, answer, ids)
@@ -279,12 +296,18 @@ def _record(
         response=response,
     )
     if proxy.writer:
-        proxy.writer.write(call)
+        proxy.writer.write(call, raw=raw)
     proxy.stats["calls_recorded"] += 1
     state.calls += 1
 
 
+def _upstream_error(engine, e: EngineError) -> EngineError:
+    return EngineError(f"upstream {engine.url} failed: {e}", status=e.status)
+
+
 async def forward(proxy, api, engine, request, body: dict, session: str, state):
+    """Send the request's bytes upstream unchanged and its answer's bytes back (non-streamed:
+    as one body; streamed: each piece as it comes), recording the call."""
     started = time.time()
     _sampling(body)  # a bad temperature / top_p / top_k is refused before going upstream
     student = None
@@ -295,35 +318,43 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
     seq, state.seq = state.seq, state.seq + 1
     path = _PATHS[api.NAME]
     headers = engine.headers(api.NAME, request.headers)
-    if not body.get("stream"):
+    raw_body = request.state.raw_body
+    upstream = await engine.open(path, raw_body, headers)
+    kind = upstream.headers.get("content-type") or "application/json"
+    if not body.get("stream") or upstream.status >= 400:
         try:
-            r = await engine.client.post(path, json=body, headers=headers)
-        except httpx.HTTPError as e:
-            raise EngineError(f"upstream {engine.url} failed: {e}") from e
+            data = await upstream.read()
+        except EngineError as e:
+            raise _upstream_error(engine, e) from e
+        finally:
+            await upstream.aclose()
+        if upstream.status >= 400:  # the upstream's error, as it gave it
+            return Response(data, status_code=upstream.status, media_type=kind)
         try:
-            answer = r.json()
+            answer = json.loads(data)
         except ValueError:
             raise EngineError(
-                f"upstream {engine.url} answered {r.status_code} with non-JSON"
+                f"upstream {engine.url} answered {upstream.status} with non-JSON"
             ) from None
-        if r.status_code < 400:
-            _record(proxy, api, engine, body, session, state, seq, started, answer, student)
-        return JSONResponse(answer, status_code=r.status_code)
-
-    req = engine.client.build_request("POST", path, json=body, headers=headers)
-    try:
-        upstream = await engine.client.send(req, stream=True)
-    except httpx.HTTPError as e:
-        raise EngineError(f"upstream {engine.url} failed: {e}") from e
-    if upstream.status_code >= 400:
-        data = await upstream.aread()
-        await upstream.aclose()
-        return JSONResponse(json.loads(data or b"{}"), status_code=upstream.status_code)
+        _record(
+            proxy,
+            api,
+            engine,
+            body,
+            session,
+            state,
+            seq,
+            started,
+            answer,
+            student,
+            one_line_json(raw_body),
+        )
+        return Response(data, status_code=upstream.status, media_type="application/json")
 
     async def pipe():
         sse, held = [], None
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in upstream.iter():
                 if held is not None:
                     yield held
                 held = chunk
@@ -340,6 +371,7 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
                 started,
                 {"sse": b"".join(sse).decode("utf-8", "replace")},
                 student,
+                one_line_json(raw_body),
             )
             if held is not None:
                 yield held

@@ -578,9 +578,34 @@ class PassthroughEngine(Engine):
         self.spec = f"passthrough:{self.url}"
         self.policy = {"name": "passthrough", "version": 0}
         self.api_key = api_key
+        self.fast = None  # the kept-alive HTTP/1.1 client (claw_proxy._upstream), when usable
+        if transport is None:
+            try:
+                from claw_proxy import _upstream
+            except ImportError:  # no httptools (claw-proxy[fast])
+                _upstream = None  # type: ignore[assignment]
+            if _upstream is not None and _upstream.usable(self.url):
+                self.fast = _upstream.Upstream(self.url, timeout=timeout)
         self.client = httpx.AsyncClient(
             base_url=self.url, transport=transport or http_transport(), timeout=timeout
         )
+
+    async def open(self, path: str, body: bytes, headers: dict):
+        """POST `body` to `path`; the answer once its status and headers are in, with
+        `status`, `headers`, `read()`, `iter()` (the body's bytes as they come) and `aclose()`.
+        An upstream that cannot be reached is an `EngineError`."""
+        if self.fast is not None:
+            from claw_proxy._upstream import UpstreamError
+
+            try:
+                return await self.fast.request("POST", path, headers, body)
+            except UpstreamError as e:
+                raise EngineError(f"upstream {self.url} failed: {e}") from e
+        req = self.client.build_request("POST", path, content=body, headers=headers)
+        try:
+            return _HttpxAnswer(await self.client.send(req, stream=True))
+        except httpx.HTTPError as e:
+            raise EngineError(f"upstream {self.url} failed: {e}") from e
 
     def headers(self, api: str, incoming) -> dict:
         h = {"content-type": "application/json"}
@@ -595,4 +620,31 @@ class PassthroughEngine(Engine):
         return h
 
     async def aclose(self) -> None:
+        if self.fast is not None:
+            await self.fast.aclose()
         await self.client.aclose()
+
+
+class _HttpxAnswer:
+    """An httpx streamed response behind the same few names as `_upstream.Response`."""
+
+    def __init__(self, r: httpx.Response) -> None:
+        self._r = r
+        self.status = r.status_code
+        self.headers = r.headers
+
+    async def read(self) -> bytes:
+        try:
+            return await self._r.aread()
+        except httpx.HTTPError as e:
+            raise EngineError(str(e)) from e
+
+    async def iter(self):
+        try:
+            async for chunk in self._r.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as e:
+            raise EngineError(str(e)) from e
+
+    async def aclose(self) -> None:
+        await self._r.aclose()

@@ -315,16 +315,27 @@ class CallWriter:
             shard_path(self.path, self._index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
         )
 
-    def write(self, record: Call | dict, prompt_ids_json: str | None = None) -> None:
+    def write(
+        self,
+        record: Call | dict,
+        prompt_ids_json: str | None = None,
+        raw: dict[str, str] | None = None,
+    ) -> None:
         """Append one record. `prompt_ids_json` ("1,2,3") is the prompt ids already serialised:
-        long prompts that extend an earlier call's are not re-encoded from scratch."""
+        long prompts that extend an earlier call's are not re-encoded from scratch. `raw` maps
+        fields to their values already serialised as one-line JSON (a passthrough request's
+        bytes as they came), written as they are instead of the record's values."""
         d = record.to_dict() if isinstance(record, Call) else dict(record)
-        if prompt_ids_json is None:
-            line = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
-        else:
+        tail = ""
+        if prompt_ids_json is not None:
             d.pop("prompt_ids")
-            head = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
-            line = f'{head[:-1]},"prompt_ids":[{prompt_ids_json}]}}'
+            tail = f',"prompt_ids":[{prompt_ids_json}]'
+        for key, value in (raw or {}).items():
+            d.pop(key, None)
+            tail += f',"{key}":{value}'
+        line = json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+        if tail:
+            line = f"{line[:-1]}{tail}}}"
         data = (line + "\n").encode("utf-8")
         with self._lock:
             size = os.fstat(self._fd).st_size if self.max_bytes else 0

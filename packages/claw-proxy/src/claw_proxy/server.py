@@ -219,6 +219,7 @@ class Proxy:
 
     async def _body(self, request: Request) -> dict:
         raw = await read_limited(request, self.config.max_body_bytes, self.config.body_timeout)
+        request.state.raw_body = raw  # passthrough forwards the bytes as they came
         _big_request.set(len(raw) > _BIG_BODY)  # for this request's task only
         body = await self.offload(loads, raw) if len(raw) > 65536 else loads(raw)
         if not isinstance(body, dict):

@@ -1,0 +1,324 @@
+"""A small HTTP/1.1 client for passthrough upstreams: kept-alive connections over asyncio, the
+response parsed by httptools (claw-proxy[fast]).
+
+httpx's pool walks every pooled connection on each request (expiry and readability checks
+through anyio), which at 64 concurrent calls was most of a passthrough proxy's CPU. Here a
+request takes the most recently used idle connection from a stack, writes its head and body in
+one call, and gives the connection back when the answer has been read to its end. A connection
+the upstream closed is known as closed (the protocol is told) and dropped; a request that finds
+its reused connection closed before any byte of the answer came is sent once more on a new one.
+
+Used by `PassthroughEngine` when httptools is installed, no test transport is given and no HTTP
+proxy is configured for the upstream; otherwise the engine uses httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+import urllib.parse
+import urllib.request
+
+import httptools
+
+from claw_proxy.errors import EngineError
+
+_HIGH_WATER = 1 << 20  # answer bytes buffered before reading from the upstream pauses
+
+
+class UpstreamError(EngineError):
+    """The upstream could not be reached or broke the connection mid-answer."""
+
+
+class _Conn(asyncio.Protocol):
+    """One connection; carries one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.response: Response | None = None
+
+    # --- asyncio.Protocol ---
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        r = self.response
+        if r is None:  # bytes nobody asked for: the connection cannot be trusted
+            self.abort()
+            return
+        r.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            r.fail(UpstreamError("the upstream switched protocols"))
+            self.abort()
+        except httptools.HttpParserError as e:
+            r.fail(UpstreamError(f"the upstream's answer is not valid HTTP/1.1: {e}"))
+            self.abort()
+
+    def eof_received(self):
+        return False  # close the transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        r, self.response = self.response, None
+        if r is not None and r.until_eof and exc is None and not r.complete:
+            r.complete = True  # the end of a body without a length
+            r.wake()
+        elif r is not None and not r.complete:
+            r.fail(
+                UpstreamError("the upstream closed the connection" + (f": {exc}" if exc else ""))
+            )
+
+    def pause_writing(self) -> None:  # a large request body: the transport buffers it
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # --- httptools callbacks ---
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.response is not None
+        self.response.raw_headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        r = self.response
+        assert r is not None
+        r.status = self.parser.get_status_code()
+        if 100 <= r.status < 200:  # an interim answer (100 Continue): the real one follows
+            r.raw_headers.clear()
+            return
+        r.keep_alive = self.parser.should_keep_alive()
+        names = {k for k, _ in r.raw_headers}
+        # neither a length nor chunks: the body runs until the upstream closes the connection
+        r.until_eof = b"content-length" not in names and b"transfer-encoding" not in names
+        if not r.head.done():
+            r.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        r = self.response
+        assert r is not None
+        r.push(body)
+
+    def on_message_complete(self) -> None:
+        r = self.response
+        assert r is not None
+        if 100 <= r.status < 200:
+            return
+        r.complete = True
+        r.wake()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Response:
+    """An answer being read: `status`, `headers` (lower-case names), then `read()` or `iter()`.
+    `close()` (always, e.g. in `finally`) gives the connection back or drops it."""
+
+    def __init__(self, pool: Upstream, conn: _Conn) -> None:
+        self._pool = pool
+        self._conn = conn
+        self.head: asyncio.Future = conn.loop.create_future()
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.status = 0
+        self.keep_alive = False
+        self.complete = False
+        self.until_eof = False
+        self.got_bytes = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+        self._done = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in self.raw_headers}
+
+    # --- fed by the protocol ---
+    def push(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER and not self._paused and self._conn.transport:
+            self._paused = True
+            self._conn.transport.pause_reading()
+        self.wake()
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+        if not self.head.done():
+            self.head.set_exception(exc)
+        self.wake()
+
+    def wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # --- read by the caller ---
+    async def iter(self):
+        """The body as it arrives (transfer encoding removed), until the answer ends."""
+        while True:
+            while self._chunks:
+                data = self._chunks.popleft()
+                self._buffered -= len(data)
+                if self._paused and self._buffered <= _HIGH_WATER // 4:
+                    self._paused = False
+                    if self._conn.transport is not None:
+                        self._conn.transport.resume_reading()
+                yield data
+            if self.complete:
+                return
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._conn.loop.create_future()
+            try:
+                async with asyncio.timeout(self._pool.timeout):
+                    await self._waiter
+            except TimeoutError:
+                raise UpstreamError(
+                    f"no byte of the answer came for {self._pool.timeout:g} s"
+                ) from None
+            finally:
+                self._waiter = None
+
+    async def read(self) -> bytes:
+        parts = [chunk async for chunk in self.iter()]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        conn = self._conn
+        conn.response = None
+        if self.complete and self.keep_alive and not conn.closed and not self._paused:
+            self._pool._release(conn)
+        else:
+            conn.abort()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class Upstream:
+    """Kept-alive HTTP/1.1 connections to one base URL (``http://`` or ``https://``, with an
+    optional path prefix), at most `max_idle` of them idle at a time."""
+
+    def __init__(self, url: str, timeout: float = 600.0, max_idle: int = 256) -> None:
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.prefix = u.path.rstrip("/")
+        self.ssl = ssl.create_default_context() if u.scheme == "https" else None
+        self.timeout = timeout
+        self.max_idle = max_idle
+        default = (u.scheme == "https" and self.port == 443) or (
+            u.scheme == "http" and self.port == 80
+        )
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = (host if default else f"{host}:{self.port}").encode("ascii")
+        self._idle: list[_Conn] = []
+        self._closed = False
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(min(self.timeout, 30.0)):
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(loop),
+                    self.host,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
+                )
+        except TimeoutError:
+            raise UpstreamError(f"connecting to {self.host}:{self.port} timed out") from None
+        except OSError as e:
+            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {e}") from None
+        return conn
+
+    def _release(self, conn: _Conn) -> None:
+        if self._closed or len(self._idle) >= self.max_idle:
+            conn.abort()
+        else:
+            self._idle.append(conn)
+
+    async def request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes = b""
+    ) -> Response:
+        """Send one request; returns once the answer's status and headers are in."""
+        if self._closed:
+            raise UpstreamError("the upstream client is closed")
+        lines = [
+            f"{method} {self.prefix}{path} HTTP/1.1".encode("ascii"),
+            b"host: " + self._host_header,
+            b"content-length: " + str(len(body)).encode("ascii"),
+        ]
+        for k, v in headers.items():
+            if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
+                raise ValueError(f"header {k!r} holds a line break")
+            lines.append(f"{k}: {v}".encode("latin-1"))
+        head = b"\r\n".join(lines) + b"\r\n\r\n"
+        for attempt in (0, 1):
+            reused = False
+            conn = None
+            while self._idle:
+                c = self._idle.pop()
+                if not c.closed:
+                    conn, reused = c, True
+                    break
+            if conn is None:
+                conn = await self._connect()
+            r = Response(self, conn)
+            conn.response = r
+            assert conn.transport is not None
+            if len(body) < 65536:
+                conn.transport.write(head + body)
+            else:
+                conn.transport.writelines((head, body))
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await r.head
+            except UpstreamError:
+                r.close()
+                if reused and attempt == 0 and not r.got_bytes:
+                    continue  # the upstream had closed this idle connection: one more try
+                raise
+            except TimeoutError:
+                r.close()
+                raise UpstreamError(f"no answer came for {self.timeout:g} s") from None
+            except BaseException:
+                r.close()
+                raise
+            return r
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for c in idle:
+            c.abort()
+
+
+def usable(url: str) -> bool:
+    """Whether `Upstream` can serve `url`: httptools is installed (it is, when this module
+    imports), the scheme is http(s), and no HTTP proxy from the environment applies to it
+    (httpx honours those)."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return False
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(u.scheme) or proxies.get("all")):
+        return True
+    return bool(urllib.request.proxy_bypass(u.hostname))

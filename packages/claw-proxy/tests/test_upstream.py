@@ -1,0 +1,334 @@
+"""Passthrough over real loopback sockets: the kept-alive HTTP/1.1 client (`_upstream`) against
+raw asyncio servers, and the proxy forwarding through it to a uvicorn upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from claw_proxy import read_calls
+from claw_proxy.errors import EngineError
+from claw_proxy.records import CallWriter
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+_upstream = pytest.importorskip(
+    "claw_proxy._upstream", reason="the fast upstream client needs httptools (claw-proxy[fast])"
+)
+
+# --- the client against raw servers -------------------------------------------------------------
+
+
+async def _raw_server(answers: list[bytes], *, close_after: bool = False):
+    """A server that reads one request head+body per answer and writes the next answer's bytes
+    as they are (closing the connection after each when `close_after`)."""
+    seen: list[bytes] = []
+
+    async def handle(reader, writer):
+        try:
+            while answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                seen.append(head + await reader.readexactly(length))
+                writer.write(answers.pop(0))
+                await writer.drain()
+                if close_after:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
+
+    return await _serve(handle), seen
+
+
+class _Server:
+    """A loopback asyncio server whose connections are all closed by `stop()`."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> _Server:
+        async def run(reader, writer):
+            task = asyncio.current_task()
+            assert task is not None
+            self.tasks.add(task)
+            try:
+                await self.handle(reader, writer)
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(run, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def stop(self) -> None:
+        self.server.close()
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.sleep(0)
+
+
+async def _serve(handle) -> _Server:
+    return await _Server(handle).start()
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_lengths_chunks_and_eof_bodies_are_read_whole():
+    """A content-length body, a chunked body and a body ended by closing all read whole."""
+
+    async def main():
+        answers = [
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+            b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\nx-a: b\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end",
+        ]
+        server, seen = await _raw_server(answers)
+        up = _upstream.Upstream(server.url + "/base")
+        got = []
+        for body in (b'{"a":1}', b"{}", b"x" * 70000):
+            r = await up.request("POST", "/v1/x", {"content-type": "application/json"}, body)
+            got.append((r.status, r.headers.get("x-a"), await r.read()))
+            await r.aclose()
+        await up.aclose()
+        await server.stop()
+        return got, seen
+
+    got, seen = _run(main())
+    assert got == [
+        (200, None, b"hello"),
+        (201, "b", b"abcde"),
+        (200, None, b"until the end"),
+    ]
+    assert seen[0].startswith(b"POST /base/v1/x HTTP/1.1\r\n") and seen[0].endswith(b'{"a":1}')
+    assert len(seen[2]) > 70000
+
+
+def test_a_connection_the_upstream_closed_is_replaced():
+    """Kept-alive connections the upstream closed are not reused: every request is answered."""
+
+    async def main():
+        answers = [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"] * 4
+        server, _ = await _raw_server(list(answers), close_after=True)
+        up = _upstream.Upstream(server.url)
+        out = []
+        for _ in range(4):
+            r = await up.request("POST", "/", {}, b"{}")
+            out.append(await r.read())
+            await r.aclose()
+            await asyncio.sleep(0)  # the close reaches the idle connection or not: both work
+        await up.aclose()
+        await server.stop()
+        return out
+
+    assert _run(main()) == [b"ok"] * 4
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"],
+    ids=["garbage", "cut-short"],
+)
+def test_broken_answers_are_engine_errors(answer):
+    """An answer that is not HTTP, or one cut short by a close, is an EngineError."""
+
+    async def main():
+        server, _ = await _raw_server([answer], close_after=True)
+        up = _upstream.Upstream(server.url)
+        try:
+            r = await up.request("POST", "/", {}, b"{}")
+            try:
+                await r.read()
+            finally:
+                await r.aclose()
+        finally:
+            await up.aclose()
+            await server.stop()
+
+    with pytest.raises(EngineError):
+        _run(main())
+
+
+def test_a_silent_upstream_times_out():
+    """An upstream that never answers is an EngineError after the timeout."""
+
+    async def main():
+        async def handle(reader, writer):
+            await reader.read(1 << 16)
+            await asyncio.sleep(5)
+
+        server = await _serve(handle)
+        up = _upstream.Upstream(server.url, 0.2)
+        try:
+            await up.request("POST", "/", {}, b"{}")
+        finally:
+            await up.aclose()
+            await server.stop()
+
+    with pytest.raises(EngineError, match="no answer came"):
+        _run(main())
+
+
+def test_header_values_with_line_breaks_are_refused():
+    """A header value cannot smuggle a second header line upstream."""
+    up = _upstream.Upstream("http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="line break"):
+        _run(up.request("POST", "/", {"a": "b\r\nc: d"}))
+
+
+# --- the proxy forwarding over loopback --------------------------------------------------------
+
+
+def _upstream_app(seen: list) -> Starlette:
+    async def chat(request):
+        raw = await request.body()
+        body = json.loads(raw)
+        seen.append((dict(request.headers), raw))
+        if body["model"] == "limited":
+            return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
+        if body["model"] == "teapot":
+            return Response("not json", status_code=418, media_type="text/plain")
+        if not body.get("stream"):
+            answer = {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "real answer"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+            # indented: the bytes the client gets must be these, not a re-serialisation
+            return Response(json.dumps(answer, indent=1), media_type="application/json")
+
+        async def sse():
+            for delta, finish in (({"role": "assistant"}, None), ({"content": "real "}, None)):
+                chunk = {
+                    "id": "x",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+                yield f"data: {json.dumps(chunk)}\n\n"
+            last = {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": {"content": "answer"}, "finish_reason": "stop"}],
+            }
+            yield f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.fixture
+def upstream():
+    """A uvicorn server on a free loopback port: (base URL, the requests it saw)."""
+    import socket
+
+    seen: list = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(_upstream_app(seen), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", seen
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+def test_passthrough_sends_and_returns_the_bytes_as_they_came(make_server, upstream, clients):
+    """Over loopback the request's bytes reach the upstream unchanged, the answer's bytes come
+    back unchanged, streamed answers stream, and every call is recorded once."""
+    url, seen = upstream
+    srv = make_server(engine=f"passthrough:{url}", upstream_api_key="sk-real")
+    assert srv.proxy.policy_engine.fast is not None  # the kept-alive client, not httpx
+    raw = b'{ "model": "gpt-4o",\n  "messages": [{"role": "user", "content": "hi"}] }'
+    key = clients.openai(srv, "p1").api_key
+    with httpx.Client(base_url=srv.url) as http:
+        r = http.post(
+            "/v1/chat/completions",
+            content=raw,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
+    assert r.status_code == 200 and r.text.startswith('{\n "id": "x"')
+    assert seen[-1][1] == raw and seen[-1][0]["authorization"] == "Bearer sk-real"
+    client = clients.openai(srv, "p2")
+    msgs = [{"role": "user", "content": "hi"}]
+    assert client.chat.completions.create(model="gpt-4o", messages=msgs).choices[0].message.content
+    chunks = list(client.chat.completions.create(model="gpt-4o", messages=msgs, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "real answer"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    a, b, c = read_calls(srv.config.record)
+    assert a.request == json.loads(raw) and a.response["choices"][0]["message"]["content"]
+    assert b.request == {"model": "gpt-4o", "messages": msgs}
+    assert c.request["stream"] is True and "answer" in c.response["sse"]
+    assert [x.seq for x in (a, b, c)] == [0, 0, 1] and not any(x.trainable for x in (a, b, c))
+
+
+def test_upstream_errors_pass_through_and_a_dead_upstream_is_503(make_server, upstream, clients):
+    """The upstream's error answers come back with their status and bytes (not recorded); an
+    upstream that cannot be reached is a 503."""
+    url, _ = upstream
+    srv = make_server(engine=f"passthrough:{url}")
+    key = clients.openai(srv, "e1").api_key
+    hdr = {"authorization": f"Bearer {key}"}
+    msgs = [{"role": "user", "content": "hi"}]
+    with httpx.Client(base_url=srv.url) as http:
+        for stream in (False, True):
+            body = {"model": "limited", "messages": msgs, "stream": stream}
+            r = http.post("/v1/chat/completions", json=body, headers=hdr)
+            assert r.status_code == 429 and r.json()["error"]["message"] == "slow down"
+        r = http.post(
+            "/v1/chat/completions", json={"model": "teapot", "messages": msgs}, headers=hdr
+        )
+        assert (r.status_code, r.text) == (418, "not json")
+    assert list(read_calls(srv.config.record)) == []
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    srv2 = make_server(engine=f"passthrough:http://127.0.0.1:{dead}", record=None)
+    with httpx.Client(base_url=srv2.url) as http:
+        r = http.post("/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=hdr)
+    assert r.status_code == 503 and f"127.0.0.1:{dead}" in r.text
+
+
+def test_raw_fields_are_written_as_they_are(tmp_path):
+    """CallWriter splices `raw` fields into the line; the record reads back equal."""
+    from claw_proxy._passthrough import one_line_json
+
+    body = b'{"model":"m","messages":[{"role":"user","content":"h\\u00e9 \\n"}]}'
+    assert one_line_json(body) == {"request": body.decode()}
+    assert one_line_json(b'{"a":\n1}') is None and one_line_json(b"[1]") is None
+    w = CallWriter(tmp_path / "c.jsonl")
+    w.write({"schema": "claw.call/v1", "x": 1, "request": {"stale": True}}, raw=one_line_json(body))
+    w.close()
+    line = (tmp_path / "c.jsonl").read_text()
+    assert line.count("\n") == 1 and json.loads(line)["request"] == json.loads(body)
+    assert json.loads(line)["x"] == 1
