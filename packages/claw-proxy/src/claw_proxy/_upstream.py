@@ -165,10 +165,16 @@ class Response:
 
     # --- read by the caller ---
     async def iter(self):
-        """The body as it arrives (transfer encoding removed), until the answer ends."""
+        """The body as it arrives (transfer encoding removed; what came in one read is one
+        piece), until the answer ends."""
         while True:
             while self._chunks:
-                data = self._chunks.popleft()
+                # the pieces that came together go on together (one write to the client)
+                if len(self._chunks) == 1:
+                    data = self._chunks.popleft()
+                else:
+                    data = b"".join(self._chunks)
+                    self._chunks.clear()
                 self._buffered -= len(data)
                 if self._paused and self._buffered <= _HIGH_WATER // 4:
                     self._paused = False
