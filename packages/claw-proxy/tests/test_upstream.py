@@ -56,16 +56,7 @@ class _Server:
         self.tasks: set[asyncio.Task] = set()
 
     async def start(self) -> _Server:
-        async def run(reader, writer):
-            task = asyncio.current_task()
-            assert task is not None
-            self.tasks.add(task)
-            try:
-                await self.handle(reader, writer)
-            finally:
-                writer.close()
-
-        self.server = await asyncio.start_server(run, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(server_task(self), "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
 
@@ -75,6 +66,21 @@ class _Server:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await asyncio.sleep(0)
+
+
+def server_task(server: _Server):
+    """The connection handler of `server`: runs its `handle`, tracked so `stop()` ends it."""
+
+    async def run(reader, writer):
+        task = asyncio.current_task()
+        assert task is not None
+        server.tasks.add(task)
+        try:
+            await server.handle(reader, writer)
+        finally:
+            writer.close()
+
+    return run
 
 
 async def _serve(handle) -> _Server:
@@ -134,6 +140,76 @@ def test_a_connection_the_upstream_closed_is_replaced():
         return out
 
     assert _run(main()) == [b"ok"] * 4
+
+
+def test_connections_idle_too_long_are_not_reused():
+    """A connection idle for `idle_expiry` is closed instead of reused (a fresh one is opened)."""
+
+    async def main():
+        conns = []
+
+        async def handle(reader, writer):
+            conns.append(writer)
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.split(b"content-length: ")[1].split(b"\r")[0]))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+        server = await _serve(handle)
+        fresh, stale = _upstream.Upstream(server.url), _upstream.Upstream(server.url, idle_expiry=0)
+        for up in (fresh, fresh, fresh, stale, stale, stale):
+            r = await up.request("POST", "/", {}, b"{}")
+            assert await r.read() == b"ok"
+            await r.aclose()
+        await fresh.aclose()
+        await stale.aclose()
+        await server.stop()
+        return len(conns)
+
+    assert _run(main()) == 1 + 3
+
+
+def test_https_upstream(tmp_path, monkeypatch):
+    """An https:// upstream is reached over TLS, its certificate checked against the trusted ones."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts this certificate
+
+    async def main():
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            body = await reader.readexactly(int(head.split(b"content-length: ")[1].split(b"\r")[0]))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, key)
+        server = _Server(handle)
+        server.server = await asyncio.start_server(server_task(server), "127.0.0.1", 0, ssl=tls)
+        port = server.server.sockets[0].getsockname()[1]
+        up = _upstream.Upstream(f"https://localhost:{port}")
+        try:
+            r = await up.request("POST", "/v1/x", {}, b'{"tls":true}')
+            got = await r.read()
+            await r.aclose()
+        finally:
+            await up.aclose()
+            await server.stop()
+        return got
+
+    assert _run(main()) == b'{"tls":true}'
 
 
 @pytest.mark.parametrize(

@@ -217,9 +217,13 @@ class Response:
 
 class Upstream:
     """Kept-alive HTTP/1.1 connections to one base URL (``http://`` or ``https://``, with an
-    optional path prefix), at most `max_idle` of them idle at a time."""
+    optional path prefix), at most `max_idle` of them idle at a time, none reused after
+    `idle_expiry` seconds idle (a connection a middlebox dropped without a word would otherwise
+    swallow the next request until `timeout`)."""
 
-    def __init__(self, url: str, timeout: float = 600.0, max_idle: int = 256) -> None:
+    def __init__(
+        self, url: str, timeout: float = 600.0, max_idle: int = 256, idle_expiry: float = 30.0
+    ) -> None:
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -229,12 +233,13 @@ class Upstream:
         self.ssl = ssl.create_default_context() if u.scheme == "https" else None
         self.timeout = timeout
         self.max_idle = max_idle
+        self.idle_expiry = idle_expiry
         default = (u.scheme == "https" and self.port == 443) or (
             u.scheme == "http" and self.port == 80
         )
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._host_header = (host if default else f"{host}:{self.port}").encode("ascii")
-        self._idle: list[_Conn] = []
+        self._idle: list[tuple[_Conn, float]] = []  # (connection, when it became idle)
         self._closed = False
 
     async def _connect(self) -> _Conn:
@@ -258,7 +263,24 @@ class Upstream:
         if self._closed or len(self._idle) >= self.max_idle:
             conn.abort()
         else:
-            self._idle.append(conn)
+            self._idle.append((conn, conn.loop.time()))
+
+    def _take(self) -> _Conn | None:
+        """The most recently used idle connection that is still open; the ones idle for
+        `idle_expiry` or longer are closed."""
+        if not self._idle:
+            return None
+        now = self._idle[-1][0].loop.time()
+        if now - self._idle[0][1] >= self.idle_expiry:  # the stack's bottom idled longest
+            for c, t in self._idle:
+                if now - t >= self.idle_expiry:
+                    c.abort()
+            self._idle = [(c, t) for c, t in self._idle if now - t < self.idle_expiry]
+        while self._idle:
+            c, _ = self._idle.pop()
+            if not c.closed:
+                return c
+        return None
 
     async def request(
         self, method: str, path: str, headers: dict[str, str], body: bytes = b""
@@ -273,17 +295,12 @@ class Upstream:
         ]
         for k, v in headers.items():
             if "\r" in v or "\n" in v or "\r" in k or "\n" in k or ":" in k:
-                raise ValueError(f"header {k!r} holds a line break")
+                raise ValueError(f"header {k!r} holds a line break (or its name a colon)")
             lines.append(f"{k}: {v}".encode("latin-1"))
         head = b"\r\n".join(lines) + b"\r\n\r\n"
         for attempt in (0, 1):
-            reused = False
-            conn = None
-            while self._idle:
-                c = self._idle.pop()
-                if not c.closed:
-                    conn, reused = c, True
-                    break
+            conn = self._take()
+            reused = conn is not None
             if conn is None:
                 conn = await self._connect()
             r = Response(self, conn)
@@ -313,7 +330,7 @@ class Upstream:
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for c in idle:
+        for c, _ in idle:
             c.abort()
 
 
