@@ -276,6 +276,17 @@ def _upstream_app(seen: list) -> Starlette:
             return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
         if body["model"] == "teapot":
             return Response("not json", status_code=418, media_type="text/plain")
+        if body["model"] == "endless":
+
+            async def endless():
+                try:
+                    for i in range(2000):
+                        yield f"data: {json.dumps({'i': i})}\n\n"
+                        await asyncio.sleep(0.01)
+                finally:
+                    seen.append("upstream stream closed")
+
+            return StreamingResponse(endless(), media_type="text/event-stream")
         if not body.get("stream"):
             answer = {
                 "id": "x",
@@ -393,6 +404,28 @@ def test_upstream_errors_pass_through_and_a_dead_upstream_is_503(make_server, up
     with httpx.Client(base_url=srv2.url) as http:
         r = http.post("/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=hdr)
     assert r.status_code == 503 and f"127.0.0.1:{dead}" in r.text
+
+
+def test_a_client_gone_mid_stream_closes_the_upstream_stream(make_server, upstream, clients):
+    """When the client leaves in the middle of a streamed answer, the proxy stops reading it:
+    the upstream sees its stream closed long before its end, and no call is recorded."""
+    url, seen = upstream
+    srv = make_server(engine=f"passthrough:{url}")
+    key = clients.openai(srv, "g1").api_key
+    body = {"model": "endless", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with (
+        httpx.Client(base_url=srv.url) as http,
+        http.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        ) as r,
+    ):
+        assert r.status_code == 200
+        assert next(r.iter_raw()).startswith(b"data: ")
+    deadline = time.monotonic() + 10  # the upstream would stream for 20 s
+    while "upstream stream closed" not in seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "upstream stream closed" in seen
+    assert list(read_calls(srv.config.record)) == []
 
 
 def test_raw_fields_are_written_as_they_are(tmp_path):
