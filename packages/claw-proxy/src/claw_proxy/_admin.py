@@ -113,6 +113,7 @@ def routes(proxy) -> list[Route]:
             s.closed = True
             for cache in proxy.caches.values():
                 cache.forget(sid)
+            proxy.parse_memo.forget(sid)
             if isinstance(proxy.policy_engine, ReplicaSet):
                 proxy.policy_engine.forget(sid)
             return JSONResponse({"ok": True, "session": sid, "calls": s.calls})
@@ -171,6 +172,7 @@ def routes(proxy) -> list[Route]:
                 ),
                 "records": proxy.writer.written if proxy.writer else 0,
                 "prefix_cache": {d: c.stats() for d, c in proxy.caches.items()},
+                "parse_memo": proxy.parse_memo.stats(),
             }
         )
 

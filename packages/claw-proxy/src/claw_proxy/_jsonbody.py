@@ -24,6 +24,8 @@ def _may_hold_surrogates(raw: bytes | str) -> bool:
     """False when the parsed text cannot hold a surrogate (its strings need no check)."""
     if isinstance(raw, str) or b"\x00" in raw[:4] or raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return True  # text, or UTF-16/32: checked string by string
+    if b"\\u" not in raw and b"\xed" not in raw:  # two memchr-speed scans: the common case
+        return False
     return _SURROGATE.search(raw) is not None
 
 
@@ -123,9 +125,11 @@ def check(value, what: str = "the request body", strings: bool = True) -> None:
     deeper than `MAX_DEPTH`.
 
     Iterative, so a deep value cannot exhaust the stack here."""
-    stack: list[tuple[object, int, object]] = [
-        (value, 0, None)
-    ]  # (value, depth, path as a linked list of (key, parent))
+    _check([(value, 0, None)], what, strings)
+
+
+def _check(stack: list[tuple[object, int, object]], what: str, strings: bool) -> None:
+    """`check` from these roots: (value, depth, path as a linked list of (key, parent))."""
     while stack:
         v, depth, where = stack.pop()
         if isinstance(v, str):
@@ -154,3 +158,165 @@ def check(value, what: str = "the request body", strings: bool = True) -> None:
                         stack.append((item, depth + 1, (i, where)))
         elif isinstance(v, float) and not math.isfinite(v):
             raise RequestError(f"{what} holds a non-finite number", _path(where))
+
+
+# --- request bodies whose messages were seen before ------------------------------------------
+
+# the scanner `json.loads(..., parse_float=_finite, parse_constant=_constant)` runs: scan(text,
+# i) -> (the value starting at i, where it ends); StopIteration when none starts there
+_SCAN = json.JSONDecoder(parse_float=_finite, parse_constant=_constant).scan_once  # type: ignore[attr-defined]
+_WS = re.compile(r"[ \t\n\r]*")
+_SPACE = frozenset(" \t\n\r")
+
+
+def _skip(text: str, i: int) -> int:
+    """Past the JSON whitespace at `i`."""
+    return _WS.match(text, i).end()  # type: ignore[union-attr]  # `*` always matches
+
+
+class Split:
+    """The elements of a body's `messages` array as JSON text: `region` runs from the first
+    element's first character to the last one's last, `spans[j]` is element j's (start, end)
+    in it, `values[j]` its value. `fresh`: the indices parsed from text (the others were taken
+    from the `known` split the body was read against)."""
+
+    __slots__ = ("fresh", "region", "spans", "values")
+
+    def __init__(self, region: str = "", spans=(), values=(), fresh=()) -> None:
+        self.region, self.spans, self.values, self.fresh = region, spans, values, fresh
+
+    def text(self, j: int) -> str:
+        a, b = self.spans[j]
+        return self.region[a:b]
+
+
+_NONE = Split()
+
+
+def _elements(text: str, i: int, known: Split) -> tuple[Split, int] | None:
+    """The elements of the array whose first element starts at `i`, and where the array ends.
+    An element whose text is known's element at the same index is known's value (the text is
+    followed by a delimiter, so the same text is the same value); when known's whole region is
+    there, its elements are all taken with one comparison."""
+    scan, ws = _SCAN, _skip
+    values: list = []
+    spans: list[tuple[int, int]] = []
+    fresh: list[int] = []
+    base, kr, ks = i, known.region, known.spans
+    taken = bool(kr) and text.startswith(kr, i)
+    if taken:
+        values.extend(known.values)
+        spans.extend(ks)
+        end = i + len(kr)
+    while True:
+        if not taken:
+            j = len(values)
+            k = known.text(j) if j < len(ks) else ""
+            if k and text.startswith(k, i):
+                value, end = known.values[j], i + len(k)
+            else:
+                value, end = scan(text, i)
+                fresh.append(j)
+            values.append(value)
+            spans.append((i - base, end - base))
+        taken = False
+        c = text[end : end + 1]
+        if c in _SPACE:
+            end = ws(text, end)
+            c = text[end : end + 1]
+        i = end + 1
+        if c == "]":
+            return Split(text[base : base + spans[-1][1]], spans, values, fresh), i
+        if c != ",":
+            return None
+        if text[i : i + 1] in _SPACE:
+            i = ws(text, i)
+
+
+def _split(text: str, field: str, known: Split) -> tuple[dict, Split | None] | None:
+    """A top-level JSON object parsed member by member with the json module's own scanner (the
+    values are exactly `json.loads`'s), with its `field` array's elements as a Split (None
+    when it has no such array, or an empty one). None for anything else: not an object,
+    malformed JSON, a non-finite number, nesting too deep. The caller then parses the plain
+    way, which names the error."""
+    scan, ws = _SCAN, _skip
+    out: dict = {}
+    split: Split | None = None
+    try:
+        i = ws(text, 0)
+        if text[i : i + 1] != "{":
+            return None
+        i = ws(text, i + 1)
+        if text[i : i + 1] == "}":
+            i += 1
+        else:
+            while True:
+                if text[i : i + 1] != '"':
+                    return None
+                key, i = scan(text, i)
+                i = ws(text, i)
+                if text[i : i + 1] != ":":
+                    return None
+                i = ws(text, i + 1)
+                if key == field:
+                    split = None  # a later duplicate key wins, as in json.loads
+                    if text[i : i + 1] == "[" and text[ws(text, i + 1)] != "]":
+                        got = _elements(text, ws(text, i + 1), known)
+                        if got is None:
+                            return None
+                        split, i = got
+                        out[key] = split.values
+                    else:
+                        out[key], i = scan(text, i)
+                else:
+                    out[key], i = scan(text, i)
+                i = ws(text, i)
+                c, i = text[i : i + 1], i + 1
+                if c == "}":
+                    break
+                if c != ",":
+                    return None
+                i = ws(text, i)
+    except (StopIteration, ValueError, RecursionError, IndexError):
+        return None
+    if ws(text, i) != len(text):
+        return None
+    return out, split
+
+
+def loads_split(
+    raw: bytes, known: Split = _NONE, field: str = "messages"
+) -> tuple[object, Split | None]:
+    """`loads` of a request body, with the elements of its top-level `field` array as a Split
+    (None when the body has no such array or is not plain UTF-8 JSON: then this is `loads`).
+    An element whose text is `known`'s element at the same index (an element of an earlier
+    body that passed these checks) is neither parsed nor checked again: it is known's value,
+    shared."""
+    got = None
+    if raw[:3] != b"\xef\xbb\xbf" and not (
+        b"\x00" in raw[:4] or raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+    ):
+        try:
+            got = _split(raw.decode("utf-8", "surrogatepass"), field, known)
+        except UnicodeDecodeError:
+            got = None
+    if got is None:
+        return loads(raw), None
+    value, split = got
+    what = "the request body"
+    for k in value:
+        if _bad_text(k):
+            raise RequestError(
+                f"{what} has a key with a lone UTF-16 surrogate (not valid Unicode)", "(top level)"
+            )
+    # every string parsed here is checked (scanning the raw bytes for surrogate escapes would
+    # cost as much as the parse saved)
+    roots: list[tuple[object, int, object]] = []
+    for k, v in value.items():
+        if k == field and split is not None:
+            where = (k, None)
+            roots.extend((v[j], 2, (j, where)) for j in split.fresh)
+        else:
+            roots.append((v, 1, (k, None)))
+    _check(roots, what, True)
+    return value, split

@@ -52,7 +52,70 @@ def _blocks(content, path: str) -> list:
     return content
 
 
-def parse(body: dict) -> ChatRequest:
+def _message(m, where: str) -> tuple[Message, ...]:
+    out: list[Message] = []
+    check_type(m, dict, where)
+    role = require(m, "role", str, f"{where}.")
+    if role not in ("user", "assistant", "system"):
+        raise RequestError(
+            f"unknown role {role!r} (expected user, assistant or system)", f"{where}.role"
+        )
+    if "content" not in m:
+        raise RequestError("required field is missing", f"{where}.content")
+    blocks = _blocks(m["content"], f"{where}.content")
+    if role == "system":
+        out.append(
+            Message(role="system", content=text_of(blocks, f"{where}.content", allowed=("text",)))
+        )
+    elif role == "assistant":
+        parts: list[str] = []
+        calls = []
+        for k, b in enumerate(blocks):
+            bw = f"{where}.content[{k}]"
+            kind = b["type"]
+            if kind == "text":
+                parts.append(check_type(b.get("text"), str, f"{bw}.text"))
+            elif kind == "tool_use":
+                calls.append(
+                    ToolCall(
+                        id=b.get("id") or "",
+                        name=require(b, "name", str, f"{bw}."),
+                        arguments=require(b, "input", dict, f"{bw}."),
+                    )
+                )
+            elif kind in ("thinking", "redacted_thinking"):
+                continue  # reasoning is not re-sent to the model (the template drops it too)
+            else:
+                raise RequestError(f"unsupported assistant content block {kind!r}", bw)
+        out.append(Message(role="assistant", content="".join(parts), tool_calls=tuple(calls)))
+    else:
+        texts: list[str] = []
+        for k, b in enumerate(blocks):
+            bw = f"{where}.content[{k}]"
+            if b["type"] == "tool_result":
+                if texts:
+                    out.append(Message(role="user", content="".join(texts)))
+                    texts = []
+                use_id = require(b, "tool_use_id", str, f"{bw}.")
+                content = text_of(b.get("content"), f"{bw}.content", allowed=("text",))
+                out.append(Message(role="tool", content=content, tool_call_id=use_id))
+            elif b["type"] == "text":
+                texts.append(check_type(b.get("text"), str, f"{bw}.text"))
+            elif b["type"] in ("image", "document", "search_result"):
+                raise RequestError(
+                    f"{b['type']} content is not supported: this proxy serves a text-only policy",
+                    bw,
+                )
+            else:
+                raise RequestError(f"unsupported user content block {b['type']!r}", bw)
+        if texts or not any(b["type"] == "tool_result" for b in blocks):
+            out.append(Message(role="user", content="".join(texts)))
+    return tuple(out)
+
+
+def parse(body: dict, reuse=()) -> ChatRequest:
+    """The request as a ChatRequest. `reuse[i]`, when not None, is what `messages[i]` parsed
+    to before (the caller knows the element is unchanged): it is taken as is."""
     model = require(body, "model", str)
     require(body, "max_tokens", int)
     raw = require(body, "messages", list)
@@ -62,66 +125,11 @@ def parse(body: dict) -> ChatRequest:
         text = text_of(system, "system", allowed=("text",))
         if text:
             msgs.append(Message(role="system", content=text))
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        check_type(m, dict, where)
-        role = require(m, "role", str, f"{where}.")
-        if role not in ("user", "assistant", "system"):
-            raise RequestError(
-                f"unknown role {role!r} (expected user, assistant or system)", f"{where}.role"
-            )
-        if "content" not in m:
-            raise RequestError("required field is missing", f"{where}.content")
-        blocks = _blocks(m["content"], f"{where}.content")
-        if role == "system":
-            msgs.append(
-                Message(
-                    role="system", content=text_of(blocks, f"{where}.content", allowed=("text",))
-                )
-            )
-        elif role == "assistant":
-            parts: list[str] = []
-            calls = []
-            for k, b in enumerate(blocks):
-                bw = f"{where}.content[{k}]"
-                kind = b["type"]
-                if kind == "text":
-                    parts.append(check_type(b.get("text"), str, f"{bw}.text"))
-                elif kind == "tool_use":
-                    calls.append(
-                        ToolCall(
-                            id=b.get("id") or "",
-                            name=require(b, "name", str, f"{bw}."),
-                            arguments=require(b, "input", dict, f"{bw}."),
-                        )
-                    )
-                elif kind in ("thinking", "redacted_thinking"):
-                    continue  # reasoning is not re-sent to the model (the template drops it too)
-                else:
-                    raise RequestError(f"unsupported assistant content block {kind!r}", bw)
-            msgs.append(Message(role="assistant", content="".join(parts), tool_calls=tuple(calls)))
-        else:
-            texts: list[str] = []
-            for k, b in enumerate(blocks):
-                bw = f"{where}.content[{k}]"
-                if b["type"] == "tool_result":
-                    if texts:
-                        msgs.append(Message(role="user", content="".join(texts)))
-                        texts = []
-                    use_id = require(b, "tool_use_id", str, f"{bw}.")
-                    content = text_of(b.get("content"), f"{bw}.content", allowed=("text",))
-                    msgs.append(Message(role="tool", content=content, tool_call_id=use_id))
-                elif b["type"] == "text":
-                    texts.append(check_type(b.get("text"), str, f"{bw}.text"))
-                elif b["type"] in ("image", "document", "search_result"):
-                    raise RequestError(
-                        f"{b['type']} content is not supported: this proxy serves a text-only policy",
-                        bw,
-                    )
-                else:
-                    raise RequestError(f"unsupported user content block {b['type']!r}", bw)
-            if texts or not any(b["type"] == "tool_result" for b in blocks):
-                msgs.append(Message(role="user", content="".join(texts)))
+    groups = tuple(
+        reuse[i] if i < len(reuse) and reuse[i] is not None else _message(m, f"messages[{i}]")
+        for i, m in enumerate(raw)
+    )
+    msgs += [msg for g in groups for msg in g]
     tools = parse_tools(body["tools"]) if body.get("tools") else ()
     if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("type") == "none":
         tools = ()
@@ -135,6 +143,7 @@ def parse(body: dict) -> ChatRequest:
         include_usage=True,
         tool_choice=body.get("tool_choice"),
         body=body,
+        message_groups=groups,
     )
 
 

@@ -53,42 +53,48 @@ def parse_tools(raw, path: str = "tools") -> tuple[dict, ...]:
     return tuple(tools)
 
 
-def parse(body: dict) -> ChatRequest:
+def _message(m, where: str) -> tuple[Message, ...]:
+    check_type(m, dict, where)
+    role = require(m, "role", str, f"{where}.")
+    if role not in _ROLES:
+        raise RequestError(
+            f"unknown role {role!r} (expected one of {sorted(_ROLES)})", f"{where}.role"
+        )
+    content = text_of(m.get("content"), f"{where}.content")
+    if role in ("system", "developer"):
+        return (Message(role="system", content=content),)
+    if role == "user":
+        return (Message(role="user", content=content),)
+    if role == "tool":
+        call_id = require(m, "tool_call_id", str, f"{where}.")
+        return (Message(role="tool", content=content, tool_call_id=call_id),)
+    calls = []
+    for k, c in enumerate(optional(m, "tool_calls", list, f"{where}.") or []):
+        cw = f"{where}.tool_calls[{k}]"
+        check_type(c, dict, cw)
+        fn = require(c, "function", dict, f"{cw}.")
+        calls.append(
+            ToolCall(
+                id=c.get("id") or "",
+                name=require(fn, "name", str, f"{cw}.function."),
+                arguments=parse_arguments(fn.get("arguments"), f"{cw}.function.arguments"),
+            )
+        )
+    return (Message(role="assistant", content=content, tool_calls=tuple(calls)),)
+
+
+def parse(body: dict, reuse=()) -> ChatRequest:
+    """The request as a ChatRequest. `reuse[i]`, when not None, is what `messages[i]` parsed
+    to before (the caller knows the element is unchanged): it is taken as is."""
     model = require(body, "model", str)
     raw = require(body, "messages", list)
     if body.get("n") not in (None, 1):
         raise RequestError("only n=1 is supported", "n")
-    msgs: list[Message] = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        check_type(m, dict, where)
-        role = require(m, "role", str, f"{where}.")
-        if role not in _ROLES:
-            raise RequestError(
-                f"unknown role {role!r} (expected one of {sorted(_ROLES)})", f"{where}.role"
-            )
-        content = text_of(m.get("content"), f"{where}.content")
-        if role in ("system", "developer"):
-            msgs.append(Message(role="system", content=content))
-        elif role == "user":
-            msgs.append(Message(role="user", content=content))
-        elif role == "tool":
-            call_id = require(m, "tool_call_id", str, f"{where}.")
-            msgs.append(Message(role="tool", content=content, tool_call_id=call_id))
-        else:
-            calls = []
-            for k, c in enumerate(optional(m, "tool_calls", list, f"{where}.") or []):
-                cw = f"{where}.tool_calls[{k}]"
-                check_type(c, dict, cw)
-                fn = require(c, "function", dict, f"{cw}.")
-                calls.append(
-                    ToolCall(
-                        id=c.get("id") or "",
-                        name=require(fn, "name", str, f"{cw}.function."),
-                        arguments=parse_arguments(fn.get("arguments"), f"{cw}.function.arguments"),
-                    )
-                )
-            msgs.append(Message(role="assistant", content=content, tool_calls=tuple(calls)))
+    groups = tuple(
+        reuse[i] if i < len(reuse) and reuse[i] is not None else _message(m, f"messages[{i}]")
+        for i, m in enumerate(raw)
+    )
+    msgs = [msg for g in groups for msg in g]
     opts = optional(body, "stream_options", dict) or {}
     logprobs = bool(optional(body, "logprobs", bool))
     check_top_logprobs(body)
@@ -105,6 +111,7 @@ def parse(body: dict) -> ChatRequest:
         tool_choice=body.get("tool_choice"),
         body=body,
         logprobs=logprobs,
+        message_groups=groups,
     )
 
 

@@ -43,6 +43,8 @@ class Message:
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    # key(), computed once: a message re-sent in later requests is the same object there
+    _key: str | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def to_template(self) -> dict:
         d: dict = {"role": self.role, "content": self.content}
@@ -58,6 +60,11 @@ class Message:
         Tool-call ids (harnesses rewrite them), whitespace inside tool-call JSON, reasoning
         (`<think>` blocks, thinking blocks) and surrounding whitespace do not count.
         """
+        if self._key is None:
+            object.__setattr__(self, "_key", self._digest())
+        return self._key  # type: ignore[return-value]
+
+    def _digest(self) -> str:
         content = self.content
         if self.role == "assistant" and "<think>" in content:
             content = _THINK.sub("", content)
@@ -97,6 +104,9 @@ class ChatRequest:
     tool_choice: object = None
     body: dict = attrs.field(factory=dict, repr=False)
     logprobs: bool = False  # the answer carries each completion token's logprob
+    # the Messages each element of the body's messages array became, in order (the API
+    # parsers fill it; an unchanged element of a later request reuses its group)
+    message_groups: tuple[tuple[Message, ...], ...] = attrs.field(default=(), eq=False, repr=False)
 
     def context_key(self) -> str:
         """Hash of what is rendered before the messages (the tools)."""

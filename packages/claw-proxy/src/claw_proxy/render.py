@@ -340,9 +340,11 @@ class PrefixCache:
         with self._lock:
             if session in self._sessions:
                 self._sessions.move_to_end(session)  # recently used: evicted last
-            for b in self._sessions.get(session, ()):
+            # the longest call this request extends (the earliest of equals): newest first, so
+            # the older calls it extends are passed over without comparing their keys
+            for b in reversed(self._sessions.get(session, ())):
                 n = b.n_keys
-                if n < len(keys) and (best is None or n > best.n_keys) and keys[:n] == b.keys:
+                if n < len(keys) and (best is None or n >= best.n_keys) and keys[:n] == b.keys:
                     best = b
         if best is not None:
             new = list(req.messages[best.n_keys - 1 :])
@@ -428,7 +430,7 @@ class PrefixCache:
             n = branch.n_keys
             parent = None
             for b in branches:
-                if b.n_keys < n and ids.keys[: b.n_keys] == b.keys:
+                if not b.superseded and b.n_keys < n and ids.keys[: b.n_keys] == b.keys:
                     b.superseded = True
                 if rendered.parent_call is not None and b.call_id == rendered.parent_call:
                     parent = b

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import fnmatch
+import functools
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,8 @@ from starlette.routing import Route
 
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy._call import ClosingStream, Run, extra, iterate
-from claw_proxy._jsonbody import loads, read_limited
+from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
+from claw_proxy._reparse import ParseMemo
 from claw_proxy._responses import error_response
 from claw_proxy.config import ProxyConfig, call_seed, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
@@ -62,6 +64,8 @@ class Proxy:
         self.renderers: dict[str, Renderer] = {}
         self.caches: dict[str | None, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
+        # the last request's messages of each session: re-sent history is not parsed again
+        self.parse_memo = ParseMemo(config.prefix_cache_bytes // 4)
         self.workers = ThreadPoolExecutor(config.cpu_workers, thread_name_prefix="claw-proxy-cpu")
         self.big_workers = ThreadPoolExecutor(
             max(1, config.cpu_workers // 2), thread_name_prefix="claw-proxy-big"
@@ -93,6 +97,10 @@ class Proxy:
         for _, spec in config.routes:
             if spec != "policy":
                 self._engine(spec)
+        self._passthrough_only = all(
+            isinstance(e, PassthroughEngine) and e.tokenizer_dir is None
+            for e in self.engines.values()
+        )
         self.app = self._make_app()
 
     # --- engines ----------------------------------------------------------------------
@@ -217,11 +225,21 @@ class Proxy:
         pool = self.big_workers if _big_request.get() else self.workers
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
-    async def _body(self, request: Request) -> dict:
+    async def _body(self, request: Request, known: Split | None = None) -> dict:
+        """The request's JSON object. With `known` (the session's last messages), its
+        `messages` elements are also read as text (`request.state.split`, None when not), and
+        the ones whose text is `known`'s are taken from there unparsed."""
         raw = await read_limited(request, self.config.max_body_bytes, self.config.body_timeout)
         request.state.raw_body = raw  # passthrough forwards the bytes as they came
         _big_request.set(len(raw) > _BIG_BODY)  # for this request's task only
-        body = await self.offload(loads, raw) if len(raw) > 65536 else loads(raw)
+        split = None
+        if known is None:
+            body = await self.offload(loads, raw) if len(raw) > 65536 else loads(raw)
+        elif len(raw) - len(known.region) > 65536:  # what is not known yet is parsed
+            body, split = await self.offload(loads_split, raw, known)
+        else:
+            body, split = loads_split(raw, known)
+        request.state.split = split
         if not isinstance(body, dict):
             raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
         return body
@@ -266,14 +284,22 @@ class Proxy:
         self.stats["requests"] += 1
         try:
             session, state = self.authenticate(request)
-            body = await self._body(request)
+            known = None if self._passthrough_only else self.parse_memo.known(session)
+            body = await self._body(request, known)
             model = body.get("model")
             engine = self.route(model if isinstance(model, str) else "")
             if isinstance(engine, PassthroughEngine):
                 from claw_proxy._passthrough import forward
 
                 return await forward(self, api, engine, request, body, session, state)
-            req = await self.offload(api.parse, body)
+            split = request.state.split
+            if split is None or known is None or api is api_responses:
+                req = await self.offload(api.parse, body)
+            else:  # the messages taken from the session's last request are not parsed again
+                reuse = self.parse_memo.reuse(session, api.NAME, split, known)
+                parse = functools.partial(api.parse, body, reuse)
+                req = await self.offload(parse) if len(split.fresh) > 16 else parse()
+                self.parse_memo.remember(session, req, split)
             if state.in_flight >= self.config.session_concurrency:
                 raise LimitError(
                     f"session {session} already has {state.in_flight} requests in flight "
