@@ -434,6 +434,7 @@ def test_raw_fields_are_written_as_they_are(tmp_path):
 
     body = b'{"model":"m","messages":[{"role":"user","content":"h\\u00e9 \\n"}]}'
     assert one_line_json(body) == {"request": body.decode()}
+    assert one_line_json(b' {"a":1}\r\n') == {"request": '{"a":1}'}
     assert one_line_json(b'{"a":\n1}') is None and one_line_json(b"[1]") is None
     w = CallWriter(tmp_path / "c.jsonl")
     w.write({"schema": "claw.call/v1", "x": 1, "request": {"stale": True}}, raw=one_line_json(body))

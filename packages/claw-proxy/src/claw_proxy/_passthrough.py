@@ -222,7 +222,9 @@ def _student(proxy, engine, session, student, response: dict):
 
 def one_line_json(raw: bytes) -> dict[str, str] | None:
     """`CallWriter.write`'s `raw` for a request whose bytes (already parsed and checked into a
-    JSON object) can go into a JSONL line as they are: UTF-8 without line breaks."""
+    JSON object) can go into a JSONL line as they are: UTF-8 without line breaks (around it, e.g.
+    a final newline, they are left out)."""
+    raw = raw.strip(b" \t\r\n")
     if raw[:1] != b"{" or b"\n" in raw or b"\r" in raw or b"\x00" in raw[:4]:
         return None
     return {"request": raw.decode("utf-8")}
