@@ -4,6 +4,7 @@ raw asyncio servers, and the proxy forwarding through it to a uvicorn upstream."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -328,24 +329,33 @@ def _upstream_app(seen: list) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-@pytest.fixture
-def upstream():
-    """A uvicorn server on a free loopback port: (base URL, the requests it saw)."""
+@contextlib.contextmanager
+def _serve_app(app):
+    """`app` served by uvicorn on a free loopback port in a thread; yields its base URL."""
     import socket
 
-    seen: list = []
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(_upstream_app(seen), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}", seen
-    server.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture
+def upstream():
+    """A uvicorn server on a free loopback port: (base URL, the requests it saw)."""
+    seen: list = []
+    with _serve_app(_upstream_app(seen)) as url:
+        yield url, seen
 
 
 def test_passthrough_sends_and_returns_the_bytes_as_they_came(make_server, upstream, clients):
@@ -442,3 +452,111 @@ def test_raw_fields_are_written_as_they_are(tmp_path):
     line = (tmp_path / "c.jsonl").read_text()
     assert line.count("\n") == 1 and json.loads(line)["request"] == json.loads(body)
     assert json.loads(line)["x"] == 1
+
+
+# --- the vllm engine over the same client --------------------------------------------------------
+
+
+def _fake_vllm(seen: list, ids: list[int]) -> Starlette:
+    """/v1/completions streamed one token a chunk as vLLM does (ids as logprob tokens, CRLF
+    line ends); asked for max_tokens 7777 it streams the answer a thousand times, slowly."""
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def server_info(request):
+        return JSONResponse({"vllm_config": {"model_config": {"logprobs_mode": "raw_logprobs"}}})
+
+    async def completions(request):
+        body = await request.json()
+        seen.append(body)
+        answer = ids * 1000 if body["max_tokens"] == 7777 else ids
+
+        async def sse():
+            try:
+                for k, i in enumerate(answer):
+                    choice = {
+                        "index": 0,
+                        "text": "x",
+                        "logprobs": {"tokens": [f"token_id:{i}"], "token_logprobs": [-0.25 * k]},
+                        "finish_reason": "stop" if k == len(answer) - 1 else None,
+                    }
+                    yield f"data: {json.dumps({'choices': [choice]})}\r\n\r\n"
+                    if len(answer) > len(ids):
+                        await asyncio.sleep(0.01)
+                yield "data: [DONE]\r\n\r\n"
+            finally:
+                seen.append("vllm stream closed")
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    return Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/server_info", server_info),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ]
+    )
+
+
+@pytest.fixture
+def vllm_ids():
+    from proxy_testlib import TINY
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(TINY))
+    return tok.encode("hello there", add_special_tokens=False) + [
+        tok.convert_tokens_to_ids("<|im_end|>")
+    ]
+
+
+def test_vllm_engine_over_the_kept_alive_client(make_server, clients, vllm_ids):
+    """vllm:URL over loopback goes through the kept-alive client: streamed and non-streamed
+    answers carry vLLM's sampled ids and logprobs into the records; a client gone mid-stream
+    closes vLLM's stream (vLLM aborts the request)."""
+    from proxy_testlib import TINY
+
+    seen: list = []
+    with _serve_app(_fake_vllm(seen, vllm_ids)) as url:
+        srv = make_server(engine=f"vllm:{url}", tokenizer=str(TINY))
+        assert srv.proxy.policy_engine._fast is not None
+        client = clients.openai(srv, "v1")
+        msgs = [{"role": "user", "content": "hi"}]
+        r = client.chat.completions.create(model="tiny", messages=msgs)
+        assert r.choices[0].message.content == "hello there"
+        chunks = list(client.chat.completions.create(model="tiny", messages=msgs, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello there"
+        a, b = read_calls(srv.config.record)
+        for call in (a, b):
+            assert call.completion_ids == vllm_ids
+            assert call.completion_logprobs == [-0.25 * k for k in range(len(vllm_ids))]
+        key = client.api_key
+        with (
+            httpx.Client(base_url=srv.url) as http,
+            http.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": msgs, "stream": True, "max_tokens": 7777},
+                headers={"authorization": f"Bearer {key}"},
+            ) as resp,
+        ):
+            assert resp.status_code == 200
+            assert next(resp.iter_raw()).startswith(b"data: ")
+        deadline = time.monotonic() + 10  # vLLM would stream for 30 s
+        while seen.count("vllm stream closed") < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert seen.count("vllm stream closed") == 3
+
+
+def test_sse_lines_split_across_chunks():
+    """Event-stream lines are put back together across chunk borders, CRLF or LF."""
+    from claw_proxy.engines import sse_lines
+
+    async def chunks():
+        for c in (b'data: {"a"', b": 1}\r\n\r\nda", b"ta: [DONE]\n\n", b"tail"):
+            yield c
+
+    async def main():
+        return [line async for line in sse_lines(chunks())]
+
+    assert _run(main()) == ['data: {"a": 1}', "", "data: [DONE]", "", "tail"]

@@ -22,12 +22,12 @@ import urllib.request
 
 import httptools
 
-from claw_proxy.errors import EngineError
+from claw_proxy.errors import TransportError
 
 _HIGH_WATER = 1 << 20  # answer bytes buffered before reading from the upstream pauses
 
 
-class UpstreamError(EngineError):
+class UpstreamError(TransportError):
     """The upstream could not be reached or broke the connection mid-answer."""
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import httpx
 
-from claw_proxy.errors import ConfigError, EngineError
+from claw_proxy.errors import ConfigError, EngineError, TransportError
 from claw_proxy.records import Policy
 
 
@@ -295,6 +295,7 @@ class VLLMEngine(Engine):
         self._client = httpx.AsyncClient(
             base_url=self.url, transport=transport or http_transport(), timeout=timeout
         )
+        self._fast = fast_client(self.url, transport, timeout)  # for /v1/completions
         self._model: str | None = None
         self._lora: str | None = None
         self._reload_lock = asyncio.Lock()
@@ -402,12 +403,11 @@ class VLLMEngine(Engine):
             if not prompt or prompt.count(",") + 1 != len(req.prompt_ids):  # stale or unknown
                 prompt = ",".join(map(str, req.prompt_ids))
             content = f'{json.dumps(body)[:-1]},"prompt":[{prompt}]}}'.encode()
-            async with self._client.stream(
-                "POST", "/v1/completions", content=content, headers=_JSON
-            ) as r:
-                if r.status_code >= 400:
-                    raise EngineError(f"vLLM answered {r.status_code}: {(await r.aread())[:300]!r}")
-                async for line in r.aiter_lines():
+            r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
+            try:
+                if r.status >= 400:
+                    raise EngineError(f"vLLM answered {r.status}: {(await r.read())[:300]!r}")
+                async for line in sse_lines(r.iter()):
                     if gen.cancelled:
                         break  # closing the stream makes vLLM abort the request
                     if not line.startswith("data:") or line[5:].strip() == "[DONE]":
@@ -429,7 +429,11 @@ class VLLMEngine(Engine):
                                 ],
                             )
                         finish = choice.get("finish_reason") or finish
+            finally:
+                await r.aclose()  # before the end: closing early makes vLLM abort the request
             gen.put_nowait("end", finish)
+        except TransportError as e:
+            gen.put_nowait("error", EngineError(f"vLLM request failed: {e}"))
         except EngineError as e:
             gen.put_nowait("error", e)
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
@@ -537,6 +541,46 @@ def http_transport() -> httpx.AsyncHTTPTransport:
     )
 
 
+def fast_client(url: str, transport, timeout: float):
+    """The kept-alive HTTP/1.1 client to `url` (`claw_proxy._upstream.Upstream`), or None where
+    httpx serves instead: a test transport given, httptools not installed (`claw-proxy[fast]`),
+    or an HTTP proxy from the environment applies to `url`."""
+    if transport is not None:
+        return None
+    try:
+        from claw_proxy import _upstream
+    except ImportError:  # no httptools
+        return None
+    return _upstream.Upstream(url, timeout=timeout) if _upstream.usable(url) else None
+
+
+async def post(fast, client: httpx.AsyncClient, path: str, body: bytes, headers: dict):
+    """POST over `fast` when there is one, else over httpx's `client`; the answer once its
+    status and headers are in, with `status`, `headers`, `read()`, `iter()` and `aclose()`.
+    Transport failures (then or while reading) are `EngineError`s."""
+    if fast is not None:
+        return await fast.request("POST", path, headers, body)
+    req = client.build_request("POST", path, content=body, headers=headers)
+    try:
+        return _HttpxAnswer(await client.send(req, stream=True))
+    except httpx.HTTPError as e:
+        raise TransportError(f"{type(e).__name__}: {e}") from e
+
+
+async def sse_lines(chunks):
+    """The lines of an event stream given as byte chunks (split on \\n, a \\r before it dropped),
+    decoded."""
+    rest = b""
+    async for chunk in chunks:
+        if rest:
+            chunk = rest + chunk
+        *lines, rest = chunk.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if rest:
+        yield rest.rstrip(b"\r").decode("utf-8")
+
+
 def _token_ids(tokens) -> list[int]:
     """Sampled ids from vLLM's logprobs tokens under return_tokens_as_token_ids
     ("token_id:N")."""
@@ -578,14 +622,7 @@ class PassthroughEngine(Engine):
         self.spec = f"passthrough:{self.url}"
         self.policy = {"name": "passthrough", "version": 0}
         self.api_key = api_key
-        self.fast = None  # the kept-alive HTTP/1.1 client (claw_proxy._upstream), when usable
-        if transport is None:
-            try:
-                from claw_proxy import _upstream
-            except ImportError:  # no httptools (claw-proxy[fast])
-                _upstream = None  # type: ignore[assignment]
-            if _upstream is not None and _upstream.usable(self.url):
-                self.fast = _upstream.Upstream(self.url, timeout=timeout)
+        self.fast = fast_client(self.url, transport, timeout)
         self.client = httpx.AsyncClient(
             base_url=self.url, transport=transport or http_transport(), timeout=timeout
         )
@@ -594,17 +631,9 @@ class PassthroughEngine(Engine):
         """POST `body` to `path`; the answer once its status and headers are in, with
         `status`, `headers`, `read()`, `iter()` (the body's bytes as they come) and `aclose()`.
         An upstream that cannot be reached is an `EngineError`."""
-        if self.fast is not None:
-            from claw_proxy._upstream import UpstreamError
-
-            try:
-                return await self.fast.request("POST", path, headers, body)
-            except UpstreamError as e:
-                raise EngineError(f"upstream {self.url} failed: {e}") from e
-        req = self.client.build_request("POST", path, content=body, headers=headers)
         try:
-            return _HttpxAnswer(await self.client.send(req, stream=True))
-        except httpx.HTTPError as e:
+            return await post(self.fast, self.client, path, body, headers)
+        except EngineError as e:
             raise EngineError(f"upstream {self.url} failed: {e}") from e
 
     def headers(self, api: str, incoming) -> dict:
@@ -637,14 +666,14 @@ class _HttpxAnswer:
         try:
             return await self._r.aread()
         except httpx.HTTPError as e:
-            raise EngineError(str(e)) from e
+            raise TransportError(f"{type(e).__name__}: {e}") from e
 
     async def iter(self):
         try:
-            async for chunk in self._r.aiter_raw():
+            async for chunk in self._r.aiter_bytes():  # content-encoding undone
                 yield chunk
         except httpx.HTTPError as e:
-            raise EngineError(str(e)) from e
+            raise TransportError(f"{type(e).__name__}: {e}") from e
 
     async def aclose(self) -> None:
         await self._r.aclose()

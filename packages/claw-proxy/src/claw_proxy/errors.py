@@ -63,6 +63,10 @@ class EngineError(ClawError):
         self.status = status
 
 
+class TransportError(EngineError):
+    """The engine or upstream could not be reached, or broke off its answer."""
+
+
 class ConfigError(ClawError):
     """Bad command-line or Python configuration (engine spec, route, secret file...)."""
 
