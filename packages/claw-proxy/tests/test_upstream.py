@@ -560,3 +560,13 @@ def test_sse_lines_split_across_chunks():
         return [line async for line in sse_lines(chunks())]
 
     assert _run(main()) == ['data: {"a": 1}', "", "data: [DONE]", "", "tail"]
+
+
+def test_prompt_json_is_sent_when_its_ends_match_the_ids():
+    """The prompt's cached JSON is trusted when its first and last ids are the prompt's."""
+    from claw_proxy.engines import _ends_match
+
+    assert _ends_match("1,2,3", [1, 2, 3]) and _ends_match("5", [5])
+    assert _ends_match("12,3,45", [12, 3, 45])
+    assert not _ends_match("15,2,3", [5, 2, 3]) and not _ends_match("1,2,33", [1, 2, 3])
+    assert not _ends_match("1,2,3", [1, 2, 4])

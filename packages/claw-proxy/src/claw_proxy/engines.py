@@ -398,10 +398,12 @@ class VLLMEngine(Engine):
             greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
             finish = None
-            # the prompt ids go out as the JSON the renderer already holds (no re-encoding)
-            prompt = req.prompt_json
-            if not prompt or prompt.count(",") + 1 != len(req.prompt_ids):  # stale or unknown
-                prompt = ",".join(map(str, req.prompt_ids))
+            # the prompt ids go out as the JSON the renderer already holds (no re-encoding;
+            # it holds exactly `prompt_ids` by GenRequest's contract: only its ends are checked,
+            # as counting its commas would cost a pass over the whole context per call)
+            prompt, ids = req.prompt_json, req.prompt_ids
+            if not (prompt and ids and _ends_match(prompt, ids)):
+                prompt = ",".join(map(str, ids))
             content = f'{json.dumps(body)[:-1]},"prompt":[{prompt}]}}'.encode()
             r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
             try:
@@ -579,6 +581,17 @@ async def sse_lines(chunks):
             yield line.rstrip(b"\r").decode("utf-8")
     if rest:
         yield rest.rstrip(b"\r").decode("utf-8")
+
+
+def _ends_match(prompt_json: str, ids: list[int]) -> bool:
+    """Whether "1,2,3"-style `prompt_json` begins with ids[0] and ends with ids[-1]."""
+    first, last = str(ids[0]), str(ids[-1])
+    return (
+        prompt_json.startswith(first)
+        and prompt_json[len(first) : len(first) + 1] in ("", ",")
+        and prompt_json.endswith(last)
+        and prompt_json[-len(last) - 1 : -len(last)] in ("", ",")
+    )
 
 
 def _token_ids(tokens) -> list[int]:
