@@ -326,7 +326,41 @@ def _upstream_app(seen: list) -> Starlette:
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    async def messages(request):
+        raw = await request.body()
+        body = json.loads(raw)
+        seen.append((dict(request.headers), raw))
+        msg = {"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"]}
+        text = {"type": "text", "text": "real answer"}
+        usage = {"input_tokens": 3, "output_tokens": 2}
+        if not body.get("stream"):
+            return JSONResponse(
+                {**msg, "content": [text], "stop_reason": "end_turn", "usage": usage}
+            )
+        events = [
+            ("message_start", {"message": {**msg, "content": [], "usage": usage}}),
+            ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+            (
+                "content_block_delta",
+                {"index": 0, "delta": {"type": "text_delta", "text": "real answer"}},
+            ),
+            ("content_block_stop", {"index": 0}),
+            ("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": usage}),
+            ("message_stop", {}),
+        ]
+
+        async def sse():
+            for name, data in events:
+                yield f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/messages", messages, methods=["POST"]),
+        ]
+    )
 
 
 @contextlib.contextmanager
@@ -385,6 +419,24 @@ def test_passthrough_sends_and_returns_the_bytes_as_they_came(make_server, upstr
     assert b.request == {"model": "gpt-4o", "messages": msgs}
     assert c.request["stream"] is True and "answer" in c.response["sse"]
     assert [x.seq for x in (a, b, c)] == [0, 0, 1] and not any(x.trainable for x in (a, b, c))
+
+
+def test_anthropic_passthrough_over_loopback(make_server, upstream, clients):
+    """The Anthropic SDK, streamed and not, through the kept-alive client: the upstream gets
+    the upstream key and the client's anthropic-version; both calls are recorded."""
+    url, seen = upstream
+    srv = make_server(engine=f"passthrough:{url}", upstream_api_key="sk-ant-real")
+    client = clients.anthropic(srv, "a1")
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.messages.create(model="claude-x", max_tokens=16, messages=msgs)
+    assert r.content[0].text == "real answer"
+    with client.messages.stream(model="claude-x", max_tokens=16, messages=msgs) as stream:
+        assert "".join(stream.text_stream) == "real answer"
+    headers = seen[-1][0]
+    assert headers["x-api-key"] == "sk-ant-real" and headers["anthropic-version"]
+    a, b = read_calls(srv.config.record)
+    assert a.api == b.api == "anthropic.messages" and a.finish_reason == "stop"
+    assert "real answer" in b.response["sse"]
 
 
 def test_upstream_errors_pass_through_and_a_dead_upstream_is_503(make_server, upstream, clients):
