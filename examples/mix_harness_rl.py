@@ -90,6 +90,12 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--model", type=Path, help="HF model directory to start from (default: a new tiny model)"
     )
+    p.add_argument(
+        "--split-digits",
+        action="store_true",
+        help="the new tiny model (no --model) tokenizes numbers one digit per token, as Qwen "
+        "does, so it can learn to copy numbers it has not seen (toy-steps)",
+    )
     p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
     p.add_argument(
         "--group-by",
@@ -141,6 +147,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--sft-epochs", type=int, default=40, help="passes over the teacher samples")
+    p.add_argument(
+        "--sft-batch", type=int, default=16, help="teacher samples per SFT optimizer step"
+    )
     p.add_argument(
         "--pack",
         choices=["session", "group"],
@@ -328,8 +337,8 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
         name="policy",
         lr=args.sft_lr,
         epochs=args.sft_epochs,
-        minibatches=max(1, len(batch.samples) // 16),
-        micro_batch_size=16,
+        minibatches=max(1, len(batch.samples) // args.sft_batch),
+        micro_batch_size=args.sft_batch,
         seed=args.seed,
     )
     learner = claw_rl.Learner.sft(config, start_model)
@@ -580,7 +589,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     start_model = args.model or run / "policy" / "v0"
     if args.model is None and not (start_model / "config.json").exists():
         shutil.rmtree(start_model, ignore_errors=True)
-        claw_rl.init_tiny(start_model)
+        claw_rl.init_tiny(start_model, claw_rl.TinySpec(split_digits=args.split_digits))
     start_model = Path(start_model)
 
     suite = claw_bench.load_suite(args.suite)

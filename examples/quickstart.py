@@ -1,114 +1,130 @@
-"""Quickstart: mix-harness GRPO on one CPU machine, end to end, in a few minutes.
+"""Quickstart: multi-turn tool use on one CPU machine, SFT warm start then RL, end to end.
 
     ./dev/demo                      # from a fresh clone (makes .venvs/workspace first)
-    uv run python examples/quickstart.py --steps 12 --seed 1 --task toy-digits --task toy-short
+    uv run python examples/quickstart.py --seed 1 --algo ppo
 
-It makes a tiny random policy, starts claw-proxy in-process on it (transformers engine), and for
-every step plans the claw-toy tasks for two harness kinds at once -- claw-bench's reference agent
-over OpenAI chat and over Anthropic Messages, plus every real harness that is installed --, runs
-them in sandboxes, scores the workspaces, builds prefix trees, computes group-relative advantages,
-updates the policy with GRPO and loads it back into the proxy. The loop itself is
-examples/mix_harness_rl.py; this script picks small settings and shows the result: a per-harness
-table and a PNG with reward and Pass@1 per harness, tree token ratio and train-inference mismatch
-per step.
+The task family is claw-toy's toy-steps: read a number from the named file (two other files hold
+decoys), write it to another file, say "done" -- at least two tool calls, scored by a strict
+verifier; 128 training and 32 held-out instances, and no held-out number occurs in training.
+The harnesses are claw-bench's tool-calling reference agent over OpenAI chat and over Anthropic
+Messages. The script, through examples/mix_harness_rl.py (the loop with every knob):
+
+1. makes a tiny random policy (Qwen3 architecture, 2 layers, hidden 128, numbers one token per
+   digit) and measures its held-out Pass@1;
+2. records the scripted expert (the teacher) on the first --sft-tasks training instances through
+   claw-proxy and both harnesses, and fine-tunes the policy on those calls (claw-tree SFT
+   samples, claw-rl's SFT learner); held-out Pass@1 again;
+3. runs --steps RL steps (GRPO, or PPO with --algo ppo) on --tasks-per-step training instances x
+   2 harnesses x --rollouts per step, each rollout a multi-turn session whose calls share their
+   prefixes in one tree; held-out Pass@1 of the last policy.
+
+It prints the per-step table (reward and Pass@1 per harness on the step's training instances,
+tree ratio = flat tokens / tree tokens, train-inference mismatch, seconds) and held-out Pass@1
+before SFT, after SFT and after RL, and draws them to quickstart.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import claw_bench  # noqa: E402
 import mix_harness_rl  # noqa: E402
 
-REAL_HARNESSES = ["claude-code", "openclaw-chat", "codex", "mini-swe-agent"]
+HARNESSES = ["claw-agent-steps", "claw-agent-steps-anthropic"]
 
-p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-p.add_argument(
-    "-o",
-    "--output",
-    dest="out",
-    type=Path,
-    default=Path("runs/quickstart"),
-    help="run directory (resumable)",
+p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
 )
-p.add_argument("--steps", type=int, default=12)
+p.add_argument(
+    "-o", "--output", dest="out", type=Path, default=Path("runs/quickstart"), help="run directory"
+)
 p.add_argument(
     "--seed", type=int, default=0, help="the run's seed: the same seed prints the same table"
 )
-p.add_argument("--rollouts", type=int, default=8, help="rollouts per (task, harness) per step")
-p.add_argument(
-    "--task",
-    action="append",
-    help="claw-toy tasks (repeatable; default: toy-digits, whose dense reward a tiny model learns in minutes)",
-)
-p.add_argument("--no-real-harnesses", action="store_true", help="use only the reference agent")
-p.add_argument("--backend", default="auto")
+p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
+p.add_argument("--steps", type=int, default=8, help="RL steps after SFT")
+p.add_argument("--rollouts", type=int, default=4, help="rollouts per (task, harness) per step")
+p.add_argument("--tasks-per-step", type=int, default=8, help="training instances per RL step")
+p.add_argument("--sft-tasks", type=int, default=32, help="training instances the teacher plays")
+p.add_argument("--sft-epochs", type=int, default=60, help="SFT passes over the teacher's calls")
+p.add_argument("--eval-tasks", type=int, default=16, help="held-out instances measured")
+p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per held-out (task, harness)")
+p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
+p.add_argument("--backend", default="auto", help="claw-sandbox backend")
 args = p.parse_args()
 
-# --- which harnesses ---------------------------------------------------------------------------
-harnesses = ["claw-agent-text", "claw-agent-text-anthropic"]
-if not args.no_real_harnesses:
-    harnesses += [h for h in REAL_HARNESSES if claw_bench.load_harness(h).installed()]
-print(f"harnesses: {', '.join(harnesses)}", file=sys.stderr)
-
-# --- the loop ----------------------------------------------------------------------------------
 t0 = time.monotonic()
 loop_args = [
-    "--run-dir",
-    str(args.out),
-    "--steps",
-    str(args.steps),
-    "--rollouts",
-    str(args.rollouts),
-    "--suite",
-    "claw-toy",
-    "--backend",
-    args.backend,
-    "--algo",
-    "grpo",
-    "--seed",
-    str(args.seed),
+    *("--run-dir", str(args.out), "--seed", str(args.seed), "--backend", args.backend),
+    *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train", "--split-digits"),
+    *("--sft-teacher", "--sft-tasks", str(args.sft_tasks), "--sft-epochs", str(args.sft_epochs)),
+    *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", str(args.eval_tasks)),
+    *("--eval-rollouts", str(args.eval_rollouts), "--max-new-tokens", "48", "--pack", "group"),
+    *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
+    *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr)),
 ]
-for h in harnesses:
+for h in HARNESSES:
     loop_args += ["--harness", h]
-for t in args.task or ["toy-digits"]:
-    loop_args += ["--task", t]
 history = mix_harness_rl.main(loop_args)
 elapsed = time.monotonic() - t0
+evals = {e["stage"]: e for e in mix_harness_rl.read_jsonl(args.out / "eval.jsonl")}
 
-# --- the table ---------------------------------------------------------------------------------
+# --- the tables ---------------------------------------------------------------------------------
+
+
+def render(lines: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in lines)
+
+
 names = sorted({h for row in history for h in row["reward"]})
-header = [
-    "step",
-    "policy",
-    *(f"reward {h}" for h in names),
-    *(f"pass@1 {h}" for h in names),
-    "tree ratio",
-    "mismatch",
-    "s",
+steps_table = [
+    [
+        "step",
+        "policy",
+        *(f"reward {h}" for h in names),
+        *(f"pass@1 {h}" for h in names),
+        "tree ratio",
+        "mismatch",
+        "s",
+    ]
 ]
-lines = [header]
 for row in history:
-    lines.append(
+    steps_table.append(
         [
             str(row["step"]),
             f"v{row['policy_version']}",
             *(f"{row['reward'].get(h, float('nan')):.3f}" for h in names),
             *(f"{row['pass@1'].get(h, float('nan')):.2f}" for h in names),
-            f"{row['tree_token_ratio'] or 0:.2f}",
+            f"{row.get('dedup_factor') or 0:.2f}",
             f"{row.get('mismatch_mean_abs', float('nan')):.1e}",
             f"{row['seconds']:.0f}",
         ]
     )
-widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
-table = "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in lines)
-print(table)
-(args.out / "table.txt").write_text(table + "\n")
+stage_names = {"start": "before SFT", "sft": "after SFT", "rl": f"after {args.algo.upper()}"}
+held_table = [["held-out Pass@1", *HARNESSES, "mean", "rollouts"]]
+for stage, label in stage_names.items():
+    if stage in evals:
+        e = evals[stage]
+        held_table.append(
+            [
+                label,
+                *(f"{e['pass@1'].get(h, float('nan')):.3f}" for h in HARNESSES),
+                f"{e['pass@1_mean']:.3f}",
+                str(e["rollouts"]),
+            ]
+        )
+text = render(steps_table) + "\n\n" + render(held_table)
+print(text)
+(args.out / "table.txt").write_text(text + "\n")
+(args.out / "heldout.json").write_text(
+    json.dumps({s: evals[s]["pass@1_mean"] for s in stage_names if s in evals}) + "\n"
+)
 
 # --- the picture -------------------------------------------------------------------------------
 import matplotlib  # noqa: E402
@@ -122,26 +138,16 @@ for i, h in enumerate(names):
     ax[0].plot(
         steps, [r["reward"].get(h) for r in history], marker="o", color=f"C{i}", label=f"reward {h}"
     )
-    ax[0].plot(
-        steps,
-        [r["pass@1"].get(h) for r in history],
-        linestyle="--",
-        color=f"C{i}",
-        label=f"pass@1 {h}",
-    )
-ax[0].set(title="reward and Pass@1 per harness", xlabel="step", ylim=(0, 1))
+ax[0].set(title="training reward per harness (RL steps)", xlabel="step", ylim=(0, 1))
 ax[0].legend(fontsize=7)
-ax[1].plot(steps, [r["tree_token_ratio"] for r in history], marker="o")
-ax[1].set(title="tree tokens / flat tokens", xlabel="step")
-ax[2].plot(
-    steps, [r.get("mismatch_mean_abs") for r in history], marker="o", label="mean |Δ logprob|"
-)
-ax[2].plot(steps, [r.get("mismatch_max_abs") for r in history], marker="x", label="max |Δ logprob|")
-ax[2].set(title="train-inference mismatch (learner vs engine)", xlabel="step", yscale="log")
-ax[2].legend(fontsize=7)
+ax[1].plot(steps, [r.get("dedup_factor") for r in history], marker="o")
+ax[1].set(title="tree ratio (flat tokens / tree tokens)", xlabel="step")
+labels = [stage_names[s] for s in stage_names if s in evals]
+ax[2].bar(labels, [evals[s]["pass@1_mean"] for s in stage_names if s in evals], color="C2")
+ax[2].set(title="held-out Pass@1", ylim=(0, 1))
 fig.tight_layout()
 fig.savefig(args.out / "quickstart.png", dpi=110)
 print(
-    f"\n{len(history)} steps in {elapsed:.0f} s; records, policies and metrics in {args.out}/; "
-    f"plot: {args.out / 'quickstart.png'}"
+    f"\n{len(history)} RL steps in {elapsed:.0f} s in all; records, policies and metrics in "
+    f"{args.out}/; plot: {args.out / 'quickstart.png'}"
 )

@@ -57,32 +57,37 @@ def _run(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedP
 
 @pytest.mark.slow
 def test_quickstart_smallest(tmp_path):
-    """Two steps of the quickstart leave records, trees, a newer policy, the table and the PNG."""
+    """The quickstart at its smallest (teacher on 1 task, 1 SFT epoch, 2 RL steps, 1 held-out
+    task) leaves teacher and RL records, multi-call trees, newer policies, held-out Pass@1 of
+    every stage, the tables and the PNG."""
     out = tmp_path / "q"
     r = _run(
         "quickstart.py",
-        "--output",
-        str(out),
-        "--steps",
-        "2",
-        "--rollouts",
-        "2",
-        "--task",
-        "toy-digits",
-        "--no-real-harnesses",
+        *("--output", str(out), "--steps", "2", "--rollouts", "2", "--tasks-per-step", "1"),
+        *("--sft-tasks", "1", "--sft-epochs", "1", "--eval-tasks", "1", "--eval-rollouts", "1"),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     calls = _rows(out / "calls.jsonl")
-    assert {c["tags"]["harness"] for c in calls} == {"claw-agent-text", "claw-agent-text-anthropic"}
+    assert {c["tags"]["harness"] for c in calls} == {
+        "claw-agent-steps",
+        "claw-agent-steps-anthropic",
+    }
     assert {c["api"] for c in calls} == {"openai.chat", "anthropic.messages"}
     assert all(len(c["completion_logprobs"]) == len(c["completion_ids"]) > 0 for c in calls)
+    teacher = _rows(out / "teacher" / "calls.jsonl")
+    assert teacher and all(c["teacher"] == "scripted" for c in teacher)
+    assert max(c["seq"] for c in teacher) >= 1  # the expert's sessions are multi-call
     samples = _rows(out / "steps" / "0001" / "samples.jsonl")
     assert samples and all(s["schema"] == "claw.sample/v1" for s in samples)
     policies = _rows(out / "policies.jsonl")
     assert [p["version"] for p in policies] == [1, 2]
     assert (Path(policies[-1]["path"]) / "model.safetensors").exists()
+    assert (out / "policy" / "sft" / "model.safetensors").exists()
     assert (out / "checkpoints" / "0002").is_dir()
-    assert "reward claw-agent-text" in (out / "table.txt").read_text()
+    table = (out / "table.txt").read_text()
+    assert "reward claw-agent-steps" in table and "tree ratio" in table
+    assert all(stage in table for stage in ("before SFT", "after SFT", "after GRPO"))
+    assert set(json.loads((out / "heldout.json").read_text())) == {"start", "sft", "rl"}
     assert (out / "quickstart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = _rows(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1] and all(m["infra_errors"] == 0 for m in metrics)

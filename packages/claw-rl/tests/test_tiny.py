@@ -105,3 +105,18 @@ def test_refuses_non_empty_directory(tmp_path):
     with pytest.raises(ClawError, match="not empty"):
         init_tiny(tmp_path / "x")
     assert (tmp_path / "x" / "keep.txt").read_text() == "data"
+
+
+def test_split_digits_gives_one_token_per_digit(tmp_path):
+    """With split_digits every number is one token per digit (as Qwen's tokenizer splits them),
+    and decodes back; without it, BPE merges some digit pairs."""
+    tok = AutoTokenizer.from_pretrained(
+        init_tiny(tmp_path / "d", TinySpec(num_hidden_layers=1, split_digits=True))
+    )
+    for n in (7, 42, 100, 447, 999, 2026):
+        ids = tok.encode(f'"content": "{n}"')
+        pieces = tok.convert_ids_to_tokens(ids)
+        assert [p for p in pieces if p.strip("Ġ").isdigit()] == list(str(n)), pieces
+        assert tok.decode(ids) == f'"content": "{n}"'
+    merged = AutoTokenizer.from_pretrained(init_tiny(tmp_path / "m", TinySpec(num_hidden_layers=1)))
+    assert any(len(merged.encode(str(n))) < len(str(n)) for n in range(100, 1000))

@@ -31,7 +31,14 @@ def _fail(exc: ClawError, hint: str = "") -> click.ClickException:
 )
 @click.option("--layers", default=2, show_default=True, help="Number of transformer layers.")
 @click.option("--hidden", default=128, show_default=True, help="Hidden size.")
-def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int) -> None:
+@click.option(
+    "--split-digits/--no-split-digits",
+    default=False,
+    show_default=True,
+    help="One token per digit, as Qwen's tokenizer splits numbers (a tiny model then learns to "
+    "copy numbers it has not seen, e.g. on claw-toy's toy-steps).",
+)
+def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int, split_digits: bool) -> None:
     """Write a tiny random-weight Qwen3 model and a locally trained tokenizer to OUT_DIR.
 
     The tokenizer is a byte-level BPE trained in-process (no hub download) and carries a
@@ -45,7 +52,10 @@ def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int) -> None:
     from claw_rl.tiny import TinySpec, init_tiny
 
     try:
-        path = init_tiny(out_dir, TinySpec(seed=seed, num_hidden_layers=layers, hidden_size=hidden))
+        spec = TinySpec(
+            seed=seed, num_hidden_layers=layers, hidden_size=hidden, split_digits=split_digits
+        )
+        path = init_tiny(out_dir, spec)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(str(path))
