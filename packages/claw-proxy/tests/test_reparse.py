@@ -1,5 +1,7 @@
-"""Re-sent history is not parsed again (`_jsonbody.loads_split`, `_reparse.ParseMemo`), and
-that changes nothing: the same values and errors as a plain parse, the same records."""
+"""Work per call that does not grow with the re-sent history, and changes nothing: messages
+read against the session's last request (`_jsonbody.loads_split`, `_reparse.ParseMemo`) give
+the plain parse's values and errors and the same records; a prompt built by reuse travels as
+the prefix cache's array of ids (not as Python ints) and is recorded as the same list."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from claw_proxy import read_calls
 from claw_proxy._jsonbody import loads, loads_split
 from claw_proxy.errors import RequestError
-from proxy_testlib import HARNESS_REQUESTS, TOOLS, token, tool_call_text
+from proxy_testlib import HARNESS_REQUESTS, TINY, TOOLS, token, tool_call_text
 
 
 def _outcome(fn, raw):
@@ -292,3 +294,63 @@ def test_harness_requests_record_the_same_with_and_without_the_memo(make_server,
         got = _records(tmp_path / "fast.jsonl", name)
         assert got == _records(tmp_path / "slow.jsonl", name) and got
     assert fast.proxy.parse_memo.stats()["reused_messages"] > 0
+
+
+# --- the prompt as an array ---------------------------------------------------------------------
+
+
+def test_a_reused_prompt_is_an_array_recorded_as_the_same_list(tmp_path):
+    """A prompt built by reuse is held as array('q') (its list is made only when asked for);
+    a record of it, written with or without its cached JSON, holds the same ids as a list."""
+    from array import array
+
+    from claw_proxy.messages import Answer, ChatRequest, Message
+    from claw_proxy.records import Call, CallWriter
+    from claw_proxy.render import PrefixCache, Renderer
+
+    r = Renderer(str(TINY))
+    cache = PrefixCache(r)
+    first = (Message(role="user", content="hi"),)
+    r1 = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=first))
+    sampled = r.render_answer("hello")
+    answer = Answer(
+        text="hello",
+        reasoning="",
+        tool_calls=(),
+        finish_reason="stop",
+        prompt_tokens=0,
+        completion_tokens=0,
+    )
+    cache.remember("s", "c0", r1, answer, sampled)
+    nxt = (*first, Message(role="assistant", content="hello"), Message(role="user", content="go"))
+    r2 = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=nxt))
+    assert r2.parent_call == "c0" and isinstance(r2.prompt_array, array)
+    n = len(r1.prompt_ids) + len(sampled)
+    assert r2.prompt_ids[:n] == r1.prompt_ids + sampled and len(r2.prompt_ids) > n
+    assert r2.prompt_ids == r2.prompt_array.tolist() == json.loads(f"[{r2.prompt_json}]")
+    writer = CallWriter(tmp_path / "calls.jsonl")
+    for cached in (r2.prompt_json, None):
+        call = Call(
+            call_id="c1",
+            session="s",
+            seq=1,
+            api="openai.chat",
+            model="m",
+            policy={"name": "p", "version": 0},
+            engine="vllm:x",
+            trainable=True,
+            prompt_ids=r2.prompt_array,
+            completion_ids=[1],
+            completion_logprobs=[-0.5],
+            prefix=r2.prefix_record(),
+            finish_reason="stop",
+            sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0},
+            usage={"prompt_tokens": len(r2.prompt_array), "completion_tokens": 1},
+            started_at=0.0,
+            ended_at=0.0,
+            tags={},
+        )
+        writer.write(call, prompt_ids_json=cached)
+    writer.close()
+    got = [c.prompt_ids for c in read_calls(tmp_path / "calls.jsonl")]
+    assert got == [r2.prompt_ids, r2.prompt_ids]

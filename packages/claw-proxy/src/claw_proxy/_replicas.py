@@ -165,7 +165,7 @@ class ReplicaSet(Engine):
                     gen.put_nowait("end", "length")
                     return
                 sub = attrs.evolve(
-                    req, prompt_ids=req.prompt_ids + sent, max_tokens=left, prompt_json=""
+                    req, prompt_ids=[*req.prompt_ids, *sent], max_tokens=left, prompt_json=""
                 )
             self.in_flight[i] += 1
             try:

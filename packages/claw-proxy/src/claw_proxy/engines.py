@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -30,7 +31,7 @@ from claw_proxy.records import Policy
 class GenRequest:
     """What an engine is asked: continue `prompt_ids` with these (already bounded) settings."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # a list, or the prefix cache's array('q') of the ids
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -583,7 +584,7 @@ async def sse_lines(chunks):
         yield rest.rstrip(b"\r").decode("utf-8")
 
 
-def _ends_match(prompt_json: str, ids: list[int]) -> bool:
+def _ends_match(prompt_json: str, ids: Sequence[int]) -> bool:
     """Whether "1,2,3"-style `prompt_json` begins with ids[0] and ends with ids[-1]."""
     first, last = str(ids[0]), str(ids[-1])
     return (

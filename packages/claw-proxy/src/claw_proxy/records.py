@@ -21,7 +21,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -195,7 +195,7 @@ class Call:
     policy: dict
     engine: str
     trainable: bool
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # a list; the proxy's own records may hold an array('q')
     completion_ids: list[int]
     completion_logprobs: list[float]
     prefix: dict
@@ -332,6 +332,8 @@ class CallWriter:
         if prompt_ids_json is not None:
             d.pop("prompt_ids")
             parts += (b',"prompt_ids":[', prompt_ids_json.encode("ascii"), b"]")
+        elif "prompt_ids" in d and not isinstance(d["prompt_ids"], list):
+            d["prompt_ids"] = list(d["prompt_ids"])  # an array('q'): JSON knows lists
         for key, value in (raw or {}).items():
             d.pop(key, None)
             parts += (b',"' + key.encode("utf-8") + b'":', value.encode("utf-8"))

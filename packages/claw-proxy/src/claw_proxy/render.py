@@ -28,7 +28,10 @@ DRIFT_CHECKS = ("boundary", "full", "off")
 
 @attrs.frozen(kw_only=True)
 class Rendered:
-    prompt_ids: list[int]
+    # the ids as a list, made from prompt_array when first asked for (`prompt_ids`): a prompt
+    # built by reuse goes to the engine and the record as the array and its JSON, so its ids
+    # are not made into Python ints on every call
+    _ids: list[int] | None = attrs.field(default=None, alias="prompt_ids", repr=False)
     reused_tokens: int
     rendered_tokens: int
     parent_call: str | None
@@ -37,6 +40,12 @@ class Rendered:
     keys: list[str] = attrs.field(factory=list, repr=False)  # history keys of the request
     prompt_array: array = attrs.field(factory=lambda: array("q"), repr=False)
     prompt_json: str = attrs.field(default="", repr=False)  # "1,2,3": the ids as JSON, cached
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        if self._ids is None:
+            object.__setattr__(self, "_ids", self.prompt_array.tolist())
+        return self._ids  # type: ignore[return-value]
 
     def prefix_record(self) -> dict:
         """The `prefix` object of a `claw.call/v1` recorded on this rendering."""
@@ -351,17 +360,16 @@ class PrefixCache:
             tail = self.renderer.render_continuation(new, best.ended_with_eos)
             if tail is not None:
                 reused = best.token_ids  # a copy when best is a prefix of a longer call
-                ids = reused.tolist() + tail
-                matches, check = self._drift(req, best, reused, new, tail, ids)
+                prompt = reused + array("q", tail)
+                matches, check = self._drift(req, best, reused, new, tail, prompt)
                 return Rendered(
-                    prompt_ids=ids,
                     reused_tokens=len(reused),
                     rendered_tokens=len(tail),
                     parent_call=best.call_id,
                     fresh_render_matches=matches,
                     drift_check=check,
                     keys=keys,
-                    prompt_array=reused + array("q", tail),
+                    prompt_array=prompt,
                     prompt_json=_join(best.ids_json, _ids_json(tail)),
                 )
         ids = self.renderer.render_full(req)
@@ -377,7 +385,7 @@ class PrefixCache:
         )
 
     def _drift(
-        self, req, best: _Branch, reused: array, new, tail, ids
+        self, req, best: _Branch, reused: array, new, tail, ids: array
     ) -> tuple[bool | None, str | None]:
         """Check the reused ids against a re-render: on the boundary region only (the default,
         O(new tokens)), or in full (`full`, or every `drift_full_every`-th reuse in boundary
@@ -388,7 +396,7 @@ class PrefixCache:
             self._reuses += 1
             sampled = self.drift_full_every > 0 and self._reuses % self.drift_full_every == 0
         if (self.drift_check == "full" or sampled) and len(ids) <= self.drift_check_tokens:
-            return self.renderer.render_full(req) == ids, "full"
+            return array("q", self.renderer.render_full(req)) == ids, "full"
         if self.drift_check == "full":
             return None, None
         p = best.prompt_len
@@ -397,7 +405,7 @@ class PrefixCache:
             reused[max(0, p - 64) : p], reused[p:].tolist(), resent, new, tail
         )
         if matches is None and len(ids) <= self.drift_check_tokens:
-            return self.renderer.render_full(req) == ids, "full"
+            return array("q", self.renderer.render_full(req)) == ids, "full"
         return matches, "boundary" if matches is not None else None
 
     def remember(

@@ -12,6 +12,7 @@ import fnmatch
 import functools
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -247,7 +248,7 @@ class Proxy:
     def _gen_request(
         self,
         req: ChatRequest,
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         stop_ids,
         max_context: int | None = None,
         tags: dict | None = None,
@@ -321,15 +322,15 @@ class Proxy:
         try:
             rendered = await self.offload(cache.render, session, req)
             limit = self.config.max_prompt_tokens
-            if len(rendered.prompt_ids) > limit:
+            if len(rendered.prompt_array) > limit:
                 raise LimitError(
-                    f"the prompt has {len(rendered.prompt_ids)} tokens, over this proxy's limit "
+                    f"the prompt has {len(rendered.prompt_array)} tokens, over this proxy's limit "
                     f"of {limit} (--max-prompt-tokens)",
                     status=413,
                 )
             gen_req = self._gen_request(
                 req,
-                rendered.prompt_ids,
+                rendered.prompt_array,  # the ids as 8-byte ints: not made into Python ints
                 renderer.eos_ids,
                 getattr(engine, "max_context", None),
                 tags=state.tags,
@@ -387,7 +388,7 @@ class Proxy:
             id=resp_id, model=req.model, include_usage=req.include_usage, **extra(api, req)
         )
         if api is api_anthropic:
-            stream.prompt_tokens = len(rendered.prompt_ids)
+            stream.prompt_tokens = len(rendered.prompt_array)
         return ClosingStream(
             self._stream(run, stream, first, chunks),
             on_close=run.close,
