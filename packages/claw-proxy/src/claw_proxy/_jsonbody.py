@@ -265,7 +265,7 @@ def _split(text: str, field: str, known: Split) -> tuple[dict, Split | None] | N
                         if got is None:
                             return None
                         split, i = got
-                        out[key] = split.values
+                        out[key] = list(split.values)  # the memo keeps its own list
                     else:
                         out[key], i = scan(text, i)
                 else:
