@@ -193,3 +193,85 @@ def test_prefix_cache_memory_follows_distinct_tokens(renderer):
     assert r.fresh_render_matches is True
     cache.forget("s")
     assert cache.nbytes == 0
+
+
+def _one_and_two_pass(renderer, req: ChatRequest, sampled, **kw) -> list[tuple]:
+    """Replay `req` turn by turn through a one-pass and a two-pass boundary cache; per call
+    the (one-pass, two-pass) renderings as their recorded parts (prompt ids, their JSON, the
+    `prefix` object)."""
+    caches = [PrefixCache(renderer, **kw) for _ in range(2)]
+    caches[1].one_pass = False
+    msgs = req.messages
+    cuts = [
+        i for i, m in enumerate(msgs) if m.role == "assistant" and msgs[i - 1].role != "assistant"
+    ]
+    out = []
+    for n, cut in enumerate([*cuts, len(msgs)]):
+        turn = ChatRequest(api=req.api, model=req.model, messages=msgs[:cut], tools=req.tools)
+        got = []
+        for cache in caches:
+            r = cache.render("s", turn)
+            got.append((r.prompt_array.tolist(), r.prompt_json, r.prefix_record(), r.keys))
+            if cut < len(msgs):
+                cache.remember("s", f"c{n}", r, _answer(msgs[cut]), sampled(msgs[cut]))
+        out.append(tuple(got))
+    return out
+
+
+def test_one_pass_boundary_gives_the_two_pass_records(renderer, monkeypatch):
+    """The continuation taken from the boundary check's own tokenisation is exactly the
+    two-pass rendering, on every captured harness request replayed turn by turn: with no drift
+    (where the one pass is taken), with drift (trailing whitespace the harness stripped; an
+    answer ended by an eos id the template does not write), and with full checks sampled."""
+    taken = []
+    real = renderer.boundary_continuation
+    monkeypatch.setattr(
+        renderer, "boundary_continuation", lambda *a: taken.append(real(*a)) or taken[-1]
+    )
+
+    def tool_calls(m):
+        return [(c.name, c.arguments) for c in m.tool_calls]
+
+    other_eos = [i for i in renderer.eos_ids if i != renderer.tokenizer.eos_token_id]
+    shapes = {
+        "exact": lambda m: renderer.render_answer(m.content, tool_calls(m)),
+        "spaced": lambda m: renderer.render_answer(m.content + " \n", tool_calls(m)),
+        "no-eos": lambda m: renderer.render_answer(m.content, tool_calls(m))[:-1],
+    }
+    if other_eos:
+        shapes["other-eos"] = lambda m: [
+            *renderer.render_answer(m.content, tool_calls(m))[:-1],
+            other_eos[0],
+        ]
+    reused = {}
+    for name, req in _requests():
+        for shape, sampled in shapes.items():
+            for kw in ({}, {"drift_full_every": 2}):
+                for one, two in _one_and_two_pass(renderer, req, sampled, **kw):
+                    assert json.dumps(one) == json.dumps(two), (name, shape, kw)
+                    if one[2]["parent_call"]:
+                        reused[shape] = reused.get(shape, 0) + 1
+                        if shape in ("exact", "spaced"):
+                            want = shape == "exact"
+                            assert one[2]["fresh_render_matches"] is want, (name, shape)
+    assert reused["exact"] >= 8 and reused["spaced"] >= 8
+    hits = [t for t in taken if t is not None]
+    assert hits and len(hits) < len(taken)  # taken with no drift, refused with drift
+
+
+def test_one_pass_boundary_on_a_token_merged_across_the_join(renderer):
+    """An answer ended without eos whose text merges with the next: both paths give the same
+    prompt and verdict (the one pass does not apply without the eos split)."""
+    base = [Message(role="user", content="count")]
+    got = []
+    for one_pass in (True, False):
+        cache = PrefixCache(renderer)
+        cache.one_pass = one_pass
+        r = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=tuple(base)))
+        sampled = renderer.encode("a") + renderer.encode("b")
+        cache.remember("s", "c0", r, _answer(Message(role="assistant", content="ab")), sampled)
+        nxt = (*base, Message(role="assistant", content="ab"), Message(role="user", content="go"))
+        r2 = cache.render("s", ChatRequest(api="openai.chat", model="m", messages=nxt))
+        assert r2.parent_call == "c0"
+        got.append((r2.prompt_array.tolist(), r2.prompt_json, r2.prefix_record()))
+    assert got[0] == got[1]

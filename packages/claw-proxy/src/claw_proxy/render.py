@@ -146,6 +146,7 @@ class Renderer:
         self.eos_text = self.tokenizer.convert_ids_to_tokens(eos) if eos is not None else None
         self._lock = threading.Lock()
         self._boundary = self._boundary_state()
+        self._split_ids = self._split_eos_ids()
 
     def _boundary_state(self) -> tuple[str, list[int], list[int]] | None:
         """What the boundary drift check needs, computed once: the text and ids of a stand-in
@@ -169,6 +170,22 @@ class Renderer:
         ):
             return None
         return head, head_ids, gen_ids
+
+    def _split_eos_ids(self) -> frozenset[int]:
+        """The eos ids after which the text is tokenised on its own: the Rust tokenizer splits
+        its input at every match of an added token that is not normalised before it normalises,
+        pre-tokenises and encodes each piece by itself, so when such a token has no `rstrip`
+        (it does not take the whitespace after it) and nothing truncates or pads, the ids of
+        the text after it are those of that text encoded alone."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or backend.truncation is not None or backend.padding is not None:
+            return frozenset()
+        added = backend.get_added_tokens_decoder()
+        return frozenset(
+            i
+            for i in self.eos_ids
+            if i in added and not added[i].rstrip and not added[i].normalized
+        )
 
     def _eos_ids(self, directory: str) -> tuple[int, ...]:
         import json
@@ -198,14 +215,17 @@ class Renderer:
     def encode(self, text: str) -> list[int]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            # the Rust tokenizer directly: same ids, less overhead. `encode_batch` (unlike
-            # `encode`) releases the GIL while it works, so a long text tokenised in a worker
-            # thread does not stall the event loop; a short one (a few ms at most) skips its
-            # thread hand-off
-            if len(text) < 16384:
-                return backend.encode(text, add_special_tokens=False).ids
-            return backend.encode_batch([text], add_special_tokens=False)[0].ids
+            return self._encoding(backend, text).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def _encoding(backend, text: str):
+        # the Rust tokenizer directly: same ids, less overhead. `encode_batch` (unlike `encode`)
+        # releases the GIL while it works, so a long text tokenised in a worker thread does not
+        # stall the event loop; a short one (a few ms at most) skips its thread hand-off
+        if len(text) < 16384:
+            return backend.encode(text, add_special_tokens=False)
+        return backend.encode_batch([text], add_special_tokens=False)[0]
 
     def render_answer(self, text: str, tool_calls=()) -> list[int]:
         """The ids of an assistant answer (``text`` and ``(name, arguments)`` tool calls) as the
@@ -257,9 +277,47 @@ class Renderer:
         n = len(head_ids)
         return ids[:n] == head_ids and ids[n:] == [*completion_ids, *tail]
 
-    def render_continuation(self, new: list[Message], ended_with_eos: bool) -> list[int] | None:
-        """Ids that follow an assistant answer: its end of turn, the new messages, the generation
-        prompt. None when this template does not end an assistant turn with its eos token."""
+    def boundary_continuation(
+        self, prompt_ids, completion_ids: list[int], resent: Message, new: list[Message], tail: str
+    ) -> list[int] | None:
+        """The boundary drift check and the continuation's ids from one tokenisation: when
+        `boundary_matches` would be True, the ids of `tail` (the continuation text) taken from
+        the check's own encoding, where the answer's eos token splits them off; None when the
+        check does not pass or the split cannot be proven (then the caller encodes `tail` and
+        runs `boundary_matches`, as without this path).
+
+        Exact: the ids after an eos token in `_split_ids` are those of the text after it encoded
+        alone, and that text is `tail` (the rendered text ends with it, and the eos token ends
+        where it begins), so `encode(tail)` is the same list and the check compares equal."""
+        if (
+            self._boundary is None
+            or not completion_ids
+            or completion_ids[-1] not in self._split_ids
+        ):
+            return None
+        head, head_ids, gen_ids = self._boundary
+        if len(prompt_ids) < len(gen_ids) or list(prompt_ids[-len(gen_ids) :]) != gen_ids:
+            return None
+        msgs = [{"role": "user", "content": "u"}, resent.to_template()]
+        text = self._template(msgs + [m.to_template() for m in new], None, True)
+        if not text.startswith(head) or not text.endswith(tail):
+            return None
+        enc = self._encoding(self.tokenizer.backend_tokenizer, text)
+        ids = enc.ids
+        n = len(head_ids)
+        j = n + len(completion_ids)
+        if (
+            ids[:n] != head_ids
+            or ids[n:j] != completion_ids
+            or enc.offsets[j - 1][1] != len(text) - len(tail)
+        ):
+            return None
+        return ids[j:]
+
+    def continuation_text(self, new: list[Message], ended_with_eos: bool) -> str | None:
+        """The text that follows an assistant answer: its end of turn, the new messages, the
+        generation prompt. None when this template does not end an assistant turn with its eos
+        token."""
         anchor = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
         text = self._template(anchor + [m.to_template() for m in new], None, True)
         i = text.rfind(_MARK)
@@ -270,7 +328,12 @@ class Renderer:
             if not self.eos_text or not tail.startswith(self.eos_text):
                 return None
             tail = tail[len(self.eos_text) :]
-        return self.encode(tail)
+        return tail
+
+    def render_continuation(self, new: list[Message], ended_with_eos: bool) -> list[int] | None:
+        """Ids that follow an assistant answer (`continuation_text`, encoded)."""
+        text = self.continuation_text(new, ended_with_eos)
+        return None if text is None else self.encode(text)
 
 
 class PrefixCache:
@@ -298,6 +361,9 @@ class PrefixCache:
         self.drift_check = drift_check
         self.drift_full_every = drift_full_every
         self._reuses = 0  # calls built by reuse so far (every Nth gets a full re-render)
+        # a boundary check that passes also gives the continuation's ids (one render and one
+        # tokenisation of the new messages, not two); False: always the two-pass path
+        self.one_pass = True
         self.branches_per_session = branches_per_session
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes
@@ -357,11 +423,30 @@ class PrefixCache:
                     best = b
         if best is not None:
             new = list(req.messages[best.n_keys - 1 :])
-            tail = self.renderer.render_continuation(new, best.ended_with_eos)
-            if tail is not None:
+            text = self.renderer.continuation_text(new, best.ended_with_eos)
+            if text is not None:
                 reused = best.token_ids  # a copy when best is a prefix of a longer call
-                prompt = reused + array("q", tail)
-                matches, check = self._drift(req, best, reused, new, tail, prompt)
+                mode = self._drift_mode()
+                tail = None
+                matches: bool | None
+                check: str | None
+                if mode == "boundary" and self.one_pass:
+                    # no drift: the check's own tokenisation gives the continuation's ids
+                    p = best.prompt_len
+                    tail = self.renderer.boundary_continuation(
+                        reused[max(0, p - 64) : p],
+                        reused[p:].tolist(),
+                        req.messages[best.n_keys - 2],
+                        new,
+                        text,
+                    )
+                    matches, check = True, "boundary"
+                if tail is None:
+                    tail = self.renderer.encode(text)
+                    prompt = reused + array("q", tail)
+                    matches, check = self._drift(req, best, reused, new, tail, prompt, mode)
+                else:
+                    prompt = reused + array("q", tail)
                 return Rendered(
                     reused_tokens=len(reused),
                     rendered_tokens=len(tail),
@@ -384,18 +469,24 @@ class PrefixCache:
             prompt_json=_ids_json(ids),
         )
 
-    def _drift(
-        self, req, best: _Branch, reused: array, new, tail, ids: array
-    ) -> tuple[bool | None, str | None]:
-        """Check the reused ids against a re-render: on the boundary region only (the default,
-        O(new tokens)), or in full (`full`, or every `drift_full_every`-th reuse in boundary
-        mode) for prompts up to `drift_check_tokens`."""
+    def _drift_mode(self) -> str:
+        """How this reuse is checked: "off", "full" (`full`, or the `drift_full_every`-th reuse
+        in boundary mode) or "boundary"."""
         if self.drift_check == "off":
-            return None, None
+            return "off"
         with self._lock:
             self._reuses += 1
             sampled = self.drift_full_every > 0 and self._reuses % self.drift_full_every == 0
-        if (self.drift_check == "full" or sampled) and len(ids) <= self.drift_check_tokens:
+        return "full" if self.drift_check == "full" or sampled else "boundary"
+
+    def _drift(
+        self, req, best: _Branch, reused: array, new, tail, ids: array, mode: str
+    ) -> tuple[bool | None, str | None]:
+        """Check the reused ids against a re-render: on the boundary region only (the default,
+        O(new tokens)), or in full (`mode` "full") for prompts up to `drift_check_tokens`."""
+        if mode == "off":
+            return None, None
+        if mode == "full" and len(ids) <= self.drift_check_tokens:
             return array("q", self.renderer.render_full(req)) == ids, "full"
         if self.drift_check == "full":
             return None, None
