@@ -195,12 +195,20 @@ def test_prefix_cache_memory_follows_distinct_tokens(renderer):
     assert cache.nbytes == 0
 
 
-def _one_and_two_pass(renderer, req: ChatRequest, sampled, **kw) -> list[tuple]:
+def _one_and_two_pass(renderer, req: ChatRequest, sampled, quick=None, **kw) -> list[tuple]:
     """Replay `req` turn by turn through a one-pass and a two-pass boundary cache; per call
     the (one-pass, two-pass) renderings as their recorded parts (prompt ids, their JSON, the
-    `prefix` object)."""
+    `prefix` object). The one-pass cache tries `quick_render` first (as the server does),
+    noting its answers in `quick`."""
     caches = [PrefixCache(renderer, **kw) for _ in range(2)]
     caches[1].one_pass = False
+    quick = [] if quick is None else quick
+
+    def one(session, turn):
+        quick.append(caches[0].quick_render(session, turn))
+        return quick[-1] or caches[0].render(session, turn)
+
+    render = [one, caches[1].render]
     msgs = req.messages
     cuts = [
         i for i, m in enumerate(msgs) if m.role == "assistant" and msgs[i - 1].role != "assistant"
@@ -209,8 +217,8 @@ def _one_and_two_pass(renderer, req: ChatRequest, sampled, **kw) -> list[tuple]:
     for n, cut in enumerate([*cuts, len(msgs)]):
         turn = ChatRequest(api=req.api, model=req.model, messages=msgs[:cut], tools=req.tools)
         got = []
-        for cache in caches:
-            r = cache.render("s", turn)
+        for cache, how in zip(caches, render, strict=True):
+            r = how("s", turn)
             got.append((r.prompt_array.tolist(), r.prompt_json, r.prefix_record(), r.keys))
             if cut < len(msgs):
                 cache.remember("s", f"c{n}", r, _answer(msgs[cut]), sampled(msgs[cut]))
@@ -243,11 +251,12 @@ def test_one_pass_boundary_gives_the_two_pass_records(renderer, monkeypatch):
             *renderer.render_answer(m.content, tool_calls(m))[:-1],
             other_eos[0],
         ]
-    reused = {}
+    reused: dict[str, int] = {}
+    quick: list = []
     for name, req in _requests():
         for shape, sampled in shapes.items():
             for kw in ({}, {"drift_full_every": 2}):
-                for one, two in _one_and_two_pass(renderer, req, sampled, **kw):
+                for one, two in _one_and_two_pass(renderer, req, sampled, quick, **kw):
                     assert json.dumps(one) == json.dumps(two), (name, shape, kw)
                     if one[2]["parent_call"]:
                         reused[shape] = reused.get(shape, 0) + 1
@@ -257,6 +266,8 @@ def test_one_pass_boundary_gives_the_two_pass_records(renderer, monkeypatch):
     assert reused["exact"] >= 8 and reused["spaced"] >= 8
     hits = [t for t in taken if t is not None]
     assert hits and len(hits) < len(taken)  # taken with no drift, refused with drift
+    quick_hits = [r for r in quick if r is not None]
+    assert quick_hits and len(quick_hits) < len(quick)  # declined: drift, a full check due
 
 
 def test_one_pass_boundary_on_a_token_merged_across_the_join(renderer):

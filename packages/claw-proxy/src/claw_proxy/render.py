@@ -403,7 +403,8 @@ class PrefixCache:
     def _keys(self, req: ChatRequest) -> list[str]:
         return [req.context_key(), *(m.key() for m in req.messages)]
 
-    def render(self, session: str, req: ChatRequest) -> Rendered:
+    def _match(self, session: str, req: ChatRequest) -> tuple[list[str], _Branch | None]:
+        """The request's history keys and the longest earlier call it extends (None: none)."""
         if not req.messages:
             raise RequestError("at least one message is required", "messages")
         if req.messages[-1].role == "assistant":
@@ -421,6 +422,63 @@ class PrefixCache:
                 n = b.n_keys
                 if n < len(keys) and (best is None or n >= best.n_keys) and keys[:n] == b.keys:
                     best = b
+        return keys, best
+
+    def quick_render(self, session: str, req: ChatRequest, max_new: int = 8) -> Rendered | None:
+        """`render`'s answer when it is small, certain work: the request extends an earlier call
+        by at most `max_new` messages whose continuation is under 16K characters, and the
+        boundary check passes in one pass (no drift, no full re-render due). None otherwise,
+        with nothing changed: then `render` (on a worker thread) does it all. Cheap enough to
+        run on the event loop, which saves the request two thread hand-offs."""
+        if self.drift_check != "boundary" or not self.one_pass:
+            return None
+        keys, best = self._match(session, req)
+        if best is None or len(req.messages) - best.n_keys + 1 > max_new:
+            return None
+        new = list(req.messages[best.n_keys - 1 :])
+        text = self.renderer.continuation_text(new, best.ended_with_eos)
+        if text is None or len(text) >= 16384:
+            return None
+        reused = best.token_ids
+        p = best.prompt_len
+        tail = self.renderer.boundary_continuation(
+            reused[max(0, p - 64) : p],
+            reused[p:].tolist(),
+            req.messages[best.n_keys - 2],
+            new,
+            text,
+        )
+        if tail is None:
+            return None
+        with self._lock:  # counted as `render` counts it, unless it is the one due a full check
+            if self.drift_full_every > 0 and (self._reuses + 1) % self.drift_full_every == 0:
+                return None
+            self._reuses += 1
+        return self._reused(keys, best, reused, tail, True, "boundary")
+
+    def _reused(
+        self,
+        keys: list[str],
+        best: _Branch,
+        reused: array,
+        tail: list[int],
+        matches: bool | None,
+        check: str | None,
+        prompt: array | None = None,
+    ) -> Rendered:
+        return Rendered(
+            reused_tokens=len(reused),
+            rendered_tokens=len(tail),
+            parent_call=best.call_id,
+            fresh_render_matches=matches,
+            drift_check=check,
+            keys=keys,
+            prompt_array=reused + array("q", tail) if prompt is None else prompt,
+            prompt_json=_join(best.ids_json, _ids_json(tail)),
+        )
+
+    def render(self, session: str, req: ChatRequest) -> Rendered:
+        keys, best = self._match(session, req)
         if best is not None:
             new = list(req.messages[best.n_keys - 1 :])
             text = self.renderer.continuation_text(new, best.ended_with_eos)
@@ -445,18 +503,8 @@ class PrefixCache:
                     tail = self.renderer.encode(text)
                     prompt = reused + array("q", tail)
                     matches, check = self._drift(req, best, reused, new, tail, prompt, mode)
-                else:
-                    prompt = reused + array("q", tail)
-                return Rendered(
-                    reused_tokens=len(reused),
-                    rendered_tokens=len(tail),
-                    parent_call=best.call_id,
-                    fresh_render_matches=matches,
-                    drift_check=check,
-                    keys=keys,
-                    prompt_array=prompt,
-                    prompt_json=_join(best.ids_json, _ids_json(tail)),
-                )
+                    return self._reused(keys, best, reused, tail, matches, check, prompt)
+                return self._reused(keys, best, reused, tail, matches, check)
         ids = self.renderer.render_full(req)
         return Rendered(
             prompt_ids=ids,

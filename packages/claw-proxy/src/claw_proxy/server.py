@@ -320,7 +320,11 @@ class Proxy:
         started = time.time()
         state.in_flight += 1  # held from here: renders in the worker pool count too
         try:
-            rendered = await self.offload(cache.render, session, req)
+            # a call that extends an earlier one by a few messages is rendered here (less than a
+            # millisecond of work), others on the worker threads
+            rendered = cache.quick_render(session, req)
+            if rendered is None:
+                rendered = await self.offload(cache.render, session, req)
             limit = self.config.max_prompt_tokens
             if len(rendered.prompt_array) > limit:
                 raise LimitError(
