@@ -354,3 +354,27 @@ def test_a_reused_prompt_is_an_array_recorded_as_the_same_list(tmp_path):
     writer.close()
     got = [c.prompt_ids for c in read_calls(tmp_path / "calls.jsonl")]
     assert got == [r2.prompt_ids, r2.prompt_ids]
+
+
+def test_records_are_the_same_with_the_one_pass_render(make_server, tmp_path):
+    """The chat session of the memo test (normal turns, edits, reorders, bad bodies) and the
+    captured Anthropic harness requests: a proxy that renders by the one-pass boundary check
+    on the event loop records exactly what a proxy on the two-pass path does."""
+    fast = make_server(_script(), record=str(tmp_path / "fast.jsonl"))
+    slow = make_server(_script(), record=str(tmp_path / "slow.jsonl"))
+    for cache in slow.proxy.caches.values():
+        cache.one_pass = False  # two passes, always on a worker thread
+    quick = []
+    for cache in fast.proxy.caches.values():
+        real = cache.quick_render
+        cache.quick_render = lambda *a, real=real: quick.append(real(*a)) or quick[-1]
+    assert _run_chat(fast, "c") == _run_chat(slow, "c")
+    for srv in (fast, slow):
+        for name, body in _anthropic_turns():
+            status, answer = _post(srv, "/v1/messages", body, name)
+            assert status == 200, answer
+    sessions = {"c", *(name for name, _ in _anthropic_turns())}
+    for session in sessions:
+        got = _records(tmp_path / "fast.jsonl", session)
+        assert got == _records(tmp_path / "slow.jsonl", session) and got, session
+    assert any(r is not None for r in quick)  # the one-pass path was taken
