@@ -189,6 +189,12 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-new-tokens", type=int, default=24, help="proxy cap on tokens per model call"
     )
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="RL learning-rate warmup over the first N optimizer steps (0 = none)",
+    )
     p.add_argument("--epochs", type=int, default=2, help="passes over each step's batch")
     p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
     p.add_argument("--seed", type=int, default=0)
@@ -257,6 +263,7 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         cfg = claw_rl.GRPOConfig(
             name="policy",
             lr=args.lr,
+            warmup_steps=args.warmup,
             epochs=args.epochs,
             minibatches=args.minibatches,
             seed=args.seed,
@@ -268,6 +275,7 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         name="policy",
         lr=args.lr,
         critic_lr=args.lr * 3,
+        warmup_steps=args.warmup,
         epochs=args.epochs,
         minibatches=args.minibatches,
         seed=args.seed,

@@ -10,6 +10,7 @@ import pytest
 import torch
 from claw_rl import (
     ClawError,
+    ConfigError,
     GRPOConfig,
     Learner,
     Policy,
@@ -214,6 +215,36 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
         ):
             assert torch.equal(p, q)
     assert m_a[1]["loss"] == m_b["loss"] and resumed.step_count == 2
+
+
+def test_warmup_ramps_the_learning_rate_and_resumes_mid_ramp(tiny, tmp_path):
+    """warmup_steps=6: optimizer steps k = 1..6 run at lr * k / 6, later ones at lr; a learner
+    resumed from a checkpoint after 4 steps goes on at 5/6."""
+    cfg = GRPOConfig(lr=1e-3, warmup_steps=6, epochs=2, minibatches=2, micro_batch_size=1)
+    batch = [
+        {**tree_sample(PARENT, TRAIN, seed=j, sample_id=str(j), vocab=2000), "algo": "grpo"}
+        for j in range(2)
+    ]
+
+    def lrs_of_one_step(learner) -> list[float]:
+        seen: list[float] = []
+        orig = learner.optimizer.step
+
+        def capture(*a, **kw):
+            seen.append(learner.optimizer.param_groups[0]["lr"])
+            return orig(*a, **kw)
+
+        learner.optimizer.step = capture
+        learner.step(batch)
+        return seen
+
+    learner = Learner.grpo(cfg, tiny)
+    assert lrs_of_one_step(learner) == pytest.approx([1e-3 * k / 6 for k in (1, 2, 3, 4)])
+    save_checkpoint(learner, tmp_path / "ckpt")
+    resumed = load_checkpoint(tmp_path / "ckpt")
+    assert lrs_of_one_step(resumed) == pytest.approx([1e-3 * 5 / 6, 1e-3, 1e-3, 1e-3])
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        GRPOConfig(lr=1e-3, warmup_steps=-1)
 
 
 @pytest.mark.slow

@@ -45,6 +45,11 @@ class TrainConfig:
     adam_beta2: float = _f(0.999, "AdamW beta2")
     adam_eps: float = _f(1e-8, "AdamW epsilon")
     max_grad_norm: float = _f(1.0, "clip the global gradient norm to this (0 = no clipping)")
+    warmup_steps: int = _f(
+        0,
+        "linear learning-rate warmup over the first N optimizer steps (0 = none): AdamW's first "
+        "steps move every weight by about lr, which can break a fine-tuned policy",
+    )
     epochs: int = _f(1, "passes over each batch (PPO epochs)")
     minibatches: int = _f(1, "optimizer steps per epoch; the batch's samples are split evenly")
     micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
@@ -63,6 +68,8 @@ class TrainConfig:
         for name in ("lr", "micro_batch_size", "epochs", "minibatches"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} = {getattr(self, name)!r} must be > 0")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps = {self.warmup_steps!r} must be >= 0")
         if self.parallelism not in ("ddp", "fsdp"):
             raise ConfigError(f"parallelism = {self.parallelism!r}; choose ddp or fsdp")
 

@@ -155,10 +155,10 @@ class Learner:
         if self.fsdp:
             for module in self.sharded_modules():
                 _dist.fully_shard_model(module)
-        groups = [{"params": _trainable(self.policy), "lr": config.lr}]
+        groups = [{"params": _trainable(self.policy), "lr": config.lr, "base_lr": config.lr}]
         if critic is not None:
             params = [p for m in critic.modules().values() for p in _trainable(m)]
-            groups.append({"params": params, "lr": critic.lr})
+            groups.append({"params": params, "lr": critic.lr, "base_lr": critic.lr})
         self.optimizer = torch.optim.AdamW(
             groups,
             betas=(config.adam_beta1, config.adam_beta2),
@@ -592,6 +592,13 @@ class Learner:
         _dist.sum_grads(params)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norm = _dist.clip_grads(params, max_norm)
+        if self.config.warmup_steps:
+            # the k-th optimizer step (1-based) runs at lr * min(1, k / warmup_steps); k comes from
+            # AdamW's own per-parameter step count, so a resumed learner continues the ramp
+            state = self.optimizer.state.get(params[0], {}) if params else {}
+            k = int(state.get("step", 0)) + 1
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["base_lr"] * min(1.0, k / self.config.warmup_steps)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
