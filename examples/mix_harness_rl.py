@@ -17,10 +17,13 @@ fine-tuned on those calls (claw-rl's SFT learner on claw-tree SFT samples), then
 and after RL (eval.jsonl). `--algo ppo` runs the same recipe with PPO:
 
     uv run python examples/mix_harness_rl.py --run-dir runs/steps --steps 8 --rollouts 4 \
-        --tag toy-steps --tag train --tasks-per-step 4 --sft-teacher --sft-tasks 32 \
+        --tag toy-steps --tag train --tasks-per-step 8 --split-digits \
+        --sft-teacher --sft-tasks 32 --sft-epochs 60 --sft-batch 8 \
         --eval-tag toy-steps --eval-tag heldout --eval-tasks 16 --eval-rollouts 2 \
         --harness claw-agent-steps --harness claw-agent-steps-anthropic --max-new-tokens 48 \
-        --pack group --lr 3e-3
+        --pack group --lr 3e-4
+
+(examples/quickstart.py runs exactly this and prints the tables.)
 
 Run directory:
     config.json          resolved options (a resumed run must pass the same ones)
@@ -190,6 +193,18 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument(
+        "--adam-eps",
+        type=float,
+        default=1e-8,
+        help="AdamW epsilon of the RL learner (larger: weights with tiny gradients move less)",
+    )
+    p.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="KL penalty to the start policy (after SFT: the SFT policy); 0 = none",
+    )
+    p.add_argument(
         "--warmup",
         type=int,
         default=0,
@@ -264,6 +279,8 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
             name="policy",
             lr=args.lr,
             warmup_steps=args.warmup,
+            adam_eps=args.adam_eps,
+            kl_coef=args.kl_coef,
             epochs=args.epochs,
             minibatches=args.minibatches,
             seed=args.seed,
@@ -276,6 +293,8 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         lr=args.lr,
         critic_lr=args.lr * 3,
         warmup_steps=args.warmup,
+        adam_eps=args.adam_eps,
+        kl_coef=args.kl_coef,
         epochs=args.epochs,
         minibatches=args.minibatches,
         seed=args.seed,

@@ -63,6 +63,7 @@ loop_args = [
     *("--run-dir", str(args.out), "--seed", str(args.seed), "--backend", args.backend),
     *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train", "--split-digits"),
     *("--sft-teacher", "--sft-tasks", str(args.sft_tasks), "--sft-epochs", str(args.sft_epochs)),
+    *("--sft-batch", "8"),
     *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", str(args.eval_tasks)),
     *("--eval-rollouts", str(args.eval_rollouts), "--max-new-tokens", "48", "--pack", "group"),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
