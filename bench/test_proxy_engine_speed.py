@@ -29,10 +29,8 @@ shared machine are not a unit test's business.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +39,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_stats import cpu_ns, free_port  # bench/ is on pytest's pythonpath
 
 aiohttp = pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
 
@@ -73,21 +72,6 @@ ANSWER_TEXT = (
 
 def _text(words: int, seed: int) -> str:
     return " ".join(f"{WORDS[(seed * 7 + i * 3) % len(WORDS)]}{i % 97}" for i in range(words))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cpu_ns(pid: int) -> int:
-    """CPU time of every thread of `pid` so far, in ns (from /proc/PID/task/*/schedstat)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just ended
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
 
 
 def _wait(url: str, proc: subprocess.Popen) -> None:
@@ -140,7 +124,7 @@ def stack():
     tok = AutoTokenizer.from_pretrained(str(TINY))
     ids = tok.encode(ANSWER_TEXT, add_special_tokens=False) + [tok.eos_token_id]
     pieces = [tok.decode(ids[: i + 1])[len(tok.decode(ids[:i])) :] for i in range(len(ids))]
-    pf, pv = _port(), _port()
+    pf, pv = free_port(), free_port()
     fake_argv = [str(ROOT / "bench" / "fake_vllm.py"), str(pf), json.dumps(ids), "hi there"]
     procs = [
         subprocess.Popen([sys.executable, *fake_argv, json.dumps(pieces)]),
@@ -231,7 +215,7 @@ def test_vllm_mode_by_turn(stack):
                     body = json.dumps({"model": "policy", "messages": msgs, "tools": TOOLS})
                     hdr = {"authorization": f"Bearer {_key(f's{s}')}"}
                     hdr["content-type"] = "application/json"
-                    c0 = _cpu_ns(pid)
+                    c0 = cpu_ns(pid)
                     t = time.perf_counter()
                     async with http.post(
                         urls["vllm"] + "/v1/chat/completions", data=body, headers=hdr
@@ -239,7 +223,7 @@ def test_vllm_mode_by_turn(stack):
                         answer = await r.json()
                         assert r.status == 200, answer
                     lat.append(time.perf_counter() - t)
-                    cpu += _cpu_ns(pid) - c0
+                    cpu += cpu_ns(pid) - c0
                     n = answer["usage"]["prompt_tokens"]
                     prompt_tokens += n
                     direct.append(

@@ -33,11 +33,9 @@ machine are not a test's business.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +44,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_stats import cpu_ns, free_port  # bench/ is on pytest's pythonpath
 
 aiohttp = pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
 
@@ -69,23 +68,6 @@ def agent_body(stream: bool) -> bytes:
     msgs.append({"role": "user", "content": "go on"})
     body = {"model": "gpt-4o", "messages": msgs, "stream": stream, "max_tokens": 64}
     return json.dumps(body).encode()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_ns(pid: int) -> int:
-    """CPU time of every thread of `pid` and of its child processes so far, in ns."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just ended
-            total += int((task / "schedstat").read_text().split()[0])
-            for child in (task / "children").read_text().split():
-                total += cpu_ns(int(child))
-    return total
 
 
 def _wait(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
@@ -122,7 +104,7 @@ def stack():
         pytest.skip("CPU per call is read from /proc (Linux only)")
     tmp = Path(tempfile.mkdtemp(prefix="claw-proxy-passthrough-"))
     (tmp / "secret").write_text("bench-secret")
-    pu, pc, pl = _port(), _port(), _port()
+    pu, pc, pl = free_port(), free_port(), free_port()
     upstream = f"http://127.0.0.1:{pu}"
     procs = {
         "upstream": subprocess.Popen(
