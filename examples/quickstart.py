@@ -143,6 +143,7 @@ ax[0].set(title="training reward per harness (RL steps)", xlabel="step", ylim=(0
 ax[0].legend(fontsize=7)
 ax[1].plot(steps, [r.get("dedup_factor") for r in history], marker="o")
 ax[1].set(title="tree ratio (flat tokens / tree tokens)", xlabel="step")
+ax[1].set_ylim(bottom=1.0)  # 1 = no shared prefix
 labels = [stage_names[s] for s in stage_names if s in evals]
 ax[2].bar(labels, [evals[s]["pass@1_mean"] for s in stage_names if s in evals], color="C2")
 ax[2].set(title="held-out Pass@1", ylim=(0, 1))
