@@ -219,6 +219,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         help="also log every metrics row to RUN/tensorboard (needs claw-rl[tensorboard])",
     )
     args = p.parse_args(argv)
+    if args.kl_coef and args.algo != "grpo":
+        p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
     args.harness = args.harness or list(DEFAULT_HARNESSES)
     return args
 
@@ -294,7 +296,6 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         critic_lr=args.lr * 3,
         warmup_steps=args.warmup,
         adam_eps=args.adam_eps,
-        kl_coef=args.kl_coef,
         epochs=args.epochs,
         minibatches=args.minibatches,
         seed=args.seed,

@@ -55,15 +55,26 @@ def _run(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedP
     )
 
 
+def test_kl_coef_with_ppo_is_refused_before_anything_runs(tmp_path):
+    """--kl-coef belongs to GRPO: with --algo ppo the example stops with a clear error and
+    creates no run directory."""
+    run = tmp_path / "r"
+    r = _run("mix_harness_rl.py", "--run-dir", str(run), "--algo", "ppo", "--kl-coef", "0.1")
+    assert r.returncode == 2 and "--kl-coef is GRPO's" in r.stderr, r.stderr[-2000:]
+    assert not run.exists()
+
+
 @pytest.mark.slow
-def test_quickstart_smallest(tmp_path):
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_quickstart_smallest(tmp_path, algo):
     """The quickstart at its smallest (teacher on 1 task, 1 SFT epoch, 2 RL steps, 1 held-out
-    task) leaves teacher and RL records, multi-call trees, newer policies, held-out Pass@1 of
-    every stage, the tables and the PNG."""
+    task), with GRPO and with PPO, leaves teacher and RL records, multi-call trees, newer
+    policies, held-out Pass@1 of every stage, the tables and the PNG."""
     out = tmp_path / "q"
     r = _run(
         "quickstart.py",
         *("--output", str(out), "--steps", "2", "--rollouts", "2", "--tasks-per-step", "1"),
+        *("--algo", algo),
         *("--sft-tasks", "1", "--sft-epochs", "1", "--eval-tasks", "1", "--eval-rollouts", "1"),
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -86,7 +97,7 @@ def test_quickstart_smallest(tmp_path):
     assert (out / "checkpoints" / "0002").is_dir()
     table = (out / "table.txt").read_text()
     assert "reward claw-agent-steps" in table and "tree ratio" in table
-    assert all(stage in table for stage in ("before SFT", "after SFT", "after GRPO"))
+    assert all(stage in table for stage in ("before SFT", "after SFT", f"after {algo.upper()}"))
     assert set(json.loads((out / "heldout.json").read_text())) == {"start", "sft", "rl"}
     assert (out / "quickstart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = _rows(out / "metrics.jsonl")
