@@ -1,9 +1,13 @@
-"""Helpers the proxy benches share: a free local port and a process tree's CPU time."""
+"""Helpers the proxy benches share: a free local port, waiting for a server to answer, and a
+process tree's CPU time."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 
@@ -24,3 +28,18 @@ def cpu_ns(pid: int) -> int:
             for child in (task / "children").read_text().split():
                 total += cpu_ns(int(child))
     return total
+
+
+def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
+    """Return once GET `url` answers 200; raise if `proc` exits first or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not start in {seconds:g} s")

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_stats import cpu_ns, free_port  # bench/ is on pytest's pythonpath
+from proc_stats import cpu_ns, free_port, wait_ready  # bench/ is on pytest's pythonpath
 
 aiohttp = pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
 
@@ -72,21 +72,6 @@ ANSWER_TEXT = (
 
 def _text(words: int, seed: int) -> str:
     return " ".join(f"{WORDS[(seed * 7 + i * 3) % len(WORDS)]}{i % 97}" for i in range(words))
-
-
-def _wait(url: str, proc: subprocess.Popen) -> None:
-    import urllib.request
-
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not start")
 
 
 def _serve(engine: str, port: int, tmp: Path, name: str, *extra: str) -> subprocess.Popen:
@@ -144,8 +129,8 @@ def stack():
         "vllm": f"http://127.0.0.1:{pv}",
     }
     try:
-        _wait(urls["fake"] + "/healthz", procs[0])
-        _wait(urls["vllm"] + "/healthz", procs[1])
+        wait_ready(urls["fake"] + "/healthz", procs[0])
+        wait_ready(urls["vllm"] + "/healthz", procs[1])
         yield {"urls": urls, "pids": {"vllm": procs[1].pid}, "tmp": tmp}
     finally:
         for p in procs:

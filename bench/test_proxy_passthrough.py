@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_stats import cpu_ns, free_port  # bench/ is on pytest's pythonpath
+from proc_stats import cpu_ns, free_port, wait_ready  # bench/ is on pytest's pythonpath
 
 aiohttp = pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
 
@@ -68,22 +68,6 @@ def agent_body(stream: bool) -> bytes:
     msgs.append({"role": "user", "content": "go on"})
     body = {"model": "gpt-4o", "messages": msgs, "stream": stream, "max_tokens": 64}
     return json.dumps(body).encode()
-
-
-def _wait(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not start in {seconds:g} s")
 
 
 def _litellm() -> tuple[str | None, str]:
@@ -150,11 +134,11 @@ def stack():
             )
         urls["litellm"] = f"http://127.0.0.1:{pl}"
     try:
-        _wait(upstream + "/healthz", procs["upstream"])
-        _wait(urls["claw-proxy"] + "/healthz", procs["claw-proxy"])
+        wait_ready(upstream + "/healthz", procs["upstream"])
+        wait_ready(urls["claw-proxy"] + "/healthz", procs["claw-proxy"])
         if "litellm" in procs:
             try:
-                _wait(urls["litellm"] + "/health/liveliness", procs["litellm"])
+                wait_ready(urls["litellm"] + "/health/liveliness", procs["litellm"])
             except RuntimeError as e:
                 why = f"LiteLLM's proxy did not start ({e}; see {tmp / 'litellm.log'})"
                 procs.pop("litellm").kill()
