@@ -322,6 +322,22 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
     path = _PATHS[api.NAME]
     headers = engine.headers(api.NAME, request.headers)
     raw_body = request.state.raw_body
+
+    def record(answer: dict) -> None:
+        _record(
+            proxy,
+            api,
+            engine,
+            body,
+            session,
+            state,
+            seq,
+            started,
+            answer,
+            student,
+            one_line_json(raw_body),
+        )
+
     upstream = await engine.open(path, raw_body, headers)
     kind = upstream.headers.get("content-type") or "application/json"
     if not body.get("stream") or upstream.status >= 400:
@@ -339,19 +355,7 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
             raise EngineError(
                 f"upstream {engine.url} answered {upstream.status} with non-JSON"
             ) from None
-        _record(
-            proxy,
-            api,
-            engine,
-            body,
-            session,
-            state,
-            seq,
-            started,
-            answer,
-            student,
-            one_line_json(raw_body),
-        )
+        record(answer)
         return Response(data, status_code=upstream.status, media_type="application/json")
 
     async def pipe():
@@ -363,19 +367,7 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
                 held = chunk
                 sse.append(chunk)
             # the record is written before the last bytes of the answer go out
-            _record(
-                proxy,
-                api,
-                engine,
-                body,
-                session,
-                state,
-                seq,
-                started,
-                {"sse": b"".join(sse).decode("utf-8", "replace")},
-                student,
-                one_line_json(raw_body),
-            )
+            record({"sse": b"".join(sse).decode("utf-8", "replace")})
             if held is not None:
                 yield held
         finally:
