@@ -440,14 +440,7 @@ class PrefixCache:
         if text is None or len(text) >= 16384:
             return None
         reused = best.token_ids
-        p = best.prompt_len
-        tail = self.renderer.boundary_continuation(
-            reused[max(0, p - 64) : p],
-            reused[p:].tolist(),
-            req.messages[best.n_keys - 2],
-            new,
-            text,
-        )
+        tail = self._one_pass_tail(req, best, reused, new, text)
         if tail is None:
             return None
         with self._lock:  # counted as `render` counts it, unless it is the one due a full check
@@ -477,6 +470,20 @@ class PrefixCache:
             prompt_json=_join(best.ids_json, _ids_json(tail)),
         )
 
+    def _one_pass_tail(
+        self, req: ChatRequest, best: _Branch, reused: array, new: list, text: str
+    ) -> list[int] | None:
+        """The continuation's ids from the boundary check's own tokenisation, or None when the
+        check does not pass in one pass (drift, no eos): then the two-pass path decides."""
+        p = best.prompt_len
+        return self.renderer.boundary_continuation(
+            reused[max(0, p - 64) : p],
+            reused[p:].tolist(),
+            req.messages[best.n_keys - 2],
+            new,
+            text,
+        )
+
     def render(self, session: str, req: ChatRequest) -> Rendered:
         keys, best = self._match(session, req)
         if best is not None:
@@ -489,15 +496,7 @@ class PrefixCache:
                 matches: bool | None
                 check: str | None
                 if mode == "boundary" and self.one_pass:
-                    # no drift: the check's own tokenisation gives the continuation's ids
-                    p = best.prompt_len
-                    tail = self.renderer.boundary_continuation(
-                        reused[max(0, p - 64) : p],
-                        reused[p:].tolist(),
-                        req.messages[best.n_keys - 2],
-                        new,
-                        text,
-                    )
+                    tail = self._one_pass_tail(req, best, reused, new, text)
                     matches, check = True, "boundary"
                 if tail is None:
                     tail = self.renderer.encode(text)
