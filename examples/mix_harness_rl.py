@@ -148,6 +148,20 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sft-tasks", type=int, default=0, help="the expert plays the first N tasks (0: all)"
     )
+    p.add_argument(
+        "--teacher-slip",
+        type=float,
+        default=0.0,
+        help="a weaker teacher: on this fraction of the tasks (seeded) the expert skips its last "
+        "tool call, so those rollouts fail (claw-bench expert --slip)",
+    )
+    p.add_argument(
+        "--sft-keep",
+        choices=["passed", "all"],
+        default="passed",
+        help="SFT on the teacher rollouts that passed (rejection sampling) or on all of them "
+        "(plain imitation: the student learns the teacher's slips too)",
+    )
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--sft-epochs", type=int, default=40, help="passes over the teacher samples")
     p.add_argument(
@@ -219,6 +233,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         help="also log every metrics row to RUN/tensorboard (needs claw-rl[tensorboard])",
     )
     args = p.parse_args(argv)
+    if not 0.0 <= args.teacher_slip <= 1.0:
+        p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
     if args.kl_coef and args.algo != "grpo":
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
     args.harness = args.harness or list(DEFAULT_HARNESSES)
@@ -347,7 +363,7 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     passed. Writes teacher/ and policy/sft/; returns the SFT summary (teacher/sft.json)."""
     d = run / "teacher"
     script = run / "expert.jsonl"
-    lines = claw_bench.families.expert_script(tasks)
+    lines = claw_bench.families.expert_script(tasks, slip=args.teacher_slip, seed=args.seed)
     script.write_text("".join(json.dumps(x) + "\n" for x in lines))
     t0 = time.monotonic()
     outcomes = play(
@@ -355,10 +371,15 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     )
     calls = claw_tree.read_calls(d / "calls.jsonl").records
     forest = claw_tree.build_forest(calls)
-    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, passed_only=True)
+    passed_only = args.sft_keep == "passed"
+    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, passed_only=passed_only)
     if not batch.samples:
         raise SystemExit(f"{d}: no teacher rollout passed, nothing to fine-tune on")
-    log(f"teacher: {len(batch.samples)} of {len(outcomes)} rollouts passed; SFT on them")
+    n_passed = sum(bool(o["passed"]) for o in outcomes)
+    log(
+        f"teacher: {n_passed} of {len(outcomes)} rollouts passed; SFT on "
+        f"{'them' if passed_only else 'all of them'} ({len(batch.samples)} samples)"
+    )
     from claw_rl.config import SFTConfig
 
     config = SFTConfig(
@@ -377,7 +398,8 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     stats = claw_tree.forest_stats(forest)
     summary = {
         "teacher_rollouts": len(outcomes),
-        "teacher_passed": sum(bool(o["passed"]) for o in outcomes),
+        "teacher_passed": n_passed,
+        "sft_samples": len(batch.samples),
         "teacher_calls": stats["calls"],
         "dedup_factor": stats["dedup_factor"],
         "loss": metrics["loss"],

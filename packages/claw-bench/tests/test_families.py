@@ -102,6 +102,31 @@ def test_expert_script_plays_each_task_by_session_tag():
         expert_script([TOY.get("toy-hello")])
 
 
+def test_expert_slip_skips_the_last_tool_call_on_a_seeded_fraction():
+    """slip drops the last tool call on that fraction of tasks, the same tasks for one seed."""
+    full = expert_script(HELDOUT)
+    assert expert_script(HELDOUT, slip=0.0) == full
+    slipped = expert_script(HELDOUT, slip=0.5, seed=3)
+    assert slipped == expert_script(HELDOUT, slip=0.5, seed=3)
+
+    def short_tasks(lines):  # tasks whose expert stopped after the read
+        n: dict[str, int] = {}
+        for x in lines:
+            n[x["tags"]["task"]] = n.get(x["tags"]["task"], 0) + 1
+        assert set(n.values()) <= {2, 3}
+        return {tid for tid, k in n.items() if k == 2}
+
+    short = short_tasks(slipped)
+    assert 0.25 * len(HELDOUT) < len(short) < 0.75 * len(HELDOUT)
+    for x in slipped:  # a slipped task: read, then straight to "done" with no write
+        if x["tags"]["task"] in short and "tool_calls" in x:
+            assert x["tool_calls"][0]["name"] == "read_file"
+    assert short != short_tasks(expert_script(HELDOUT, slip=0.5, seed=4))
+    assert len(expert_script(HELDOUT, slip=1.0)) == 2 * len(HELDOUT)
+    with pytest.raises(TaskError, match="slip must be a fraction"):
+        expert_script(HELDOUT, slip=1.5)
+
+
 def test_expert_command(tmp_path):
     """`claw-bench expert` writes the script for the selected tasks; a task without one is a clear error."""
     out = tmp_path / "expert.jsonl"

@@ -332,8 +332,25 @@ def plan(
     callback=output_path,
     help="script JSONL file for claw-proxy's scripted engine",
 )
+@click.option(
+    "--slip",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="a weaker teacher: on this fraction of the tasks the expert skips its last tool call",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="which tasks slip (with --slip)"
+)
 @_errors
-def expert(suite: str, task_ids: tuple[str, ...], tags: tuple[str, ...], output: str) -> None:
+def expert(
+    suite: str,
+    task_ids: tuple[str, ...],
+    tags: tuple[str, ...],
+    output: str,
+    slip: float,
+    seed: int,
+) -> None:
     """Write a teacher script: each task's expert solution as claw-proxy scripted-engine answers.
 
     One line per expert step, keyed to the task's sessions (session tag `task`): tool calls as
@@ -341,14 +358,15 @@ def expert(suite: str, task_ids: tuple[str, ...], tags: tuple[str, ...], output:
     final answer as {"text": ...}. Only generated task families (e.g. claw-toy's toy-steps)
     carry expert solutions. Run claw-agent-chat (or -anthropic) jobs planned for the same tasks
     against `claw-proxy serve --engine scripted:FILE --tokenizer STUDENT_DIR --record calls.jsonl`
-    and the calls are recorded in the student's tokenization, ready for SFT.
+    and the calls are recorded in the student's tokenization, ready for SFT. --slip P makes a
+    weaker teacher that stops one tool call early on a seeded fraction P of the tasks.
 
     Example: claw-bench expert -s claw-toy --tag toy-steps --tag train -o expert.jsonl
     """
     from claw_bench.families import expert_script
 
     s = _suite(suite).select(list(task_ids) or None, list(tags) or None)
-    n = write_records(output, expert_script(list(s.tasks)))
+    n = write_records(output, expert_script(list(s.tasks), slip=slip, seed=seed))
     _log(f"wrote {n} scripted answers for {len(s.tasks)} tasks")
 
 
