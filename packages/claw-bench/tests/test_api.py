@@ -53,3 +53,33 @@ def test_import_pulls_no_heavy_dependency():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_import_is_lazy_and_exports_are_the_modules_objects():
+    """`import claw_bench.agent` (once per rollout) loads no other claw_bench module nor numpy; an
+    exported name is its module's object, a submodule is reachable, a typo is an AttributeError."""
+    code = (
+        "import sys, claw_bench.agent; "
+        "print(sorted(m for m in sys.modules if m.startswith(('claw_bench.', 'numpy')) "
+        "and m != 'claw_bench.agent'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+    from claw_bench.families import expert_script
+    from claw_bench.report import compare
+    from claw_bench.suites import load_suite
+
+    assert callable(claw_bench.report)  # the function, not its module of the same name
+    assert claw_bench.compare is compare
+
+    assert claw_bench.load_suite is load_suite
+    assert claw_bench.families.expert_script is expert_script
+    assert claw_bench.__version__
+    try:
+        claw_bench.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("claw_bench.no_such_name did not raise AttributeError")
