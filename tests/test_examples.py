@@ -88,6 +88,8 @@ def test_quickstart_smallest(tmp_path, algo):
     teacher = _rows(out / "teacher" / "calls.jsonl")
     assert teacher and all(c["teacher"] == "scripted" for c in teacher)
     assert max(c["seq"] for c in teacher) >= 1  # the expert's sessions are multi-call
+    sft = json.loads((out / "teacher" / "sft.json").read_text())
+    assert sft["sft_samples"] == sft["teacher_rollouts"] == 2  # plain imitation keeps slips too
     samples = _rows(out / "steps" / "0001" / "samples.jsonl")
     assert samples and all(s["schema"] == "claw.sample/v1" for s in samples)
     policies = _rows(out / "policies.jsonl")

@@ -83,3 +83,42 @@ def test_expert_played_through_the_agent_is_recorded_for_the_student(tmp_path):
     assert len(batch.samples) == 4 and not batch.excluded
     # every completion token is an SFT target: 24 + 32 + 2 per expert rollout (read, write, done)
     assert [sum(s["trainable"]) for s in batch.samples] == [58] * 4
+
+
+def test_a_slipping_teacher_fails_and_only_plain_imitation_keeps_it(tmp_path):
+    """With slip 1 the expert reads, then says "done" without writing: 2 calls, the verifier
+    fails, rejection sampling (passed_only) drops the rollout and plain imitation keeps it."""
+    task = load_suite("claw-toy").select(tags=["toy-steps", "heldout"]).tasks[0]
+    script = tmp_path / "expert.jsonl"
+    script.write_text("".join(json.dumps(x) + "\n" for x in expert_script([task], slip=1.0)))
+    record = tmp_path / "calls.jsonl"
+    cfg = ProxyConfig(
+        engine=f"scripted:{script}", tokenizer=str(TINY), secret=SECRET, record=str(record)
+    )
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name, text in task.workspace.items():
+        (ws / name).write_text(text)
+    with ProxyServer(cfg) as srv:
+        result = run_agent(
+            task.instruction,
+            api="chat",
+            model="claw-policy",
+            base_url=srv.url + "/v1",
+            api_key=mint_token("slip-0", SECRET, {"task": task.id, "harness": "chat"}),
+            cwd=ws,
+            max_turns=4,
+            max_tokens=64,
+        )
+    assert result == ("done", 2, False)
+    assert not _verify(task, ws)
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(calls) == 2
+    outcome = {
+        **{"schema": "claw.outcome/v1", "session": "slip-0", "task": task.id, "harness": "chat"},
+        **{"group": task.id, "status": "ok", "passed": False, "reward": 0.0},
+    }
+    forest = build_forest(calls)
+    assert build_sft_samples(forest, outcomes=[outcome], passed_only=True).samples == []
+    kept = build_sft_samples(forest, outcomes=[outcome]).samples
+    assert len(kept) == 1 and sum(kept[0]["trainable"]) > 0
