@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import pytest
 from bench_testlib import SECRET, ModelServer
-from claw_bench.agent import main, run_agent, tool_specs
+from claw_bench.agent import Endpoint, EndpointError, main, run_agent, tool_specs
 from claw_bench.token import mint_token
 
 
-def _chat_transport(replies, seen):
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        seen.append((request, body))
+def _chat_post(replies, seen):
+    def post(path, body):
+        seen.append((path, json.loads(json.dumps(body))))  # a copy, as sent at that moment
         msg = replies[len(seen) - 1]
-        return httpx.Response(
-            200, json={"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}
-        )
+        return {"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}
 
-    return httpx.MockTransport(handler)
+    return post
 
 
 def _call(name, args, i=0, raw=None):
@@ -56,12 +53,12 @@ def test_chat_loop_runs_tools_and_returns_the_final_answer(tmp_path):
         base_url="http://x/v1",
         api_key="tok",
         cwd=tmp_path,
-        transport=_chat_transport(replies, seen),
+        post=_chat_post(replies, seen),
     )
     assert (text, turns, limited) == ("All done.", 3, False)
     assert (tmp_path / "out/hello.txt").read_text() == "hi\n"
-    req, body = seen[0]
-    assert req.url.path == "/v1/chat/completions" and req.headers["authorization"] == "Bearer tok"
+    path, body = seen[0]
+    assert path == "/chat/completions"
     assert [t["function"]["name"] for t in body["tools"]] == ["bash", "read_file", "write_file"]
     last = seen[2][1]["messages"]
     assert [m["role"] for m in last] == [
@@ -95,7 +92,7 @@ def test_garbage_output_is_a_final_answer(tmp_path):
             base_url="http://x/v1",
             api_key="k",
             cwd=tmp_path,
-            transport=_chat_transport([msg], []),
+            post=_chat_post([msg], []),
         )
         assert turns == 1 and not limited
 
@@ -116,9 +113,8 @@ def test_anthropic_loop(tmp_path):
     """Anthropic Messages: x-api-key, input_schema tools, tool_use blocks answered with tool_result blocks."""
     seen = []
 
-    def handler(request):
-        body = json.loads(request.content)
-        seen.append((request, body))
+    def post(path, body):
+        seen.append((path, json.loads(json.dumps(body))))
         if len(seen) == 1:
             content = [
                 {"type": "text", "text": "writing"},
@@ -131,9 +127,7 @@ def test_anthropic_loop(tmp_path):
             ]
         else:
             content = [{"type": "text", "text": "finished"}]
-        return httpx.Response(
-            200, json={"type": "message", "role": "assistant", "content": content}
-        )
+        return {"type": "message", "role": "assistant", "content": content}
 
     text, turns, _ = run_agent(
         "t",
@@ -142,11 +136,11 @@ def test_anthropic_loop(tmp_path):
         base_url="http://x",
         api_key="tok",
         cwd=tmp_path,
-        transport=httpx.MockTransport(handler),
+        post=post,
     )
     assert (text, turns) == ("finished", 2) and (tmp_path / "a.txt").read_text() == "A"
-    req, body = seen[1]
-    assert req.url.path == "/v1/messages" and req.headers["x-api-key"] == "tok"
+    path, body = seen[1]
+    assert path == "/v1/messages"
     assert body["tools"] == tool_specs("anthropic") and body["system"]
     assert body["messages"][2]["content"][0] == {
         "type": "tool_result",
@@ -190,3 +184,33 @@ def test_cli_turn_limit_answer_file_and_no_tools(tmp_path, monkeypatch, capsys):
         assert main(["--api", "chat", "--instruction", "x"]) == 2
         assert "401" in capsys.readouterr().err
     assert len(srv.requests) == 4
+
+
+def test_endpoint_sends_the_key_keeps_the_connection_and_reports_errors():
+    """Endpoint: both APIs' key headers reach a real loopback server, two requests in a row on
+    one Endpoint; an HTTP error status and a refused connection (after its retries) are
+    EndpointErrors."""
+
+    def policy(tags, turn, body):
+        return {"text": f"turn {turn}"}
+
+    with ModelServer(policy) as srv:
+        token = mint_token("s2", SECRET, {"task": "t", "harness": "h"})
+        chat = Endpoint(srv.url + "/v1", {"authorization": f"Bearer {token}"}, timeout=10)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        first = chat("/chat/completions", body)["choices"][0]["message"]["content"]
+        second = chat("/chat/completions", body)["choices"][0]["message"]["content"]
+        assert (first, second) == ("turn 0", "turn 1")
+        chat.close()
+        anth = Endpoint(srv.url, {"x-api-key": token, "anthropic-version": "2023-06-01"}, 10)
+        assert anth("/v1/messages", body)["content"][0]["text"] == "turn 2"
+        anth.close()
+        forged = Endpoint(srv.url + "/v1", {"authorization": "Bearer forged.token"}, timeout=10)
+        with pytest.raises(EndpointError, match="HTTP 401"):
+            forged("/chat/completions", body)
+        forged.close()
+        port = int(srv.url.rsplit(":", 1)[1])
+    assert [r["path"] for r in srv.requests] == ["/v1/chat/completions"] * 2 + ["/v1/messages"]
+    gone = Endpoint(f"http://127.0.0.1:{port}", {}, timeout=10, retries=1)
+    with pytest.raises(EndpointError, match="POST /x"):
+        gone("/x", {})

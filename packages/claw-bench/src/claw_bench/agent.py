@@ -7,19 +7,25 @@ completions endpoint ($OPENAI_BASE_URL, key $OPENAI_API_KEY) or an Anthropic Mes
 results, and stops when the model answers without a (well-formed) tool call or after
 --max-turns (said on stderr). Exit 0 in both cases; 2 when the endpoint fails. The final text
 answer is written to --answer-file when given. With --no-tools it sends no tool definitions.
+
+It speaks HTTP with the standard library only (http.client, one kept-alive connection): the
+agent starts once per rollout, and importing httpx cost it ~0.1 CPU-s, as much as a toy
+rollout's model calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 SYSTEM = (
     "You are an agent working in a directory of files. Use the tools to inspect and change "
@@ -40,6 +46,63 @@ _PARAMS = {
     ),
 }
 _LIMIT = 20000
+
+#: ``post(path, body) -> answer``: one model request (path below the base URL, JSON body)
+Post = Callable[[str, dict[str, Any]], Any]
+
+
+class EndpointError(Exception):
+    """The endpoint answered with an HTTP error status, or not at all."""
+
+
+class Endpoint:
+    """POST JSON to ``base_url + path`` over one kept-alive HTTP(S) connection.
+
+    A refused connection is retried up to ``retries`` times, waiting 0.1, 0.2, 0.4, ... s (the
+    proxy may still be starting); a kept-alive connection the server has closed is reopened
+    once. An HTTP status >= 400 is an EndpointError.
+    """
+
+    def __init__(
+        self, base_url: str, headers: dict[str, str], timeout: float, retries: int = 5
+    ) -> None:
+        url = urlsplit(base_url.rstrip("/"))
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"base URL {base_url!r}: expected http(s)://host[:port][/path]")
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        self.conn = kind(url.hostname, url.port, timeout=timeout)
+        self.prefix = url.path
+        self.headers = {**headers, "content-type": "application/json", "accept": "application/json"}
+        self.retries = retries
+
+    def __call__(self, path: str, body: dict[str, Any]) -> Any:
+        data = json.dumps(body).encode()
+        refused = 0
+        while True:
+            reused = self.conn.sock is not None
+            try:
+                self.conn.request("POST", self.prefix + path, data, self.headers)
+                r = self.conn.getresponse()
+                raw = r.read()
+                break
+            except ConnectionRefusedError as exc:
+                self.conn.close()
+                if refused == self.retries:
+                    raise EndpointError(f"POST {self.prefix + path}: {exc}") from exc
+                time.sleep(0.1 * 2**refused)
+                refused += 1
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.conn.close()  # a kept-alive connection the server closed: once more, anew
+                if not reused:
+                    raise
+        if r.status >= 400:
+            raise EndpointError(
+                f"POST {self.prefix + path}: HTTP {r.status}: {raw[:300].decode(errors='replace')}"
+            )
+        return json.loads(raw)
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def tool_specs(api: str) -> list[dict[str, Any]]:
@@ -88,15 +151,11 @@ def run_tool(name: str, args: dict[str, Any], cwd: Path, timeout: float = 120.0)
         return f"error: {type(exc).__name__}: {exc}"
 
 
-def _chat_step(
-    client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int
-):
+def _chat_step(post: Post, model: str, messages: list, tools: list | None, max_tokens: int):
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     if tools:
         body["tools"] = tools
-    r = client.post("/chat/completions", json=body)
-    r.raise_for_status()
-    msg = r.json()["choices"][0]["message"]
+    msg = post("/chat/completions", body)["choices"][0]["message"]
     calls = []
     for tc in msg.get("tool_calls") or []:
         try:
@@ -113,9 +172,7 @@ def _chat_step(
     return msg.get("content") or "", calls, reply
 
 
-def _anthropic_step(
-    client: httpx.Client, model: str, messages: list, tools: list | None, max_tokens: int
-):
+def _anthropic_step(post: Post, model: str, messages: list, tools: list | None, max_tokens: int):
     body: dict[str, Any] = {
         "model": model,
         "system": SYSTEM,
@@ -124,9 +181,7 @@ def _anthropic_step(
     }
     if tools:
         body["tools"] = tools
-    r = client.post("/v1/messages", json=body)
-    r.raise_for_status()
-    blocks = r.json().get("content") or []
+    blocks = post("/v1/messages", body).get("content") or []
     text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
     calls = [
         (b["id"], b["name"], b["input"])
@@ -151,11 +206,12 @@ def run_agent(
     use_tools: bool = True,
     timeout: float = 600.0,
     max_tokens: int = 1024,
-    transport: httpx.BaseTransport | None = None,
+    post: Post | None = None,
 ) -> tuple[str, int, bool]:
     """Run the agent loop; returns (final answer text, turns used, whether the turn limit hit).
 
-    Connection failures are retried a few times (a proxy may still be starting).
+    ``post`` sends one request (default: an :class:`Endpoint` on ``base_url`` with the key's
+    header, which retries refused connections a few times: a proxy may still be starting).
     """
     headers = (
         {"authorization": f"Bearer {api_key}"}
@@ -172,12 +228,12 @@ def run_agent(
         messages = [{"role": "user", "content": instruction}]
     step = _chat_step if api == "chat" else _anthropic_step
     text = ""
-    transport = transport or httpx.HTTPTransport(retries=5)
-    with httpx.Client(
-        base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
-    ) as client:
+    endpoint = None
+    if post is None:
+        post = endpoint = Endpoint(base_url, headers, timeout)
+    try:
         for turn in range(1, max_turns + 1):
-            text, calls, reply = step(client, model, messages, tools, max_tokens)
+            text, calls, reply = step(post, model, messages, tools, max_tokens)
             if not calls:
                 return text, turn, False
             messages.append(reply)
@@ -196,6 +252,9 @@ def run_agent(
                         ],
                     }
                 )
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return text, max_turns, True
 
 
@@ -242,7 +301,14 @@ def main(argv: list[str] | None = None) -> int:
             timeout=a.timeout,
             max_tokens=a.max_tokens,
         )
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (
+        EndpointError,
+        http.client.HTTPException,
+        OSError,
+        ValueError,
+        LookupError,
+        TypeError,
+    ) as exc:
         print(f"claw-agent: endpoint failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if a.answer_file:
