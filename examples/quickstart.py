@@ -61,7 +61,7 @@ p.add_argument(
     default=0.5,
     help="share of the teacher's tasks on which it stops before writing (0: a perfect teacher)",
 )
-p.add_argument("--eval-tasks", type=int, default=16, help="held-out instances measured")
+p.add_argument("--eval-tasks", type=int, default=32, help="held-out instances measured (32: all)")
 p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per held-out (task, harness)")
 p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
 p.add_argument("--backend", default="auto", help="claw-sandbox backend")
@@ -72,7 +72,8 @@ loop_args = [
     *("--run-dir", str(args.out), "--seed", str(args.seed), "--backend", args.backend),
     *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train", "--split-digits"),
     *("--sft-teacher", "--sft-tasks", str(args.sft_tasks), "--sft-epochs", str(args.sft_epochs)),
-    *("--sft-batch", "8", "--teacher-slip", str(args.teacher_slip), "--sft-keep", "all"),
+    *("--teacher-slip", str(args.teacher_slip), "--sft-keep", "all"),
+    *("--sft-pack", "group", "--sft-tokens", "1024"),
     *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", str(args.eval_tasks)),
     *("--eval-rollouts", str(args.eval_rollouts), "--max-new-tokens", "48", "--pack", "group"),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),

@@ -337,7 +337,8 @@ def plan(
     type=click.FloatRange(0, 1),
     default=0.0,
     show_default=True,
-    help="a weaker teacher: on this fraction of the tasks the expert skips its last tool call",
+    help="a weaker teacher: on this fraction of the tasks (rounded) the expert skips its last "
+    "tool call",
 )
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="which tasks slip (with --slip)"

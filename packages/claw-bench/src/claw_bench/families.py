@@ -160,19 +160,22 @@ def expert_script(tasks: list[Task], *, slip: float = 0.0, seed: int = 0) -> lis
     "arguments"}]}`` (the proxy renders it in the policy's own tool-call format), a text step
     ``{"text": ...}``. Tasks without ``meta["expert"]`` raise TaskError naming them.
 
-    ``slip`` makes a weaker teacher: on that fraction of the tasks (drawn from ``seed`` and the
-    task id, so the same tasks slip in every run) the expert skips its last tool call and goes
-    straight to its final answer, as an agent does that stops one step early. Its rollouts on
-    those tasks fail the verifier; a student imitating every rollout learns the habit.
+    ``slip`` makes a weaker teacher: on round(slip x len(tasks)) of the tasks, drawn from
+    ``seed`` (the same tasks for the same seed and task list), the expert skips its last tool
+    call and goes straight to its final answer, as an agent does that stops one step early.
+    Its rollouts on those tasks fail the verifier; a student imitating every rollout learns the
+    habit.
     """
     if not 0.0 <= slip <= 1.0:
         raise TaskError(f"expert slip must be a fraction in [0, 1], got {slip!r}")
+    ids = sorted(t.id for t in tasks)
+    slipped = set(random.Random(f"slip:{seed}").sample(ids, round(slip * len(ids))))
     lines: list[dict[str, Any]] = []
     for t in tasks:
         steps = t.meta.get("expert")
         if not isinstance(steps, list) or not steps:
             raise TaskError(f"task {t.id}: no expert solution (only generated families have one)")
-        if slip and random.Random(f"slip:{seed}:{t.id}").random() < slip:
+        if t.id in slipped:
             tools = [i for i, step in enumerate(steps) if "tool" in step]
             if tools:
                 steps = steps[: tools[-1]] + steps[tools[-1] + 1 :]
