@@ -216,3 +216,35 @@ def test_requests_join_a_running_batch(tmp_path, model):
     assert len(calls["long"].completion_ids) == 300  # still decoding when the short ones were done
     for c in calls.values():
         _check_logprobs(model, c)
+
+
+def test_engine_worker_runs_on_its_own_thread_count_and_leaves_the_default():
+    """The engine's worker runs torch on `threads` intra-op threads (default 1); the caller's
+    count and what a thread started afterwards gets are unchanged (a learner in the same process
+    keeps its threads); threads=None leaves the worker on the default."""
+    import asyncio
+    import threading
+
+    from claw_proxy._transformers import TransformersEngine
+
+    def fresh() -> int:
+        got: list[int] = []
+        t = threading.Thread(target=lambda: got.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        return got[0]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+
+        async def start(**kw) -> int:
+            engine = TransformersEngine(str(TINY), **kw)
+            await engine.aclose()
+            return engine.worker_threads
+
+        assert asyncio.run(start()) == 1
+        assert torch.get_num_threads() == 2 and fresh() == 2
+        assert asyncio.run(start(threads=None)) == 2
+    finally:
+        torch.set_num_threads(before)
