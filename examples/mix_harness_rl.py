@@ -168,17 +168,6 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         "--sft-batch", type=int, default=16, help="teacher sessions per SFT optimizer step"
     )
     p.add_argument(
-        "--sft-pack",
-        choices=["session", "group"],
-        default="session",
-        help="SFT samples: one tree per teacher session (--sft-batch of them per optimizer step), "
-        "or sessions merged into samples of at most --sft-tokens tokens that hold the shared "
-        "system prompt and tools once (one sample per optimizer step; same loss, fewer tokens)",
-    )
-    p.add_argument(
-        "--sft-tokens", type=int, default=1024, help="tokens per SFT sample with --sft-pack group"
-    )
-    p.add_argument(
         "--pack",
         choices=["session", "group"],
         default="session",
@@ -246,8 +235,6 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0.0 <= args.teacher_slip <= 1.0:
         p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
-    if args.sft_tokens < 1:
-        p.error(f"--sft-tokens must be positive, got {args.sft_tokens}")
     if args.kl_coef and args.algo != "grpo":
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
     args.harness = args.harness or list(DEFAULT_HARNESSES)
@@ -385,22 +372,14 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     calls = claw_tree.read_calls(d / "calls.jsonl").records
     forest = claw_tree.build_forest(calls)
     passed_only = args.sft_keep == "passed"
-    group = args.sft_pack == "group"
-    batch = claw_tree.build_sft_samples(
-        forest,
-        outcomes=outcomes,
-        passed_only=passed_only,
-        pack=args.sft_pack,
-        max_tokens=args.sft_tokens if group else None,
-    )
+    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, passed_only=passed_only)
     if not batch.samples:
         raise SystemExit(f"{d}: no teacher rollout passed, nothing to fine-tune on")
     n_passed = sum(bool(o["passed"]) for o in outcomes)
     kept = len(outcomes) - len(batch.excluded)
     log(
         f"teacher: {n_passed} of {len(outcomes)} rollouts passed; SFT on "
-        f"{'them' if passed_only else 'all of them'} ({kept} sessions in {len(batch.samples)} "
-        "samples)"
+        f"{'them' if passed_only else 'all of them'} ({kept} sessions)"
     )
     from claw_rl.config import SFTConfig
 
@@ -408,8 +387,8 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
         name="policy",
         lr=args.sft_lr,
         epochs=args.sft_epochs,
-        minibatches=len(batch.samples) if group else max(1, len(batch.samples) // args.sft_batch),
-        micro_batch_size=1 if group else args.sft_batch,
+        minibatches=max(1, len(batch.samples) // args.sft_batch),
+        micro_batch_size=args.sft_batch,
         seed=args.seed,
     )
     learner = claw_rl.Learner.sft(config, start_model)
@@ -422,7 +401,6 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
         "teacher_rollouts": len(outcomes),
         "teacher_passed": n_passed,
         "sft_sessions": kept,
-        "sft_samples": len(batch.samples),
         "teacher_calls": stats["calls"],
         "dedup_factor": stats["dedup_factor"],
         "loss": metrics["loss"],
