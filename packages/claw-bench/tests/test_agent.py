@@ -197,7 +197,7 @@ def test_endpoint_sends_the_key_keeps_the_connection_and_reports_errors():
     with ModelServer(policy) as srv:
         token = mint_token("s2", SECRET, {"task": "t", "harness": "h"})
         chat = Endpoint(srv.url + "/v1", {"authorization": f"Bearer {token}"}, timeout=10)
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        body = {"model": "m", "messages": [{"role": "user", "content": "naïve ✓ \\u"}]}
         first = chat("/chat/completions", body)["choices"][0]["message"]["content"]
         second = chat("/chat/completions", body)["choices"][0]["message"]["content"]
         assert (first, second) == ("turn 0", "turn 1")
@@ -211,6 +211,7 @@ def test_endpoint_sends_the_key_keeps_the_connection_and_reports_errors():
         forged.close()
         port = int(srv.url.rsplit(":", 1)[1])
     assert [r["path"] for r in srv.requests] == ["/v1/chat/completions"] * 2 + ["/v1/messages"]
+    assert all(r["body"] == body for r in srv.requests)  # UTF-8 JSON arrives as it was
     gone = Endpoint(f"http://127.0.0.1:{port}", {}, timeout=10, retries=1)
     with pytest.raises(EndpointError, match="POST /x"):
         gone("/x", {})

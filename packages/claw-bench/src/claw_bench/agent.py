@@ -76,7 +76,9 @@ class Endpoint:
         self.retries = retries
 
     def __call__(self, path: str, body: dict[str, Any]) -> Any:
-        data = json.dumps(body).encode()
+        # as httpx's json= wrote it: UTF-8, compact, no NaN
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        data = text.encode()
         refused = 0
         while True:
             reused = self.conn.sock is not None
