@@ -18,8 +18,9 @@ and after RL (eval.jsonl). `--algo ppo` runs the same recipe with PPO:
 
     uv run python examples/mix_harness_rl.py --run-dir runs/steps --steps 8 --rollouts 4 \
         --tag toy-steps --tag train --tasks-per-step 8 --split-digits \
-        --sft-teacher --sft-tasks 32 --sft-epochs 60 --sft-batch 8 \
-        --eval-tag toy-steps --eval-tag heldout --eval-tasks 16 --eval-rollouts 2 \
+        --sft-teacher --sft-tasks 64 --sft-epochs 30 --sft-batch 8 \
+        --teacher-slip 0.5 --sft-keep all \
+        --eval-tag toy-steps --eval-tag heldout --eval-tasks 32 --eval-rollouts 2 \
         --harness claw-agent-steps --harness claw-agent-steps-anthropic --max-new-tokens 48 \
         --pack group --lr 3e-4
 
@@ -163,6 +164,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         "(plain imitation: the student learns the teacher's slips too)",
     )
     p.add_argument("--sft-lr", type=float, default=3e-3)
+    p.add_argument(
+        "--sft-schedule",
+        choices=["linear", "constant"],
+        default="linear",
+        help="SFT learning rate: decayed linearly to 0 over the SFT's optimizer steps, or constant "
+        "(toy-steps seeds 1 and 2: the constant lr's last updates left garbled tool-call JSON)",
+    )
     p.add_argument("--sft-epochs", type=int, default=40, help="passes over the teacher samples")
     p.add_argument(
         "--sft-batch", type=int, default=16, help="teacher sessions per SFT optimizer step"
@@ -383,11 +391,13 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     )
     from claw_rl.config import SFTConfig
 
+    minibatches = max(1, len(batch.samples) // args.sft_batch)
     config = SFTConfig(
         name="policy",
         lr=args.sft_lr,
+        decay_steps=args.sft_epochs * minibatches if args.sft_schedule == "linear" else 0,
         epochs=args.sft_epochs,
-        minibatches=max(1, len(batch.samples) // args.sft_batch),
+        minibatches=minibatches,
         micro_batch_size=args.sft_batch,
         seed=args.seed,
     )

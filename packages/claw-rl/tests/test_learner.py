@@ -15,6 +15,7 @@ from claw_rl import (
     Learner,
     Policy,
     PPOConfig,
+    SFTConfig,
     load_checkpoint,
     save_checkpoint,
     save_policy,
@@ -247,6 +248,45 @@ def test_warmup_ramps_the_learning_rate_and_resumes_mid_ramp(tiny, tmp_path):
         GRPOConfig(lr=1e-3, warmup_steps=-1)
 
 
+def test_decay_lowers_the_learning_rate_linearly_to_zero_and_resumes(tiny, tmp_path):
+    """decay_steps=5: optimizer steps k = 1..5 run at lr * (6 - k) / 5, later ones at 0 (the
+    weights stop moving); a resumed learner goes on where it stopped; with warmup_steps=2 the
+    two factors multiply."""
+    cfg = SFTConfig(lr=1e-3, decay_steps=5, epochs=2, minibatches=2, micro_batch_size=1)
+    batch = [
+        {**tree_sample(PARENT, TRAIN, seed=j, sample_id=str(j), vocab=2000), "algo": "sft"}
+        for j in range(2)
+    ]
+
+    def lrs_of_one_step(learner) -> list[float]:
+        seen: list[float] = []
+        orig = learner.optimizer.step
+
+        def capture(*a, **kw):
+            seen.append(learner.optimizer.param_groups[0]["lr"])
+            return orig(*a, **kw)
+
+        learner.optimizer.step = capture
+        learner.step(batch)
+        return seen
+
+    learner = Learner.sft(cfg, tiny)
+    assert lrs_of_one_step(learner) == pytest.approx([1e-3 * k / 5 for k in (5, 4, 3, 2)])
+    save_checkpoint(learner, tmp_path / "ckpt")
+    resumed = load_checkpoint(tmp_path / "ckpt")
+    before = [p.detach().clone() for p in resumed.params()]
+    assert lrs_of_one_step(resumed) == pytest.approx([1e-3 / 5, 0.0, 0.0, 0.0])
+    both = Learner.sft(
+        SFTConfig(lr=1e-3, warmup_steps=2, decay_steps=4, epochs=2, minibatches=2), tiny
+    )
+    assert lrs_of_one_step(both) == pytest.approx(
+        [1e-3 * 0.5, 1e-3 * 0.75, 1e-3 * 0.5, 1e-3 * 0.25]
+    )
+    assert any(not torch.equal(p, q) for p, q in zip(before, resumed.params(), strict=True))
+    with pytest.raises(ConfigError, match="decay_steps"):
+        SFTConfig(lr=1e-3, decay_steps=-1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["head", "model"])
 def test_critic_learns_and_round_trips_through_save(tiny, tmp_path, kind):
@@ -319,8 +359,6 @@ def test_kl_entropy_and_sequence_mis_paths(tiny, agg):
 def test_sft_learner_is_the_weighted_nll_at_temperature_one(tiny):
     """Learner.sft's loss is sum w (-log pi) / sum w at T = 1 whatever the recorded settings; it
     takes only sft samples, and the RL recipes refuse sft samples."""
-    from claw_rl.config import SFTConfig
-
     learner = Learner.sft(SFTConfig(lr=1e-3), tiny)
     w = [0.0, 0.0, 0.5, 0.1, 0.1, 0.1, 0.1, 0.0, 0.1]
     s = dict(tree_sample(PARENT, TRAIN, seed=4, weights=w), algo="sft")

@@ -4,7 +4,7 @@ import importlib as _importlib
 import typing as _typing
 from importlib.metadata import version as _version
 
-from claw_rl.config import GRPOConfig, PPOConfig, RLConfig, TrainConfig
+from claw_rl.config import GRPOConfig, PPOConfig, RLConfig, SFTConfig, TrainConfig
 from claw_rl.errors import CheckpointError, ClawError, ConfigError, RecordError
 from claw_rl.records import Policy, Sample, read_samples
 from claw_rl.tiny import TinySpec, chat_template, init_tiny
@@ -53,6 +53,7 @@ __all__ = [
     "Policy",
     "RLConfig",
     "RecordError",
+    "SFTConfig",
     "Sample",
     "TinySpec",
     "TrainConfig",

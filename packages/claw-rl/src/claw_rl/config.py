@@ -50,6 +50,12 @@ class TrainConfig:
         "linear learning-rate warmup over the first N optimizer steps (0 = none): AdamW's first "
         "steps move every weight by about lr, which can break a fine-tuned policy",
     )
+    decay_steps: int = _f(
+        0,
+        "linear learning-rate decay to 0 at optimizer step N (0 = constant lr): step k runs at "
+        "lr * (N - k + 1) / N, as transformers' linear schedule, and steps past N at 0; with "
+        "warmup_steps the two factors multiply. For a fixed run such as SFT: epochs x minibatches",
+    )
     epochs: int = _f(1, "passes over each batch (PPO epochs)")
     minibatches: int = _f(1, "optimizer steps per epoch; the batch's samples are split evenly")
     micro_batch_size: int = _f(4, "samples per forward pass (gradient accumulation, memory only)")
@@ -68,8 +74,9 @@ class TrainConfig:
         for name in ("lr", "micro_batch_size", "epochs", "minibatches"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} = {getattr(self, name)!r} must be > 0")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"warmup_steps = {self.warmup_steps!r} must be >= 0")
+        for name in ("warmup_steps", "decay_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} = {getattr(self, name)!r} must be >= 0")
         if self.parallelism not in ("ddp", "fsdp"):
             raise ConfigError(f"parallelism = {self.parallelism!r}; choose ddp or fsdp")
 

@@ -592,13 +592,18 @@ class Learner:
         _dist.sum_grads(params)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norm = _dist.clip_grads(params, max_norm)
-        if self.config.warmup_steps:
-            # the k-th optimizer step (1-based) runs at lr * min(1, k / warmup_steps); k comes from
-            # AdamW's own per-parameter step count, so a resumed learner continues the ramp
+        warmup, decay = self.config.warmup_steps, self.config.decay_steps
+        if warmup or decay:
+            # the k-th optimizer step (1-based) runs at lr * min(1, k / warmup) * max(0, (decay -
+            # k + 1) / decay); k comes from AdamW's own per-parameter step count, so a resumed
+            # learner continues the schedule
             state = self.optimizer.state.get(params[0], {}) if params else {}
             k = int(state.get("step", 0)) + 1
+            factor = min(1.0, k / warmup) if warmup else 1.0
+            if decay:
+                factor *= max(0.0, (decay - k + 1) / decay)
             for group in self.optimizer.param_groups:
-                group["lr"] = group["base_lr"] * min(1.0, k / self.config.warmup_steps)
+                group["lr"] = group["base_lr"] * factor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
