@@ -218,32 +218,37 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
     assert m_a[1]["loss"] == m_b["loss"] and resumed.step_count == 2
 
 
+def _lrs_of_one_step(learner, batch) -> list[float]:
+    """The learning rate of each optimizer step of one learner.step(batch)."""
+    seen: list[float] = []
+    orig = learner.optimizer.step
+
+    def capture(*a, **kw):
+        seen.append(learner.optimizer.param_groups[0]["lr"])
+        return orig(*a, **kw)
+
+    learner.optimizer.step = capture
+    learner.step(batch)
+    return seen
+
+
+def _two_samples(algo: str) -> list[dict]:
+    return [
+        {**tree_sample(PARENT, TRAIN, seed=j, sample_id=str(j), vocab=2000), "algo": algo}
+        for j in range(2)
+    ]
+
+
 def test_warmup_ramps_the_learning_rate_and_resumes_mid_ramp(tiny, tmp_path):
     """warmup_steps=6: optimizer steps k = 1..6 run at lr * k / 6, later ones at lr; a learner
     resumed from a checkpoint after 4 steps goes on at 5/6."""
     cfg = GRPOConfig(lr=1e-3, warmup_steps=6, epochs=2, minibatches=2, micro_batch_size=1)
-    batch = [
-        {**tree_sample(PARENT, TRAIN, seed=j, sample_id=str(j), vocab=2000), "algo": "grpo"}
-        for j in range(2)
-    ]
-
-    def lrs_of_one_step(learner) -> list[float]:
-        seen: list[float] = []
-        orig = learner.optimizer.step
-
-        def capture(*a, **kw):
-            seen.append(learner.optimizer.param_groups[0]["lr"])
-            return orig(*a, **kw)
-
-        learner.optimizer.step = capture
-        learner.step(batch)
-        return seen
-
+    batch = _two_samples("grpo")
     learner = Learner.grpo(cfg, tiny)
-    assert lrs_of_one_step(learner) == pytest.approx([1e-3 * k / 6 for k in (1, 2, 3, 4)])
+    assert _lrs_of_one_step(learner, batch) == pytest.approx([1e-3 * k / 6 for k in (1, 2, 3, 4)])
     save_checkpoint(learner, tmp_path / "ckpt")
     resumed = load_checkpoint(tmp_path / "ckpt")
-    assert lrs_of_one_step(resumed) == pytest.approx([1e-3 * 5 / 6, 1e-3, 1e-3, 1e-3])
+    assert _lrs_of_one_step(resumed, batch) == pytest.approx([1e-3 * 5 / 6, 1e-3, 1e-3, 1e-3])
     with pytest.raises(ConfigError, match="warmup_steps"):
         GRPOConfig(lr=1e-3, warmup_steps=-1)
 
@@ -253,36 +258,18 @@ def test_decay_lowers_the_learning_rate_linearly_to_zero_and_resumes(tiny, tmp_p
     weights stop moving); a resumed learner goes on where it stopped; with warmup_steps=2 the
     two factors multiply."""
     cfg = SFTConfig(lr=1e-3, decay_steps=5, epochs=2, minibatches=2, micro_batch_size=1)
-    batch = [
-        {**tree_sample(PARENT, TRAIN, seed=j, sample_id=str(j), vocab=2000), "algo": "sft"}
-        for j in range(2)
-    ]
-
-    def lrs_of_one_step(learner) -> list[float]:
-        seen: list[float] = []
-        orig = learner.optimizer.step
-
-        def capture(*a, **kw):
-            seen.append(learner.optimizer.param_groups[0]["lr"])
-            return orig(*a, **kw)
-
-        learner.optimizer.step = capture
-        learner.step(batch)
-        return seen
-
+    batch = _two_samples("sft")
     learner = Learner.sft(cfg, tiny)
-    assert lrs_of_one_step(learner) == pytest.approx([1e-3 * k / 5 for k in (5, 4, 3, 2)])
+    assert _lrs_of_one_step(learner, batch) == pytest.approx([1e-3 * k / 5 for k in (5, 4, 3, 2)])
     save_checkpoint(learner, tmp_path / "ckpt")
     resumed = load_checkpoint(tmp_path / "ckpt")
     before = [p.detach().clone() for p in resumed.params()]
-    assert lrs_of_one_step(resumed) == pytest.approx([1e-3 / 5, 0.0, 0.0, 0.0])
+    assert _lrs_of_one_step(resumed, batch) == pytest.approx([1e-3 / 5, 0.0, 0.0, 0.0])
+    assert any(not torch.equal(p, q) for p, q in zip(before, resumed.params(), strict=True))
     both = Learner.sft(
         SFTConfig(lr=1e-3, warmup_steps=2, decay_steps=4, epochs=2, minibatches=2), tiny
     )
-    assert lrs_of_one_step(both) == pytest.approx(
-        [1e-3 * 0.5, 1e-3 * 0.75, 1e-3 * 0.5, 1e-3 * 0.25]
-    )
-    assert any(not torch.equal(p, q) for p, q in zip(before, resumed.params(), strict=True))
+    assert _lrs_of_one_step(both, batch) == pytest.approx([5e-4, 7.5e-4, 5e-4, 2.5e-4])
     with pytest.raises(ConfigError, match="decay_steps"):
         SFTConfig(lr=1e-3, decay_steps=-1)
 
