@@ -232,6 +232,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="RL learning-rate warmup over the first N optimizer steps (0 = none)",
     )
+    p.add_argument(
+        "--ppo-whiten",
+        choices=["center", "scale"],
+        default="center",
+        help="PPO advantage whitening: subtract the batch mean and divide by the std, or only "
+        "divide (claw-rl whiten_center)",
+    )
     p.add_argument("--epochs", type=int, default=2, help="passes over each step's batch")
     p.add_argument("--minibatches", type=int, default=2, help="optimizer steps per epoch")
     p.add_argument("--seed", type=int, default=0)
@@ -316,6 +323,7 @@ def make_learner(args: argparse.Namespace, run: Path, start_model: Path, done: i
         return claw_rl.Learner.grpo(cfg, start_model)
     cfg = claw_rl.PPOConfig(
         name="policy",
+        whiten_center=args.ppo_whiten == "center",
         lr=args.lr,
         critic_lr=args.lr * 3,
         warmup_steps=args.warmup,

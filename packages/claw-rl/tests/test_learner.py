@@ -17,6 +17,7 @@ from claw_rl import (
     PPOConfig,
     SFTConfig,
     load_checkpoint,
+    losses,
     save_checkpoint,
     save_policy,
 )
@@ -272,6 +273,30 @@ def test_decay_lowers_the_learning_rate_linearly_to_zero_and_resumes(tiny, tmp_p
     assert _lrs_of_one_step(both, batch) == pytest.approx([5e-4, 7.5e-4, 5e-4, 2.5e-4])
     with pytest.raises(ConfigError, match="decay_steps"):
         SFTConfig(lr=1e-3, decay_steps=-1)
+
+
+def test_ppo_whitening_without_centring_keeps_every_advantages_sign(tiny):
+    """whiten_center=False divides the advantages by their (floored) std only: in a batch whose
+    advantages are all positive (a critic below every return, as when nearly all rollouts pass)
+    none turns negative; the default subtracts the batch mean, as standard PPO does."""
+    samples = []
+    for k in range(2):
+        s = tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000, returns=True)
+        s["advantages"] = [
+            abs(a) + 0.05 if t else 0.0 for a, t in zip(s["advantages"], TRAIN, strict=True)
+        ]
+        samples.append(s)
+    A = torch.tensor([a for s in samples for a, t in zip(s["advantages"], TRAIN, strict=True) if t])
+    q = torch.tensor(
+        [w for s in samples for w, t in zip(s["loss_weights"], TRAIN, strict=True) if t]
+    )
+    mean, scale = losses.whiten(A, q, std_floor=0.1)
+    cfg = dict(lr=1e-5, epochs=1, minibatches=1)
+    centred = Learner.ppo(PPOConfig(**cfg), tiny).step(samples)
+    assert centred["adv_whiten_mean"] == pytest.approx(mean) and mean > 0
+    assert float((A - mean).min()) < 0  # centring turned some positive advantages negative
+    scaled = Learner.ppo(PPOConfig(whiten_center=False, **cfg), tiny).step(samples)
+    assert scaled["adv_whiten_mean"] == 0.0 and scaled["adv_whiten_std"] == pytest.approx(scale)
 
 
 @pytest.mark.slow

@@ -201,6 +201,12 @@ class PPOConfig(RLConfig):
         "nearly all equal) is amplified at most 1/floor times, not to std 1. 0.1 suits rewards "
         "in [0, 1]: the std of a 0/1 reward at 99% success, a third of a mixed batch's",
     )
+    whiten_center: bool = _f(
+        True,
+        "whitening subtracts the batch mean (standard PPO); false: divides by the std only, so "
+        "every advantage keeps its critic-given sign (in a batch that nearly all passes, "
+        "centring makes the confidently right tokens' small positive advantages negative)",
+    )
     vf_coef: float = _f(0.5, "weight of the value loss")
     value_clip: float = _f(0.2, "value clip range around the old values (0 = no clipping)")
 

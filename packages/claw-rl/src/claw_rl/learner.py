@@ -122,6 +122,7 @@ class Learner:
         critic: Critic | None = None,
         reference: Reference | None = None,
         whiten_std_floor: float | None = None,
+        whiten_center: bool = True,
         sample_algos: tuple[str, ...] = RL_ALGOS,
         mismatch_threshold: float = 0.1,
         max_staleness: int | None = None,
@@ -138,6 +139,7 @@ class Learner:
         self.critic = critic
         self.reference = reference
         self.whiten_std_floor = whiten_std_floor
+        self.whiten_center = whiten_center
         self.sample_algos = sample_algos
         self.mismatch_threshold = mismatch_threshold
         self.max_staleness = max_staleness
@@ -238,6 +240,7 @@ class Learner:
             entropy_coef=config.entropy_coef,
             critic=critic,
             whiten_std_floor=config.whiten_std_floor if config.whiten_advantages else None,
+            whiten_center=config.whiten_center,
             **_checks(config),
             model_dir=model_dir,
             origin_dir=origin,
@@ -518,6 +521,8 @@ class Learner:
             old.adv_mean, old.adv_scale = losses.whiten(
                 A, torch.from_numpy(np.concatenate(q)), std_floor=self.whiten_std_floor
             )
+            if not self.whiten_center:
+                old.adv_mean = 0.0
             metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = old.adv_mean, old.adv_scale
         return old
 
