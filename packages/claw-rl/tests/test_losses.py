@@ -86,6 +86,7 @@ def test_whiten_uses_the_loss_mass():
     assert mean == pytest.approx(float(flat.mean()))
     assert std == pytest.approx(float(flat.std(unbiased=False)))
     assert losses.whiten(A, torch.zeros(2)) == (0.0, 1.0)
+    assert losses.whiten(A, torch.tensor([2.0, 1.0]), eps=0.0, center=False) == (0.0, std)
 
 
 def test_whiten_floor_bounds_the_gain_on_a_saturated_batch():

@@ -173,9 +173,18 @@ def test_grpo_packed_gradient_equals_flat(tiny, agg, correction, weighting):
 
 @pytest.mark.parametrize("correction", CORRECTIONS)
 @pytest.mark.parametrize("weighting", ["token", "rollout"])
-def test_ppo_packed_gradient_equals_flat(tiny, correction, weighting):
-    """PPO (policy, value head, whitened advantages): packed and flat gradients agree to 1e-5."""
-    cfg = PPOConfig(lr=1e-3, max_grad_norm=0.0, is_correction=correction, epochs=1, minibatches=1)
+@pytest.mark.parametrize("center", [True, False], ids=["centred", "scaled"])
+def test_ppo_packed_gradient_equals_flat(tiny, correction, weighting, center):
+    """PPO (policy, value head, whitened advantages, centred or scaled only): packed and flat
+    gradients agree to 1e-5."""
+    cfg = PPOConfig(
+        lr=1e-3,
+        max_grad_norm=0.0,
+        is_correction=correction,
+        epochs=1,
+        minibatches=1,
+        whiten_center=center,
+    )
     worst, _, _ = _compare(Learner.ppo, cfg, tiny, weighting, ppo=True)
     assert worst <= TOL, f"ppo x {correction} ({weighting}): max |g_tree - g_flat| = {worst:.3g}"
 

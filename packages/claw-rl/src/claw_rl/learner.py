@@ -519,10 +519,11 @@ class Learner:
                 ]
             )
             old.adv_mean, old.adv_scale = losses.whiten(
-                A, torch.from_numpy(np.concatenate(q)), std_floor=self.whiten_std_floor
+                A,
+                torch.from_numpy(np.concatenate(q)),
+                std_floor=self.whiten_std_floor,
+                center=self.whiten_center,
             )
-            if not self.whiten_center:
-                old.adv_mean = 0.0
             metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = old.adv_mean, old.adv_scale
         return old
 

@@ -120,7 +120,11 @@ def constant_sum(lt: torch.Tensor, c: torch.Tensor, n_traj: float, max_len: floa
 
 
 def whiten(
-    A: torch.Tensor, q: torch.Tensor, eps: float = 1e-8, std_floor: float = 0.0
+    A: torch.Tensor,
+    q: torch.Tensor,
+    eps: float = 1e-8,
+    std_floor: float = 0.0,
+    center: bool = True,
 ) -> tuple[float, float]:
     """(mean, scale) of the advantages A (M,) under token weights q (M,), for A' = (A - mean) / scale.
 
@@ -133,7 +137,8 @@ def whiten(
     (std >= 1e-4) only guard the division, so a saturated batch (rewards nearly all equal, A
     mostly value-head noise) is blown up to std 1 and its noise drives the policy; the floor
     bounds that gain by 1 / std_floor, so such a batch is centred and scaled no more than that,
-    and a batch with std >= std_floor is whitened exactly as without it.
+    and a batch with std >= std_floor is whitened exactly as without it. ``center=False``
+    returns mean 0 (divide by the std only), so every advantage keeps its sign.
     """
     q = q.double()
     total = float(q.sum())
@@ -142,7 +147,7 @@ def whiten(
     A = A.double()
     mean = float((q * A).sum()) / total
     var = float((q * (A - mean) ** 2).sum()) / total
-    return mean, max(var**0.5, std_floor) + eps
+    return (mean if center else 0.0), max(var**0.5, std_floor) + eps
 
 
 def value_loss(
