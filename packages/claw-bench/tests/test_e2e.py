@@ -107,10 +107,14 @@ def _check(jobs, outcomes, srv, want_pass):
         o["reward"] == (1.0 if want_pass else o["reward"]) and (want_pass or o["reward"] < 1.0)
         for o in outcomes
     )
-    # every job talked to the model under its own session, with {task, harness} tags
+    # every job talked to the model under its own session, with {task, harness, sample} tags
     sessions = {r["session"]: r["tags"] for r in srv.requests}
     assert sessions == {
-        j["meta"]["session"]: {"task": j["meta"]["task"], "harness": j["meta"]["harness"]}
+        j["meta"]["session"]: {
+            "task": j["meta"]["task"],
+            "harness": j["meta"]["harness"],
+            "sample": str(j["meta"]["sample"]),
+        }
         for j in jobs
     }
 

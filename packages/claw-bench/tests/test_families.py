@@ -127,6 +127,35 @@ def test_expert_slip_skips_the_last_tool_call_on_a_seeded_fraction():
         expert_script(HELDOUT, slip=1.5)
 
 
+def test_expert_slips_spread_over_each_tasks_rollouts():
+    """With samples S > 1 every line carries its rollout's `sample` tag, and each task's slips are
+    spread over its rollouts: slip 0.5 x 2 abandons exactly one rollout of every task; 0.25 x 2
+    one rollout of half the tasks; the rounded total over all rollouts is kept."""
+
+    def slips(lines):  # (task, sample) -> lines played
+        n: dict[tuple[str, str], int] = {}
+        for x in lines:
+            key = (x["tags"]["task"], x["tags"]["sample"])
+            n[key] = n.get(key, 0) + 1
+        assert set(n.values()) <= {2, 3}
+        return {key for key, k in n.items() if k == 2}
+
+    tasks = [t.id for t in HELDOUT]
+    half = slips(expert_script(HELDOUT, slip=0.5, seed=1, samples=2))
+    assert sorted(tid for tid, _ in half) == sorted(tasks)  # one slipped rollout per task
+    assert {k for _, k in half} == {"0", "1"}  # not always the same rollout
+    quarter = slips(expert_script(HELDOUT, slip=0.25, seed=1, samples=2))
+    assert len(quarter) == round(0.25 * 2 * len(tasks)) == len({t for t, _ in quarter})
+    three = slips(expert_script(HELDOUT, slip=0.5, seed=1, samples=3))
+    per_task = [sum(t == tid for t, _ in three) for tid in tasks]
+    assert len(three) == round(1.5 * len(tasks)) and set(per_task) == {1, 2}
+    assert expert_script(HELDOUT, slip=0.5, seed=1, samples=2) != expert_script(
+        HELDOUT, slip=0.5, seed=2, samples=2
+    )
+    with pytest.raises(TaskError, match="samples must be >= 1"):
+        expert_script(HELDOUT, samples=0)
+
+
 def test_expert_command(tmp_path):
     """`claw-bench expert` writes the script for the selected tasks; a task without one is a clear error."""
     out = tmp_path / "expert.jsonl"
@@ -136,6 +165,13 @@ def test_expert_command(tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 3 * len(HELDOUT) and rows[0]["tags"] == {"task": "toy-steps-heldout-0000"}
+    two = tmp_path / "two.jsonl"
+    argv = ["expert", "-s", "claw-toy", "--tag", "heldout", "--slip", "0.5", "-n", "2"]
+    r = CliRunner().invoke(main, [*argv, "-o", str(two)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in two.read_text().splitlines()]
+    assert len(rows) == 2 * 3 * len(HELDOUT) - len(HELDOUT)  # one write skipped per task
+    assert rows[0]["tags"] == {"task": "toy-steps-heldout-0000", "sample": "0"}
     r = CliRunner().invoke(main, ["expert", "-s", "claw-toy", "--task", "toy-hello"])
     assert r.exit_code == 1 and "no expert solution" in r.output
 

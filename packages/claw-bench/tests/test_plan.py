@@ -39,7 +39,8 @@ def test_one_job_per_task_harness_sample_and_all_valid():
 
 
 def test_tokens_are_signed_with_task_and_harness_tags():
-    """Each job's API key is a token the proxy accepts, carrying its session and {task, harness} tags."""
+    """Each job's API key is a token the proxy accepts, carrying its session and its {task,
+    harness, sample} tags."""
     for j in _plan():
         key = (
             j["env"].get("OPENAI_API_KEY")
@@ -49,7 +50,11 @@ def test_tokens_are_signed_with_task_and_harness_tags():
         )
         session, tags = verify_token(key, KEY)
         assert session == j["meta"]["session"]
-        assert tags == {"task": j["meta"]["task"], "harness": j["meta"]["harness"]}
+        assert tags == {
+            "task": j["meta"]["task"],
+            "harness": j["meta"]["harness"],
+            "sample": str(j["meta"]["sample"]),
+        }
 
 
 def test_verifier_is_hidden_until_verify():

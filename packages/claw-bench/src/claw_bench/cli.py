@@ -343,6 +343,16 @@ def plan(
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="which tasks slip (with --slip)"
 )
+@click.option(
+    "-n",
+    "--rollouts",
+    "samples",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="rollouts per (task, harness) the script is for (plan -n): above 1 the slips are "
+    "spread evenly over each task's rollouts (session tag `sample`)",
+)
 @_errors
 def expert(
     suite: str,
@@ -351,6 +361,7 @@ def expert(
     output: str,
     slip: float,
     seed: int,
+    samples: int,
 ) -> None:
     """Write a teacher script: each task's expert solution as claw-proxy scripted-engine answers.
 
@@ -360,14 +371,17 @@ def expert(
     carry expert solutions. Run claw-agent-chat (or -anthropic) jobs planned for the same tasks
     against `claw-proxy serve --engine scripted:FILE --tokenizer STUDENT_DIR --record calls.jsonl`
     and the calls are recorded in the student's tokenization, ready for SFT. --slip P makes a
-    weaker teacher that stops one tool call early on a seeded fraction P of the tasks.
+    weaker teacher that stops one tool call early on a seeded fraction P of the tasks; with -n
+    S > 1 (plan the jobs with the same -n) each task is played S times and its slips spread over
+    them, so the same prompt is seen both finished and abandoned.
 
     Example: claw-bench expert -s claw-toy --tag toy-steps --tag train -o expert.jsonl
     """
     from claw_bench.families import expert_script
 
     s = _suite(suite).select(list(task_ids) or None, list(tags) or None)
-    n = write_records(output, expert_script(list(s.tasks), slip=slip, seed=seed))
+    lines = expert_script(list(s.tasks), slip=slip, seed=seed, samples=samples)
+    n = write_records(output, lines)
     _log(f"wrote {n} scripted answers for {len(s.tasks)} tasks")
 
 

@@ -152,7 +152,9 @@ def load_family(path: str | Path) -> list[Task]:
     return tasks
 
 
-def expert_script(tasks: list[Task], *, slip: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+def expert_script(
+    tasks: list[Task], *, slip: float = 0.0, seed: int = 0, samples: int = 1
+) -> list[dict[str, Any]]:
     """claw-proxy scripted-engine lines that play each task's expert steps as model answers.
 
     One line per step, in order, each keyed to the task's sessions by the session tag
@@ -160,30 +162,48 @@ def expert_script(tasks: list[Task], *, slip: float = 0.0, seed: int = 0) -> lis
     "arguments"}]}`` (the proxy renders it in the policy's own tool-call format), a text step
     ``{"text": ...}``. Tasks without ``meta["expert"]`` raise TaskError naming them.
 
-    ``slip`` makes a weaker teacher: on round(slip x len(tasks)) of the tasks, drawn from
-    ``seed`` (the same tasks for the same seed and task list), the expert skips its last tool
-    call and goes straight to its final answer, as an agent does that stops one step early.
-    Its rollouts on those tasks fail the verifier; a student imitating every rollout learns the
-    habit.
+    ``slip`` makes a weaker teacher: on round(slip x len(tasks) x samples) of its rollouts,
+    drawn from ``seed``, the expert skips its last tool call and goes straight to its final
+    answer, as an agent does that stops one step early. Its rollouts then fail the verifier; a
+    student imitating every rollout learns the habit. With ``samples`` = 1 a slip belongs to a
+    task, so a student can also learn *which* tasks to give up on from their wording. With
+    ``samples`` = S > 1 the teacher plays each task S times (claw-bench's session tag
+    ``sample``, 0..S-1) and the slips are spread evenly over each task's rollouts: a task's
+    rollouts slip floor(slip x S) or one more times, so the same prompt is seen both finished
+    and abandoned, and the habit cannot be tied to the task (slip 0.5, S = 2: exactly one
+    rollout of every task slips).
     """
     if not 0.0 <= slip <= 1.0:
         raise TaskError(f"expert slip must be a fraction in [0, 1], got {slip!r}")
+    if samples < 1:
+        raise TaskError(f"expert samples must be >= 1, got {samples!r}")
     ids = sorted(t.id for t in tasks)
-    slipped = set(random.Random(f"slip:{seed}").sample(ids, round(slip * len(ids))))
+    rng = random.Random(f"slip:{seed}")
+    per_task = int(slip * samples)  # every task slips this often; some once more
+    extra = round(slip * len(ids) * samples) - per_task * len(ids)
+    more = set(rng.sample(ids, extra))
+    slipped = {  # task id -> indices of its rollouts that slip
+        i: set(rng.sample(range(samples), per_task + (i in more))) if samples > 1 else {0}
+        for i in ids
+        if per_task + (i in more)
+    }
     lines: list[dict[str, Any]] = []
     for t in tasks:
         steps = t.meta.get("expert")
         if not isinstance(steps, list) or not steps:
             raise TaskError(f"task {t.id}: no expert solution (only generated families have one)")
-        if t.id in slipped:
-            tools = [i for i, step in enumerate(steps) if "tool" in step]
-            if tools:
-                steps = steps[: tools[-1]] + steps[tools[-1] + 1 :]
-        for step in steps:
-            line: dict[str, Any] = {"tags": {"task": t.id}}
-            if "tool" in step:
-                line["tool_calls"] = [{"name": step["tool"], "arguments": step["arguments"]}]
-            else:
-                line["text"] = step["text"]
-            lines.append(line)
+        for k in range(samples):
+            played = steps
+            if k in slipped.get(t.id, ()):
+                tools = [i for i, step in enumerate(steps) if "tool" in step]
+                if tools:
+                    played = steps[: tools[-1]] + steps[tools[-1] + 1 :]
+            tags = {"task": t.id} if samples == 1 else {"task": t.id, "sample": str(k)}
+            for step in played:
+                line: dict[str, Any] = {"tags": dict(tags)}
+                if "tool" in step:
+                    line["tool_calls"] = [{"name": step["tool"], "arguments": step["arguments"]}]
+                else:
+                    line["text"] = step["text"]
+                lines.append(line)
     return lines

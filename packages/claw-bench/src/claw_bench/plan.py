@@ -332,7 +332,8 @@ def plan_jobs(
                 render: Callable[[str], str] | None = None  # a model harness on an instruction
                 if h.needs_model:
                     assert proxy_url is not None and secret is not None and port is not None
-                    token = mint_token(session, secret, {"task": task.id, "harness": h.name})
+                    tags = {"task": task.id, "harness": h.name, "sample": str(k)}
+                    token = mint_token(session, secret, tags)
                     base_url = (
                         proxy_url.rstrip("/") if net == "host" else f"http://127.0.0.1:{port}"
                     )
