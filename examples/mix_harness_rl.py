@@ -18,8 +18,8 @@ and after RL (eval.jsonl). `--algo ppo` runs the same recipe with PPO:
 
     uv run python examples/mix_harness_rl.py --run-dir runs/steps --steps 8 --rollouts 4 \
         --tag toy-steps --tag train --tasks-per-step 8 --split-digits \
-        --sft-teacher --sft-tasks 64 --sft-epochs 30 --sft-batch 8 \
-        --teacher-slip 0.5 --sft-keep all \
+        --sft-teacher --sft-tasks 48 --teacher-rollouts 2 --teacher-slip 0.5 --sft-keep all \
+        --sft-epochs 60 --sft-schedule linear --sft-lr 1.5e-3 \
         --eval-tag toy-steps --eval-tag heldout --eval-tasks 32 --eval-rollouts 2 \
         --harness claw-agent-steps --harness claw-agent-steps-anthropic --max-new-tokens 48 \
         --pack group --lr 3e-4
@@ -157,6 +157,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         "tool call, so those rollouts fail (claw-bench expert --slip)",
     )
     p.add_argument(
+        "--teacher-rollouts",
+        type=int,
+        default=1,
+        help="teacher rollouts per task and harness; above 1 each task's slips are spread over "
+        "its rollouts, so no prompt is always abandoned (claw-bench expert -n)",
+    )
+    p.add_argument(
         "--sft-keep",
         choices=["passed", "all"],
         default="passed",
@@ -173,13 +180,25 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--sft-epochs", type=int, default=40, help="passes over the teacher samples")
     p.add_argument(
-        "--sft-batch", type=int, default=16, help="teacher sessions per SFT optimizer step"
+        "--sft-batch",
+        type=int,
+        default=16,
+        help="teacher sessions per SFT optimizer step (--pack session)",
+    )
+    p.add_argument(
+        "--sft-max-tokens",
+        type=int,
+        default=1024,
+        help="--pack group: consecutive teacher sessions are merged into one sample (their shared "
+        "system prompt and tools stored once) while it holds at most this many tokens; one "
+        "sample per SFT optimizer step",
     )
     p.add_argument(
         "--pack",
         choices=["session", "group"],
         default="session",
-        help="RL samples: one tree per rollout, or one per group (shared prompt stored once)",
+        help="RL samples: one tree per rollout, or one per group (shared prompt stored once); "
+        "SFT samples: one per teacher session, or sessions merged (--sft-max-tokens)",
     )
     p.add_argument("--rollouts", type=int, default=4, help="rollouts per (task, harness) per step")
     p.add_argument("--steps", type=int, default=8)
@@ -380,16 +399,33 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     passed. Writes teacher/ and policy/sft/; returns the SFT summary (teacher/sft.json)."""
     d = run / "teacher"
     script = run / "expert.jsonl"
-    lines = claw_bench.families.expert_script(tasks, slip=args.teacher_slip, seed=args.seed)
+    lines = claw_bench.families.expert_script(
+        tasks, slip=args.teacher_slip, seed=args.seed, samples=args.teacher_rollouts
+    )
     script.write_text("".join(json.dumps(x) + "\n" for x in lines))
     t0 = time.monotonic()
     outcomes = play(
-        args, d, f"scripted:{script}", str(start_model), secret, tasks, harnesses, 1, "teacher"
+        args,
+        d,
+        f"scripted:{script}",
+        str(start_model),
+        secret,
+        tasks,
+        harnesses,
+        args.teacher_rollouts,
+        "teacher",
     )
     calls = claw_tree.read_calls(d / "calls.jsonl").records
     forest = claw_tree.build_forest(calls)
     passed_only = args.sft_keep == "passed"
-    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, passed_only=passed_only)
+    group = args.pack == "group"
+    batch = claw_tree.build_sft_samples(
+        forest,
+        outcomes=outcomes,
+        passed_only=passed_only,
+        pack=args.pack,
+        max_tokens=args.sft_max_tokens if group else None,
+    )
     if not batch.samples:
         raise SystemExit(f"{d}: no teacher rollout passed, nothing to fine-tune on")
     n_passed = sum(bool(o["passed"]) for o in outcomes)
@@ -400,14 +436,15 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
     )
     from claw_rl.config import SFTConfig
 
-    minibatches = max(1, len(batch.samples) // args.sft_batch)
+    per_step = 1 if group else args.sft_batch  # samples per optimizer step
+    minibatches = max(1, len(batch.samples) // per_step)
     config = SFTConfig(
         name="policy",
         lr=args.sft_lr,
         decay_steps=args.sft_epochs * minibatches if args.sft_schedule == "linear" else 0,
         epochs=args.sft_epochs,
         minibatches=minibatches,
-        micro_batch_size=args.sft_batch,
+        micro_batch_size=per_step,
         seed=args.seed,
     )
     learner = claw_rl.Learner.sft(config, start_model)
@@ -422,6 +459,8 @@ def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesse
         "sft_sessions": kept,
         "teacher_calls": stats["calls"],
         "dedup_factor": stats["dedup_factor"],
+        "sft_samples": len(batch.samples),
+        "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples),
         "loss": metrics["loss"],
         "seconds": round(time.monotonic() - t0, 2),
     }

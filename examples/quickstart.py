@@ -12,10 +12,13 @@ Messages. The script, through examples/mix_harness_rl.py (the loop with every kn
 1. makes a tiny random policy (Qwen3 architecture, 2 layers, hidden 128, numbers one token per
    digit) and measures its held-out Pass@1;
 2. records a weaker teacher on the first --sft-tasks training instances through claw-proxy and
-   both harnesses: the scripted expert, which on --teacher-slip of its tasks stops after reading
-   and says "done" without writing (those rollouts fail); fine-tunes the policy on all of the
-   teacher's calls, slips included (plain imitation: claw-tree SFT samples, claw-rl's SFT
-   learner); held-out Pass@1 again. The student learns the teacher's skill and its slips;
+   both harnesses, --teacher-rollouts times each: the scripted expert, which on --teacher-slip
+   of its rollouts stops after reading and says "done" without writing (those rollouts fail),
+   spread over each task's rollouts, so every prompt is seen both finished and abandoned;
+   fine-tunes the policy on all of the teacher's calls, slips included (plain imitation:
+   claw-tree SFT samples, the sessions' shared system prompt and tools stored once per sample;
+   claw-rl's SFT learner, lr 1.5e-3 decayed linearly over --sft-epochs); held-out Pass@1 again.
+   The student learns the teacher's skill and, at about the teacher's rate, its slips;
 3. runs --steps RL steps (GRPO, or PPO with --algo ppo) on --tasks-per-step training instances x
    2 harnesses x --rollouts per step, each rollout a multi-turn session whose calls share their
    prefixes in one tree; held-out Pass@1 of the last policy. Only the verifier's reward tells
@@ -53,8 +56,11 @@ p.add_argument("--algo", choices=["grpo", "ppo"], default="grpo")
 p.add_argument("--steps", type=int, default=8, help="RL steps after SFT")
 p.add_argument("--rollouts", type=int, default=4, help="rollouts per (task, harness) per step")
 p.add_argument("--tasks-per-step", type=int, default=8, help="training instances per RL step")
-p.add_argument("--sft-tasks", type=int, default=64, help="training instances the teacher plays")
-p.add_argument("--sft-epochs", type=int, default=30, help="SFT passes over the teacher's calls")
+p.add_argument("--sft-tasks", type=int, default=48, help="training instances the teacher plays")
+p.add_argument(
+    "--teacher-rollouts", type=int, default=2, help="teacher rollouts per (task, harness)"
+)
+p.add_argument("--sft-epochs", type=int, default=60, help="SFT passes over the teacher's calls")
 p.add_argument(
     "--teacher-slip",
     type=float,
@@ -72,7 +78,8 @@ loop_args = [
     *("--run-dir", str(args.out), "--seed", str(args.seed), "--backend", args.backend),
     *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train", "--split-digits"),
     *("--sft-teacher", "--sft-tasks", str(args.sft_tasks), "--sft-epochs", str(args.sft_epochs)),
-    *("--sft-batch", "8", "--teacher-slip", str(args.teacher_slip), "--sft-keep", "all"),
+    *("--teacher-rollouts", str(args.teacher_rollouts), "--teacher-slip", str(args.teacher_slip)),
+    *("--sft-keep", "all", "--sft-schedule", "linear", "--sft-lr", "1.5e-3"),
     *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", str(args.eval_tasks)),
     *("--eval-rollouts", str(args.eval_rollouts), "--max-new-tokens", "48", "--pack", "group"),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,12 @@ def test_quickstart_smallest(tmp_path, algo):
     assert teacher and all(c["teacher"] == "scripted" for c in teacher)
     assert max(c["seq"] for c in teacher) >= 1  # the expert's sessions are multi-call
     sft = json.loads((out / "teacher" / "sft.json").read_text())
-    assert sft["sft_sessions"] == sft["teacher_rollouts"] == 2  # plain imitation keeps slips too
+    # 1 task x 2 harnesses x 2 teacher rollouts; plain imitation keeps the slips too
+    assert sft["sft_sessions"] == sft["teacher_rollouts"] == 4
+    n_calls = Counter((c["tags"]["harness"], c["session"]) for c in teacher)
+    for h in ("claw-agent-steps", "claw-agent-steps-anthropic"):  # one of the two slipped
+        assert sorted(n for (harness, _), n in n_calls.items() if harness == h) == [2, 3]
+    assert sft["sft_samples"] < sft["sft_sessions"]  # --pack group: sessions share samples
     samples = _rows(out / "steps" / "0001" / "samples.jsonl")
     assert samples and all(s["schema"] == "claw.sample/v1" for s in samples)
     policies = _rows(out / "policies.jsonl")
