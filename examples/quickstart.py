@@ -69,7 +69,7 @@ p.add_argument(
 )
 p.add_argument("--eval-tasks", type=int, default=32, help="held-out instances measured (32: all)")
 p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per held-out (task, harness)")
-p.add_argument("--lr", type=float, default=3e-4, help="RL learning rate")
+p.add_argument("--lr", type=float, default=1.5e-4, help="RL learning rate")
 p.add_argument("--backend", default="auto", help="claw-sandbox backend")
 args = p.parse_args()
 
