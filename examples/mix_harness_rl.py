@@ -176,7 +176,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["constant", "linear"],
         default="constant",
         help="SFT learning rate: constant, or decayed linearly to 0 over the SFT's optimizer steps "
-        "(cleaner tool-call JSON at the end, but 30 epochs then copy less well; see the README)",
+        "(cleaner tool-call JSON at the end; the quickstart decays over 60 epochs, see the README)",
     )
     p.add_argument("--sft-epochs", type=int, default=40, help="passes over the teacher samples")
     p.add_argument(
