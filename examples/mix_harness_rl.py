@@ -270,6 +270,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0.0 <= args.teacher_slip <= 1.0:
         p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
+    for name in ("teacher_rollouts", "sft_max_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.kl_coef and args.algo != "grpo":
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
     args.harness = args.harness or list(DEFAULT_HARNESSES)

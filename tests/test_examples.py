@@ -65,6 +65,18 @@ def test_kl_coef_with_ppo_is_refused_before_anything_runs(tmp_path):
     assert not run.exists()
 
 
+@pytest.mark.parametrize(
+    "flag", ["--teacher-rollouts", "--sft-max-tokens"], ids=["teacher-rollouts", "sft-max-tokens"]
+)
+def test_counts_below_one_are_refused_before_anything_runs(tmp_path, flag):
+    """A teacher rollout count or an SFT sample budget below 1 is a clear usage error naming the
+    option, before any run directory exists."""
+    run = tmp_path / "r"
+    r = _run("mix_harness_rl.py", "--run-dir", str(run), flag, "0")
+    assert r.returncode == 2 and f"{flag} must be >= 1, got 0" in r.stderr, r.stderr[-2000:]
+    assert not run.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_quickstart_smallest(tmp_path, algo):
