@@ -183,9 +183,7 @@ def expert_script(
     extra = round(slip * len(ids) * samples) - per_task * len(ids)
     more = set(rng.sample(ids, extra))
     slipped = {  # task id -> indices of its rollouts that slip
-        i: set(rng.sample(range(samples), per_task + (i in more))) if samples > 1 else {0}
-        for i in ids
-        if per_task + (i in more)
+        i: set(rng.sample(range(samples), per_task + (i in more))) for i in ids
     }
     lines: list[dict[str, Any]] = []
     for t in tasks:
