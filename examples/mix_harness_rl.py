@@ -398,8 +398,9 @@ def play(args, d: Path, engine: str, tokenizer, secret: str, tasks, harnesses, s
 
 def teacher_sft(args, run: Path, start_model: Path, secret: str, tasks, harnesses, log) -> dict:
     """Record the scripted expert on every task and harness through the proxy (the student's chat
-    template renders the expert's tool calls), then SFT the start policy on the rollouts that
-    passed. Writes teacher/ and policy/sft/; returns the SFT summary (teacher/sft.json)."""
+    template renders the expert's tool calls), then SFT the start policy on its rollouts (all of
+    them, or with --sft-keep passed those that passed). Writes teacher/ and policy/sft/; returns
+    the SFT summary (teacher/sft.json)."""
     d = run / "teacher"
     script = run / "expert.jsonl"
     lines = claw_bench.families.expert_script(

@@ -21,8 +21,10 @@ Messages. The script, through examples/mix_harness_rl.py (the loop with every kn
    The student learns the teacher's skill and, at about the teacher's rate, its slips;
 3. runs --steps RL steps (GRPO, or PPO with --algo ppo) on --tasks-per-step training instances x
    2 harnesses x --rollouts per step, each rollout a multi-turn session whose calls share their
-   prefixes in one tree; held-out Pass@1 of the last policy. Only the verifier's reward tells
-   RL that stopping early fails, so RL has to go past its teacher.
+   prefixes in one tree (AdamW eps 1e-5: with torch's 1e-8 a weight whose gradient is tiny still
+   moves by about the learning rate, and one such update broke the tool-call JSON of seed 3's
+   policy); held-out Pass@1 of the last policy. Only the verifier's reward tells RL that stopping
+   early fails, so RL has to go past its teacher.
 
 It prints the per-step table (reward and Pass@1 per harness on the step's training instances,
 tree ratio = flat tokens / tree tokens, train-inference mismatch, seconds) and held-out Pass@1
@@ -83,7 +85,7 @@ loop_args = [
     *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", str(args.eval_tasks)),
     *("--eval-rollouts", str(args.eval_rollouts), "--max-new-tokens", "48", "--pack", "group"),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
-    *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr)),
+    *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr), "--adam-eps", "1e-5"),
 ]
 for h in HARNESSES:
     loop_args += ["--harness", h]

@@ -115,6 +115,9 @@ def test_quickstart_smallest(tmp_path, algo):
     assert (Path(policies[-1]["path"]) / "model.safetensors").exists()
     assert (out / "policy" / "sft" / "model.safetensors").exists()
     assert (out / "checkpoints" / "0002").is_dir()
+    # the RL learner's AdamW eps is the quickstart's 1e-5, not torch's 1e-8 (README: seed 3)
+    state = json.loads((out / "checkpoints" / "0002" / "state.json").read_text())
+    assert state["config"]["adam_eps"] == 1e-5
     table = (out / "table.txt").read_text()
     assert "reward claw-agent-steps" in table and "tree ratio" in table
     assert all(stage in table for stage in ("before SFT", "after SFT", f"after {algo.upper()}"))
