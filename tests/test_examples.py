@@ -125,6 +125,28 @@ def test_quickstart_smallest(tmp_path, algo):
     assert (out / "quickstart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = _rows(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1] and all(m["infra_errors"] == 0 for m in metrics)
+    if algo == "ppo":
+        return
+    # examples/evaluate.py's documented command on these policies (SFT vs last): held-out tasks
+    # only (--tag), both tool-calling harnesses, a report and its plot
+    ev = tmp_path / "eval"
+    r = _run(
+        "evaluate.py",
+        *("--model", str(out / "policy" / "sft"), "--compare-model", policies[-1]["path"]),
+        *("--tag", "toy-steps", "--tag", "heldout", "--task", "toy-steps-heldout-0000"),
+        *("--task", "toy-steps-train-0000", "--harness", "claw-agent-steps"),
+        *("--harness", "claw-agent-steps-anthropic", "-n", "1", "--max-new-tokens", "48"),
+        *("-o", str(ev)),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for label in ("model", "compare"):
+        outcomes = _rows(ev / label / "outcomes.jsonl")
+        assert sorted((o["task"], o["harness"]) for o in outcomes) == [
+            ("toy-steps-heldout-0000", "claw-agent-steps"),
+            ("toy-steps-heldout-0000", "claw-agent-steps-anthropic"),
+        ]
+        assert all(o["status"] == "ok" for o in outcomes)
+    assert "pass@1 before" in r.stdout and (ev / "passk.png").exists()
 
 
 @pytest.mark.slow
@@ -157,7 +179,7 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
     assert sum(mean[-2:]) / 2 > sum(mean[:2]) / 2 + 0.15, mean
     assert sum(passed[-2:]) / 2 >= 0.5, passed
 
-    # examples/evaluate.py's documented comparison, on these policies: Pass@1 rises from 0
+    # examples/evaluate.py's comparison as the README shows it for toy-digits: Pass@1 rises from 0
     ev = tmp_path / "eval"
     r = _run(
         "evaluate.py",
