@@ -22,7 +22,7 @@ and after RL (eval.jsonl). `--algo ppo` runs the same recipe with PPO:
         --sft-epochs 60 --sft-schedule linear --sft-lr 1.5e-3 \
         --eval-tag toy-steps --eval-tag heldout --eval-tasks 32 --eval-rollouts 2 \
         --harness claw-agent-steps --harness claw-agent-steps-anthropic --max-new-tokens 48 \
-        --pack group --lr 1.5e-4
+        --pack group --lr 1.5e-4 --adam-eps 1e-5
 
 (examples/quickstart.py runs exactly this and prints the tables.)
 

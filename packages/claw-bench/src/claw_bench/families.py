@@ -192,7 +192,7 @@ def expert_script(
             raise TaskError(f"task {t.id}: no expert solution (only generated families have one)")
         for k in range(samples):
             played = steps
-            if k in slipped.get(t.id, ()):
+            if k in slipped[t.id]:
                 tools = [i for i, step in enumerate(steps) if "tool" in step]
                 if tools:
                     played = steps[: tools[-1]] + steps[tools[-1] + 1 :]
