@@ -150,6 +150,7 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     assert seen[0]["model"] == "tiny" and seen[0]["seed"] == 3
     assert seen[0]["return_tokens_as_token_ids"] is True and seen[0]["logprobs"] == 1
     assert "return_token_ids" not in seen[0]  # vLLM would echo the prompt ids back
+    assert seen[0]["ignore_eos"] is False and seen[0]["stop_token_ids"]
     assert call.engine == "vllm:http://vllm.test"
     assert call.sampling == {
         "temperature": 0.5,
@@ -166,11 +167,16 @@ def test_vllm_engine_token_in_token_out(make_server, clients, tmp_path):
     h = {"authorization": f"Bearer {ADMIN}"}
     pol = {"schema": "claw.policy/v1", "name": "tiny", "version": 2, "path": str(adapter)}
     assert httpx.post(srv.url + "/admin/policy", json=pol, headers=h).status_code == 200
-    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "again"}])
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "again"}],
+        extra_body={"ignore_eos": True},
+    )
     assert (
         seen[1] == {"lora_name": "tiny-v2", "lora_path": str(adapter)}
         and seen[2]["model"] == "tiny-v2"
     )
+    assert seen[2]["ignore_eos"] is True and seen[2]["stop_token_ids"] == []
     assert list(read_calls(srv.config.record))[-1].policy == {"name": "tiny", "version": 2}
     # an HF directory goes through vLLM's weight-reload routes, then requests use the base model
     del seen[:]

@@ -143,6 +143,10 @@ def test_force_default_records_temperature_one_and_plain_logprobs(servers, model
         ),
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0}', "top_p"),
         (b'{"model":"m","messages":[{"role":"user","content":"x"}],"top_k":-2}', "top_k"),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"x"}],"ignore_eos":"yes"}',
+            "ignore_eos",
+        ),
     ],
 )
 def test_bad_sampling_values_get_400_and_no_record(servers, raw, status_field):
@@ -169,6 +173,27 @@ def test_non_finite_settings_are_refused_naming_the_field(field, value):
     with pytest.raises(RequestError) as e:
         api_chat.parse({"model": "m", "messages": [{"role": "user", "content": "x"}], field: value})
     assert e.value.param == field
+
+
+def test_ignore_eos_decodes_to_max_tokens_through_eos_tokens(tmp_path, model):
+    """`ignore_eos: true` (vLLM's extension) decodes exactly max_tokens, through tokens that would
+    have ended the answer, with the logprobs of a plain forward; without it the answer stops at
+    the first eos. Here every id is an eos (generation_config), so each answer would end after one
+    token."""
+    import json
+    import shutil
+
+    d = tmp_path / "every-id-eos"
+    shutil.copytree(TINY, d)
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen["eos_token_id"] = list(range(model.config.vocab_size))
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    cfg = ProxyConfig(engine=f"transformers:{d}", secret=SECRET, record=str(tmp_path / "c.jsonl"))
+    with ProxyServer(cfg) as srv:
+        plain, through = _ask(srv, "plain"), _ask(srv, "through", ignore_eos=True)
+    assert len(plain.completion_ids) == 1 and plain.finish_reason == "stop"
+    assert len(through.completion_ids) == 24 and through.finish_reason == "length"
+    assert _max_diff(through.completion_logprobs, _forward_logp(model, through, 1.0)) <= TOL
 
 
 def test_resolve_sampling_rules():

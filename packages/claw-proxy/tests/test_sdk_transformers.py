@@ -185,9 +185,7 @@ def test_requests_join_a_running_batch(tmp_path, model):
                 "messages": [{"role": "user", "content": text}],
                 "max_tokens": n,
                 "stream": stream,
-                "temperature": 0.0
-                if stream
-                else 1.0,  # the long one is greedy: deterministic length
+                "ignore_eos": stream,  # the long one decodes all n tokens whatever it samples
             }
             return h.build_request(
                 "POST",

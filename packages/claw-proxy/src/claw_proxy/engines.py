@@ -39,6 +39,7 @@ class GenRequest:
     forced: bool = False  # --sampling force overrode what the request asked for
     seed: int | None = None
     stop_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # the request's `ignore_eos`: stop_ids is empty then
     turn: int = 0  # assistant messages already in the conversation (for scripted engines)
     model: str = ""
     tags: dict = attrs.field(factory=dict)  # the session's tags (scripted engines pick by them)
@@ -390,6 +391,7 @@ class VLLMEngine(Engine):
                 "return_tokens_as_token_ids": True,
                 "skip_special_tokens": False,
                 "stop_token_ids": list(req.stop_ids),
+                "ignore_eos": req.ignore_eos,
                 "include_stop_str_in_output": True,
                 "stream": True,
             }

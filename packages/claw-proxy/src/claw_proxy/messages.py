@@ -88,6 +88,7 @@ class Sampling:
     max_tokens: int | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # vLLM's extension: decode to max_tokens, through eos tokens
 
 
 @attrs.frozen(kw_only=True)
@@ -250,4 +251,5 @@ def sampling_from(
         max_tokens=max_tokens,
         seed=optional(body, "seed", int),
         stop=tuple(s for s in stop if s),
+        ignore_eos=bool(optional(body, "ignore_eos", bool)),
     )
