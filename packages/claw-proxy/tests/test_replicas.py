@@ -70,12 +70,15 @@ def test_sessions_stick_to_a_replica_and_new_ones_go_to_the_least_loaded(
         by_session.setdefault(c.session, set()).add(c.engine)
     assert by_session == {"s0": {f"vllm:{a.url}"}, "s1": {f"vllm:{b.url}"}}
     assert len(a.completions) == len(b.completions) == 2
-    # a call of s0 in flight on A: the next new session goes to B (sessions are 1/1 here)
+    # a call of s0 in flight on A: the next new session goes to B (sessions are 1/1 here).
+    # A's first token of it takes 2 s (s2 is placed within milliseconds), then A runs fast again
+    a.token_s = 2.0
     busy = threading.Thread(target=_chat, args=(srv, "s0", "a long one"))
     busy.start()
     while len(a.completions) < 3:
         busy.join(0.01)
     assert _chat(srv, "s2").status_code == 200
+    a.token_s = 0.0
     busy.join()
     assert len(b.completions) == 3 and len(a.completions) == 3
     health = httpx.get(srv.url + "/healthz").json()

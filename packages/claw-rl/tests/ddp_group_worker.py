@@ -31,7 +31,12 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
         small = [{**s, "sample_id": f"small{k}"} for k, s in enumerate(sessions[4:])]
         make = Learner.ppo if ppo else Learner.grpo
         cfg = (PPOConfig if ppo else GRPOConfig)(
-            lr=1e-3, epochs=1, minibatches=1, micro_batch_size=1, parallelism=parallelism
+            lr=10.0,  # with adam_eps 1 (see ddp_worker.py): the update is ~ lr * gradient
+            adam_eps=1.0,
+            epochs=1,
+            minibatches=1,
+            micro_batch_size=1,
+            parallelism=parallelism,
         )
         learner = make(cfg, model)
         m = learner.step([group, *small])

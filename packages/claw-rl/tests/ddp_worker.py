@@ -23,6 +23,10 @@ from claw_rl._dist import init_from_env, is_sharded, shutdown  # noqa: E402
 from rl_testlib import tree_sample  # noqa: E402
 
 PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]
+# AdamW with eps 1: an update is ~ lr * gradient, so the 1-vs-2-process gap in the weights is the
+# float32 gap in the gradient sums; at eps 1e-8 Adam divides by sqrt(v) and a near-cancelling
+# element's rounding gap grows to 1e-6-1e-5, by an amount that differs between CPUs' kernels
+OPT = {"lr": 1.0, "adam_eps": 1.0}
 TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]
 
 
@@ -38,7 +42,7 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     grpo_rows = [{**{k: v for k, v in r.items() if k != "returns"}, "algo": "grpo"} for r in rows]
     g = Learner.grpo(
         GRPOConfig(
-            lr=1e-3,
+            **OPT,
             epochs=2,
             minibatches=2,
             micro_batch_size=1,
@@ -57,11 +61,16 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     g = load_checkpoint(o / "grpo-ckpt")
     g.step(grpo_rows[::-1])
     save_policy(g, o / "grpo")
-    p = Learner.ppo(PPOConfig(lr=1e-3, micro_batch_size=2, parallelism=parallelism), model)
+    p = Learner.ppo(
+        PPOConfig(**OPT, critic_lr=1.0, micro_batch_size=2, parallelism=parallelism), model
+    )
     m = p.step(rows)
     save_policy(p, o / "ppo")
     c = Learner.ppo(
-        PPOConfig(lr=1e-3, micro_batch_size=1, critic="model", parallelism=parallelism), model
+        PPOConfig(
+            **OPT, critic_lr=1.0, micro_batch_size=1, critic="model", parallelism=parallelism
+        ),
+        model,
     )
     c.step(rows[:3])
     save_policy(c, o / "ppo-critic-model")

@@ -40,11 +40,12 @@ def test_two_processes_match_one(tiny, tmp_path, one_process, parallelism):
 
     What may differ is float32 rounding: the order of the gradient sums (two ranks' partial sums
     against one process's sequence) and which samples share a micro-batch (ranks re-balance each
-    minibatch by tokens). Mostly a few ulps at |w| <= ~1 (1 ulp = 1.19e-7); AdamW's second step
-    can magnify one element whose two gradients nearly cancel: measured max 1.06e-6 (one PPO
-    embedding entry of 266K), the same entry and size by which 1 process differs from itself
-    between micro_batch_size 2 and 1 (and 2 ranks match 1 process at size 1 to 1.19e-7). The
-    clip coefficient is order-free (float64 norms, see ``_dist._sq_norm``)."""
+    minibatch by tokens): a few ulps at |w| <= ~1 (1 ulp = 1.19e-7). The workers run AdamW with
+    eps 1 and lr 1, so an update is ~ lr * gradient (max 0.17) and a gradient's rounding gap
+    stays its size; at eps 1e-8 Adam's second step divided one near-cancelling PPO element by its
+    tiny sqrt(v) and grew its gap to 1.06e-6 here and 7.8e-6 under another thread count's kernels.
+    Measured max 1.53e-7 (1 vs 2 processes, ddp and fsdp, 1 and 2 threads). The clip coefficient
+    is order-free (float64 norms, see ``_dist._sq_norm``)."""
     two = tmp_path / "two"
     run_checked(
         torchrun_cmd(
@@ -99,7 +100,9 @@ def test_train_cli_under_torchrun(tiny, tmp_path, parallelism):
         "--samples",
         str(samples),
         "--lr",
-        "1e-3",
+        "1",
+        "--adam-eps",
+        "1",  # the update is ~ lr * gradient: no element's rounding gap grows (see above)
         "--micro-batch-size",
         "1",
     ]

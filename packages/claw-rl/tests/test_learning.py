@@ -53,12 +53,16 @@ def test_grpo_raises_reward_on_tree_packed_groups(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_ppo_raises_reward_with_a_shaped_reward(tiny):
-    """PPO with a value head, per-token reward and GAE: reward < 0.2 -> > 0.8 in 20 steps."""
+    """PPO with a value head, per-token reward and GAE: reward < 0.2 -> > 0.8 in 30 steps.
+
+    Over sampling seeds 0-7 the last three steps' mean was 0.951-1.000 and the last explained
+    variance >= 0.977; at 20 steps it was 0.753-0.898, so a CPU whose kernels send the run down
+    another seed's path could miss 0.8."""
     learner = Learner.ppo(PPOConfig(lr=3e-3, critic_lr=1e-2, seed=0), tiny)
     V = learner.policy.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     curve, ev = [], []
-    for step in range(20):
+    for step in range(30):
         raw = []
         for k, prompt in enumerate(PROMPTS):
             ids, lps = sample_group(learner.policy, prompt, G, T, gen)
