@@ -193,6 +193,7 @@ def test_ignore_eos_decodes_to_max_tokens_through_eos_tokens(tmp_path, model):
         plain, through = _ask(srv, "plain"), _ask(srv, "through", ignore_eos=True)
     assert len(plain.completion_ids) == 1 and plain.finish_reason == "stop"
     assert len(through.completion_ids) == 24 and through.finish_reason == "length"
+    assert through.sampling["ignore_eos"] is True and "ignore_eos" not in plain.sampling
     assert _max_diff(through.completion_logprobs, _forward_logp(model, through, 1.0)) <= TOL
 
 
@@ -292,6 +293,7 @@ def test_sampling_record_shape_and_reader_checks():
         ({"top_p": 0}, "sampling.top_p"),
         ({"top_k": 1.5}, "sampling.top_k"),
         ({"forced": "yes"}, "sampling.forced"),
+        ({"ignore_eos": 1}, "sampling.ignore_eos"),
     ):
         with pytest.raises(RecordError, match=field):
             Call.from_dict({**base, "sampling": sampling}, "calls.jsonl:3")

@@ -119,7 +119,7 @@ def _prefix(d: dict, where: str) -> dict:
 def sampling_record(temperature: float, top_p: float, top_k: int, forced: bool, **extra) -> dict:
     """The `sampling` object of a `claw.call/v1` (its one shape, for every engine):
     ``{temperature, top_p, top_k, forced}`` the engine sampled with, then `extra` (max_tokens,
-    seed). A value that is not a finite number in range raises `RecordError` (a NaN must never
+    seed, ignore_eos when the request asked to decode through eos). A value that is not a finite number in range raises `RecordError` (a NaN must never
     reach a record)."""
     d = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "forced": forced, **extra}
     _check_sampling(d, "sampling")
@@ -146,8 +146,9 @@ def _check_sampling(d: dict, where: str) -> None:
         isinstance(d["top_k"], bool) or not isinstance(d["top_k"], int) or d["top_k"] < -1
     ):  # -1 (off) only in records of older proxies that copied it from a request
         raise RecordError(f"{where}: field 'sampling.top_k' must be an integer >= 0 (0: off)")
-    if "forced" in d and not isinstance(d["forced"], bool):
-        raise RecordError(f"{where}: field 'sampling.forced' must be a boolean")
+    for name in ("forced", "ignore_eos"):
+        if name in d and not isinstance(d[name], bool):
+            raise RecordError(f"{where}: field 'sampling.{name}' must be a boolean")
 
 
 @attrs.frozen(kw_only=True)
