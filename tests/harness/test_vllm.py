@@ -5,7 +5,8 @@ test here is skipped with that reason. One server (tiny model, float32, eager) s
 module; the tests run in file order: SDK clients on the original weights, then reloads to
 perturbed copies (v1 through the proxy's /admin/policy with `--vllm-reload-method
 claw_reload_weights`, v2 through vLLM's plain reload_weights), then a real harness on an
-eos-leaning copy (v3, loaded with claw_reload_weights).
+eos-leaning copy (v3, loaded with claw_reload_weights), then `ignore_eos` on another (v4, through
+/admin/policy).
 
 Stated tolerance: the logprobs vLLM returns for the sampled tokens, as the proxy records them,
 match transformers' float32 log-softmax of the same token ids within LOGPROB_TOL (absolute).
@@ -461,3 +462,40 @@ def test_real_harness_through_vllm(vllm_url, tmp_path):
     assert diff <= LOGPROB_TOL, (
         f"vLLM logprobs differ from transformers by {diff:.3g} > {LOGPROB_TOL}"
     )
+
+
+def test_ignore_eos_through_vllm(proxy, tmp_path):
+    """`ignore_eos: true` reaches vLLM: on an eos-leaning copy (p(eos) ~ 0.3 a token, loaded
+    through /admin/policy) two calls each decode the proxy's cap of 16 tokens through the eos
+    tokens they sample (none in 32 tokens: ~1e-5), recorded with `sampling.ignore_eos` and with
+    logprobs that match transformers' on those weights."""
+    import httpx
+    import openai
+
+    policy_dir = eos_leaning_copy(TINY, tmp_path / "policy-v4")
+    policy = {"schema": "claw.policy/v1", "name": "tiny", "version": 4, "path": str(policy_dir)}
+    r = httpx.post(
+        proxy["url"] + "/admin/policy",
+        json=policy,
+        timeout=600,
+        headers={"Authorization": f"Bearer {proxy['admin']}"},
+    )
+    assert r.status_code == 200, r.text[:500]
+    session = "vllm-ignore-eos"
+    oa = openai.OpenAI(
+        base_url=proxy["url"] + "/v1", api_key=token(proxy, session), max_retries=0, timeout=300
+    )
+    for text in ("Say hello.", "Say goodbye."):
+        out = oa.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=16,
+            extra_body={"ignore_eos": True},
+        )
+        assert out.choices[0].finish_reason == "length"
+    calls = calls_of(proxy, session)
+    assert [len(c["completion_ids"]) for c in calls] == [16, 16]
+    assert all(c["sampling"]["ignore_eos"] is True for c in calls)
+    assert sum(c["completion_ids"][:-1].count(2) for c in calls) >= 1  # decoded through eos
+    diff = max_logprob_diff(calls, Reference(policy_dir))
+    assert diff <= LOGPROB_TOL, f"vLLM logprobs differ from transformers by {diff:.3g}"
