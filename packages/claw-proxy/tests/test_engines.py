@@ -354,15 +354,21 @@ def test_passthrough_forwards_and_records_text_only(make_server, clients):
         "seed": None,
     }
     client.chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=0.3, top_p=0.5
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "hi"}],
+        temperature=0.3,
+        top_p=0.5,
+        extra_body={"ignore_eos": True},
     )
     assert (seen[-1][1]["temperature"], seen[-1][1]["top_p"]) == (0.3, 0.5)
+    assert seen[-1][1]["ignore_eos"] is True  # forwarded as sent
     c = list(read_calls(srv.config.record))[-1]
     assert (c.sampling["temperature"], c.sampling["top_p"], c.sampling["forced"]) == (
         0.3,
         0.5,
         False,
     )
+    assert c.sampling["ignore_eos"] is True
     assert all(
         token("p1") not in json.dumps(h) for h, _ in seen
     )  # the session token is never forwarded

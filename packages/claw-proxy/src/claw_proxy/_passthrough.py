@@ -65,6 +65,7 @@ def _sampling(body: dict) -> dict:
         s.top_k or 0,
         False,
         seed=s.seed,
+        **({"ignore_eos": True} if s.ignore_eos else {}),
     )
 
 
