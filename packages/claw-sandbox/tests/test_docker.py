@@ -203,7 +203,7 @@ def test_harbor_job_on_docker(docker_backend, tmp_path):
 
     j = harbor_job("hbd", image=IMAGE)
     j["verify"]["command"] = "test -f /root/elsewhere.txt && sh /tests/test.sh"
-    slow = harbor_job("hbslow", image=IMAGE, timeout_s=1)
+    slow = harbor_job("hbslow", image=IMAGE, timeout_s=5)  # docker exec's start fits in it
     slow["command"] = "echo started > /logs/agent/started; sleep 60"
     runs = {r["job_id"]: r for r in run_jobs([j, slow], backend=docker_backend, workdir=tmp_path)}
     check_harbor_run(runs["hbd"])
