@@ -155,7 +155,9 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
     12 steps of 2 x 6 rollouts. Measured on seeds 0/1/2 (one machine): the mean reward of the
     first two steps 0.703/0.705/0.705, of the last two 0.978/0.984/0.934; Pass@1 0 at step 0 and
     1.00/1.00/0.88 over the last two. Asserted: +0.15 and Pass@1 >= 0.5. Then evaluate.py's
-    before/after comparison of the first and last policy: held to Pass@1 0 before, >= 0.5 after."""
+    before/after comparison of the first and last policy: held to Pass@1 0 before, >= 0.5 after.
+    Over seeds 0 and 3-13 the worst were a rise of 0.202, Pass@1 0.67 over the last two steps,
+    and 5 of 8 evaluate rollouts at -n 4; it runs -n 8 so one unlucky rollout cannot decide."""
     out = tmp_path / "learn"
     r = _run(
         "mix_harness_rl.py",
@@ -190,7 +192,7 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
         "--task",
         "toy-digits",
         "-n",
-        "4",
+        "8",
         "--max-new-tokens",
         "24",
         "-o",
@@ -200,7 +202,7 @@ def test_reward_rises_through_the_real_pipeline(tmp_path):
     rate = {}
     for label in ("model", "compare"):
         outcomes = _rows(ev / label / "outcomes.jsonl")
-        assert len(outcomes) == 2 * 4 and all(o["status"] == "ok" for o in outcomes)
+        assert len(outcomes) == 2 * 8 and all(o["status"] == "ok" for o in outcomes)
         rate[label] = sum(bool(o["passed"]) for o in outcomes) / len(outcomes)
     assert rate["model"] == 0.0 and rate["compare"] >= 0.5, rate
     assert (ev / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
