@@ -177,8 +177,8 @@ def test_non_finite_settings_are_refused_naming_the_field(field, value):
 
 def test_ignore_eos_decodes_to_max_tokens_through_eos_tokens(tmp_path, model):
     """`ignore_eos: true` (vLLM's extension) decodes exactly max_tokens, through tokens that would
-    have ended the answer, with the logprobs of a plain forward; without it the answer stops at
-    the first eos. Here every id is an eos (generation_config), so each answer would end after one
+    have ended the answer, with the logprobs of a plain forward, and never past the proxy's
+    --max-tokens-cap; without it the answer stops at the first eos. Here every id is an eos (generation_config), so each answer would end after one
     token."""
     import json
     import shutil
@@ -188,9 +188,17 @@ def test_ignore_eos_decodes_to_max_tokens_through_eos_tokens(tmp_path, model):
     gen = json.loads((d / "generation_config.json").read_text())
     gen["eos_token_id"] = list(range(model.config.vocab_size))
     (d / "generation_config.json").write_text(json.dumps(gen))
-    cfg = ProxyConfig(engine=f"transformers:{d}", secret=SECRET, record=str(tmp_path / "c.jsonl"))
+    cfg = ProxyConfig(
+        engine=f"transformers:{d}",
+        secret=SECRET,
+        record=str(tmp_path / "c.jsonl"),
+        max_tokens_cap=24,
+    )
     with ProxyServer(cfg) as srv:
         plain, through = _ask(srv, "plain"), _ask(srv, "through", ignore_eos=True)
+        # a client asking for far more is held to the cap: ignore_eos does not lift it
+        past_cap = _ask(srv, "past-cap", ignore_eos=True, max_tokens=1_000_000)
+    assert len(past_cap.completion_ids) == 24 and past_cap.sampling["max_tokens"] == 24
     assert len(plain.completion_ids) == 1 and plain.finish_reason == "stop"
     assert len(through.completion_ids) == 24 and through.finish_reason == "length"
     assert through.sampling["ignore_eos"] is True and "ignore_eos" not in plain.sampling

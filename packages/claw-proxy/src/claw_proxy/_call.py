@@ -211,7 +211,7 @@ class Run:
                 self.gen_req.forced,
                 max_tokens=self.gen_req.max_tokens,
                 seed=self.gen_req.seed,
-                **({"ignore_eos": True} if self.gen_req.ignore_eos else {}),
+                ignore_eos=self.gen_req.ignore_eos,
             ),
             usage={
                 "prompt_tokens": answer.prompt_tokens,

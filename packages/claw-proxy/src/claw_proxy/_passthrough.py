@@ -65,7 +65,7 @@ def _sampling(body: dict) -> dict:
         s.top_k or 0,
         False,
         seed=s.seed,
-        **({"ignore_eos": True} if s.ignore_eos else {}),
+        ignore_eos=s.ignore_eos,
     )
 
 

@@ -116,12 +116,16 @@ def _prefix(d: dict, where: str) -> dict:
     return p
 
 
-def sampling_record(temperature: float, top_p: float, top_k: int, forced: bool, **extra) -> dict:
+def sampling_record(
+    temperature: float, top_p: float, top_k: int, forced: bool, *, ignore_eos: bool = False, **extra
+) -> dict:
     """The `sampling` object of a `claw.call/v1` (its one shape, for every engine):
     ``{temperature, top_p, top_k, forced}`` the engine sampled with, then `extra` (max_tokens,
-    seed, ignore_eos when the request asked to decode through eos). A value that is not a finite number in range raises `RecordError` (a NaN must never
-    reach a record)."""
+    seed), then ``ignore_eos: true`` only when the request decoded through eos. A value that is
+    not a finite number in range raises `RecordError` (a NaN must never reach a record)."""
     d = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "forced": forced, **extra}
+    if ignore_eos:
+        d["ignore_eos"] = True
     _check_sampling(d, "sampling")
     if top_k < 0:
         raise RecordError(f"sampling: field 'sampling.top_k' must be >= 0 (0: off), got {top_k}")
