@@ -137,7 +137,8 @@ def _sse_answer(api, sse: str) -> dict:
     content = []
     for _, b in sorted(blocks.items()):
         if b.get("type") == "tool_use" and b["_json"]:
-            b["input"] = json.loads("".join(b["_json"]))
+            # a call without arguments streams one delta of "" (the API's own shape): input {}
+            b["input"] = json.loads("".join(b["_json"]) or "{}")
         content.append(b)
     return {"content": content, "stop_reason": stop}
 

@@ -14,6 +14,7 @@ import re
 
 import attrs
 
+from claw_proxy._jsonbody import loads
 from claw_proxy.errors import RequestError
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
@@ -206,10 +207,10 @@ def parse_arguments(raw, path: str) -> dict:
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise RequestError(f"tool-call arguments are not valid JSON ({e.msg})", path) from e
+        try:  # checked as a request body is: NaN, lone surrogates (a 500 later), nesting depth
+            value = loads(raw, "the tool-call arguments")
+        except RequestError as e:
+            raise RequestError(str(e), path) from None
         if isinstance(value, dict):
             return value
     raise RequestError("tool-call arguments must be a JSON object", path)
