@@ -117,9 +117,12 @@ def merge_group(samples: list[dict]) -> dict:
     context-prefix node, identified by its token prefix."""
     per_token = ("input_ids", "position_ids", "trainable", "logprobs", "advantages")
     per_token += ("loss_weights",) + (("returns",) if "returns" in samples[0] else ())
+    per_token += ("policy_versions",) if "policy_versions" in samples[0] else ()
     out: dict = {k: [] for k in (*per_token, "parent")}
     seen: dict[tuple, int] = {}  # token prefix of a merged node -> its index in out
+    offsets = []  # each sample's first own token (claw-tree's tags.session_offsets)
     for s in samples:
+        offsets.append(len(out["input_ids"]))
         inner = set(s["parent"])
         prefix: list[tuple] = []
         index: list[int] = []  # this sample's token -> index in out
@@ -140,6 +143,8 @@ def merge_group(samples: list[dict]) -> dict:
         **{k: v for k, v in samples[0].items() if k not in out},
         **out,
         "sample_id": "group",
+        "sessions": [s["sample_id"] for s in samples],
+        "tags": {**samples[0].get("tags", {}), "session_offsets": offsets},
     }
 
 

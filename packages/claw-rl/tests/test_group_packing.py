@@ -91,3 +91,34 @@ def test_group_packed_gradient_equals_session_packed(tiny, algo, agg, correction
     assert worst <= TOL, f"{algo} {agg} {correction}: max |g_group - g_sessions| = {worst:.3g}"
     assert m_group["loss"] == pytest.approx(m_sessions["loss"], abs=1e-6)
     assert m_group["tokens"] < m_sessions["tokens"]
+
+
+def test_a_stale_session_leaves_its_group_siblings_training(tiny):
+    """Staleness is decided per session: with one of three rollouts of a group two versions
+    behind (bound 1), the group-packed sample trains its two fresh rollouts, with the loss and
+    gradient of their two per-session samples (the stale one dropped)."""
+    cfg = GRPOConfig(lr=1e-3, max_grad_norm=0.0, max_staleness=1, drop_stale=True)
+    learner = Learner.grpo(cfg, tiny, version=3)
+    vocab = learner.policy.config.vocab_size
+    rng = random.Random(5)
+    system = [rng.randrange(3, vocab) for _ in range(12)]
+    sessions = [group_rollout(rng, k, system, vocab, False) for k in range(3)]
+    for k, s in enumerate(sessions):
+        version = 1 if k == 1 else 3  # the middle rollout is 2 versions old
+        s["policy_versions"] = [version if t else -1 for t in s["trainable"]]
+    for s, lp in zip(sessions, learner.logprobs(sessions), strict=True):
+        s["logprobs"] = np.where(s["trainable"], lp, 0.0).tolist()
+    group = merge_group(sessions)
+    g_group, m_group = _grads(learner, [group])
+    fresh = [sessions[0], sessions[2]]
+    g_fresh, m_fresh = _grads(Learner.grpo(cfg, tiny, version=3), fresh)
+    assert (m_group["stale_sessions"], m_group["dropped_stale"], m_group["samples"]) == (1, 1, 1)
+    assert m_group["stale_samples"] == 1 and m_group["staleness_max"] == 2
+    assert set(g_group) == set(g_fresh) and g_group
+    worst = max(float((g_group[n] - g_fresh[n]).abs().max()) for n in g_group)
+    scale = max(float(g.abs().max()) for g in g_fresh.values())
+    assert scale > 1e-3  # not two zero gradients
+    assert worst <= TOL, f"max |g_group - g_fresh| = {worst:.3g}"
+    assert m_group["loss"] == pytest.approx(m_fresh["loss"], abs=1e-6)
+    # the stale rollout's own tokens left the sample; the shared system prompt stayed
+    assert m_group["tokens"] == len(merge_group(fresh)["input_ids"])

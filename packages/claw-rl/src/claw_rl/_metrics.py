@@ -5,28 +5,40 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from claw_rl import _dist
-from claw_rl.packing import leaf_counts
+from claw_rl.packing import leaf_counts, session_index
 from claw_rl.records import Sample
 
 
-def ages(samples: list[Sample], version: int) -> list[int]:
-    """Per sample: the learner version minus the oldest policy version of its trainable tokens
-    (0 when unknown)."""
+def session_ages(sample: Sample, version: int) -> list[int]:
+    """Per session of the sample (one entry for a sample without sessions): the learner version
+    minus the oldest policy version of the session's trainable tokens (0 when unknown).
+    Staleness is decided per session: a group-packed sample holds several rollouts, and a
+    stale one must not take its siblings with it."""
+    n = max(len(sample.sessions), 1)
+    if sample.policy_versions is None:
+        return [0] * n
+    v = np.asarray(sample.policy_versions, dtype=np.int64)
+    known = np.asarray(sample.trainable, dtype=bool) & (v >= 0)
+    sess = session_index(sample)
     out = []
-    for s in samples:
-        vs = [v for v, t in zip(s.policy_versions or (), s.trainable, strict=False) if t and v >= 0]
-        out.append(version - min(vs) if vs else 0)
+    for k in range(n):
+        vs = v[known & (sess == k)]
+        out.append(version - int(vs.min()) if len(vs) else 0)
     return out
 
 
-def staleness(ages: list[int], stale: list[bool]) -> dict:
+def staleness(ages: list[list[int]], stale: list[list[bool]]) -> dict:
+    """``ages`` / ``stale``: per sample, per session."""
+    flat = [a for per in ages for a in per]
     return {
-        "staleness_max": max(ages),
-        "staleness_mean": sum(ages) / len(ages),
-        "stale_samples": sum(stale),
+        "staleness_max": max(flat),
+        "staleness_mean": sum(flat) / len(flat),
+        "stale_samples": sum(any(per) for per in stale),
+        "stale_sessions": sum(sum(per) for per in stale),
         "dropped_stale": 0,
     }
 

@@ -37,7 +37,7 @@ from claw_rl.consistency import finish_mismatch, mismatch_stats
 from claw_rl.critic import Critic
 from claw_rl.errors import ClawError
 from claw_rl.forward import backbone_hidden, entropy, sampling_log_softmax, token_logprobs
-from claw_rl.packing import Batch, pack, to_device
+from claw_rl.packing import Batch, keep_sessions, pack, to_device
 from claw_rl.parts import (
     Aggregation,
     ClippedSurrogate,
@@ -427,15 +427,25 @@ class Learner:
                 )
         if self.max_staleness is None:
             return samples
-        ages = _metrics.ages(samples, self.version)
-        stale = [a > self.max_staleness for a in ages]
+        # per session: a group-packed sample holds several rollouts, each judged on its own
+        ages = [_metrics.session_ages(s, self.version) for s in samples]
+        stale = [[a > self.max_staleness for a in per] for per in ages]
         metrics.update(_metrics.staleness(ages, stale))
-        if self.drop_stale:
-            metrics["dropped_stale"] = sum(stale)
-            samples = [s for s, st in zip(samples, stale, strict=True) if not st]
-            if not samples:
-                raise ClawError("every sample is stale and drop_stale is on: nothing to train on")
-        return samples
+        if not self.drop_stale:
+            return samples
+        metrics["dropped_stale"] = sum(sum(per) for per in stale)
+        kept = [
+            s if not any(st) else keep_sessions(s, [not x for x in st])
+            for s, st in zip(samples, stale, strict=True)
+            if not all(st)
+        ]
+        if not kept:
+            raise ClawError(
+                f"every session is stale (more than {self.max_staleness} versions behind "
+                f"version {self.version}; oldest {metrics['staleness_max']}) and drop_stale is "
+                "on: nothing to train on"
+            )
+        return kept
 
     @torch.no_grad()
     def _old(self, samples: list[Sample], metrics: dict) -> _Old:

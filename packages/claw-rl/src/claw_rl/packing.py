@@ -97,6 +97,96 @@ def leaf_counts(parent: Sequence[int]) -> np.ndarray:
     return c
 
 
+def trainable_paths(parent: Sequence[int], trainable: Sequence[int]) -> int:
+    """Root-to-leaf paths that hold at least one trainable token (the trajectories a loss sees;
+    a context-only path, e.g. a passthrough or token-counting call, is none)."""
+    n = len(parent)
+    below = np.asarray(trainable, dtype=bool).copy()  # a trainable token on the way from a root
+    has_child = np.zeros(n, dtype=bool)
+    for i, p in enumerate(parent):
+        if p >= 0:
+            below[i] |= below[p]
+            has_child[p] = True
+    return int((below & ~has_child).sum())
+
+
+def session_index(sample: Sample) -> np.ndarray:
+    """Index into ``sample.sessions`` of every token (N,), from ``tags["session_offsets"]`` (each
+    session's first own token, claw-tree); all 0 for a sample without offsets."""
+    offsets = (sample.tags or {}).get("session_offsets")
+    n = len(sample)
+    if not offsets or len(offsets) != max(len(sample.sessions), 1):
+        return np.zeros(n, dtype=np.int64)
+    return np.searchsorted(np.asarray(offsets), np.arange(n), side="right") - 1
+
+
+# per-session lists claw-tree writes into a sample's tags, aligned with its sessions
+_SESSION_TAGS = ("tasks", "harnesses", "session_rewards", "session_flat_tokens")
+
+
+def keep_sessions(sample: Sample, keep: Sequence[bool]) -> Sample:
+    """The sample without the sessions where ``keep`` is False (one flag per session).
+
+    A kept token lies on a path to a leaf of a kept session: a dropped session's own tokens go,
+    the context prefix it shares with kept sessions (group packing) stays. Per-token fields are
+    cut alike, parents re-indexed, ``sessions`` / ``groups`` and claw-tree's per-session tags cut
+    and ``session_offsets`` recomputed; loss weights stay as they were (the aggregator divides by
+    the mass it is given), so the kept sessions train as they would in samples of their own.
+    """
+    keep_s = np.asarray(keep, dtype=bool)
+    if len(keep_s) != max(len(sample.sessions), 1):
+        raise ValueError(
+            f"sample {sample.sample_id!r}: {len(keep_s)} keep flags for "
+            f"{len(sample.sessions)} sessions"
+        )
+    parent = np.asarray(sample.parent, dtype=np.int64)
+    n = len(parent)
+    sess = session_index(sample)
+    has_child = np.zeros(n, dtype=bool)
+    has_child[parent[parent >= 0]] = True
+    tok = ~has_child & keep_s[sess]  # kept leaves, then every ancestor of one
+    for i in range(n - 1, -1, -1):
+        if tok[i] and parent[i] >= 0:
+            tok[parent[i]] = True
+    new_index = np.cumsum(tok) - 1
+    cut = lambda xs: None if xs is None else tuple(np.asarray(xs)[tok].tolist())  # noqa: E731
+    fields: dict[str, Any] = {
+        name: cut(getattr(sample, name))
+        for name in (
+            "input_ids",
+            "position_ids",
+            "trainable",
+            "logprobs",
+            "advantages",
+            "loss_weights",
+            "returns",
+            "policy_versions",
+            "temperatures",
+            "top_ps",
+            "top_ks",
+        )
+    }
+    fields["parent"] = tuple(np.where(parent >= 0, new_index[parent], -1)[tok].tolist())
+    tags = dict(sample.tags or {})
+    kept = np.flatnonzero(keep_s)
+    if sample.sessions:
+        fields["sessions"] = tuple(sample.sessions[k] for k in kept)
+        if len(sample.groups) == len(sample.sessions):
+            fields["groups"] = tuple(sample.groups[k] for k in kept)
+        for key in _SESSION_TAGS:
+            if isinstance(tags.get(key), list) and len(tags[key]) == len(sample.sessions):
+                tags[key] = [tags[key][k] for k in kept]
+        if "session_offsets" in tags:
+            # a kept session starts at its first kept own token; context it shares with a
+            # dropped earlier session (group packing) goes to the kept session before it
+            first = [int(new_index[np.flatnonzero(tok & (sess == k))[0]]) for k in kept]
+            tags["session_offsets"] = [0, *first[1:]] if first else []
+    fields["tags"] = tags
+    if sample.n_paths is not None:
+        fields["n_paths"] = trainable_paths(fields["parent"], fields["trainable"])
+    return attrs.evolve(sample, **fields)
+
+
 def path_matrix(parent: Sequence[int]) -> np.ndarray:
     """P[p, i] = True iff token i lies on path p (one row per leaf, leaves in index order)."""
     A = ancestor_matrix(parent)
