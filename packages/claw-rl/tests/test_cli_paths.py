@@ -106,3 +106,82 @@ def test_refused_train_leaves_the_run_untouched(tiny, tmp_path):
         json.loads(r.stdout)["version"] == 2
         and (out / "policy" / "v2" / "model.safetensors").is_file()
     )
+
+
+def _one_error(r, path) -> None:
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.stdout == ""
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and str(path) in errors[0], r.stderr
+
+
+@pytest.mark.parametrize("where", ["under a file", "a file", "read-only parent"])
+@pytest.mark.parametrize("cmd", ["train", "sft"])
+def test_uncreatable_run_dir_is_a_one_line_error(tiny, tmp_path, monkeypatch, cmd, where):
+    """-o naming a file, a path under a file, or a directory in a read-only parent exits 2 with
+    one line naming it, before any model loads; nothing is written."""
+    from claw_rl.learner import Learner
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the path was checked")
+
+    monkeypatch.setattr(Learner, "from_config", no_model)
+    samples = _inputs(tmp_path / "in")["values"]
+    (tmp_path / "file").write_text("x")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    out = {
+        "under a file": tmp_path / "file" / "run",
+        "a file": tmp_path / "file",
+        "read-only parent": ro / "run",
+    }[where]
+    if where == "read-only parent":
+        import os
+
+        if os.access(ro, os.W_OK):  # root writes anywhere: permissions cannot refuse it
+            pytest.skip("running as root: a mode-0500 directory is writable")
+    head = ["train", "--algo", "grpo"] if cmd == "train" else ["sft"]
+    r = CliRunner().invoke(
+        main, [*head, "--model", str(tiny), "--samples", str(samples), "-o", str(out)]
+    )
+    _one_error(r, out)
+    assert not (tmp_path / "file").is_dir() and list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", ["train", "sft", "values", "logprobs"])
+def test_missing_input_is_reported_before_the_model_loads(tiny, tmp_path, monkeypatch, cmd):
+    """A --samples / --calls file that does not exist is a one-line usage error (exit 2) raised
+    while the command line is parsed: no model is loaded first."""
+    from claw_rl import learner
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input path was checked")
+
+    for name in ("from_config", "ppo", "grpo"):
+        monkeypatch.setattr(learner.Learner, name, no_model)
+    missing = tmp_path / "nope.jsonl"
+    head = {
+        "train": ["train", "--algo", "ppo", "-o", str(tmp_path / "run"), "--samples"],
+        "sft": ["sft", "-o", str(tmp_path / "run"), "--samples"],
+        "values": ["values", "--samples"],
+        "logprobs": ["logprobs", "--calls"],
+    }[cmd]
+    r = CliRunner().invoke(main, [*head, str(missing), "--model", str(tiny)])
+    _one_error(r, missing)
+    assert not (tmp_path / "run").exists()
+
+
+def test_malformed_samples_are_reported_before_the_model_loads(tiny, tmp_path, monkeypatch):
+    """A samples file with a bad line names file and line, and no model is loaded first."""
+    from claw_rl.learner import Learner
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the samples were read")
+
+    monkeypatch.setattr(Learner, "from_config", no_model)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    args = ["train", "--algo", "grpo", "--model", str(tiny), "--samples", str(bad)]
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "run")])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{bad}:1" in r.stderr, r.stderr

@@ -1,4 +1,5 @@
-"""Output paths checked while the command line is parsed, before any work is done."""
+"""Input and output paths checked while the command line is parsed, before any work is done
+(before a model loads: a mistyped path is reported in a second, not after the model's load)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,56 @@ def output_path(
     if not parent.is_dir():
         why = "is not a directory" if parent.exists() else "does not exist"
         raise click.BadParameter(f"{value}: its directory {parent} {why}", ctx=ctx, param=param)
+    return value
+
+
+def input_path(
+    ctx: click.Context | None, param: click.Parameter | None, value: str | None
+) -> str | None:
+    """Click callback: ``-`` (stdin), or a readable file that exists.
+
+    A mistake is a one-line ``click.BadParameter`` naming the path (exit code 2).
+    """
+    if value is None or value == "-":
+        return value
+    path = Path(value)
+    if not path.exists():
+        why = "does not exist"
+    elif path.is_dir():
+        why = "is a directory; give a JSONL file"
+    elif not os.access(path, os.R_OK):
+        why = "is not readable"
+    else:
+        return value
+    raise click.BadParameter(f"{value}: {why}", ctx=ctx, param=param)
+
+
+def run_dir(
+    ctx: click.Context | None, param: click.Parameter | None, value: Path | None
+) -> Path | None:
+    """Click callback: a run directory that exists or can be made, and can be written to.
+
+    A regular file in its place or on its way, or a directory that is not writable, is a
+    one-line ``click.BadParameter`` naming the path (exit code 2), before any model loads.
+    """
+    if value is None:
+        return value
+    if value.exists() and not value.is_dir():
+        raise click.BadParameter(f"{value}: is a file, not a directory", ctx=ctx, param=param)
+    there = value.absolute()
+    while not there.exists():  # the nearest existing ancestor: where mkdir -p starts
+        there = there.parent
+    if not there.is_dir():
+        raise click.BadParameter(
+            f"{value}: cannot be made: {there} is a file, not a directory", ctx=ctx, param=param
+        )
+    if not os.access(there, os.W_OK | os.X_OK):
+        what = (
+            "is not writable"
+            if there == value.absolute()
+            else f"cannot be made: {there} is not writable"
+        )
+        raise click.BadParameter(f"{value}: {what}", ctx=ctx, param=param)
     return value
 
 

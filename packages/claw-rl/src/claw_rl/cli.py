@@ -10,7 +10,7 @@ import attrs
 import click
 
 from claw_rl import __version__
-from claw_rl._cli_paths import output_path, refuse_taken_policies
+from claw_rl._cli_paths import input_path, output_path, refuse_taken_policies, run_dir
 from claw_rl.errors import ClawError
 
 
@@ -117,13 +117,21 @@ def _run_options(algos: tuple[str, ...], *, samples: str, config: str, batch: st
             type=click.Path(exists=True, file_okay=False, path_type=Path),
             help="HF model directory to start from (not needed with --resume).",
         ),
-        click.option("--samples", "samples_path", default="-", show_default=True, help=samples),
+        click.option(
+            "--samples",
+            "samples_path",
+            default="-",
+            show_default=True,
+            callback=input_path,
+            help=samples,
+        ),
         click.option(
             "-o",
             "--output",
             "out_dir",
             type=click.Path(file_okay=False, path_type=Path),
             required=True,
+            callback=run_dir,
             metavar="OUT",
             help="Run directory: config.toml, metrics.jsonl, policies.jsonl, policy/vN/, "
             "checkpoints/K/.",
@@ -206,6 +214,9 @@ def _run(
 
     rank, _ = init_from_env()  # a no-op outside torchrun
     try:
+        samples = read_samples(samples_path)  # a bad file is reported before a model loads
+        if not samples:
+            raise click.ClickException(f"{samples_path}: no samples")
         if resume_dir is not None:
             learner = load_checkpoint(_checkpoint_of(resume_dir), algo=algo)
             if any(v is not None for v in flags.values()) or config_path:
@@ -217,15 +228,15 @@ def _run(
                 raise click.UsageError("--model is required (or --resume a checkpoint)")
             config = resolve_config(algo, config_path, flags)
             learner = Learner.from_config(config, model_dir, version=start_version)
-        samples = read_samples(samples_path)
-        if not samples:
-            raise click.ClickException(f"{samples_path}: no samples")
         size = batch_size if batch_size > 0 else len(samples)
         n_steps = (len(samples) + size - 1) // size
         refuse_taken_policies(out_dir, learner.version, n_steps, rank)  # before anything is written
         if rank == 0:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
+            except OSError as exc:  # e.g. made unwritable since the command line was checked
+                raise click.ClickException(f"--output {out_dir}: {exc.strerror}") from None
         steps = range(n_steps)
         if rank == 0 and sys.stderr.isatty() and n_steps > 1:
             try:
@@ -375,7 +386,12 @@ def sft_cmd(
     help="Policy directory; its critic/ subdirectory holds the critic (fresh zero head if absent).",
 )
 @click.option(
-    "--samples", "samples_path", default="-", show_default=True, help="claw.sample/v1 JSONL file."
+    "--samples",
+    "samples_path",
+    default="-",
+    show_default=True,
+    callback=input_path,
+    help="claw.sample/v1 JSONL file.",
 )
 @click.option(
     "-o",
@@ -419,8 +435,9 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
             f"{model_dir}: no critic/ yet; using a fresh {kind} critic (values are 0)", err=True
         )
     try:
+        samples = read_samples(samples_path)  # a bad file is reported before the model loads
         learner = Learner.ppo(PPOConfig(critic=kind, micro_batch_size=micro_batch_size), model_dir)
-        rows = learner.values(read_samples(samples_path))
+        rows = learner.values(samples)
     except ClawError as exc:
         raise _fail(exc) from exc
     with click.open_file(out_path, "w") as fh:
@@ -436,7 +453,12 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
     help="HF model directory the calls were (supposedly) sampled from.",
 )
 @click.option(
-    "--calls", "calls_path", default="-", show_default=True, help="claw.call/v1 JSONL file."
+    "--calls",
+    "calls_path",
+    default="-",
+    show_default=True,
+    callback=input_path,
+    help="claw.call/v1 JSONL file.",
 )
 @click.option(
     "-o",
@@ -482,8 +504,8 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
     from claw_rl.records import write_jsonl
 
     try:
+        pairs = list(iter_call_samples(calls_path, temperature=temperature))  # before the model
         learner = Learner.grpo(GRPOConfig(), model_dir)
-        pairs = list(iter_call_samples(calls_path, temperature=temperature))
         lps = learner.logprobs([s for _, s in pairs])
     except ClawError as exc:
         raise _fail(exc) from exc
