@@ -2,9 +2,13 @@
 
 import math
 
+import attrs
+import numpy as np
 import pytest
 import torch
 from claw_rl import losses
+from claw_rl.packing import chain_sample, leaf_counts
+from claw_rl.parts import Aggregation
 
 
 def test_ppo_clip_loss_hand_computed():
@@ -126,3 +130,25 @@ def test_explained_variance_and_approx_kl():
     assert losses.explained_variance(torch.zeros(3), R) == pytest.approx(0.0)
     assert math.isnan(losses.explained_variance(R, torch.ones(3)))
     assert losses.approx_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).tolist() == [0.0]
+
+
+def test_constant_counts_trainable_trajectories_only():
+    """Dr. GRPO's constant normaliser counts the paths that hold a trainable token: a context-only
+    call (token counting, a passthrough call) adds a leaf but no trajectory."""
+    main = chain_sample("s", [5, 6, 7], [8, 9])
+    # the same rollout plus a context-only call branching off the prompt: tokens 5 6 -> 3 4
+    side = attrs.evolve(
+        main,
+        input_ids=(*main.input_ids, 3, 4),
+        position_ids=(*main.position_ids, 2, 3),
+        parent=(*main.parent, 1, 5),
+        trainable=(*main.trainable, 0, 0),
+        logprobs=(*main.logprobs, 0.0, 0.0),
+        advantages=(*main.advantages, 0.0, 0.0),
+        loss_weights=(*main.loss_weights, 0.0, 0.0),
+    )
+    assert leaf_counts(side.parent)[0] == 2  # two leaves, one trajectory
+    agg = Aggregation("constant", 8)
+    mass = np.ones(2)
+    assert agg.for_minibatch([side], mass, mass).n_traj == 1.0
+    assert agg.for_minibatch([main, side], mass, mass).n_traj == 2.0

@@ -25,7 +25,7 @@ from claw_rl import losses
 from claw_rl.consistency import mis_sequence_keep, mis_token_mask, path_shares, tis_weights
 from claw_rl.errors import ClawError
 from claw_rl.forward import backbone_hidden, token_logprobs
-from claw_rl.packing import Batch, leaf_counts, path_matrix
+from claw_rl.packing import Batch, leaf_counts, path_matrix, trainable_paths
 from claw_rl.records import Sample
 
 Tokens = dict[str, torch.Tensor]
@@ -70,10 +70,9 @@ class Aggregation:
     ) -> Aggregator:
         """The aggregator of one minibatch (all ranks): ``mass`` / ``kept`` per sample of it."""
         n_traj = 0.0
-        if self.kind == "constant":
-            n_traj = sum(
-                float(leaf_counts(s.parent)[np.asarray(s.parent) == -1].sum()) for s in samples
-            )
+        if self.kind == "constant":  # trajectories: paths with a trainable token (not a
+            # passthrough or token-counting call's context-only path)
+            n_traj = float(sum(trainable_paths(s.parent, s.trainable) for s in samples))
         return Aggregator(
             kind=self.kind,
             full=float(mass.sum()),
