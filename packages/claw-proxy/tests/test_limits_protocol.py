@@ -7,6 +7,8 @@ import json
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from claw_proxy import read_calls
 from claw_proxy.render import Renderer
 from proxy_testlib import ADMIN, TINY, token
@@ -69,7 +71,9 @@ _ARGS = json.dumps({"path": "\ud800"}, ensure_ascii=True)  # '{"path": "\\ud800"
         ),
     ],
 )
-def test_lone_surrogate_inside_tool_call_arguments_gets_400(make_server, tmp_path, path, body, where):
+def test_lone_surrogate_inside_tool_call_arguments_gets_400(
+    make_server, tmp_path, path, body, where
+):
     """A tool call's `arguments` string whose JSON decodes to a lone surrogate is a 400 naming
     the field (it was a 500: the body passed the surrogate check, the decoded arguments did not
     encode); nothing is recorded."""
@@ -139,3 +143,149 @@ def test_passthrough_no_argument_tool_call_streamed_is_recorded_with_ids(make_se
     assert call.completion_ids == R.render_answer("", [("ls", {})])
     with httpx.Client(base_url=srv.url) as c:
         assert c.get("/admin/stats", headers=ADMIN_H).json()["errors"] == 0
+
+
+# --- count_tokens under the limits of a call; refusing oversize prompts before rendering ----
+
+
+def _count_body(text: str) -> dict:
+    return {"model": "claude-x", "messages": [{"role": "user", "content": text}]}
+
+
+def _count(srv, text: str, session: str = "s1") -> httpx.Response:
+    h = {"x-api-key": token(session), "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        return c.post("/v1/messages/count_tokens", json=_count_body(text), headers=h)
+
+
+def _session(srv, sid: str) -> dict:
+    with httpx.Client(base_url=srv.url) as c:
+        return c.get(f"/admin/sessions/{sid}", headers=ADMIN_H).json()
+
+
+def test_count_tokens_takes_a_session_slot(make_server):
+    """A count is a request of its session: past --session-concurrency it gets 429, and its
+    slot is released after it (the counts ran outside any limit)."""
+    srv = make_server(session_concurrency=2)
+    _session(srv, "s1")  # the session exists
+    srv.proxy.sessions["s1"].in_flight = 2  # two calls of s1 in flight
+    r = _count(srv, "hello")
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    assert "already has 2 requests in flight" in r.json()["error"]["message"]
+    srv.proxy.sessions["s1"].in_flight = 0
+    r = _count(srv, "hello")
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0
+    assert _session(srv, "s1")["in_flight"] == 0
+
+
+def test_count_tokens_over_max_prompt_tokens_gets_413(make_server):
+    """A count whose rendered prompt is over --max-prompt-tokens is a 413, as a call is."""
+    srv = make_server(max_prompt_tokens=60)
+    assert _count(srv, "word " * 10).status_code == 200
+    r = _count(srv, "word " * 100)  # ~100 tokens: under the text bound, over the limit
+    assert r.status_code == 413, r.text
+    assert "over this proxy's limit of 60" in r.json()["error"]["message"]
+    assert _session(srv, "s1")["in_flight"] == 0
+
+
+class _Counting:
+    """Counts calls of a renderer's template and tokenizer (wrapped on the instance)."""
+
+    def __init__(self, renderer) -> None:
+        self.calls = 0
+        for name in ("_template", "encode", "render_full"):
+            inner = getattr(renderer, name)
+            setattr(renderer, name, self._wrap(inner))
+
+    def _wrap(self, inner):
+        def counted(*args, **kw):
+            self.calls += 1
+            return inner(*args, **kw)
+
+        return counted
+
+
+@pytest.mark.parametrize("path", ["/v1/messages/count_tokens", "/v1/chat/completions"])
+def test_prompt_proven_over_the_limit_is_refused_before_rendering(make_server, tmp_path, path):
+    """When the message text alone proves the prompt over --max-prompt-tokens (characters /
+    the tokenizer's longest token), the request gets 413 without the chat template or the
+    tokenizer being run, and the session's slot is released."""
+    srv = make_server(max_prompt_tokens=100)
+    bound = srv.proxy.bounds[str(TINY)]
+    assert bound.bytes_per_token == 26 and bound.roles == {"system", "user", "tool"}
+    counter = _Counting(srv.proxy.renderers[str(TINY)])
+    text = "x" * (26 * 100 + 1)  # at least 101 tokens, whatever the tokenizer makes of it
+    if path.endswith("count_tokens"):
+        r = _count(srv, text)
+    else:
+        r = _post(srv, path, {"model": "m", "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 413, r.text
+    assert "at least 101 tokens (2601 characters of message text" in r.text
+    assert counter.calls == 0
+    assert _session(srv, "s1")["in_flight"] == 0
+    assert not (tmp_path / "calls.jsonl").exists() or not list(read_calls(srv.config.record))
+
+
+_LONGEST = max(R.tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False), key=len)
+_PIECES = st.sampled_from(
+    [
+        _LONGEST,  # the worst case: each token covers the most characters it can
+        R.tokenizer.convert_tokens_to_string([_LONGEST]),
+        "<|im_end|>",
+        "<think>",
+        " ",
+        "\n",
+        "é",
+        "\U0001d400",
+        "word ",
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    texts=st.lists(
+        st.one_of(st.text(max_size=200), st.lists(_PIECES, max_size=80).map("".join)),
+        min_size=1,
+        max_size=4,
+    ),
+    system=st.booleans(),
+)
+def test_prompt_bound_never_exceeds_the_rendered_token_count(texts, system):
+    """The text bound is a lower bound: over random texts, the tokenizer's longest token
+    repeated, added tokens written as text and non-ASCII characters, it never claims more
+    tokens than the rendered prompt has (so it never gives a false 413)."""
+    from claw_proxy import api_chat
+    from claw_proxy._bound import PromptBound
+
+    bound = PromptBound(R)
+    roles = ["user", "tool"] * len(texts)
+    msgs: list[dict] = [{"role": "system", "content": texts[0]}] if system else []
+    for i, (text, role) in enumerate(zip(texts, roles, strict=False)):
+        if role == "tool":
+            call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": text})
+        else:
+            msgs.append({"role": "user", "content": text})
+    req = api_chat.parse({"model": "m", "messages": msgs})
+    assert bound.at_least(req)[0] <= len(R.render_full(req))
+
+
+def test_bound_rule_by_tokenizer_kind(tmp_path):
+    """Normalisers that can shrink text scale the bound; one that can drop text, or a tokenizer
+    that is not byte-level BPE, has no bound at all (every prompt is rendered)."""
+    from claw_proxy._bound import _shrink, bytes_per_token
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    assert _shrink(None) == 1 and _shrink({"type": "NFC"}) == 3
+    assert (
+        _shrink({"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]})
+        == 12
+    )
+    assert _shrink({"type": "Strip"}) is None and _shrink({"type": "BertNormalizer"}) is None
+    assert bytes_per_token(R.tokenizer) == 26
+    word = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    word.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert bytes_per_token(PreTrainedTokenizerFast(tokenizer_object=word)) is None

@@ -65,9 +65,15 @@ def routes(proxy) -> list[Route]:
         )
 
     async def count_tokens(request):
-        """Anthropic token counting: the prompt rendered in full (not a model call, not recorded)."""
+        """Anthropic token counting: the prompt rendered in full (not a model call, not
+        recorded), under the limits of a call: a slot of the session's --session-concurrency
+        and --max-prompt-tokens (413, from the text alone when it proves the prompt over)."""
         try:
-            proxy.authenticate(request)
+            session, state = proxy.authenticate(request)
+            proxy.take_slot(session, state)
+        except ClawError as e:
+            return error_response(api_anthropic, e)
+        try:
             body = await proxy._body(request)
             body.setdefault("max_tokens", 1)
             req = await proxy.offload(api_anthropic.parse, body)
@@ -76,10 +82,14 @@ def routes(proxy) -> list[Route]:
                 raise RequestError(
                     "token counting is not available for a passthrough model", "model"
                 )
+            proxy.check_prompt_bound(req, engine.tokenizer_dir)
             n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
+            proxy.check_prompt_tokens(n)
             return JSONResponse({"input_tokens": n})
         except ClawError as e:
             return error_response(api_anthropic, e)
+        finally:
+            state.in_flight -= 1
 
     async def policy(request):
         try:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from claw_proxy import api_anthropic, api_chat, api_responses
+from claw_proxy._bound import PromptBound
 from claw_proxy._call import ClosingStream, Run, extra, iterate
 from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
 from claw_proxy._reparse import ParseMemo
@@ -63,6 +64,7 @@ class Proxy:
         self._transport = transport  # httpx transport for vllm/passthrough engines (tests)
         self.engines: dict[str, Engine] = {}
         self.renderers: dict[str, Renderer] = {}
+        self.bounds: dict[str, PromptBound] = {}  # per tokenizer dir: prompt tokens from text
         self.caches: dict[str | None, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
         # the last request's messages of each session: re-sent history is not parsed again
@@ -113,6 +115,7 @@ class Proxy:
             )
         if directory not in self.renderers:
             self.renderers[directory] = Renderer(directory)
+            self.bounds[directory] = PromptBound(self.renderers[directory])
             self.caches[directory] = PrefixCache(
                 self.renderers[directory],
                 self.config.drift_check_tokens,
@@ -216,6 +219,43 @@ class Proxy:
         if not hmac.compare_digest(given.encode(), self.config.admin_token.encode()):
             raise AuthError("invalid admin token")
 
+    # --- limits -----------------------------------------------------------------------------
+
+    def check_prompt_bound(self, req: ChatRequest, directory: str | None) -> None:
+        """413 before rendering when the request's message text alone proves the prompt longer
+        than --max-prompt-tokens (the rule: `_bound`)."""
+        bound = self.bounds.get(directory) if directory else None
+        if bound is None:
+            return
+        n, chars = bound.at_least(req)
+        limit = self.config.max_prompt_tokens
+        if n > limit:
+            raise LimitError(
+                f"the prompt has at least {n} tokens ({chars} characters of message text; a "
+                f"token of this tokenizer covers at most {bound.bytes_per_token}), over this "
+                f"proxy's limit of {limit} (--max-prompt-tokens)",
+                status=413,
+            )
+
+    def check_prompt_tokens(self, n: int) -> None:
+        limit = self.config.max_prompt_tokens
+        if n > limit:
+            raise LimitError(
+                f"the prompt has {n} tokens, over this proxy's limit of {limit} "
+                "(--max-prompt-tokens)",
+                status=413,
+            )
+
+    def take_slot(self, session: str, state: _Session) -> None:
+        """Count a request in its session's in-flight limit (the caller releases it)."""
+        if state.in_flight >= self.config.session_concurrency:
+            raise LimitError(
+                f"session {session} already has {state.in_flight} requests in flight "
+                f"(limit {self.config.session_concurrency})",
+                retry_after=1.0,
+            )
+        state.in_flight += 1
+
     # --- the model APIs -------------------------------------------------------------------
 
     async def offload(self, fn, *args):
@@ -302,12 +342,7 @@ class Proxy:
                 parse = functools.partial(api.parse, body, reuse)
                 req = await self.offload(parse) if len(split.fresh) > 16 else parse()
                 self.parse_memo.remember(session, req, split)
-            if state.in_flight >= self.config.session_concurrency:
-                raise LimitError(
-                    f"session {session} already has {state.in_flight} requests in flight "
-                    f"(limit {self.config.session_concurrency})",
-                    retry_after=1.0,
-                )
+            self.take_slot(session, state)  # released by _answer
             return await self._answer(api, engine, req, session, state)
         except ClawError as e:
             self.stats["errors"] += 1
@@ -319,20 +354,14 @@ class Proxy:
         cache = self.caches[engine.tokenizer_dir]
         renderer = cache.renderer
         started = time.time()
-        state.in_flight += 1  # held from here: renders in the worker pool count too
-        try:
+        try:  # the session's slot (taken by the caller) is held: renders count too
+            self.check_prompt_bound(req, engine.tokenizer_dir)
             # a call that extends an earlier one by a few messages is rendered here (less than a
             # millisecond of work), others on the worker threads
             rendered = cache.quick_render(session, req)
             if rendered is None:
                 rendered = await self.offload(cache.render, session, req)
-            limit = self.config.max_prompt_tokens
-            if len(rendered.prompt_array) > limit:
-                raise LimitError(
-                    f"the prompt has {len(rendered.prompt_array)} tokens, over this proxy's limit "
-                    f"of {limit} (--max-prompt-tokens)",
-                    status=413,
-                )
+            self.check_prompt_tokens(len(rendered.prompt_array))
             gen_req = self._gen_request(
                 req,
                 rendered.prompt_array,  # the ids as 8-byte ints: not made into Python ints
