@@ -7,10 +7,10 @@ import json
 
 import httpx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from claw_proxy import read_calls
 from claw_proxy.render import Renderer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from proxy_testlib import ADMIN, TINY, token
 from starlette.applications import Starlette
 from starlette.responses import StreamingResponse
