@@ -29,10 +29,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shlex
 import tomllib
 from pathlib import Path
 
+from claw_bench._dockerfile import DockerfileError, read_image
 from claw_bench.errors import TaskError
 from claw_bench.tasks import FileContent, Script, Task, read_text_tree
 
@@ -95,74 +95,37 @@ CLAW_LOGS = "/logs/claw"
 HARBOR_DETAILS = f"{CLAW_LOGS}/details.json"
 
 
-def _dockerfile_lines(text: str) -> list[str]:
-    """Instructions of a Dockerfile, continuation lines joined, comments dropped."""
-    out, parts = [], []
-    for line in text.splitlines():
-        if line.lstrip().startswith("#"):
-            continue  # a comment, also between continuation lines
-        if line.rstrip().endswith("\\"):
-            parts.append(line.rstrip()[:-1].strip())
-            continue
-        parts.append(line.strip())
-        joined = " ".join(p for p in parts if p)
-        if joined:
-            out.append(joined)
-        parts = []
-    if any(parts):
-        out.append(" ".join(p for p in parts if p))
-    return out
-
-
 def read_dockerfile(
-    context: Path, what: str
+    context: Path, what: str, build_args: dict[str, str] | None = None
 ) -> tuple[str, dict[str, str], dict[str, FileContent], list[str]]:
     """(WORKDIR, ENV, files COPY/ADD puts into the WORKDIR, lines a plain host cannot carry out).
 
-    Only what needs no image build is taken: ``WORKDIR``, ``ENV`` and ``COPY``/``ADD`` of local
-    files or folders of ``environment/`` whose destination lies in the final WORKDIR. ``RUN``
-    lines, copies elsewhere, from URLs or other stages are returned in the last list.
+    The Dockerfile is walked as ``docker build`` walks it (claw_bench._dockerfile): ``ENV``,
+    ``ARG`` (``build_args`` override their defaults), ``WORKDIR`` and ``COPY`` arguments are
+    expanded as Docker expands them, against the image's environment as built so far (a base
+    image that is not an earlier stage starts from Docker's default PATH), and only the final
+    stage counts. Only what needs no image build is taken: ``WORKDIR``, ``ENV`` and
+    ``COPY``/``ADD`` of local files or folders of ``environment/`` whose destination lies in the
+    final WORKDIR. ``RUN`` lines, copies elsewhere, from URLs, from or in other stages are
+    returned in the last list. TaskError names the line Docker would reject.
     """
-    workdir, env, copies, skipped = DEFAULT_WORKDIR, {}, [], []
-    for line in _dockerfile_lines((context / "Dockerfile").read_text(encoding="utf-8")):
-        word, _, rest = line.partition(" ")
-        word, rest = word.upper(), rest.strip()
-        if word == "WORKDIR" and rest:
-            workdir = os.path.normpath(os.path.join(workdir, rest.strip('"')))
-        elif word == "ENV" and rest:
-            try:
-                parts = shlex.split(rest)
-            except ValueError:
-                parts = []
-            if parts and "=" not in parts[0] and len(parts) >= 2:
-                env[parts[0]] = " ".join(parts[1:])  # legacy `ENV KEY value`
-            else:
-                for p in parts:
-                    if "=" in p:
-                        key, value = p.split("=", 1)
-                        env[key] = value
-        elif word in ("COPY", "ADD"):
-            try:
-                args = [
-                    a
-                    for a in shlex.split(rest)
-                    if not a.startswith("--chown") and not a.startswith("--chmod")
-                ]
-            except ValueError:
-                args = []
-            if len(args) < 2 or any(a.startswith("--") or "://" in a for a in args):
-                skipped.append(line)
-                continue
-            copies.append((args[:-1], args[-1], workdir, line))
-        elif word == "RUN":
-            skipped.append(line)
+    path = context / "Dockerfile"
+    try:
+        image = read_image(
+            path.read_text(encoding="utf-8"), default_workdir=DEFAULT_WORKDIR, build_args=build_args
+        )
+    except DockerfileError as exc:
+        raise TaskError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    workdir, skipped = image.workdir, list(image.not_run)
     files: dict[str, FileContent] = {}
-    for srcs, dest, wd, line in copies:
-        dest_abs = os.path.normpath(os.path.join(wd, dest))
+    for srcs, dest_abs, line in image.copies:
+        into_dir = dest_abs.endswith("/")
+        dest_abs = os.path.normpath(dest_abs)
         if not (dest_abs == workdir or dest_abs.startswith(workdir.rstrip("/") + "/")):
             skipped.append(line)
             continue
-        into_dir = dest.endswith("/") or len(srcs) > 1 or dest in (".", "./")
         for src in srcs:
             sp = (context / src).resolve()
             if not sp.is_relative_to(context.resolve()) or not sp.exists():
@@ -173,15 +136,11 @@ def read_dockerfile(
                 for rel, content in read_text_tree(sp, what=what).items():
                     files[os.path.normpath(os.path.join(base, rel))] = content
             else:
-                target = (
-                    os.path.join(base, sp.name)
-                    if into_dir or (sp.is_file() and dest_abs == workdir)
-                    else base
-                )
+                target = os.path.join(base, sp.name) if into_dir or dest_abs == workdir else base
                 files[os.path.normpath(target)] = (
                     sp.read_bytes() if not _is_text(sp) else sp.read_text(encoding="utf-8")
                 )
-    return workdir, env, files, skipped
+    return workdir, image.env, files, skipped
 
 
 def _is_text(path: Path) -> bool:
