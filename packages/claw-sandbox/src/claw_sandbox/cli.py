@@ -40,6 +40,24 @@ def _backend(
         ) from None
 
 
+def _workdir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--workdir as an absolute path (bwrap binds and job paths need one), if it can be made:
+    one line and exit 2 before any work otherwise."""
+    if value is None:
+        return None
+    path = Path(value).absolute()
+    there = path
+    while not there.exists():  # the nearest existing ancestor: where mkdir -p starts
+        there = there.parent
+    if not there.is_dir():
+        raise click.BadParameter(
+            f"{value}: cannot be made: {there} is not a directory", ctx=ctx, param=param
+        )
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{value}: {there} is not writable", ctx=ctx, param=param)
+    return str(path)
+
+
 backend_option = click.option(
     "--backend", "-b", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
     help="auto = bwrap where it works, else process (which does not isolate)",
@@ -97,7 +115,9 @@ def main() -> None:
     "--workdir",
     type=click.Path(file_okay=False),
     default=None,
-    help="where job directories are made (default: a fresh temp dir)",
+    callback=_workdir,
+    help="where job directories are made (default: a fresh temp dir); a relative path is taken "
+    "from the current directory",
 )
 @ro_option
 @image_option

@@ -26,7 +26,7 @@ import attrs
 from claw_sandbox import _leftovers
 from claw_sandbox.backends import get_backend
 from claw_sandbox.backends.base import Backend
-from claw_sandbox.errors import InfraError, JobError, JobsFileError
+from claw_sandbox.errors import ClawError, InfraError, JobError, JobsFileError
 from claw_sandbox.executor import execute_job
 from claw_sandbox.records import BadLine, Job, Run, read_runs
 
@@ -127,9 +127,17 @@ class Scheduler:
             self.total, self.skipped = len(items), len(items) - len(todo)
             if self.skipped:
                 self.log(f"resuming: {self.skipped} of {len(items)} jobs already recorded in {out}")
-            root = self.root or Path(tempfile.mkdtemp(prefix=_leftovers.ROOT_PREFIX))
-            root.mkdir(parents=True, exist_ok=True)
-            os.chmod(root, 0o711)
+            # absolute: a relative root would reach bwrap's binds (and a job's cwd) unresolved
+            root = (
+                self.root.absolute()
+                if self.root is not None
+                else Path(tempfile.mkdtemp(prefix=_leftovers.ROOT_PREFIX))
+            )
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                os.chmod(root, 0o711)
+            except OSError as exc:
+                raise ClawError(f"workdir {self.root}: cannot make it: {exc.strerror}") from None
             swept = await asyncio.to_thread(
                 _leftovers.sweep_default_roots if self.root is None else _leftovers.sweep, root
             )

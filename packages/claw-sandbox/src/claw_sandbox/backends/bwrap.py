@@ -308,7 +308,9 @@ class BwrapSandbox(Sandbox):
                 os.close(seccomp_fd)
             self._read_status()
             os.close(status_r)
-        if b"child-pid" not in self._status and not result.timed_out:
+        # bwrap reports the command's exit code only when the command ran: a failed setup (a
+        # bind source gone, e.g. a broken workdir) says child-pid, then exits 1 with no exit-code
+        if b'"exit-code"' not in self._status and not result.timed_out:
             text = (result.stderr or result.stdout).strip().splitlines()
             raise InfraError(
                 f"bwrap could not start the sandbox: {text[-1] if text else 'no message'}"
