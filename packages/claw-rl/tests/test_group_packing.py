@@ -91,6 +91,10 @@ def test_group_packed_gradient_equals_session_packed(tiny, algo, agg, correction
     assert worst <= TOL, f"{algo} {agg} {correction}: max |g_group - g_sessions| = {worst:.3g}"
     assert m_group["loss"] == pytest.approx(m_sessions["loss"], abs=1e-6)
     assert m_group["tokens"] < m_sessions["tokens"]
+    # the tree ratio is that of the samples trained: group packing's shared prefix shows in it
+    assert m_group["flat_tokens"] == m_sessions["flat_tokens"]
+    assert m_group["tree_ratio"] == pytest.approx(m_group["flat_tokens"] / m_group["tokens"])
+    assert m_group["tree_ratio"] > m_sessions["tree_ratio"]
 
 
 def test_a_stale_session_leaves_its_group_siblings_training(tiny):

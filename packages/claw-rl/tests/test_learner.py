@@ -90,6 +90,10 @@ def test_tree_packed_loss_equals_flat_per_path_loss(tiny):
     assert m_tree["dedup_factor"] == pytest.approx(
         sum(len(f["input_ids"]) for f in flat) / len(PARENT)
     )
+    # the tree ratio of the trained samples: flat per-trajectory tokens over packed ones
+    assert m_tree["flat_tokens"] == m_flat["flat_tokens"] == sum(len(f["input_ids"]) for f in flat)
+    assert m_tree["tree_ratio"] == pytest.approx(m_tree["flat_tokens"] / len(PARENT))
+    assert m_flat["tree_ratio"] == 1.0
 
 
 def test_single_path_sample_gives_the_ordinary_loss(tiny):
@@ -151,6 +155,27 @@ def test_staleness_is_reported_and_optionally_dropped(tiny):
     assert (m["stale_samples"], m["samples"], m["dropped_stale"]) == (1, 1, 1)
     with pytest.raises(ClawError, match="stale"):
         Learner.grpo(GRPOConfig(drop_stale=True), tiny, version=3).step([old])
+
+
+def test_a_step_without_learning_signal_says_so(tiny, caplog):
+    """All advantages 0 (every group's rewards equal): the step's metrics carry no_signal with
+    the reason and a warning goes to the claw_rl logger (stderr); PPO's centred whitening of
+    advantages that are all equal is no signal either; advantages that differ are."""
+    zero = dict(tree_sample(PARENT, TRAIN, vocab=2000), advantages=[0.0] * len(PARENT))
+    with caplog.at_level("WARNING", logger="claw_rl"):
+        m = Learner.grpo(GRPOConfig(), tiny).step([zero])
+    assert m["no_signal"] is True and "every advantage is 0" in m["no_signal_reason"]
+    assert m["zero_adv_frac"] == 1.0 and "NO LEARNING SIGNAL" in caplog.text
+    caplog.clear()
+    m = Learner.grpo(GRPOConfig(), tiny).step([tree_sample(PARENT, TRAIN, vocab=2000)])
+    assert m["no_signal"] is False and "no_signal_reason" not in m and not caplog.text
+    same = tree_sample(PARENT, TRAIN, vocab=2000, returns=True)
+    same["advantages"] = [0.5 * t for t in TRAIN]
+    m = Learner.ppo(PPOConfig(), tiny).step([same])
+    assert m["no_signal"] is True and "whitening" in m["no_signal_reason"]
+    massless = dict(zero, advantages=[float(t) for t in TRAIN], loss_weights=[0.0] * len(PARENT))
+    m = Learner.grpo(GRPOConfig(), tiny).step([massless])
+    assert m["no_signal_reason"] == "no trainable token carries loss weight"
 
 
 def test_save_writes_an_hf_dir_and_a_policy_record(tiny, tmp_path):

@@ -53,6 +53,18 @@ def test_rloo_matches_leave_one_out_loop(rows):
         assert got[i] == pytest.approx(want, abs=1e-9)
 
 
+def test_a_group_of_equal_rewards_gets_exactly_zero():
+    """Equal rewards give advantage exactly 0 (no learning signal), not the rounding error of
+    r - mean (0.1 three times: mean 0.10000000000000002) scaled up by 1 / (std + eps)."""
+    r = np.array([0.1, 0.1, 0.1, 1.0, 0.0])
+    g = np.array(["a", "a", "a", "b", "b"])
+    for scale in (True, False):
+        got = group_relative_advantages(r, g, scale_by_std=scale)
+        assert got[:3].tolist() == [0.0, 0.0, 0.0] and got[3] > 0 > got[4]
+    got = rloo_advantages(r, g)
+    assert got[:3].tolist() == [0.0, 0.0, 0.0] and got[3] == 1.0
+
+
 def test_reinforce_subtracts_a_constant_baseline():
     """REINFORCE is the reward minus the constant baseline."""
     assert reinforce_advantages(np.array([1.0, 0.0]), baseline=0.25).tolist() == [0.75, -0.25]

@@ -228,6 +228,24 @@ def test_excluded_rollouts_are_reported_not_trained():
     assert "excluded sessions" in batch.summary()
 
 
+def test_a_batch_without_learning_signal_says_so(caplog):
+    """Equal rewards in every group: every advantage is exactly 0 and the summary (and
+    make_samples' warning) says there is no learning signal; one group with spread has signal."""
+    calls = [call(f"s{k}", 0, [1], [2 + k]) for k in range(4)]
+    same = [outcome(f"s{k}", 0.1, task="a" if k < 2 else "b") for k in range(4)]
+    batch = build_samples(build_forest(calls), same)
+    assert all(a == 0 for smp in batch.samples for a in smp["advantages"])
+    assert batch.no_signal and "every advantage is 0 (2 groups" in batch.no_signal
+    assert "NO LEARNING SIGNAL" in batch.summary()
+    with caplog.at_level("WARNING", logger="claw_tree"):
+        make_samples(build_forest(calls), same)
+    assert "NO LEARNING SIGNAL" in caplog.text
+    mixed = [*same[:2], outcome("s2", 1.0, task="b"), outcome("s3", 0.0, task="b")]
+    batch = build_samples(build_forest(calls), mixed)
+    assert batch.no_signal is None and "SIGNAL" not in batch.summary()
+    assert build_samples(build_forest(calls), []).no_signal.startswith("no samples")
+
+
 def test_turn_level_gae_through_samples_and_values():
     """gae_level="turn": V = 0, terminal reward 1, lam = 0.5: the first call's tokens get 0.5, the
     second call's 1.0; gae_for_samples on the samples gives what build_samples(values=...) gives."""

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from claw_rl import _dist
-from claw_rl.packing import leaf_counts, session_index
+from claw_rl.packing import leaf_counts, session_index, trajectory_tokens
 from claw_rl.records import Sample
 
 
@@ -81,9 +81,16 @@ def values(samples: list[Sample], old: dict[int, dict[str, torch.Tensor]]) -> di
 
 
 def batch(samples: list[Sample], n_tokens: int, wall: float) -> dict:
-    """Size, deduplication and speed of the step, and the advantages as given."""
+    """Size, deduplication and speed of the step, and the advantages as given.
+
+    Of the samples trained (after stale sessions were dropped): ``tokens`` packed, ``flat_tokens``
+    = the tokens of their trajectories (paths with a trainable token) each as its own sequence,
+    ``tree_ratio`` = flat_tokens / tokens (what tree and group packing saved against the flat
+    per-trajectory batch whose loss they equal), ``dedup_factor`` = every root-to-leaf path's
+    tokens / tokens (context-only paths included)."""
     packed = sum(len(s) for s in samples)
     flat = sum(float(leaf_counts(s.parent).sum()) for s in samples)
+    flat_traj = sum(trajectory_tokens(s.parent, s.trainable) for s in samples)
     adv = torch.tensor(
         [a for s in samples for a, t in zip(s.advantages, s.trainable, strict=True) if t]
     )
@@ -91,12 +98,43 @@ def batch(samples: list[Sample], n_tokens: int, wall: float) -> dict:
         "samples": len(samples),
         "tokens": packed,
         "trainable_tokens": n_tokens,
+        "flat_tokens": flat_traj,
+        "tree_ratio": flat_traj / max(packed, 1),
         "dedup_factor": flat / max(packed, 1),
         "tokens_per_s": packed / wall,
         "step_time_s": wall,
         "adv_mean": float(adv.mean()) if adv.numel() else 0.0,
         "zero_adv_frac": float((adv == 0).float().mean()) if adv.numel() else 0.0,
     }
+
+
+def signal(
+    samples: list[Sample],
+    mass: list[np.ndarray],
+    adv_mean: float,
+    adv_scale: float,
+    uses_advantages: bool,
+) -> dict:
+    """``no_signal`` (bool) and, when True, ``no_signal_reason``: the policy loss of this batch is
+    zero whatever the weights - no trainable token carries loss mass, or (an objective on
+    advantages) every advantage of those tokens is 0 as the loss sees it (after whitening; within
+    1e-9, the rounding error of a centred batch of equal values). ``mass``: q per trainable
+    token of each sample. A critic, KL or entropy term may still move the weights."""
+    q = np.concatenate(mass) if mass else np.zeros(0)
+    reason = None
+    if not (q > 0).any():
+        reason = "no trainable token carries loss weight"
+    elif uses_advantages:
+        raw = np.concatenate(
+            [np.asarray(s.advantages)[np.asarray(s.trainable, dtype=bool)] for s in samples]
+        )[q > 0]
+        if np.abs((raw - adv_mean) / adv_scale).max() <= 1e-9:
+            reason = (
+                "every advantage is 0 (the rewards of each group are equal)"
+                if np.abs(raw).max() <= 1e-9
+                else "every advantage equals the batch mean, which whitening subtracts"
+            )
+    return {"no_signal": reason is not None, **({"no_signal_reason": reason} if reason else {})}
 
 
 def finite(metrics: dict) -> dict:

@@ -22,6 +22,7 @@ gradient sums, reductions of the metrics).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -59,6 +60,7 @@ _BUILT_FOR = {
         ("grpo", "rloo", "reinforce"), "critic-free advantages, train it with Learner.grpo"
     ),
 }
+log = logging.getLogger("claw_rl")
 _LOSS_SUMS = ("loss", "pg_loss", "kl", "value_loss", "clip_frac", "approx_kl")
 
 
@@ -535,6 +537,14 @@ class Learner:
                 center=self.whiten_center,
             )
             metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = old.adv_mean, old.adv_scale
+        uses_advantages = not isinstance(self.objective, WeightedNLL)
+        metrics.update(_metrics.signal(samples, q, old.adv_mean, old.adv_scale, uses_advantages))
+        if metrics["no_signal"] and self.rank == 0:
+            log.warning(
+                "claw-rl step %d: NO LEARNING SIGNAL: %s; the policy loss is zero",
+                metrics["step"],
+                metrics["no_signal_reason"],
+            )
         return old
 
     def _losses(self, mb: list[int], samples: list[Sample], old: _Old, sums: dict) -> None:

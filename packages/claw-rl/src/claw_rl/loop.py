@@ -47,6 +47,8 @@ HEADLINE = (
     "tokens_per_s",
     "staleness_max",
     "dropped_stale",
+    "no_signal",
+    "tree_ratio",
 )
 
 

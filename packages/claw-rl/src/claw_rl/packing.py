@@ -97,9 +97,8 @@ def leaf_counts(parent: Sequence[int]) -> np.ndarray:
     return c
 
 
-def trainable_paths(parent: Sequence[int], trainable: Sequence[int]) -> int:
-    """Root-to-leaf paths that hold at least one trainable token (the trajectories a loss sees;
-    a context-only path, e.g. a passthrough or token-counting call, is none)."""
+def _trajectory_leaves(parent: Sequence[int], trainable: Sequence[int]) -> np.ndarray:
+    """(N,) bool: the leaves whose path holds a trainable token."""
     n = len(parent)
     below = np.asarray(trainable, dtype=bool).copy()  # a trainable token on the way from a root
     has_child = np.zeros(n, dtype=bool)
@@ -107,7 +106,22 @@ def trainable_paths(parent: Sequence[int], trainable: Sequence[int]) -> int:
         if p >= 0:
             below[i] |= below[p]
             has_child[p] = True
-    return int((below & ~has_child).sum())
+    return below & ~has_child
+
+
+def trainable_paths(parent: Sequence[int], trainable: Sequence[int]) -> int:
+    """Root-to-leaf paths that hold at least one trainable token (the trajectories a loss sees;
+    a context-only path, e.g. a passthrough or token-counting call, is none)."""
+    return int(_trajectory_leaves(parent, trainable).sum())
+
+
+def trajectory_tokens(parent: Sequence[int], trainable: Sequence[int]) -> int:
+    """Tokens of the trajectories (paths with a trainable token) each as its own sequence: the
+    size of the flat batch a tree-packed sample stands for."""
+    depth = np.zeros(len(parent), dtype=np.int64)
+    for i, p in enumerate(parent):
+        depth[i] = depth[p] + 1 if p >= 0 else 1
+    return int(depth[_trajectory_leaves(parent, trainable)].sum())
 
 
 def session_index(sample: Sample) -> np.ndarray:

@@ -26,8 +26,9 @@ def group_relative_advantages(
 
     rewards: (R,) one reward per rollout; groups: (R,) group key per rollout -> (R,).
     Deviations: ``scale_by_std=False`` drops the division (Liu et al. 2025, "Dr. GRPO");
-    std is the population std (ddof=0); a group of one rollout gets advantage 0.
-    Group-centred advantages sum to zero within each group.
+    std is the population std (ddof=0); a group of one rollout, or whose rewards are all equal,
+    gets advantage exactly 0 (not the rounding error of r - mean, which the std division would
+    blow up to ~1e-11). Group-centred advantages sum to zero within each group.
     """
     r = np.asarray(rewards, dtype=np.float64)  # (R,)
     codes, n_groups = _group_codes(groups)
@@ -37,7 +38,16 @@ def group_relative_advantages(
     if scale_by_std:
         var = np.bincount(codes, weights=centred**2, minlength=n_groups) / np.maximum(count, 1)
         centred = centred / (np.sqrt(var)[codes] + eps)
-    return np.where(count[codes] > 1, centred, 0.0)
+    return np.where(_has_spread(r, codes, n_groups)[codes], centred, 0.0)
+
+
+def _has_spread(r: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """(G,) True where a group's rewards are not all equal (so it has two rollouts or more)."""
+    hi = np.full(n_groups, -np.inf)
+    lo = np.full(n_groups, np.inf)
+    np.maximum.at(hi, codes, r)
+    np.minimum.at(lo, codes, r)
+    return hi > lo
 
 
 def rloo_advantages(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -45,7 +55,8 @@ def rloo_advantages(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
     A_i = r_i - (1 / (n_g - 1)) * sum_{j in g, j != i} r_j.
 
-    rewards, groups: (R,) -> (R,). A group of one rollout gets advantage 0 (no baseline exists).
+    rewards, groups: (R,) -> (R,). A group of one rollout gets advantage 0 (no baseline exists),
+    a group whose rewards are all equal exactly 0.
     """
     r = np.asarray(rewards, dtype=np.float64)  # (R,)
     codes, n_groups = _group_codes(groups)
@@ -53,7 +64,7 @@ def rloo_advantages(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
     total = np.bincount(codes, weights=r, minlength=n_groups)
     n = count[codes]
     others = (total[codes] - r) / np.maximum(n - 1, 1)
-    return np.where(n > 1, r - others, 0.0)
+    return np.where(_has_spread(r, codes, n_groups)[codes], r - others, 0.0)
 
 
 def reinforce_advantages(rewards: np.ndarray, baseline: float = 0.0) -> np.ndarray:

@@ -71,6 +71,26 @@ class SampleBatch:
     trajectories: int  # trajectories that carry loss weight
     zero_spread_groups: list[str]  # groups whose rewards were all equal (advantage 0)
 
+    @property
+    def no_signal(self) -> str | None:
+        """Why a learner would learn nothing from this batch, or None: no samples at all, or
+        (critic-free algos, whose advantages are final here) every advantage 0. PPO's advantages
+        come from the critic's values later, and SFT samples train on their NLL."""
+        if not self.samples:
+            return "no samples (every session was excluded)"
+        critic_free = all(s["algo"] in ("grpo", "rloo", "reinforce") for s in self.samples)
+        if critic_free and not any(
+            a != 0
+            for s in self.samples
+            for a, t in zip(s["advantages"], s["trainable"], strict=True)
+            if t
+        ):
+            return (
+                f"every advantage is 0 ({len(self.zero_spread_groups)} groups with zero reward "
+                "spread): all rewards of each group are equal"
+            )
+        return None
+
     def summary(self) -> str:
         """One human line (for stderr)."""
         tokens = sum(len(s["input_ids"]) for s in self.samples)
@@ -78,6 +98,8 @@ class SampleBatch:
             f"{len(self.samples)} samples, {tokens} tokens, {self.trajectories} trajectories "
             f"from {self.rollouts} rollouts"
         )
+        if self.no_signal:
+            text += f"; NO LEARNING SIGNAL: {self.no_signal}"
         if self.zero_spread_groups:
             text += f"; {len(self.zero_spread_groups)} groups with zero reward spread"
         if self.excluded:
@@ -600,7 +622,7 @@ def make_samples(
     Left-out sessions are logged (logger ``claw_tree``); use build_samples to get them back.
     """
     batch = build_samples(forest, outcomes, **options)
-    if batch.excluded:
+    if batch.excluded or batch.no_signal:
         log.warning("claw-tree samples: %s", batch.summary())
     return batch.samples
 
