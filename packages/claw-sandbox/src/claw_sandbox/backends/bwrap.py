@@ -9,6 +9,9 @@ Each step runs as ``bwrap ... -- [setpriv] [forwarder] COMMAND`` with
   directory of all job directories hidden under a tmpfs wherever it would show;
 - the job's workspace at /workspace and the job's own /tmp, both writable and kept between the
   steps of the job (setup, command, verify see the same files);
+- a `profile: "harbor"` job's verify-only mounts that nothing is read back from (/tests) are,
+  as on docker, writable copies in a writable root of the verify step's own (a fresh host
+  directory bound at /), not mount points: a test.sh may `mv /tests ...` or `rm -rf /tests`;
 - a seccomp filter (`_seccomp`): no keyrings, no new namespaces, no mounts, no kernel-global
   calls;
 - as root: the step drops to a separate unprivileged host uid (default 65534) without
@@ -44,6 +47,7 @@ from claw_sandbox.backends.base import (
 )
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, Verify, parse_http_url
+from claw_sandbox.workspace import chown_tree
 
 # what a job sees of the host: system directories read-only, nothing else (item: an allow-list,
 # so a stray secret or unix socket elsewhere on the host is out of reach)
@@ -88,6 +92,21 @@ def rootfs_binds(rootfs: str) -> list[str]:
     return args
 
 
+def _without_binds_at(args: list[str], targets: set[str]) -> list[str]:
+    """bwrap arguments without the binds or links whose destination is one of `targets` (a
+    rootfs's own top-level entry that a verify step's copy replaces)."""
+    if not targets:
+        return args
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in ("--ro-bind", "--bind", "--symlink") and args[i + 2] in targets:
+            i += 3
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def _under(path: str, roots: tuple[str, ...] | set[str]) -> bool:
     return any(path == r or path.startswith(r + "/") for r in roots)
 
@@ -129,6 +148,8 @@ class BwrapSandbox(Sandbox):
         self.relay: _forward.Relay | None = None
         self._status, self._status_fd = b"", -1
         self.verifying = False
+        #: the root of a harbor verify step that holds copies of `copied_targets` (see place)
+        self.verify_root = jobdir / "verify-root"
         self.limits = effective_limits(
             job.limits, backend.default_limits, cgroup=backend.cgroups.version is not None,
             # a kept job directory must outlive the run: no tmpfs (and so no disk bound) for it
@@ -138,9 +159,33 @@ class BwrapSandbox(Sandbox):
     def place_verify_files(self, verify: Verify | None = None) -> None:
         super().place_verify_files(verify)
         self.verifying = True
+        copied = self.copied_targets()
+        shutil.rmtree(self.verify_root, ignore_errors=True)
+        if not copied:
+            return
+        self.verify_root.mkdir(mode=0o755)
+        for target in copied:  # a copy, not a bind: the verifier may move or remove it
+            shutil.copytree(self.mount_of(target), self.verify_root / target.lstrip("/"),
+                            symlinks=True)  # fmt: skip
+        if self.owner is not None:
+            chown_tree(self.verify_root, *self.owner)
 
     def end_verify(self) -> None:
         self.verifying = False
+        shutil.rmtree(self.verify_root, ignore_errors=True)
+
+    def copied_targets(self) -> list[str]:
+        """A harbor job's verify-only mount targets that no reward file or collect path lies
+        under: its verify steps get them as writable copies (as docker copies them into the
+        trial container) instead of binds, so /tests is a plain directory there."""
+        if self.job.profile != "harbor":
+            return []
+        read = [*self.job.collect, *(v.reward_file for v in self.job.verifies() if v.reward_file)]
+        return [
+            t
+            for t in sorted(self.job.verify_only_targets())
+            if not any(p.startswith("/") and _under(p, {t}) for p in read)
+        ]
 
     def env(self) -> dict[str, str]:
         env = super().env()
@@ -173,12 +218,17 @@ class BwrapSandbox(Sandbox):
             args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
         elif self.owner is None:
             args += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL"]
-        args += self.backend.base_args
+        copied = set(self.copied_targets()) if self.verifying else set()
+        if copied:  # the verify step's own writable root holds the copies (place_verify_files)
+            args += ["--bind", str(self.verify_root), "/"]
+        args += _without_binds_at(self.backend.base_args, copied)
         binds = [(self.tmp, "/tmp"), (self.workspace, self.inside_workspace)]
         if harbor:
             binds.append((self.tmp / "home", "/root"))
         verify_only = job.verify_only_targets()
         for i, target in enumerate(job.mount_targets()):
+            if target in copied:
+                continue  # a plain directory of the verify root, not a bind
             if target not in verify_only or self.verifying:  # verify mounts: verify steps only
                 binds.append((self.mount_dir(i), target))
         if (
@@ -221,7 +271,9 @@ class BwrapSandbox(Sandbox):
         for h in sorted(self.backend.hidden):  # e.g. the job directories, inside a bound dir
             if _under(h, bound) or _under(h, VISIBLE_ROOTS):
                 args += ["--tmpfs", h]
-        args += ["--remount-ro", "/", "--chdir", self.inside_workspace]  # bwrap's root tmpfs, too
+        if not copied:
+            args += ["--remount-ro", "/"]  # bwrap's root tmpfs, too
+        args += ["--chdir", self.inside_workspace]
         inner = argv_of(command)
         if self.backend.rootfs and isinstance(command, str):  # the rootfs's shell, not the host's
             has_bash = any(
