@@ -220,3 +220,32 @@ def test_stats_counts_every_shard_of_a_record_series(tmp_path):
     result = CliRunner().invoke(main, ["stats", "--json", str(tmp_path / "calls.jsonl")])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["calls"] == 2
+
+
+def test_the_gae_defaults_are_one_truth():
+    """PPO's GAE defaults (level token, gamma = lambda = 1) are the same in the equations, the
+    library calls, `claw-tree samples --help` and the README's PPO paragraph."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from claw_tree import advantages, build_samples, gae_for_samples, gae_on_tree, turn_gae_on_tree
+
+    want = {"gae_level": advantages.GAE_LEVEL, "gamma": advantages.GAMMA, "lam": advantages.LAM}
+    assert want == {"gae_level": "token", "gamma": 1.0, "lam": 1.0}
+    for fn in (build_samples, gae_for_samples, gae_on_tree, turn_gae_on_tree):
+        params = inspect.signature(fn).parameters
+        assert {k: params[k].default for k in want if k in params} == {
+            k: v for k, v in want.items() if k in params
+        }, fn.__name__
+    options = {p.name: p.default for p in main.commands["samples"].params}
+    assert {k: options[k] for k in want} == want
+    helped = CliRunner().invoke(main, ["samples", "--help"], terminal_width=200).output
+    assert re.search(r"--gae-level \[token\|turn\].*default: token", helped.replace("\n", " "))
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    stated = re.search(
+        r"Defaults: `--gae-level (\w+)`.*?gamma = lambda = (\d+)", readme.replace("\n", " ")
+    )
+    assert stated, "the README's PPO paragraph states the GAE defaults"
+    assert (stated.group(1), float(stated.group(2))) == (want["gae_level"], want["lam"])
+    assert want["gamma"] == want["lam"]  # the README states one value for both

@@ -11,6 +11,16 @@ import numpy as np
 
 from claw_tree.errors import ClawError
 
+# PPO's GAE defaults, the one source of gae_on_tree's, build_samples', gae_for_samples' and
+# `claw-tree samples`' (the README states them; tests/test_cli.py holds all of them to these):
+# every generated token a time step (on a single chain that is the paper's GAE exactly, and
+# each token's advantage is taken against the value of its own state, the finest baseline the
+# critic gives; "turn" is the option), and gamma = lam = 1 so that a terminal reward reaches
+# the first token (see gae_on_tree).
+GAE_LEVEL = "token"
+GAMMA = 1.0
+LAM = 1.0
+
 
 def _group_codes(groups: np.ndarray) -> tuple[np.ndarray, int]:
     _, codes = np.unique(np.asarray(groups), return_inverse=True)
@@ -163,8 +173,8 @@ def gae_on_tree(
     values: np.ndarray,
     rewards: np.ndarray,
     *,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    gamma: float = GAMMA,
+    lam: float = LAM,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimation (Schulman et al. 2016, eq. 16) on a token tree.
 
@@ -234,8 +244,8 @@ def turn_gae_on_tree(
     values: np.ndarray,
     rewards: np.ndarray,
     *,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    gamma: float = GAMMA,
+    lam: float = LAM,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Turn-level GAE on a token tree: one time step per turn (a call's completion), values at
     call boundaries.

@@ -12,6 +12,7 @@ import click
 
 from claw_tree import __version__
 from claw_tree._cli_paths import output_path
+from claw_tree.advantages import GAE_LEVEL, GAMMA, LAM
 from claw_tree.errors import ClawError
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
 from claw_tree.samples import (
@@ -218,19 +219,23 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
     help='PPO: JSONL of {"sample_id": ..., "values": [...]} aligned with the samples of this same command.',
 )
 @click.option(
-    "--gamma", type=float, default=1.0, show_default=True, help="PPO discount per generated token."
+    "--gamma",
+    type=float,
+    default=GAMMA,
+    show_default=True,
+    help="PPO discount per time step (a generated token, or a turn with --gae-level turn).",
 )
 @click.option(
     "--lam",
     type=float,
-    default=1.0,
+    default=LAM,
     show_default=True,
     help="PPO GAE lambda (1: a terminal reward reaches every token; see gae_on_tree).",
 )
 @click.option(
     "--gae-level",
     type=click.Choice(GAE_LEVELS),
-    default="token",
+    default=GAE_LEVEL,
     show_default=True,
     help="PPO time step: token (every generated token) or turn (one per call, values at call boundaries).",
 )

@@ -42,6 +42,9 @@ import attrs
 import numpy as np
 
 from claw_tree.advantages import (
+    GAE_LEVEL,
+    GAMMA,
+    LAM,
     gae_on_tree,
     group_relative_advantages,
     reinforce_advantages,
@@ -194,9 +197,9 @@ def build_samples(
     path_weighting: str = "token",
     max_tokens: int | None = None,
     values: Mapping[str, Any] | Iterable[dict] | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    gae_level: str = "token",
+    gamma: float = GAMMA,
+    lam: float = LAM,
+    gae_level: str = GAE_LEVEL,
     baseline: float = 0.0,
     id_prefix: str | None = None,
     pack: str = "session",
@@ -658,9 +661,9 @@ def gae_for_samples(
     samples: Iterable[dict],
     values: Mapping[str, Any] | Iterable[dict],
     *,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    gae_level: str = "token",
+    gamma: float = GAMMA,
+    lam: float = LAM,
+    gae_level: str = GAE_LEVEL,
 ) -> list[dict]:
     """Fill ``advantages`` and ``returns`` of PPO samples from per-token critic values.
 
