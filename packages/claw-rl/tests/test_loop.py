@@ -28,7 +28,8 @@ def test_steps_write_the_layout_and_keep_two_checkpoints(tiny, tmp_path):
         )
         assert row["reward"] == k and row["time"]["rollout_s"] == 1 and "train_s" in row["time"]
     row, policy = loop.train_step(learner, [], tmp_path, 3, current=current)
-    assert policy == current and row["learner"] == {"skipped": "no samples"}
+    assert policy == current and row["learner"]["skipped"] == "no samples"
+    assert row["no_signal"] is True and row["learner"]["no_signal_reason"] == "no samples"
     rows = loop.completed_steps(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert [r["policy_version"] for r in rows] == [1, 2, 3, 3]

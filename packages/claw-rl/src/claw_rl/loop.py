@@ -26,6 +26,7 @@ writes the rows.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -36,6 +37,7 @@ from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
 from claw_rl.learner import Learner
 from claw_rl.records import Sample
 
+log = logging.getLogger("claw_rl")
 KEEP_CHECKPOINTS = 2
 # learner metrics repeated at the top of a metrics row (all of them are under "learner")
 HEADLINE = (
@@ -144,7 +146,11 @@ def train_step(
     extra = dict(extra or {})
     times = dict(extra.pop("time", {}))
     t0 = time.monotonic()
-    metrics = learner.step(samples) if samples else {"skipped": "no samples"}
+    if samples:
+        metrics = learner.step(samples)
+    else:  # said, not silent: the row's no_signal is true like that of a step that learns nothing
+        metrics = {"skipped": "no samples", "no_signal": True, "no_signal_reason": "no samples"}
+        log.warning("claw-rl step %d: NO LEARNING SIGNAL: no samples; no update", step)
     t1 = time.monotonic()
     if learner.dirty or current is None:
         out = policy_dir(run, learner.version + (1 if learner.dirty else 0))
