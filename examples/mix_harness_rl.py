@@ -649,8 +649,10 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
             h: sum(bool(o["passed"]) for o in ok(rs)) / max(1, len(ok(rs)))
             for h, rs in per_harness.items()
         },
+        # call-level, over all the step's calls: per-call tokens / the forest's tree tokens (the
+        # tree ratio of the samples trained is the learner's tree_ratio, also in the row)
         "tree_token_ratio": trained["stats"].get("tree_token_ratio"),
-        "dedup_factor": trained["stats"].get("dedup_factor"),  # flat tokens / tree tokens
+        "dedup_factor": trained["stats"].get("dedup_factor"),
         "staleness": trained["staleness"],  # {versions behind: calls}
         # rollout_s: from the rollouts' start to the last one's end (asynchronous: they began
         # while earlier steps trained, so it is not one of this step's phases in "time")
@@ -806,7 +808,13 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
                 f"{row['rollouts_failed']} failed, {running} running | staleness "
                 f"{row['staleness']} (dropped {row.get('dropped_stale', 0)}) | tokens/s "
                 f"rollout {row['rollout_tokens_per_s']:.0f} train {row.get('tokens_per_s', 0):.0f} | "
+                f"tree ratio {row.get('tree_ratio') or 0:.2f} (call dedup {row['dedup_factor']:.2f}) | "
                 + " ".join(f"{k[:-2]} {v:.1f}s" for k, v in t.items())
+                + (
+                    f" | NO LEARNING SIGNAL: {row['learner']['no_signal_reason']}"
+                    if row.get("no_signal")
+                    else ""
+                )
             )
             t0 = time.monotonic()
     if held_out and history and ("rl", len(history)) not in evals:

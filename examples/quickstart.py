@@ -27,7 +27,8 @@ Messages. The script, through examples/mix_harness_rl.py (the loop with every kn
    early fails, so RL has to go past its teacher.
 
 It prints the per-step table (reward and Pass@1 per harness on the step's training instances,
-tree ratio = flat tokens / tree tokens, train-inference mismatch, seconds) and held-out Pass@1
+tree ratio = the trained samples' tokens as flat per-trajectory sequences / as trained,
+train-inference mismatch, seconds) and held-out Pass@1
 before SFT, after SFT and after RL, and draws them to quickstart.png.
 """
 
@@ -120,7 +121,7 @@ for row in history:
             f"v{row['policy_version']}",
             *(f"{row['reward'].get(h, float('nan')):.3f}" for h in names),
             *(f"{row['pass@1'].get(h, float('nan')):.2f}" for h in names),
-            f"{row.get('dedup_factor') or 0:.2f}",
+            f"{row.get('tree_ratio') or 0:.2f}",
             f"{row.get('mismatch_mean_abs', float('nan')):.1e}",
             f"{row['seconds']:.0f}",
         ]
@@ -159,8 +160,8 @@ for i, h in enumerate(names):
     )
 ax[0].set(title="training reward per harness (RL steps)", xlabel="step", ylim=(0, 1))
 ax[0].legend(fontsize=7)
-ax[1].plot(steps, [r.get("dedup_factor") for r in history], marker="o")
-ax[1].set(title="tree ratio (flat tokens / tree tokens)", xlabel="step")
+ax[1].plot(steps, [r.get("tree_ratio") for r in history], marker="o")
+ax[1].set(title="tree ratio (flat tokens / trained tokens)", xlabel="step")
 ax[1].set_ylim(bottom=1.0)  # 1 = no shared prefix
 labels = [stage_names[s] for s in stage_names if s in evals]
 ax[2].bar(labels, [evals[s]["pass@1_mean"] for s in stage_names if s in evals], color="C2")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,14 @@ def test_quickstart_smallest(tmp_path, algo):
     assert (out / "quickstart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     metrics = _rows(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1] and all(m["infra_errors"] == 0 for m in metrics)
+    # the tree ratio printed is that of the samples trained (group packing's shared prompt
+    # included), not the call-level dedup of all the step's calls
+    rows = [re.split(r"\s{2,}", line.strip()) for line in table.split("\n\n")[0].splitlines()]
+    col = rows[0].index("tree ratio")
+    for m, printed in zip(metrics, rows[1:], strict=True):
+        learner = m["learner"]
+        assert m["tree_ratio"] == pytest.approx(learner["flat_tokens"] / learner["tokens"])
+        assert printed[col] == f"{m['tree_ratio']:.2f}"
     if algo == "ppo":
         return
     # examples/evaluate.py's documented command on these policies (SFT vs last): held-out tasks
