@@ -112,6 +112,9 @@ class DockerSandbox(Sandbox):
             raise InfraError(
                 f"docker could not start the container: {exc.explanation or exc}"
             ) from exc
+        self.container.reload()
+        if self.container.status != "running":
+            raise InfraError(_not_running(self.container, self.env(), "the trial container"))
         if self.relay is not None:
             self.forwarder = self._start_forwarder(self.container)
         buf = io.BytesIO()
@@ -247,6 +250,12 @@ class DockerSandbox(Sandbox):
                 stderr=True,
             )
         except docker.errors.APIError as exc:
+            with contextlib.suppress(docker.errors.APIError):
+                self.container.reload()
+                if self.container.status != "running":  # it died since the last step
+                    raise InfraError(
+                        _not_running(self.container, self.env(), "the trial container")
+                    ) from exc
             raise InfraError(f"docker exec failed: {exc.explanation or exc}") from exc
         out, err = bytearray(), bytearray()
 
@@ -388,8 +397,14 @@ class DockerSandbox(Sandbox):
         port = self.job.network.port or 0
         sock = "proxy.sock"  # relative to the forwarder's cwd: AF_UNIX paths end at 107 bytes
         nsenter = shutil.which("nsenter")
-        if not nsenter or os.geteuid() != 0 or not pid:
-            raise InfraError("network proxy on docker needs root and nsenter (util-linux)")
+        if not pid:  # the container is not running: say why, not what the forwarder needs
+            raise InfraError(_not_running(container, self.env(), "the container"))
+        if not nsenter:
+            raise InfraError("network proxy on docker needs nsenter (util-linux) on the host")
+        if os.geteuid() != 0:
+            raise InfraError(
+                "network proxy on docker needs root (to enter the container's network namespace)"
+            )
         if self.backend.socat:
             fwd = [
                 self.backend.socat,
@@ -433,6 +448,29 @@ class DockerSandbox(Sandbox):
             assert self.container is not None
             self.container.remove(force=True)
         self.container = None
+
+
+#: how many of a container's last log lines an error about it quotes
+LOG_TAIL_LINES = 5
+
+
+def _not_running(container: Any, env: dict[str, str], what: str) -> str:
+    """Why a container that should run is not: its state, exit code, error and last log lines
+    (an exit code of 126/127 also names the PATH its command was looked up in)."""
+    state = container.attrs.get("State", {})
+    code, error = state.get("ExitCode"), state.get("Error") or ""
+    msg = f"{what} ({container.attrs.get('Config', {}).get('Image', '?')}) is not running "
+    msg += f"(state {state.get('Status', '?')}, exit code {code}"
+    msg += (f", {error}" if error else "") + (", out of memory" if state.get("OOMKilled") else "")
+    msg += ")"
+    if code in (126, 127):
+        msg += f"; its command was not found or not executable with PATH={env.get('PATH', '')!r}"
+    try:
+        raw = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES)
+    except Exception as exc:  # the SDK's and requests' errors alike: the message still stands
+        return msg + f"; its log could not be read: {exc}"
+    lines = raw.decode("utf-8", errors="replace").strip().splitlines()
+    return msg + ("; its last log lines: " + " | ".join(lines) if lines else "; its log is empty")
 
 
 def _kill_tree(pid: int) -> None:

@@ -1,0 +1,46 @@
+"""Docker errors say what failed: a trial container that is not running names its exit code,
+the PATH its command was looked up in and its last log lines (not a follow-on symptom)."""
+
+import os
+
+import pytest
+from claw_sandbox import run_jobs
+from sandbox_testlib import job
+from test_docker import IMAGE, docker_backend  # noqa: F401  (the module's engine fixture)
+
+pytestmark = pytest.mark.slow
+BROKEN_PATH = "/opt/x/bin:${PATH}"  # a Dockerfile's ENV PATH copied without expansion
+
+
+def _harbor(job_id: str, **fields) -> dict:
+    return job(
+        job_id, image=IMAGE, profile="harbor", workdir="/app", command="echo never",
+        env={"PATH": BROKEN_PATH}, mounts=[{"target": "/logs/verifier"}], **fields,
+    )  # fmt: skip
+
+
+def _check_exit_reason(error: str) -> None:
+    assert "is not running" in error and "exit code 127" in error, error
+    assert f"PATH={BROKEN_PATH!r}" in error, error
+    assert "its last log lines:" in error and "sleep" in error, error  # docker-init's own line
+
+
+def test_trial_container_that_exits_at_start_is_named(docker_backend, tmp_path):  # noqa: F811
+    """A harbor job whose env breaks PATH: its trial container's `sleep infinity` is not found
+    and the container exits 127 at once; the run's error says so (it said 'docker exec failed:
+    ... is not running' at the first step)."""
+    (run,) = run_jobs([_harbor("deadpath")], backend=docker_backend, workdir=tmp_path)
+    assert run["status"] == "infra_error", run
+    _check_exit_reason(run["error"])
+
+
+def test_proxy_network_on_an_exited_container_is_named(docker_backend, tmp_path):  # noqa: F811
+    """With network policy proxy the same container used to read 'network proxy on docker needs
+    root and nsenter'; now the error is the container's exit."""
+    if os.geteuid() != 0:
+        pytest.skip("the docker proxy forwarder needs root (nsenter)")
+    net = {"policy": "proxy", "proxy_url": "http://127.0.0.1:9", "port": 18080}
+    (run,) = run_jobs([_harbor("deadnet", network=net)], backend=docker_backend, workdir=tmp_path)
+    assert run["status"] == "infra_error", run
+    assert "nsenter" not in run["error"], run["error"]
+    _check_exit_reason(run["error"])
