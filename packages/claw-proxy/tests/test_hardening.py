@@ -166,8 +166,9 @@ def test_prompt_over_max_prompt_tokens_gets_413(make_server, tmp_path):
 
 
 def test_prefix_cache_budget_evicts_cold_sessions_without_changing_tokens(make_server, tmp_path):
-    """With a tiny --prefix-cache-bytes, cold sessions are evicted; continuing one re-renders
-    and gets exactly the prompt ids a fresh render gives, while a warm one still reuses."""
+    """With a tiny --prefix-cache-bytes, cold sessions are evicted; continuing one reads its
+    earlier ids back from the records (the same ids a fresh render gives here, where nothing was
+    dropped), just as a warm one reuses them."""
     srv = make_server(["first answer", "second answer"], prefix_cache_bytes=2500)
     first = [{"role": "user", "content": "hello there"}]
     for s in ("a", "b", "c", "d"):
@@ -189,12 +190,16 @@ def test_prefix_cache_budget_evicts_cold_sessions_without_changing_tokens(make_s
     from claw_proxy import api_chat
 
     fresh = Renderer(str(TINY)).render_full(api_chat.parse({"model": "m", "messages": second}))
-    a, d = calls[("a", 1)], calls[("d", 1)]
-    assert a.prefix["parent_call"] is None and a.prefix["reused_tokens"] == 0
-    assert a.prompt_ids == fresh and a.prefix["fresh_render_matches"] is True
-    assert d.prefix["parent_call"] == calls[("d", 0)].call_id and d.prefix["reused_tokens"] > 0
-    d0 = calls[("d", 0)]
-    assert d.prompt_ids[: d.prefix["reused_tokens"]] == d0.prompt_ids + d0.completion_ids
+    for s in ("a", "d"):
+        prev, cur = calls[(s, 0)], calls[(s, 1)]
+        assert cur.prompt_ids == fresh and cur.prefix["fresh_render_matches"] is True
+        assert cur.prefix["parent_call"] == prev.call_id and "fork_reason" not in cur.prefix
+        assert (
+            cur.prompt_ids[: cur.prefix["reused_tokens"]] == prev.prompt_ids + prev.completion_ids
+        )
+    with httpx.Client(base_url=srv.url) as c:
+        cache = c.get("/admin/stats", headers=ADMIN_H).json()["prefix_cache"][str(TINY)]
+    assert cache["recovered_calls"] >= 1 and cache["forks"] == {}
 
 
 def _closed_by_server(sock, timeout: float) -> bool:

@@ -224,8 +224,7 @@ class Run:
             response=body if proxy.config.record_bodies else None,
             extra={"teacher": self.engine.teacher} if self.engine.teacher else {},
         )
-        if proxy.writer:
-            proxy.writer.write(call, prompt_ids_json=r.prompt_json)
+        where = proxy.writer.write(call, prompt_ids_json=r.prompt_json) if proxy.writer else None
         proxy.stats["calls_recorded"] += 1
         proxy.stats["prompt_tokens"] += answer.prompt_tokens
         proxy.stats["completion_tokens"] += answer.completion_tokens
@@ -233,5 +232,5 @@ class Run:
         proxy.stats["rendered_tokens"] += r.rendered_tokens
         self.state.calls += 1
         proxy.caches[self.engine.tokenizer_dir].remember(
-            self.session, self.call_id, self.rendered, answer, self.ids
+            self.session, self.call_id, self.rendered, answer, self.ids, where
         )

@@ -272,11 +272,14 @@ def _record(
             response=response,
             extra={"teacher": "passthrough"},
         )
-        if proxy.writer:
+        where = (
             proxy.writer.write(call, prompt_ids_json=r.prompt_json, raw=raw)
+            if proxy.writer
+            else None
+        )
         proxy.stats["calls_recorded"] += 1
         state.calls += 1
-        cache.remember(session, call_id, r, answer, ids)
+        cache.remember(session, call_id, r, answer, ids, where)
         return
     call = Call(
         call_id=call_id,

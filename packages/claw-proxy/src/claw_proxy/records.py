@@ -325,11 +325,12 @@ class CallWriter:
         record: Call | dict,
         prompt_ids_json: str | None = None,
         raw: dict[str, str] | None = None,
-    ) -> None:
-        """Append one record. `prompt_ids_json` ("1,2,3") is the prompt ids already serialised:
-        long prompts that extend an earlier call's are not re-encoded from scratch. `raw` maps
-        fields to their values already serialised as one-line JSON (a passthrough request's
-        bytes as they came), written as they are instead of the record's values."""
+    ) -> tuple[int, int, int]:
+        """Append one record; return where its line is: (shard index, byte offset, length).
+        `prompt_ids_json` ("1,2,3") is the prompt ids already serialised: long prompts that
+        extend an earlier call's are not re-encoded from scratch. `raw` maps fields to their
+        values already serialised as one-line JSON (a passthrough request's bytes as they
+        came), written as they are instead of the record's values."""
         d = record.to_dict() if isinstance(record, Call) else dict(record)
         # the line is put together as bytes in one join: the long parts (a 25K-token prompt's
         # ids are ~150 KB) are copied twice (encoded, joined), not four times
@@ -359,6 +360,8 @@ class CallWriter:
                 os.fsync(self._fd)
             self.written += 1
             self._lines += 1
+            # appends move the offset to the end first: the line ends where the offset is now
+            return self._index, os.lseek(self._fd, 0, os.SEEK_CUR) - len(data), len(data)
 
     def _next_shard(self) -> None:
         """Close the open shard and open the next one (the lock is held)."""

@@ -19,6 +19,7 @@ from collections import OrderedDict
 
 import attrs
 
+from claw_proxy._history import Entry, SessionIndex
 from claw_proxy.errors import ConfigError, RequestError
 from claw_proxy.messages import Answer, ChatRequest, Message, ToolCall
 
@@ -40,6 +41,10 @@ class Rendered:
     keys: list[str] = attrs.field(factory=list, repr=False)  # history keys of the request
     prompt_array: array = attrs.field(factory=lambda: array("q"), repr=False)
     prompt_json: str = attrs.field(default="", repr=False)  # "1,2,3": the ids as JSON, cached
+    # the request continues call `fork_of`, whose ids could not be reused (`fork_reason`): the
+    # prompt was rendered fresh from there on and may differ from what that call saw
+    fork_reason: str | None = None
+    fork_of: str | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -57,6 +62,9 @@ class Rendered:
         }
         if self.drift_check:
             out["drift_check"] = self.drift_check
+        if self.fork_reason:
+            out["fork_reason"] = self.fork_reason
+            out["fork_of"] = self.fork_of
         return out
 
 
@@ -340,8 +348,13 @@ class PrefixCache:
     """Per-session memory of earlier calls, to build prompts by prefix reuse.
 
     Memory is bounded by `max_bytes`: sessions are kept in least-recently-used order and the
-    coldest are forgotten first when the branches held pass the budget. A forgotten session
-    loses nothing but speed: its next call is rendered in full, exactly as a fresh one would be.
+    coldest are forgotten first when the branches held pass the budget. A forgotten call loses
+    nothing but time: `index` (the session index next to the record series) knows the history
+    it answered and where its record line is, and a request that continues it reads its ids
+    back from there (`recovered_calls`). Where they cannot be read back (no record series, a
+    shard moved away) the request is rendered fresh and its `Rendered` says so (`fork_reason`,
+    counted in `forks`): a re-render is not what the model saw (dropped reasoning, templates
+    that write older turns differently).
     """
 
     def __init__(
@@ -353,8 +366,12 @@ class PrefixCache:
         branches_per_session: int = 32,
         max_sessions: int = 10000,
         max_bytes: int = 1 << 30,
+        index: SessionIndex | None = None,
     ) -> None:
         self.renderer = renderer
+        self.index = index if index is not None else SessionIndex(None)
+        self.recovered_calls = 0  # forgotten calls read back from the records and reused
+        self.forks: dict[str, int] = {}  # calls rendered fresh although they continue a call
         if drift_check not in DRIFT_CHECKS:
             raise ConfigError(f"drift_check must be one of {', '.join(DRIFT_CHECKS)}")
         self.drift_check_tokens = drift_check_tokens
@@ -398,6 +415,8 @@ class PrefixCache:
                 "max_bytes": self.max_bytes,
                 "sessions": len(self._sessions),
                 "evicted_sessions": self.evicted_sessions,
+                "recovered_calls": self.recovered_calls,
+                "forks": dict(self.forks),
             }
 
     def _keys(self, req: ChatRequest) -> list[str]:
@@ -435,6 +454,8 @@ class PrefixCache:
         keys, best = self._match(session, req)
         if best is None or len(req.messages) - best.n_keys + 1 > max_new:
             return None
+        if self.index.candidate(session, self.renderer.directory, keys, best.n_keys):
+            return None  # a longer call was forgotten: `render` reads it back
         new = list(req.messages[best.n_keys - 1 :])
         text = self.renderer.continuation_text(new, best.ended_with_eos)
         if text is None or len(text) >= 16384:
@@ -458,6 +479,7 @@ class PrefixCache:
         matches: bool | None,
         check: str | None,
         prompt: array | None = None,
+        fork: tuple[str, str] | None = None,
     ) -> Rendered:
         return Rendered(
             reused_tokens=len(reused),
@@ -468,6 +490,8 @@ class PrefixCache:
             keys=keys,
             prompt_array=reused + array("q", tail) if prompt is None else prompt,
             prompt_json=_join(best.ids_json, _ids_json(tail)),
+            fork_reason=fork[0] if fork else None,
+            fork_of=fork[1] if fork else None,
         )
 
     def _one_pass_tail(
@@ -486,6 +510,7 @@ class PrefixCache:
 
     def render(self, session: str, req: ChatRequest) -> Rendered:
         keys, best = self._match(session, req)
+        best, fork = self._recover(session, keys, best)
         if best is not None:
             new = list(req.messages[best.n_keys - 1 :])
             text = self.renderer.continuation_text(new, best.ended_with_eos)
@@ -502,19 +527,67 @@ class PrefixCache:
                     tail = self.renderer.encode(text)
                     prompt = reused + array("q", tail)
                     matches, check = self._drift(req, best, reused, new, tail, prompt, mode)
-                    return self._reused(keys, best, reused, tail, matches, check, prompt)
-                return self._reused(keys, best, reused, tail, matches, check)
+                    return self._count(
+                        self._reused(keys, best, reused, tail, matches, check, prompt, fork)
+                    )
+                return self._count(
+                    self._reused(keys, best, reused, tail, matches, check, fork=fork)
+                )
         ids = self.renderer.render_full(req)
-        return Rendered(
-            prompt_ids=ids,
-            reused_tokens=0,
-            rendered_tokens=len(ids),
-            parent_call=None,
-            fresh_render_matches=True,
-            keys=keys,
-            prompt_array=array("q", ids),
-            prompt_json=_ids_json(ids),
+        if best is not None and fork is None and array("q", ids[: best.n_tokens]) != best.token_ids:
+            fork = ("no_continuation", best.call_id)  # the template cannot continue its turn
+        return self._count(
+            Rendered(
+                prompt_ids=ids,
+                reused_tokens=0,
+                rendered_tokens=len(ids),
+                parent_call=None,
+                fresh_render_matches=True,
+                keys=keys,
+                prompt_array=array("q", ids),
+                prompt_json=_ids_json(ids),
+                fork_reason=fork[0] if fork else None,
+                fork_of=fork[1] if fork else None,
+            )
         )
+
+    def _count(self, rendered: Rendered) -> Rendered:
+        if rendered.fork_reason is not None:
+            with self._lock:
+                self.forks[rendered.fork_reason] = self.forks.get(rendered.fork_reason, 0) + 1
+        return rendered
+
+    def _recover(
+        self, session: str, keys: list[str], best: _Branch | None
+    ) -> tuple[_Branch | None, tuple[str, str] | None]:
+        """`best`, or a longer call of the session that this cache forgot (evicted, or before a
+        restart) read back from the records and kept again. When the index knows such a call
+        but its ids cannot be read, `best` and the fork: (reason, that call's id), where the
+        reason is `not_recorded` (no record series) or `record_unreadable`."""
+        e = self.index.candidate(session, self.renderer.directory, keys, best.n_keys if best else 0)
+        if e is None:
+            return best, None
+        got = self.index.read_ids(e)
+        if got is None:
+            reason = "not_recorded" if e.shard is None else "record_unreadable"
+            return best, (reason, e.call_id)  # a shorter `best` is reused, the rest rendered
+        return self._adopt(session, e, keys[: e.n_keys], *got), None
+
+    def _adopt(self, session: str, e: Entry, keys: list[str], ids: array, ids_json: str) -> _Branch:
+        """Keep a call read back from the records as if it had never been forgotten."""
+        branch = _Branch(
+            call_id=e.call_id,
+            ids=_Ids(ids, ids_json, keys),
+            n_tokens=len(ids),
+            n_chars=len(ids_json),
+            n_keys=len(keys),
+            prompt_len=e.prompt_len,
+            ended_with_eos=e.eos,
+        )
+        with self._lock:
+            self.recovered_calls += 1
+            self._insert(session, branch, None)
+        return branch
 
     def _drift_mode(self) -> str:
         """How this reuse is checked: "off", "full" (`full`, or the `drift_full_every`-th reuse
@@ -553,8 +626,11 @@ class PrefixCache:
         rendered: Rendered,
         answer: Answer,
         completion_ids: list[int],
+        where: tuple[int, int, int] | None = None,
     ) -> None:
-        """Keep this call so a later request that extends it reuses its tokens."""
+        """Keep this call so a later request that extends it reuses its tokens, and index it
+        (`where`: its record line, as `CallWriter.write` returned it; None: not recorded) so
+        that one still can once this cache has forgotten it."""
         ended = bool(completion_ids) and completion_ids[-1] in self.renderer.eos_ids
         ids = _Ids(
             rendered.prompt_array + array("q", completion_ids),
@@ -570,53 +646,74 @@ class PrefixCache:
             prompt_len=len(rendered.prompt_array),
             ended_with_eos=ended,
         )
+        self.index.add(
+            session,
+            call_id,
+            self.renderer.directory,
+            ids.keys,
+            branch.prompt_len,
+            ended,
+            where,
+            rendered.parent_call,
+        )
         with self._lock:
-            branches = self._sessions.setdefault(session, [])
-            self._sessions.move_to_end(session)
-            n = branch.n_keys
-            parent = None
+            self._insert(session, branch, rendered)
+
+    def _insert(self, session: str, branch: _Branch, rendered: Rendered | None) -> None:
+        """Add `branch` to the session's calls (the lock is held), sharing ids with the call
+        `rendered` reused, then trim the session and the cache to their bounds."""
+        ids = branch.ids
+        branches = self._sessions.setdefault(session, [])
+        self._sessions.move_to_end(session)
+        n = branch.n_keys
+        parent = None
+        for b in branches:
+            if not b.superseded and b.n_keys < n and ids.keys[: b.n_keys] == b.keys:
+                b.superseded = True
+            if rendered is not None and b.call_id == rendered.parent_call:
+                parent = b
+        self._attach(branch, ids)
+        self.nbytes += _BRANCH_BYTES
+        if (
+            parent is not None
+            and rendered is not None
+            and rendered.reused_tokens == parent.n_tokens
+        ):
+            # this call's ids, JSON and keys begin with the parent's: the parent and the
+            # calls it extends become prefixes of this call's copy
+            shared = parent.ids
             for b in branches:
-                if not b.superseded and b.n_keys < n and ids.keys[: b.n_keys] == b.keys:
-                    b.superseded = True
-                if rendered.parent_call is not None and b.call_id == rendered.parent_call:
-                    parent = b
-            self._attach(branch, ids)
-            self.nbytes += _BRANCH_BYTES
-            if parent is not None and rendered.reused_tokens == parent.n_tokens:
-                # this call's ids, JSON and keys begin with the parent's: the parent and the
-                # calls it extends become prefixes of this call's copy
-                shared = parent.ids
-                for b in branches:
-                    if (
-                        b.ids is shared
-                        and b.n_tokens <= parent.n_tokens
-                        and b.n_chars <= parent.n_chars
-                        and b.n_keys <= parent.n_keys
-                    ):
-                        self._detach(b)
-                        self._attach(b, ids)
-            branches.append(branch)
-            # over capacity: forget superseded calls first (oldest first), so the tips of every
-            # line of conversation (main agent, sub-agents, side calls) stay reusable
-            while len(branches) > self.branches_per_session:
-                old = next((i for i, b in enumerate(branches) if b.superseded), 0)
-                self._drop(branches.pop(old))
-            # over budget: forget the coldest sessions, then this session's oldest calls
-            while len(self._sessions) > self.max_sessions or (
-                self.nbytes > self.max_bytes and len(self._sessions) > 1
-            ):
-                self._drop_session(next(iter(self._sessions)))
-                self.evicted_sessions += 1
-            while self.nbytes > self.max_bytes and branches:
-                old = next((i for i, b in enumerate(branches) if b.superseded), 0)
-                self._drop(branches.pop(old))
-            if not branches:
-                del self._sessions[session]
+                if (
+                    b.ids is shared
+                    and b.n_tokens <= parent.n_tokens
+                    and b.n_chars <= parent.n_chars
+                    and b.n_keys <= parent.n_keys
+                ):
+                    self._detach(b)
+                    self._attach(b, ids)
+        branches.append(branch)
+        # over capacity: forget superseded calls first (oldest first), so the tips of every
+        # line of conversation (main agent, sub-agents, side calls) stay reusable
+        while len(branches) > self.branches_per_session:
+            old = next((i for i, b in enumerate(branches) if b.superseded), 0)
+            self._drop(branches.pop(old))
+        # over budget: forget the coldest sessions, then this session's oldest calls
+        while len(self._sessions) > self.max_sessions or (
+            self.nbytes > self.max_bytes and len(self._sessions) > 1
+        ):
+            self._drop_session(next(iter(self._sessions)))
+            self.evicted_sessions += 1
+        while self.nbytes > self.max_bytes and branches:
+            old = next((i for i, b in enumerate(branches) if b.superseded), 0)
+            self._drop(branches.pop(old))
+        if not branches:
+            del self._sessions[session]
 
     def forget(self, session: str) -> None:
         with self._lock:
             if session in self._sessions:
                 self._drop_session(session)
+        self.index.forget(session)
 
 
 class Detokenizer:

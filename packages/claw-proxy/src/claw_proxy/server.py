@@ -25,6 +25,7 @@ from starlette.routing import Route
 from claw_proxy import api_anthropic, api_chat, api_responses
 from claw_proxy._bound import PromptBound
 from claw_proxy._call import ClosingStream, Run, extra, iterate
+from claw_proxy._history import SessionIndex
 from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
 from claw_proxy._reparse import ParseMemo
 from claw_proxy._responses import error_response
@@ -89,6 +90,8 @@ class Proxy:
         )
         # sessions already in the records: their numbering continues after a restart
         self._last_seq = last_seqs(config.record) if config.record else {}
+        # where each recorded call's ids are: a call the prefix cache forgot is read back
+        self.history = SessionIndex(config.record)
         self.policy_engine = self._engine(config.engine)
         if config.replicas:
             from claw_proxy._replicas import ReplicaSet
@@ -122,6 +125,7 @@ class Proxy:
                 drift_check=self.config.drift_check,
                 drift_full_every=self.config.drift_full_every,
                 max_bytes=self.config.prefix_cache_bytes,
+                index=self.history,
             )
         return self.renderers[directory]
 
@@ -500,6 +504,7 @@ class Proxy:
             await engine.aclose()
         if self.writer:
             self.writer.close()
+        self.history.close()
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.big_workers.shutdown(wait=False, cancel_futures=True)
 

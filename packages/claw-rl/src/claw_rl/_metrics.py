@@ -130,7 +130,7 @@ def signal(
         )[q > 0]
         if np.abs((raw - adv_mean) / adv_scale).max() <= 1e-9:
             reason = (
-                "every advantage is 0 (the rewards of each group are equal)"
+                "every advantage is 0 (critic-free: the rewards within each group are equal)"
                 if np.abs(raw).max() <= 1e-9
                 else "every advantage equals the batch mean, which whitening subtracts"
             )

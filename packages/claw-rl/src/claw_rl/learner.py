@@ -541,8 +541,7 @@ class Learner:
         metrics.update(_metrics.signal(samples, q, old.adv_mean, old.adv_scale, uses_advantages))
         if metrics["no_signal"] and self.rank == 0:
             log.warning(
-                "claw-rl step %d: NO LEARNING SIGNAL: %s; the policy loss is zero",
-                metrics["step"],
+                "claw-rl: NO LEARNING SIGNAL in this update: %s; the policy loss is zero",
                 metrics["no_signal_reason"],
             )
         return old

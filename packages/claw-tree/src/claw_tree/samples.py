@@ -88,10 +88,7 @@ class SampleBatch:
             for a, t in zip(s["advantages"], s["trainable"], strict=True)
             if t
         ):
-            return (
-                f"every advantage is 0 ({len(self.zero_spread_groups)} groups with zero reward "
-                "spread): all rewards of each group are equal"
-            )
+            return "every advantage is 0 (the rewards within each group are all equal)"
         return None
 
     def summary(self) -> str:

@@ -1,0 +1,273 @@
+"""A prefix-cache miss never changes what the model saw: a session whose cache entry was evicted
+(`--prefix-cache-bytes`) or whose proxy restarted mid-rollout reads its earlier sampled ids back
+from the record series, so its calls still form one path, with and without reasoning, over the
+three APIs, with the tiny fixture's template and with Qwen3's published one. A re-render that
+does fork is recorded with its reason and counted in /admin/stats."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from claw_proxy import ProxyConfig, ProxyServer, read_calls
+from claw_proxy.render import Renderer
+from proxy_testlib import ADMIN, SECRET, TINY, token, tool_call_text, write_script
+
+QWEN3_TEMPLATE = Path(__file__).parent / "fixtures" / "chat-templates" / "qwen3.jinja"
+ADMIN_H = {"authorization": f"Bearer {ADMIN}"}
+TURNS = 4
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory) -> Path:
+    """The tiny tokenizer with Qwen3's published chat template."""
+    d = tmp_path_factory.mktemp("qwen3-template")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(TINY / name, d / name)
+    shutil.copy(QWEN3_TEMPLATE, d / "chat_template.jinja")
+    return d
+
+
+def _script(reasoning: bool, template: str) -> list[str]:
+    """What the model samples: tool calls, then a final answer. With reasoning each answer
+    starts with a thought; without, Qwen3 (thinking mode) still opens with an empty block."""
+    if reasoning:
+        head = [f"<think>step {i}: look before acting</think>\n\n" for i in range(TURNS)]
+    elif template == "qwen3":
+        head = ["<think>\n\n</think>\n\n"] * TURNS
+    else:
+        head = [""] * TURNS
+    calls = [tool_call_text("bash", {"command": f"echo {i}"}) for i in range(TURNS - 1)]
+    return [h + c for h, c in zip(head, [*calls, "All done."], strict=True)]
+
+
+class _Chat:
+    path = "/v1/chat/completions"
+
+    def __init__(self) -> None:
+        self.msgs: list[dict] = [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "do four things"},
+        ]
+
+    def body(self) -> dict:
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+                },
+            }
+        ]
+        return {"model": "gpt-4o", "messages": self.msgs, "tools": tools}
+
+    def answered(self, out: dict, turn: int) -> None:
+        """Append the answer as the client got it (reasoning included) and the tool results."""
+        m = out["choices"][0]["message"]
+        self.msgs.append(m)
+        for c in m.get("tool_calls") or []:
+            self.msgs.append({"role": "tool", "tool_call_id": c["id"], "content": f"out {turn}"})
+
+
+class _Anthropic:
+    path = "/v1/messages"
+
+    def __init__(self) -> None:
+        self.msgs: list[dict] = [{"role": "user", "content": "do four things"}]
+
+    def body(self) -> dict:
+        tools = [
+            {
+                "name": "bash",
+                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+            }
+        ]
+        return {
+            "model": "claude-sonnet-4",
+            "max_tokens": 256,
+            "system": "You are an agent.",
+            "messages": self.msgs,
+            "tools": tools,
+        }
+
+    def answered(self, out: dict, turn: int) -> None:
+        """Claude Code's way: the content blocks back as they came (thinking blocks too)."""
+        self.msgs.append({"role": "assistant", "content": out["content"]})
+        results = [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": f"out {turn}"}
+            for b in out["content"]
+            if b["type"] == "tool_use"
+        ]
+        if results:
+            self.msgs.append({"role": "user", "content": results})
+
+
+class _Responses:
+    path = "/v1/responses"
+
+    def __init__(self) -> None:
+        self.items: list[dict] = [{"role": "user", "content": "do four things"}]
+
+    def body(self) -> dict:
+        tools = [
+            {
+                "type": "function",
+                "name": "bash",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            }
+        ]
+        return {
+            "model": "gpt-5",
+            "instructions": "You are an agent.",
+            "input": self.items,
+            "tools": tools,
+        }
+
+    def answered(self, out: dict, turn: int) -> None:
+        """Codex's way: every output item back as input (reasoning items too)."""
+        self.items += out["output"]
+        self.items += [
+            {"type": "function_call_output", "call_id": i["call_id"], "output": f"out {turn}"}
+            for i in out["output"]
+            if i["type"] == "function_call"
+        ]
+
+
+CLIENTS = {"chat": _Chat, "anthropic": _Anthropic, "responses": _Responses}
+
+
+def _one_path(calls) -> None:
+    """Every call's prompt starts with the previous call's prompt + completion: one leaf."""
+    assert [c.seq for c in calls] == list(range(len(calls)))
+    for prev, cur in zip(calls, calls[1:], strict=False):
+        full = prev.prompt_ids + prev.completion_ids
+        assert cur.prompt_ids[: len(full)] == full, f"call {cur.seq} forks from call {prev.seq}"
+        assert cur.prefix["parent_call"] == prev.call_id
+        assert "fork_reason" not in cur.prefix
+
+
+@pytest.mark.parametrize("mode", ["warm", "evicted", "restarted"])
+@pytest.mark.parametrize("template", ["tiny", "qwen3"])
+@pytest.mark.parametrize("reasoning", [True, False], ids=["reasoning", "plain"])
+@pytest.mark.parametrize("api", sorted(CLIENTS))
+def test_a_cache_miss_never_forks_the_session(api, reasoning, template, mode, qwen3_dir, tmp_path):
+    """Four calls of one tool-using session; `evicted`: a 1-byte prefix cache forgets every
+    call at once; `restarted`: a new proxy on the same record series before every call. The
+    calls form one path: no call forks from the one before, and none records a fork."""
+    tok_dir = str(TINY if template == "tiny" else qwen3_dir)
+    script = write_script(tmp_path / "script.jsonl", _script(reasoning, template))
+    config = ProxyConfig(
+        engine=f"scripted:{script}",
+        tokenizer=tok_dir,
+        secret=SECRET,
+        admin_token=ADMIN,
+        record=str(tmp_path / "calls.jsonl"),
+        prefix_cache_bytes=1 if mode == "evicted" else 1 << 30,
+    )
+    client = CLIENTS[api]()
+    srv = ProxyServer(config).start()
+    try:
+        for turn in range(TURNS):
+            if mode == "restarted" and turn > 0:
+                srv.stop()
+                srv = ProxyServer(config).start()
+            r = httpx.post(
+                srv.url + client.path,
+                json=client.body(),
+                headers={"authorization": f"Bearer {token('s1')}"},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            client.answered(r.json(), turn)
+        stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
+    finally:
+        srv.stop()
+    calls = list(read_calls(config.record))
+    _one_path(calls)
+    if reasoning:  # what the model saw next is what it sampled, thought included
+        assert all(
+            Renderer(tok_dir).tokenizer.decode(c.completion_ids).startswith("<think>step")
+            for c in calls
+        )
+    cache = stats["prefix_cache"][tok_dir]
+    assert cache["forks"] == {}
+    if mode == "evicted":
+        assert cache["recovered_calls"] == TURNS - 1
+    if mode == "restarted":  # the last proxy read its one earlier call back
+        assert cache["recovered_calls"] == 1
+
+
+def _session_of_two_calls(srv, session: str) -> None:
+    msgs = [{"role": "user", "content": "think first"}]
+    for _ in range(2):
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"model": "m", "messages": msgs},
+            headers={"authorization": f"Bearer {token(session)}"},
+        )
+        assert r.status_code == 200, r.text
+        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "go on"}]
+
+
+def test_a_fork_without_the_record_is_recorded_with_its_reason(make_server, tmp_path):
+    """When the evicted call's record line cannot be read back (its shard was rotated out and
+    moved away), the next call is rendered fresh: it forks, and the record and /admin/stats
+    say why and from which call."""
+    srv = make_server(["<think>a thought</think>\n\nfirst", "second"], prefix_cache_bytes=1)
+    msgs = [{"role": "user", "content": "think first"}]
+    h = {"authorization": f"Bearer {token('s1')}"}
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=h
+    )
+    assert r.status_code == 200
+    rotated = httpx.post(srv.url + "/admin/rotate", headers=ADMIN_H).json()
+    moved = tmp_path / "archive"
+    moved.mkdir()
+    for p in rotated["closed"]:
+        shutil.move(p, moved / Path(p).name)
+    msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "go on"}]
+    r = httpx.post(
+        srv.url + "/v1/chat/completions", json={"model": "m", "messages": msgs}, headers=h
+    )
+    assert r.status_code == 200
+    first = next(read_calls(moved / "calls.jsonl"))
+    (second,) = read_calls(rotated["next"])
+    full = first.prompt_ids + first.completion_ids
+    assert second.prompt_ids[: len(full)] != full  # the re-render dropped the thought: a fork
+    assert second.prefix["fork_reason"] == "record_unreadable"
+    assert second.prefix["fork_of"] == first.call_id and second.prefix["parent_call"] is None
+    stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
+    assert stats["prefix_cache"][str(TINY)]["forks"] == {"record_unreadable": 1}
+
+
+def test_without_a_record_an_evicted_session_fork_is_counted(make_server):
+    """A proxy that keeps no record series has nothing to read an evicted call back from: the
+    fork is counted by reason in /admin/stats (there is no record to carry it)."""
+    srv = make_server(
+        ["<think>a thought</think>\n\nfirst", "second"], prefix_cache_bytes=1, record=None
+    )
+    _session_of_two_calls(srv, "s1")
+    stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
+    assert stats["prefix_cache"][str(TINY)]["forks"] == {"not_recorded": 1}
+
+
+def test_the_index_survives_a_torn_last_line(make_server, tmp_path):
+    """kill -9 while the index line was written leaves half a line: a restarted proxy skips it,
+    keeps every whole line, and its next line starts on a line of its own."""
+    srv = make_server(["first", "second", "third"])
+    _session_of_two_calls(srv, "s1")
+    srv.stop()
+    index = tmp_path / "calls.jsonl.index"
+    lines = index.read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(x)["session"] == "s1" for x in lines)
+    with index.open("a") as f:
+        f.write('{"session": "s1", "call_id": "call-to')
+    srv = make_server(["first", "second", "third"], prefix_cache_bytes=1)
+    _session_of_two_calls(srv, "s2")
+    got = index.read_text().splitlines()
+    assert got[:2] == lines and len(got) == 5
+    assert [json.loads(x)["session"] for x in got[3:]] == ["s2", "s2"]
