@@ -45,7 +45,8 @@ run while the learner trains, on the policy in force; a session may span a weigh
 every call records the version that answered it (per token in the samples, and the learner's
 TIS/MIS use each token's own engine logprob). Step k's rollouts start once step k - S - 1's
 update is loaded, so they are at most S versions old when step k trains; the learner drops a
-sample whose oldest call is older (metrics: staleness, dropped_stale). Up to (S + 1) x
+session whose oldest call is older (metrics: staleness, dropped_stale; its group's other
+sessions still train). Up to (S + 1) x
 --parallel rollouts run at once. Each step reads calls.jsonl from the offset where its
 rollouts began, so a kill -9 at any moment resumes with no rollout lost or counted twice.
 

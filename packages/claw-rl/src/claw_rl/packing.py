@@ -135,7 +135,7 @@ def session_index(sample: Sample) -> np.ndarray:
 
 
 # per-session lists claw-tree writes into a sample's tags, aligned with its sessions
-_SESSION_TAGS = ("tasks", "harnesses", "session_rewards", "session_flat_tokens")
+_SESSION_TAGS = ("tasks", "harnesses", "session_rewards")
 
 
 def keep_sessions(sample: Sample, keep: Sequence[bool]) -> Sample:
