@@ -3,6 +3,7 @@ ordinary forward pass per root-to-leaf path."""
 
 from __future__ import annotations
 
+import random
 import shutil
 
 import numpy as np
@@ -16,7 +17,7 @@ from claw_rl.packing import ancestor_matrix, leaf_counts, pack, path_matrix, pre
 from claw_rl.records import Sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rl_testlib import random_tree, tree_sample
+from rl_testlib import group_rollout, merge_group, random_tree, tree_sample
 
 # the worked example of docs/formats.md: a b c d e, paths a-b-c and a-b-d-e
 PARENT = [-1, 0, 1, 1, 3]
@@ -283,3 +284,37 @@ def test_tree_attention_switch_is_sdpa_elsewhere_and_not_saved(tiny, tmp_path):
         assert torch.equal(model(input_ids=ids).logits, before)
     model.save_pretrained(tmp_path / "m")
     assert _tree_attention.NAME not in (tmp_path / "m" / "config.json").read_text()
+
+
+def _canonical(sample: Sample) -> list[tuple]:
+    """Every token as (its root-to-token ids, trainable, advantage, loss weight): the tree
+    without its index order."""
+    keys: list[tuple] = []
+    for i, p in enumerate(sample.parent):
+        keys.append((keys[p] if p >= 0 else ()) + (sample.input_ids[i],))
+    rows = zip(keys, sample.trainable, sample.advantages, sample.loss_weights, strict=True)
+    return sorted(rows)
+
+
+@pytest.mark.parametrize("drop", [0, 1, 2])
+def test_keep_sessions_cuts_a_group_sample_to_the_group_of_the_others(drop):
+    """Dropping one session of a group-packed sample leaves the tree group packing makes of the
+    other two (its own tokens gone, the shared prompt and context kept), with the per-session
+    fields, offsets and path count to match."""
+    rng = random.Random(1)
+    system = [rng.randrange(3, 500) for _ in range(6)]
+    sessions = [group_rollout(rng, k, system, 500, False) for k in range(3)]
+    group = dict(merge_group(sessions), n_paths=6)
+    group["tags"] = {**group["tags"], "session_rewards": [0.0, 1.0, 2.0]}
+    kept = [s for k, s in enumerate(sessions) if k != drop]
+    cut = packing.keep_sessions(Sample.from_dict(group), [k != drop for k in range(3)])
+    want = Sample.from_dict(merge_group(kept))
+    assert _canonical(cut) == _canonical(want)
+    assert cut.sessions == want.sessions and cut.n_paths == 4
+    assert cut.tags["session_rewards"] == [float(k) for k in range(3) if k != drop]
+    Sample.from_dict(cut.to_dict())  # still a valid tree (parents precede children)
+    sess = packing.session_index(cut)
+    for k, name in enumerate(cut.sessions):  # each kept session's trainable tokens are its own
+        own = [i for i, t in enumerate(cut.trainable) if t and sess[i] == k]
+        theirs = [s for s in sessions if s["sample_id"] == name][0]
+        assert len(own) == sum(theirs["trainable"])

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from claw_rl import _dist
-from claw_rl.packing import leaf_counts, session_index, trajectory_tokens
+from claw_rl.packing import leaf_counts, session_index, session_units, trajectory_tokens
 from claw_rl.records import Sample
 
 
@@ -18,7 +18,7 @@ def session_ages(sample: Sample, version: int) -> list[int]:
     minus the oldest policy version of the session's trainable tokens (0 when unknown).
     Staleness is decided per session: a group-packed sample holds several rollouts, and a
     stale one must not take its siblings with it."""
-    n = max(len(sample.sessions), 1)
+    n = session_units(sample)
     if sample.policy_versions is None:
         return [0] * n
     v = np.asarray(sample.policy_versions, dtype=np.int64)

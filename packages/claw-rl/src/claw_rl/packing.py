@@ -124,14 +124,22 @@ def trajectory_tokens(parent: Sequence[int], trainable: Sequence[int]) -> int:
     return int(depth[_trajectory_leaves(parent, trainable)].sum())
 
 
-def session_index(sample: Sample) -> np.ndarray:
-    """Index into ``sample.sessions`` of every token (N,), from ``tags["session_offsets"]`` (each
-    session's first own token, claw-tree); all 0 for a sample without offsets."""
+def session_units(sample: Sample) -> int:
+    """How many sessions the sample's tokens can be told apart into: ``len(sessions)`` when
+    ``tags["session_offsets"]`` (each session's first own token, claw-tree) has one entry per
+    session, else 1 (the sample is one unit)."""
     offsets = (sample.tags or {}).get("session_offsets")
+    n = len(sample.sessions)
+    return n if n > 1 and isinstance(offsets, list) and len(offsets) == n else 1
+
+
+def session_index(sample: Sample) -> np.ndarray:
+    """Index (N,) of every token's session among the sample's :func:`session_units`."""
     n = len(sample)
-    if not offsets or len(offsets) != max(len(sample.sessions), 1):
+    if session_units(sample) == 1:
         return np.zeros(n, dtype=np.int64)
-    return np.searchsorted(np.asarray(offsets), np.arange(n), side="right") - 1
+    offsets = np.asarray(sample.tags["session_offsets"])
+    return np.searchsorted(offsets, np.arange(n), side="right") - 1
 
 
 # per-session lists claw-tree writes into a sample's tags, aligned with its sessions
@@ -148,11 +156,15 @@ def keep_sessions(sample: Sample, keep: Sequence[bool]) -> Sample:
     the mass it is given), so the kept sessions train as they would in samples of their own.
     """
     keep_s = np.asarray(keep, dtype=bool)
-    if len(keep_s) != max(len(sample.sessions), 1):
+    if len(keep_s) != session_units(sample):
         raise ValueError(
             f"sample {sample.sample_id!r}: {len(keep_s)} keep flags for "
-            f"{len(sample.sessions)} sessions"
+            f"{session_units(sample)} sessions told apart by tags.session_offsets"
         )
+    if not keep_s.any():
+        raise ValueError(f"sample {sample.sample_id!r}: keep_sessions would drop every session")
+    if keep_s.all():
+        return sample
     parent = np.asarray(sample.parent, dtype=np.int64)
     n = len(parent)
     sess = session_index(sample)
@@ -183,18 +195,16 @@ def keep_sessions(sample: Sample, keep: Sequence[bool]) -> Sample:
     fields["parent"] = tuple(np.where(parent >= 0, new_index[parent], -1)[tok].tolist())
     tags = dict(sample.tags or {})
     kept = np.flatnonzero(keep_s)
-    if sample.sessions:
-        fields["sessions"] = tuple(sample.sessions[k] for k in kept)
-        if len(sample.groups) == len(sample.sessions):
-            fields["groups"] = tuple(sample.groups[k] for k in kept)
-        for key in _SESSION_TAGS:
-            if isinstance(tags.get(key), list) and len(tags[key]) == len(sample.sessions):
-                tags[key] = [tags[key][k] for k in kept]
-        if "session_offsets" in tags:
-            # a kept session starts at its first kept own token; context it shares with a
-            # dropped earlier session (group packing) goes to the kept session before it
-            first = [int(new_index[np.flatnonzero(tok & (sess == k))[0]]) for k in kept]
-            tags["session_offsets"] = [0, *first[1:]] if first else []
+    fields["sessions"] = tuple(sample.sessions[k] for k in kept)
+    if len(sample.groups) == len(sample.sessions):
+        fields["groups"] = tuple(sample.groups[k] for k in kept)
+    for key in _SESSION_TAGS:
+        if isinstance(tags.get(key), list) and len(tags[key]) == len(sample.sessions):
+            tags[key] = [tags[key][k] for k in kept]
+    # a kept session starts at its first kept own token; context it shares with a dropped
+    # earlier session (group packing) goes to the kept session before it
+    first = [int(new_index[np.flatnonzero(tok & (sess == k))[0]]) for k in kept]
+    tags["session_offsets"] = [0, *first[1:]]
     fields["tags"] = tags
     if sample.n_paths is not None:
         fields["n_paths"] = trainable_paths(fields["parent"], fields["trainable"])
