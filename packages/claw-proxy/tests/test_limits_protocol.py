@@ -289,3 +289,210 @@ def test_bound_rule_by_tokenizer_kind(tmp_path):
     word = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     word.pre_tokenizer = pre_tokenizers.Whitespace()
     assert bytes_per_token(PreTrainedTokenizerFast(tokenizer_object=word)) is None
+
+
+# --- reasoning in the Responses API; thinking switches -----------------------------------------
+
+THOUGHT = "<think>let me see</think>"
+ANSWER = THOUGHT + "The answer."
+
+
+def _reasoning_count() -> int:
+    """The sampled tokens that hold the reasoning: the scripted answer is tokenised whole, and
+    `</think>` is an added token, so they are the ids of the reasoning part alone."""
+    return len(R.encode(THOUGHT))
+
+
+def test_responses_reasoning_item_and_tokens_non_streamed(make_server, clients):
+    """A thinking answer gives a `reasoning` output item (reasoning_text content, empty summary)
+    before the message, and usage.output_tokens_details.reasoning_tokens counts its tokens
+    (the SDK parses both; chat completions report the same count)."""
+    srv = make_server([ANSWER])
+    r = clients.openai(srv).responses.create(model="m", input="hi")
+    rs, msg = r.output
+    assert rs.type == "reasoning" and rs.id.startswith("rs_") and rs.summary == []
+    assert [(c.type, c.text) for c in rs.content] == [("reasoning_text", "let me see")]
+    assert msg.type == "message" and r.output_text == "The answer."
+    assert r.usage.output_tokens_details.reasoning_tokens == _reasoning_count() > 0
+    assert r.usage.output_tokens == _reasoning_count() + len(R.encode("The answer.")) + 1
+    chat = clients.openai(srv, "s2").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert chat.usage.completion_tokens_details.reasoning_tokens == _reasoning_count()
+    plain = make_server(["no thoughts"])
+    r = clients.openai(plain, "s3").responses.create(model="m", input="hi")
+    assert [o.type for o in r.output] == ["message"]
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_responses_reasoning_streamed_matches_non_streamed(make_server, clients):
+    """Streamed, the reasoning item is added, its reasoning_text deltas add up to the text, it
+    is done before the message starts, and the completed response equals the non-streamed one
+    (ids aside)."""
+    srv = make_server([ANSWER])
+    oa = clients.openai(srv)
+    with oa.responses.create(model="m", input="hi", stream=True) as stream:
+        events = list(stream)
+    kinds = [e.type for e in events]
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message"]
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == "let me see"
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    done = next(e for e in events if e.type == "response.reasoning_text.done")
+    assert done.text == "let me see" and done.output_index == 0
+    final = events[-1].response
+    assert events[-1].type == "response.completed"
+    plain = oa.responses.create(model="m", input="hi")
+
+    def shape(resp):
+        out = resp.model_dump(exclude={"id", "created_at"})
+        for item in out["output"]:
+            item.pop("id")
+        return out
+
+    assert shape(final) == shape(plain)
+    assert final.usage.output_tokens_details.reasoning_tokens == _reasoning_count()
+
+
+_GEN = "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+_GEN_SWITCH = (
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
+)
+
+
+@pytest.fixture(scope="module")
+def switch_dir(tmp_path_factory):
+    """The tiny tokenizer with a template that reads `enable_thinking` as Qwen3's does (off: an
+    empty think block after the generation prompt)."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("switch")
+    for f in TINY.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, d / f.name)
+    template = (TINY / "chat_template.jinja").read_text()
+    assert _GEN in template
+    (d / "chat_template.jinja").write_text(template.replace(_GEN, _GEN_SWITCH))
+    return d
+
+
+_OFF = [
+    (
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "none"},
+        {"field": "reasoning_effort", "asked": "none", "enabled": False},
+    ),
+    (
+        "/v1/messages",
+        {
+            "model": "claude-x",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "disabled"},
+        },
+        {"field": "thinking", "asked": {"type": "disabled"}, "enabled": False},
+    ),
+    (
+        "/v1/responses",
+        {"model": "m", "input": "hi", "reasoning": {"effort": "none", "summary": "auto"}},
+        {"field": "reasoning.effort", "asked": "none", "enabled": False},
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "thinking"), _OFF)
+def test_thinking_switch_reaches_the_chat_template(make_server, switch_dir, path, body, thinking):
+    """Each API's switch turned off reaches a template that reads enable_thinking: the prompt
+    ids are the template's with enable_thinking=False, and the record says so (it was accepted
+    and ignored: the prompt was the thinking one, nothing recorded)."""
+    srv = make_server(["ok"], tokenizer=str(switch_dir))
+    r = _post(srv, path, body)
+    assert r.status_code == 200, r.text
+    (call,) = read_calls(srv.config.record)
+    tok = Renderer(str(switch_dir)).tokenizer
+    off = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}],
+        add_generation_prompt=True,
+        tokenize=False,
+        enable_thinking=False,
+    )
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert call.prompt_ids == tok.encode(off, add_special_tokens=False)
+    assert call.sampling["thinking"] == {**thinking, "applied": True}
+
+
+def test_thinking_switch_on_and_in_token_counts(make_server, switch_dir):
+    """Switched on, the template's thinking prompt is used; a count gets the same switch."""
+    srv = make_server(["ok"], tokenizer=str(switch_dir))
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "reasoning_effort": "high",
+    }
+    assert _post(srv, "/v1/chat/completions", body).status_code == 200
+    (call,) = read_calls(srv.config.record)
+    assert call.sampling["thinking"] == {
+        "field": "reasoning_effort",
+        "asked": "high",
+        "enabled": True,
+        "applied": True,
+    }
+    assert R.tokenizer.decode(call.prompt_ids).endswith("<|im_start|>assistant\n")
+    h = {"x-api-key": token("s9"), "anthropic-version": "2023-06-01"}
+    counts = []
+    for kind in ("enabled", "disabled"):
+        count_body = {**_count_body("hi"), "thinking": {"type": kind, "budget_tokens": 1024}}
+        with httpx.Client(base_url=srv.url) as c:
+            counts.append(c.post("/v1/messages/count_tokens", json=count_body, headers=h).json())
+    empty_think = len(R.encode("<think>\n\n</think>\n\n"))
+    assert counts[1]["input_tokens"] - counts[0]["input_tokens"] == empty_think
+
+
+@pytest.mark.parametrize(("path", "body", "thinking"), _OFF)
+def test_thinking_switch_without_a_template_switch_is_recorded_or_refused(
+    make_server, path, body, thinking
+):
+    """The tiny template reads no enable_thinking: under --thinking record the call is served on
+    the template's one prompt and the switch recorded as not applied; under --thinking refuse
+    it is a 400 naming the field."""
+    srv = make_server(["ok"])
+    r = _post(srv, path, body)
+    assert r.status_code == 200, r.text
+    (call,) = read_calls(srv.config.record)
+    assert call.sampling["thinking"] == {**thinking, "applied": False}
+    strict = make_server(["ok"], thinking="refuse", record=None)
+    r = _post(strict, path, body)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert message.startswith(thinking["field"] + ":") and "no thinking switch" in message
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "needle"),
+    [
+        (
+            "/v1/chat/completions",
+            {"reasoning_effort": "turbo"},
+            "reasoning_effort: expected one of",
+        ),
+        ("/v1/responses", {"reasoning": {"effort": 3}}, "reasoning.effort: expected one of"),
+        ("/v1/messages", {"thinking": {"type": "on"}}, "thinking.type: expected 'enabled'"),
+        ("/v1/messages", {"thinking": "yes"}, "thinking: expected an object"),
+    ],
+)
+def test_bad_thinking_switch_gets_400(make_server, path, body, needle):
+    """A switch the API does not define is a 400 naming it, not silently ignored."""
+    base = {
+        "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"model": "m", "input": "hi"},
+        "/v1/messages": {
+            "model": "c",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    }[path]
+    r = _post(make_server(), path, {**base, **body})
+    assert r.status_code == 400 and needle in r.text, r.text

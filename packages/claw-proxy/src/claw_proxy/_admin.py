@@ -83,6 +83,7 @@ def routes(proxy) -> list[Route]:
                     "token counting is not available for a passthrough model", "model"
                 )
             proxy.check_prompt_bound(req, engine.tokenizer_dir)
+            proxy.thinking(req, engine.tokenizer_dir)  # counted as the call would be rendered
             n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
             proxy.check_prompt_tokens(n)
             return JSONResponse({"input_tokens": n})

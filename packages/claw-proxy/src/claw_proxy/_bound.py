@@ -50,7 +50,7 @@ def _shrink(normalizer: dict | None) -> int | None:
                 return None
             total *= factor
         return total
-    return _SHRINK.get(kind)
+    return _SHRINK.get(kind) if isinstance(kind, str) else None
 
 
 def _byte_level(pre: dict | None) -> bool:
@@ -84,7 +84,7 @@ def verbatim_roles(renderer) -> frozenset[str]:
     probe), ``tool``."""
     mark = {r: f"\n  claw-probe-{r} \n" for r in ("system", "user", "user2", "tool")}
     call = {"id": "call_probe", "type": "function", "function": {"name": "probe", "arguments": {}}}
-    tries = (
+    tries: tuple[list[dict], ...] = (
         [
             {"role": "system", "content": mark["system"]},
             {"role": "user", "content": mark["user"]},

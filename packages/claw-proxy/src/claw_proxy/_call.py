@@ -10,6 +10,7 @@ from starlette.responses import StreamingResponse
 
 from claw_proxy import api_responses
 from claw_proxy._logprobs import TokenText
+from claw_proxy._thinking import reasoning_tokens
 from claw_proxy.errors import EngineError
 from claw_proxy.messages import (
     Answer,
@@ -85,6 +86,10 @@ class Run:
         # the request asked for logprobs: OpenAI entries of the completion tokens (not the stop ids)
         self.token_text = TokenText(renderer.tokenizer) if getattr(req, "logprobs", False) else None
         self.lp_entries: list[dict] = []
+        self.thinking: dict | None = None  # the record's sampling.thinking (set by the server)
+        self._deltas: list[str] = []  # each sampled token's text, and where it ends in the answer
+        self._ends: list[int] = []
+        self._chars = 0
 
     def close(self) -> None:
         """Release the session's in-flight slot and stop the engine (idempotent)."""
@@ -137,6 +142,9 @@ class Run:
             if self.token_text is not None:
                 self.lp_entries.append(self.token_text.entry(tok, lp))
             delta = self.detok.push(tok)
+            self._deltas.append(delta)
+            self._chars += len(delta)
+            self._ends.append(self._chars)
             if stops and delta:
                 # text that could be the start of a stop sequence is held back until it is not
                 held = self._held + delta
@@ -186,6 +194,16 @@ class Run:
             prompt_tokens=len(self.gen_req.prompt_ids),
             completion_tokens=len(self.ids),
             logprobs=tuple(self.lp_entries) if self.token_text is not None else None,
+            reasoning_tokens=self._reasoning_tokens() if self.reasoning else 0,
+        )
+
+    def _reasoning_tokens(self) -> int:
+        p = self.parser
+        return reasoning_tokens(
+            "".join(self._deltas),
+            self._ends,
+            getattr(p, "open_think", "<think>"),
+            getattr(p, "close_think", "</think>"),
         )
 
     def record(self, answer: Answer, body: dict) -> None:
@@ -212,6 +230,7 @@ class Run:
                 max_tokens=self.gen_req.max_tokens,
                 seed=self.gen_req.seed,
                 ignore_eos=self.gen_req.ignore_eos,
+                **({"thinking": self.thinking} if self.thinking else {}),
             ),
             usage={
                 "prompt_tokens": answer.prompt_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from claw_proxy._sse import sse, text_of
+from claw_proxy._thinking import from_anthropic
 from claw_proxy.errors import RequestError
 from claw_proxy.messages import (
     Answer,
@@ -144,6 +145,7 @@ def parse(body: dict, reuse=()) -> ChatRequest:
         tool_choice=body.get("tool_choice"),
         body=body,
         message_groups=groups,
+        thinking=from_anthropic(body),
     )
 
 

@@ -7,6 +7,7 @@ import time
 
 from claw_proxy._logprobs import check_top_logprobs
 from claw_proxy._sse import sse, text_of
+from claw_proxy._thinking import from_chat
 from claw_proxy.errors import RequestError
 from claw_proxy.messages import (
     Answer,
@@ -112,6 +113,7 @@ def parse(body: dict, reuse=()) -> ChatRequest:
         body=body,
         logprobs=logprobs,
         message_groups=groups,
+        thinking=from_chat(body),
     )
 
 
@@ -140,6 +142,7 @@ def _usage(answer: Answer) -> dict:
         "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": answer.completion_tokens,
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
     }
 
 

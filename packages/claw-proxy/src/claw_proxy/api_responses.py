@@ -8,11 +8,13 @@ import uuid
 
 from claw_proxy._logprobs import check_top_logprobs
 from claw_proxy._sse import sse, text_of
+from claw_proxy._thinking import from_responses
 from claw_proxy.errors import RequestError
 from claw_proxy.messages import (
     Answer,
     ChatRequest,
     Message,
+    ReasoningDelta,
     TextDelta,
     TokenLogprobs,
     ToolCall,
@@ -150,6 +152,7 @@ def parse(body: dict) -> ChatRequest:
         tool_choice=body.get("tool_choice"),
         body=body,
         logprobs=LOGPROBS_INCLUDE in include,
+        thinking=from_responses(body),
     )
 
 
@@ -158,7 +161,7 @@ def _usage(answer: Answer) -> dict:
         "input_tokens": answer.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": answer.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
     }
 
@@ -173,6 +176,13 @@ def _text_part(text: str, logprobs=None) -> dict:
 def _message_item(id: str, text: str, status: str = "completed", logprobs=None) -> dict:
     content = [_text_part(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": id, "status": status, "role": "assistant", "content": content}
+
+
+def _reasoning_item(id: str, text: str, status: str = "completed") -> dict:
+    """OpenAI's reasoning output item: the sampled reasoning as `reasoning_text` content (no
+    summary: the policy writes none)."""
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": id, "summary": [], "content": content, "status": status}
 
 
 def _call_item(id: str, call: ToolCall, arguments: str, status: str = "completed") -> dict:
@@ -202,7 +212,7 @@ def _response(
         "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": _reasoning_setting(body),
         "store": False,
         "temperature": body.get("temperature", 1.0),
         "text": {"format": {"type": "text"}},
@@ -215,6 +225,13 @@ def _response(
     }
 
 
+def _reasoning_setting(body: dict) -> dict:
+    asked = body.get("reasoning")
+    if not isinstance(asked, dict):
+        asked = {}
+    return {"effort": asked.get("effort"), "summary": asked.get("summary")}
+
+
 def _ids() -> str:
     return uuid.uuid4().hex[:24]
 
@@ -223,6 +240,8 @@ def response(
     answer: Answer, *, id: str, model: str, created: int | None = None, body: dict | None = None
 ) -> dict:
     output = []
+    if answer.reasoning:
+        output.append(_reasoning_item(f"rs_{_ids()}", answer.reasoning))
     if answer.text or not answer.tool_calls:
         output.append(_message_item(f"msg_{_ids()}", answer.text, logprobs=answer.logprobs))
     output += [_call_item(f"fc_{_ids()}", c, json.dumps(c.arguments)) for c in answer.tool_calls]
@@ -249,6 +268,8 @@ class Stream:
         self._msg_id = ""
         self._pending: list[dict] | None = None  # logprob entries not yet sent (None: not asked)
         self._msg_logprobs: list[dict] = []  # the entries sent with the open message's deltas
+        self._reasoning: str | None = None  # text of the open reasoning item
+        self._rs_id = ""
 
     def _ev(self, kind: str, data: dict) -> bytes:
         frame = sse({"type": kind, "sequence_number": self._seq, **data}, event=kind)
@@ -281,6 +302,42 @@ class Stream:
             ),
         ]
 
+    def _open_reasoning(self) -> list[bytes]:
+        self._rs_id, self._reasoning = f"rs_{_ids()}", ""
+        idx = len(self._output)
+        return [
+            self._ev(
+                "response.output_item.added",
+                {"output_index": idx, "item": _reasoning_item(self._rs_id, "", "in_progress")},
+            ),
+            self._ev(
+                "response.content_part.added",
+                {
+                    "item_id": self._rs_id,
+                    "output_index": idx,
+                    "content_index": 0,
+                    "part": {"type": "reasoning_text", "text": ""},
+                },
+            ),
+        ]
+
+    def _close_reasoning(self) -> list[bytes]:
+        if self._reasoning is None:
+            return []
+        idx, text, rs_id = len(self._output), self._reasoning, self._rs_id
+        item = _reasoning_item(rs_id, text)
+        self._output.append(item)
+        self._reasoning = None
+        where = {"item_id": rs_id, "output_index": idx, "content_index": 0}
+        return [
+            self._ev("response.reasoning_text.done", {**where, "text": text}),
+            self._ev(
+                "response.content_part.done",
+                {**where, "part": {"type": "reasoning_text", "text": text}},
+            ),
+            self._ev("response.output_item.done", {"output_index": idx, "item": item}),
+        ]
+
     def _close_message(self) -> list[bytes]:
         if self._text is None:
             return []
@@ -308,7 +365,24 @@ class Stream:
         out: list[bytes] = []
         if isinstance(ev, TokenLogprobs):
             self._pending = [*(self._pending or []), *ev.entries]
+        elif isinstance(ev, ReasoningDelta):
+            out += self._close_message()
+            if self._reasoning is None:
+                out += self._open_reasoning()
+            self._reasoning = (self._reasoning or "") + ev.text
+            out.append(
+                self._ev(
+                    "response.reasoning_text.delta",
+                    {
+                        "item_id": self._rs_id,
+                        "output_index": len(self._output),
+                        "content_index": 0,
+                        "delta": ev.text,
+                    },
+                )
+            )
         elif isinstance(ev, TextDelta):
+            out += self._close_reasoning()
             if self._text is None:
                 out += self._open_message()
             self._text = (self._text or "") + ev.text
@@ -323,6 +397,7 @@ class Stream:
                 self._msg_logprobs += data["logprobs"]
             out.append(self._ev("response.output_text.delta", data))
         elif isinstance(ev, ToolCallEvent):
+            out += self._close_reasoning()
             out += self._close_message()
             idx, fc_id = len(self._output), f"fc_{_ids()}"
             args = json.dumps(ev.call.arguments)
@@ -353,8 +428,9 @@ class Stream:
         out: list[bytes] = []
         if answer.logprobs is not None and self._pending is None:
             self._pending = []  # asked, but no token yet (an empty answer)
-        if not self._output and self._text is None:
-            out += self._open_message()
+        out += self._close_reasoning()
+        if self._text is None and not any(o["type"] != "reasoning" for o in self._output):
+            out += self._open_message()  # an answer always has a message or a call
         out += self._close_message()
         status = "incomplete" if answer.finish_reason == "length" else "completed"
         r = _response(self.id, self.model, self.created, self.body, status, self._output, answer)

@@ -210,6 +210,16 @@ def main() -> None:
     "hold the settings used and the logprobs of the distribution sampled from",
 )
 @click.option(
+    "--thinking",
+    type=click.Choice(["record", "refuse"]),
+    default="record",
+    show_default=True,
+    help="a harness's thinking switch (Anthropic thinking, chat reasoning_effort, Responses "
+    "reasoning.effort) reaches the chat template as enable_thinking where it reads that; where "
+    "it does not, record: serve the call and record the switch as not applied "
+    "(sampling.thinking.applied false); refuse: answer 400",
+)
+@click.option(
     "--seed",
     type=int,
     default=None,
@@ -222,7 +232,8 @@ def main() -> None:
     default=262144,
     show_default=True,
     type=click.IntRange(1),
-    help="a request whose rendered prompt is longer gets 413",
+    help="a request whose rendered prompt is longer gets 413 (before rendering when its "
+    "message text alone proves it: see the README)",
 )
 @click.option(
     "--prefix-cache-bytes",
@@ -295,6 +306,7 @@ def serve(
     batch_wait,
     vllm_reload_method,
     sampling,
+    thinking,
     seed,
     max_prompt_tokens,
     prefix_cache_bytes,
@@ -364,6 +376,7 @@ def serve(
             batch_wait=batch_wait,
             vllm_reload_method=vllm_reload_method,
             sampling=sampling,
+            thinking=thinking,
             seed=seed,
             max_prompt_tokens=max_prompt_tokens,
             prefix_cache_bytes=prefix_cache_bytes,

@@ -61,6 +61,9 @@ class ProxyConfig:
     sampling: str = "force"  # force: T 1, top_p 1, no top_k for every call; honor: the request's
     max_temperature: float = 2.0  # honor: cap on a request's temperature
     default_temperature: float = 1.0  # honor: when a request does not say
+    # a harness's thinking switch where the chat template has none (no enable_thinking):
+    # record: served and recorded as not applied; refuse: 400
+    thinking: str = "record"
     seed: int | None = (
         None  # a call whose request gives no seed samples with call_seed(seed, session, seq)
     )
@@ -129,6 +132,10 @@ class ProxyConfig:
             raise ConfigError("drift_full_every must be >= 0")
         if self.sampling not in SAMPLING_POLICIES:
             raise ConfigError(f"sampling must be one of {SAMPLING_POLICIES}, got {self.sampling!r}")
+        from claw_proxy._thinking import THINKING_POLICIES
+
+        if self.thinking not in THINKING_POLICIES:
+            raise ConfigError(f"thinking must be one of {THINKING_POLICIES}, got {self.thinking!r}")
         for name in ("max_temperature", "default_temperature"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

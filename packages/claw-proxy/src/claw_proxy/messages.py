@@ -15,6 +15,7 @@ import re
 import attrs
 
 from claw_proxy._jsonbody import loads
+from claw_proxy._thinking import Thinking
 from claw_proxy.errors import RequestError
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
@@ -106,6 +107,7 @@ class ChatRequest:
     tool_choice: object = None
     body: dict = attrs.field(factory=dict, repr=False)
     logprobs: bool = False  # the answer carries each completion token's logprob
+    thinking: Thinking | None = None  # the harness's thinking switch, when it sent one
     # the Messages each element of the body's messages array became, in order (the API
     # parsers fill it; an unchanged element of a later request reuses its group)
     message_groups: tuple[tuple[Message, ...], ...] = attrs.field(default=(), eq=False, repr=False)
@@ -158,6 +160,7 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int
     logprobs: tuple[dict, ...] | None = None  # TokenLogprobs entries, when the request asked
+    reasoning_tokens: int = 0  # sampled tokens of the reasoning (<think> ... </think>)
 
     def message(self) -> Message:
         return Message(role="assistant", content=self.text, tool_calls=self.tool_calls)

@@ -13,6 +13,7 @@ template's continuation (its end-of-turn tokens, the new turns and the generatio
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from array import array
 from collections import OrderedDict
@@ -25,6 +26,14 @@ from claw_proxy.messages import Answer, ChatRequest, Message, ToolCall
 
 _MARK = "\u2063claw-anchor\u2063"
 DRIFT_CHECKS = ("boundary", "full", "off")
+
+
+# keyword arguments for the chat template while this request is rendered (the harness's
+# thinking switch as `enable_thinking`, where the template reads it); set per request by the
+# server, in that request's context only
+TEMPLATE_KWARGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "template_kwargs", default=None
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -213,7 +222,11 @@ class Renderer:
     def _template(self, messages: list[dict], tools: list[dict] | None, gen: bool) -> str:
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=gen, tokenize=False
+                messages,
+                tools=tools or None,
+                add_generation_prompt=gen,
+                tokenize=False,
+                **(TEMPLATE_KWARGS.get() or {}),
             )
         except Exception as e:  # jinja raises its own errors for shapes the template refuses
             raise RequestError(

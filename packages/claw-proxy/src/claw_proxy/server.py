@@ -22,13 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from claw_proxy import api_anthropic, api_chat, api_responses
+from claw_proxy import _thinking, api_anthropic, api_chat, api_responses
 from claw_proxy._bound import PromptBound
 from claw_proxy._call import ClosingStream, Run, extra, iterate
 from claw_proxy._history import SessionIndex
 from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
 from claw_proxy._reparse import ParseMemo
 from claw_proxy._responses import error_response
+from claw_proxy._thinking import template_has_switch
 from claw_proxy.config import ProxyConfig, call_seed, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
 from claw_proxy.errors import (
@@ -41,7 +42,7 @@ from claw_proxy.errors import (
 )
 from claw_proxy.messages import ChatRequest
 from claw_proxy.records import CallWriter, Policy, last_seqs
-from claw_proxy.render import PrefixCache, Renderer
+from claw_proxy.render import TEMPLATE_KWARGS, PrefixCache, Renderer
 from claw_proxy.tokens import token_from_headers, verify_token
 
 _BIG_BODY = 1 << 20
@@ -66,6 +67,7 @@ class Proxy:
         self.engines: dict[str, Engine] = {}
         self.renderers: dict[str, Renderer] = {}
         self.bounds: dict[str, PromptBound] = {}  # per tokenizer dir: prompt tokens from text
+        self.switches: dict[str, bool] = {}  # per tokenizer dir: the template reads enable_thinking
         self.caches: dict[str | None, PrefixCache] = {}
         self.sessions: dict[str, _Session] = {}
         # the last request's messages of each session: re-sent history is not parsed again
@@ -119,6 +121,7 @@ class Proxy:
         if directory not in self.renderers:
             self.renderers[directory] = Renderer(directory)
             self.bounds[directory] = PromptBound(self.renderers[directory])
+            self.switches[directory] = template_has_switch(self.renderers[directory].tokenizer)
             self.caches[directory] = PrefixCache(
                 self.renderers[directory],
                 self.config.drift_check_tokens,
@@ -250,6 +253,15 @@ class Proxy:
                 status=413,
             )
 
+    def thinking(self, req: ChatRequest, directory: str | None) -> dict | None:
+        """Pass the request's thinking switch to the chat template while this request renders
+        (`enable_thinking`, where the template reads it); the record's `sampling.thinking`.
+        RequestError under --thinking refuse when the template has no switch."""
+        has_switch = self.switches.get(directory, False) if directory else False
+        kwargs, record = _thinking.apply(req.thinking, has_switch, self.config.thinking)
+        TEMPLATE_KWARGS.set(kwargs or None)  # this request's context (and its offloaded work)
+        return record
+
     def take_slot(self, session: str, state: _Session) -> None:
         """Count a request in its session's in-flight limit (the caller releases it)."""
         if state.in_flight >= self.config.session_concurrency:
@@ -268,7 +280,8 @@ class Proxy:
         body is over 1 MiB goes to threads of its own, so a few huge prompts cannot make every
         other request wait for a free thread."""
         pool = self.big_workers if _big_request.get() else self.workers
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        run = contextvars.copy_context().run  # the request's context (template kwargs) goes along
+        return await asyncio.get_running_loop().run_in_executor(pool, run, fn, *args)
 
     async def _body(self, request: Request, known: Split | None = None) -> dict:
         """The request's JSON object. With `known` (the session's last messages), its
@@ -360,6 +373,7 @@ class Proxy:
         started = time.time()
         try:  # the session's slot (taken by the caller) is held: renders count too
             self.check_prompt_bound(req, engine.tokenizer_dir)
+            thinking = self.thinking(req, engine.tokenizer_dir)
             # a call that extends an earlier one by a few messages is rendered here (less than a
             # millisecond of work), others on the worker threads
             rendered = cache.quick_render(session, req)
@@ -402,6 +416,7 @@ class Proxy:
             started,
             rendered,
         )
+        run.thinking = thinking
         try:
             gen = engine.generate(gen_req)
             run.gen = gen
