@@ -168,3 +168,14 @@ def test_a_sharded_record_series_is_read_whole_and_in_order(tmp_path):
     with pytest.raises(RecordError, match=r"calls\.00002\.jsonl:2: not JSON"):
         read_calls(tmp_path / "calls.jsonl")
     assert len(read_calls(tmp_path / "calls.jsonl", skip_invalid=True).records) == 4
+
+
+def test_fork_fields_are_read_checked_and_written_back():
+    """prefix.fork_reason / fork_of are read (non-empty strings or null) and written back."""
+    row = call("s", 1, [1, 2], [3], prefix={"fork_reason": "record_unreadable", "fork_of": "c0"})
+    c = Call.from_dict(row)
+    assert (c.fork_reason, c.fork_of) == ("record_unreadable", "c0")
+    assert c.to_dict()["prefix"] == {"fork_reason": "record_unreadable", "fork_of": "c0"}
+    for bad in ({"fork_reason": 3}, {"fork_reason": ""}, {"fork_of": ["c0"]}):
+        with pytest.raises(RecordError, match="prefix.fork_"):
+            Call.from_dict(call("s", 1, [1, 2], [3], prefix=bad))

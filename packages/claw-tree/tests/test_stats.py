@@ -36,3 +36,24 @@ def test_counts_are_consistent(data):
     with_tokens = sum(1 for t in forest.sessions if t.n_nodes)
     assert stats["branches"] == stats["trajectories"] - with_tokens
     assert stats["calls"] == len({c["call_id"] for c in calls})
+
+
+def test_rerender_forks_are_counted_by_reason_and_checked_against_the_tree():
+    """Calls the proxy rendered afresh (prefix.fork_reason) are counted by reason, per forest and
+    per session; the ones whose prompt does not extend the call they continue (prefix.fork_of)
+    are the ones the tree forked at."""
+    fork = {"fork_reason": "record_unreadable", "fork_of": "s-c0"}
+    calls = [
+        call("s", 0, [1, 2], [3, 4]),
+        call("s", 1, [1, 2, 5, 6], [7], prefix=fork),  # dropped call 0's output [3, 4]: a fork
+        call("s", 2, [1, 2, 5, 6, 7, 8], [9], prefix={**fork, "fork_of": "s-c1"}),  # extends it
+        call("t", 0, [1], [2], prefix={"fork_reason": "no_continuation", "fork_of": "gone"}),
+    ]
+    forest = build_forest(calls)
+    stats = forest_stats(forest)
+    assert stats["rerender_forks"] == {"no_continuation": 1, "record_unreadable": 2}
+    assert stats["rerender_forks_diverged"] == 1
+    assert stats["branch_reasons"]["output"] == 1  # the same fork, as the tree sees it
+    assert session_stats(forest, "s")["rerender_forks"] == 2
+    clean = forest_stats(build_forest([call("s", 0, [1, 2], [3]), call("s", 1, [1, 2, 3, 4], [5])]))
+    assert clean["rerender_forks"] == {} and clean["rerender_forks_diverged"] == 0

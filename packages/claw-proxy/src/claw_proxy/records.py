@@ -113,6 +113,9 @@ def _prefix(d: dict, where: str) -> dict:
         raise RecordError(f"{where}: field 'prefix.fresh_render_matches' must be a boolean or null")
     if p.get("drift_check") not in (None, "boundary", "full"):
         raise RecordError(f"{where}: field 'prefix.drift_check' must be 'boundary' or 'full'")
+    for k in ("fork_reason", "fork_of"):
+        if p.get(k) is not None and (not isinstance(p[k], str) or not p[k]):
+            raise RecordError(f"{where}: field 'prefix.{k}' must be a non-empty string or null")
     return p
 
 

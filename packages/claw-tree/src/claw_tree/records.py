@@ -46,6 +46,8 @@ CALL_READS = (
     "tags",
     "prefix.reused_tokens",
     "prefix.fresh_render_matches",
+    "prefix.fork_reason",
+    "prefix.fork_of",
     "sampling.temperature",
     "sampling.top_p",
     "sampling.top_k",
@@ -149,6 +151,10 @@ class Call:
     tags: dict
     reused_tokens: int | None = None
     fresh_render_matches: bool | None = None
+    # the proxy rendered this prompt fresh although the conversation continued call `fork_of`,
+    # whose ids it could not reuse (why: `fork_reason`): the prompt may fork from that call's
+    fork_reason: str | None = None
+    fork_of: str | None = None
     # sampling settings the engine drew the completion with (absent in the record: 1 / 1 / 0)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # 1 = off
@@ -217,6 +223,14 @@ class Call:
             raise RecordError(
                 f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}"
             )
+        fork = {}
+        for k in ("fork_reason", "fork_of"):
+            v = prefix.get(k)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise RecordError(
+                    f"{where}: prefix.{k}: expected a non-empty string or null, got {v!r:.40}"
+                )
+            fork[k] = v
         temperature, top_p, top_k = _sampling(row.get("sampling"), where)
         return cls(
             call_id=call_id,
@@ -233,6 +247,7 @@ class Call:
             tags=tags,
             reused_tokens=prefix.get("reused_tokens"),
             fresh_render_matches=prefix.get("fresh_render_matches"),
+            **fork,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -259,6 +274,8 @@ class Call:
             for k, v in (
                 ("reused_tokens", self.reused_tokens),
                 ("fresh_render_matches", self.fresh_render_matches),
+                ("fork_reason", self.fork_reason),
+                ("fork_of", self.fork_of),
             )
             if v is not None
         }

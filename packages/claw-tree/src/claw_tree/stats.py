@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from claw_tree.records import Call
 from claw_tree.tree import Forest
 
 BRANCH_REASONS = ("output", "context", "sampled", "root")
@@ -39,6 +40,26 @@ def _branch_reasons(forest: Forest, lo: int, hi: int) -> dict[str, int]:
     return out
 
 
+def rerender_forks(calls: list[Call]) -> tuple[dict[str, int], int]:
+    """Calls whose prompt the proxy rendered afresh although their conversation continued an
+    earlier call whose ids it could not reuse (`prefix.fork_reason`), by reason; and how many
+    of them diverged from that call (`prefix.fork_of`, when it is among `calls`): its prompt +
+    completion ids are not a prefix of theirs, so the tree forked there."""
+    by_id = {c.call_id: c for c in calls}
+    reasons: dict[str, int] = {}
+    diverged = 0
+    for c in calls:
+        if c.fork_reason is None:
+            continue
+        reasons[c.fork_reason] = reasons.get(c.fork_reason, 0) + 1
+        parent = by_id.get(c.fork_of) if c.fork_of is not None else None
+        if parent is not None:
+            full = np.concatenate([parent.prompt_ids, parent.completion_ids])
+            if len(c.prompt_ids) < len(full) or not np.array_equal(c.prompt_ids[: len(full)], full):
+                diverged += 1
+    return dict(sorted(reasons.items())), diverged
+
+
 def session_stats(forest: Forest, name: str) -> dict:
     """Numbers for one session's tree."""
     tree = forest.session(name)
@@ -55,6 +76,7 @@ def session_stats(forest: Forest, name: str) -> dict:
         "trajectories": len(tree.trajectories),
         "branches": sum(reasons.values()),
         "branch_reasons": reasons,
+        "rerender_forks": sum(rerender_forks(calls)[0].values()),
         "max_depth": max(lengths, default=0),
     }
 
@@ -70,7 +92,10 @@ def forest_stats(forest: Forest) -> dict:
     ``calls_reusing_prefix`` counts calls whose prompt reused earlier token ids
     (prefix.reused_tokens > 0); ``false_forks_avoided`` counts calls whose fresh re-render
     would not have matched (prefix.fresh_render_matches == false): without prefix reuse each
-    of them would have forked the tree.
+    of them would have forked the tree. ``rerender_forks`` counts, by reason, calls the proxy
+    had to render afresh although they continued an earlier call it could no longer reuse
+    (prefix.fork_reason: its record was unreadable, the template cannot continue a turn), and
+    ``rerender_forks_diverged`` how many of those really forked from that call.
     """
     calls = forest.calls
     flat = int(sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls))
@@ -85,6 +110,7 @@ def forest_stats(forest: Forest) -> dict:
     lengths = np.array([t.length for t in forest.trajectories], dtype=np.int64)
     versions, counts = np.unique(forest.policy_version[forest.trainable], return_counts=True)
     n_sessions = len(forest.sessions)
+    forks, diverged = rerender_forks(calls)
     return {
         "sessions": n_sessions,
         "calls": len(calls),
@@ -109,5 +135,7 @@ def forest_stats(forest: Forest) -> dict:
         },
         "calls_reusing_prefix": sum(1 for c in calls if (c.reused_tokens or 0) > 0),
         "false_forks_avoided": sum(1 for c in calls if c.fresh_render_matches is False),
+        "rerender_forks": forks,
+        "rerender_forks_diverged": diverged,
         "policy_versions": {str(int(v)): int(n) for v, n in zip(versions, counts, strict=True)},
     }
