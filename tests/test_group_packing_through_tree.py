@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
     return init_tiny(tmp_path_factory.mktemp("models") / "tiny")
 
 
-def _calls(n: int = 3) -> tuple[list[dict], list[dict]]:
+def _calls(n: int = 3, versions: tuple[int, ...] = (0, 0, 0)) -> tuple[list[dict], list[dict]]:
     rng = random.Random(0)
     ids = lambda k: [rng.randrange(3, 1000) for _ in range(k)]  # noqa: E731
     system = ids(30)
@@ -43,7 +43,7 @@ def _calls(n: int = 3) -> tuple[list[dict], list[dict]]:
                     "seq": k,
                     "api": "openai.chat",
                     "model": "policy",
-                    "policy": {"name": "tiny", "version": 0},
+                    "policy": {"name": "tiny", "version": versions[r]},
                     "trainable": True,
                     "prompt_ids": prompt,
                     "completion_ids": completion,
@@ -106,3 +106,27 @@ def test_group_packed_samples_train_like_session_packed(tiny, algo):
     worst = max(float((g_group[k] - g_session[k]).abs().max()) for k in g_group)
     assert worst <= 1e-5
     assert m_group["loss"] == pytest.approx(m_session["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("stale", [0, 1])
+def test_a_stale_rollout_drops_alone_from_its_group_sample(tiny, stale):
+    """Rollout `stale` answered by a policy 2 versions old (bound 1, drop_stale): the group
+    sample trains the other two with the loss and gradient of their session samples, and the
+    tree ratio counts only what was trained."""
+    versions = tuple(0 if r == stale else 2 for r in range(3))
+    calls, outcomes = _calls(versions=versions)
+    forest = build_forest(calls)
+    fresh = [s for s in build_samples(forest, outcomes).samples if s["sessions"] != [f"r{stale}"]]
+    (group,) = build_samples(forest, outcomes, pack="group").samples
+    cfg = GRPOConfig(
+        lr=1e-3, max_grad_norm=0.0, is_correction="none", max_staleness=1, drop_stale=True
+    )
+    g_group, m_group = _step(Learner.grpo(cfg, tiny, version=2), [group])
+    g_fresh, m_fresh = _step(Learner.grpo(cfg, tiny, version=2), fresh)
+    assert (m_group["dropped_stale"], m_group["stale_sessions"], m_group["samples"]) == (1, 1, 1)
+    assert max(float(g.abs().max()) for g in g_fresh.values()) > 1e-3
+    worst = max(float((g_group[k] - g_fresh[k]).abs().max()) for k in g_group)
+    assert worst <= 1e-5
+    assert m_group["loss"] == pytest.approx(m_fresh["loss"], abs=1e-6)
+    assert m_group["flat_tokens"] == m_fresh["flat_tokens"]
+    assert m_group["tokens"] == sum(len(s["input_ids"]) for s in fresh) - 30  # one shared prompt
