@@ -87,19 +87,28 @@ def test_verify_files_do_not_follow_an_intermediate_link(backend, tmp_path, host
 
 def test_reward_file_linked_to_a_host_secret_is_not_read(backend, tmp_path, host_dir):
     """reward -> /host/secret (holding "1"), or a linked directory on its path: the secret is
-    not read, the reward is 0 and the details say why."""
+    never read. A link the job left is removed before the verify step (the reward is then the
+    verifier's exit code); one made during it (the verifier runs the job's code) is refused, with
+    reward 0 and the details saying why."""
     for name, plant, reward_file in [
         ("direct", f"ln -s {host_dir}/secret reward", "reward"),
         ("via-dir", f"ln -s {host_dir} v", "v/secret"),
     ]:
-        row = job(
-            f"reward-{name}",
-            command=plant,
-            verify={"command": "exit 1", "reward_file": reward_file},
-        )
-        run = _one(backend, row, tmp_path)
-        assert run["verify"]["reward"] == 0.0, run
-        assert "symlink" in run["verify"]["details"]["reward_file_error"]
+        rows = [
+            job(f"reward-{name}", command=plant,
+                verify={"command": "exit 1", "reward_file": reward_file}),
+            job(f"reward-{name}-at-verify",
+                verify={"command": f"rm -rf {reward_file.split('/')[0]}; {plant}; exit 0",
+                        "reward_file": reward_file}),
+        ]  # fmt: skip
+        runs = {
+            r["job_id"]: r
+            for r in run_jobs(rows, backend=backend, workdir=tmp_path / "w", retries=0)
+        }
+        left, made = runs[f"reward-{name}"], runs[f"reward-{name}-at-verify"]
+        assert left["verify"]["reward"] == 0.0 and left["verify"]["details"] == {}, left
+        assert made["verify"]["reward"] == 0.0, made
+        assert "symlink" in made["verify"]["details"]["reward_file_error"]
 
 
 def test_collect_and_cleanup_do_not_follow_planted_links(backend, tmp_path, host_dir):

@@ -233,31 +233,58 @@ async def _run_steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
     return fields, out, err
 
 
+#: a verifier that ended so yields no reward: 128 + SIGKILL (the memory limit, the runner)
+KILLED_EXIT = 137
+
+
 async def _verify(job: Job, sandbox: Sandbox, verify: Verify | None = None) -> VerifyResult:
+    """Run a verify step. Its reward is what the verifier wrote during it, and nothing else: the
+    places it owns are cleared first (`Sandbox.clear_for_verify`), and a verifier that timed out
+    or was killed yields reward null with the reason in `details.no_reward`."""
     verify = verify or job.verify
     assert verify is not None
+    try:
+        await asyncio.to_thread(sandbox.clear_for_verify, verify)
+    except OSError as exc:
+        why = f"the verifier's places could not be cleared ({exc}); the verifier did not run"
+        return VerifyResult(exit_code=None, passed=False, reward=None, details={"no_reward": why})
     await asyncio.to_thread(sandbox.place_verify_files, verify)
     r = await sandbox.run(verify.command, timeout_s=verify.timeout_s, merge_stderr=True)
-    passed = r.exit_code == 0 and not r.timed_out
-    reward, details = (1.0 if passed else 0.0), {}
+    if r.timed_out or r.exit_code is None or r.exit_code == KILLED_EXIT:
+        why = (
+            f"the verifier timed out after {verify.timeout_s:g}s"
+            if r.timed_out
+            else f"the verifier was killed (exit {r.exit_code})"
+        )
+        return VerifyResult(
+            exit_code=r.exit_code, passed=False, reward=None, output=r.stdout,
+            details={"no_reward": f"{why}: no reward file is read"}, timed_out=r.timed_out,
+        )  # fmt: skip
+    passed = r.exit_code == 0
+    reward: float = 1.0 if passed else 0.0
+    details: dict = {}
     if verify.reward_file:
         await sandbox.sync_out()
-        root, rel = sandbox.host_root(verify.reward_file) or (sandbox.workspace, "")
-        try:  # no link is followed: a job-planted `reward -> /host/secret` is not read
-            data: bytes | None = read_file(root, rel)
-        except FileNotFoundError:
-            data = None  # no reward file: the reward is the verify step's pass/fail
-        except _fsat.NotRegularFile:
-            data, reward, details = None, 0.0, {"reward_file_error": f"{rel}: not a regular file"}
-        except OSError as exc:
-            why = "a symlink on its path" if exc.errno == errno.ELOOP else exc.strerror
-            data, reward, details = None, 0.0, {"reward_file_error": f"{rel}: not read ({why})"}
-        if data is not None:
-            try:
-                reward, details = parse_reward(data.decode("utf-8", errors="replace"))
-            except ValueError as exc:
-                reward, details = 0.0, {"reward_file_error": f"{rel}: {exc}"}
+        reward, details = _read_reward(sandbox, verify.reward_file, reward)
     return VerifyResult(
         exit_code=r.exit_code, passed=passed, reward=reward, details=details, output=r.stdout,
-        timed_out=r.timed_out,
     )  # fmt: skip
+
+
+def _read_reward(sandbox: Sandbox, path: str, by_exit: float) -> tuple[float, dict]:
+    """The reward file's reward and sub-scores (bounded read, no link followed); `by_exit` when
+    the verifier wrote none; 0 with `reward_file_error` when it is unusable."""
+    root, rel = sandbox.host_root(path) or (sandbox.workspace, "")
+    try:  # no link is followed: a `reward -> /host/secret` the verifier made is not read
+        data = read_file(root, rel)
+    except FileNotFoundError:
+        return by_exit, {}  # no reward file: the reward is the verify step's pass/fail
+    except _fsat.NotRegularFile:
+        return 0.0, {"reward_file_error": f"{rel}: not a regular file"}
+    except OSError as exc:
+        why = "a symlink on its path" if exc.errno == errno.ELOOP else exc.strerror
+        return 0.0, {"reward_file_error": f"{rel}: not read ({why})"}
+    try:
+        return parse_reward(data.decode("utf-8", errors="replace"))
+    except ValueError as exc:
+        return 0.0, {"reward_file_error": f"{rel}: {exc}"}

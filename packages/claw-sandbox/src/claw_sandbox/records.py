@@ -254,6 +254,8 @@ class Verify:
     copy_from: str | None = None
     reward_file: str | None = None
     mounts: tuple[Mount, ...] = ()  # emptied and filled only at verify time
+    #: directories the verifier owns: emptied by the runner before the verify step
+    reset: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Verify:
@@ -267,6 +269,14 @@ class Verify:
         reward_file = _get(d, "reward_file", str, where, "verify/reward_file")
         if reward_file is not None and not reward_file.startswith("/"):
             check_relpath(reward_file, where, "verify/reward_file")
+        reset = _get(d, "reset", list, where, "verify/reset", [])
+        for i, p in enumerate(reset):
+            if not isinstance(p, str):
+                raise _fail(where, f"verify/reset/{i}", f"expected a path, got {p!r}")
+            if not p.startswith("/"):
+                check_relpath(p, where, f"verify/reset/{i}")
+                if not [c for c in PurePosixPath(p).parts if c != "."]:
+                    raise _fail(where, f"verify/reset/{i}", "the workspace itself cannot be reset")
         return cls(
             command=_command(d["command"], where, "verify/command"),
             timeout_s=float(timeout),
@@ -274,6 +284,7 @@ class Verify:
             copy_from=_get(d, "copy_from", str, where, "verify/copy_from"),
             reward_file=reward_file,
             mounts=Mount.list_from(d.get("mounts"), where, "verify/mounts"),
+            reset=tuple(reset),
         )
 
 
@@ -358,7 +369,9 @@ class Step:
 
 def _verify_out(verify: Verify) -> dict:
     v = {
-        k: val for k, val in attrs.asdict(verify).items() if val not in (None, {}) and k != "mounts"
+        k: val
+        for k, val in attrs.asdict(verify).items()
+        if val not in (None, {}, (), []) and k not in ("mounts", "reset")
     }
     if isinstance(verify.command, tuple):
         v["command"] = list(verify.command)
@@ -366,6 +379,8 @@ def _verify_out(verify: Verify) -> dict:
         v["files"] = _files_out(verify.files)
     if verify.mounts:
         v["mounts"] = [m.to_dict() for m in verify.mounts]
+    if verify.reset:
+        v["reset"] = list(verify.reset)
     return v
 
 
@@ -550,18 +565,24 @@ class Job:
         )._check_places(where)
 
     def _check_places(self, where: str) -> Job:
-        """Absolute collect globs and reward file must lie in the workdir or a mount."""
+        """Absolute collect globs, reward files and reset paths must lie in the workdir or a
+        mount; a reset path is not the workdir itself."""
         paths = [(f"collect/{i}", g) for i, g in enumerate(self.collect)]
-        if self.verify is not None and self.verify.reward_file:
-            paths.append(("verify/reward_file", self.verify.reward_file))
-        for i, s in enumerate(self.steps):
-            if s.verify is not None and s.verify.reward_file:
-                paths.append((f"steps/{i}/verify/reward_file", s.verify.reward_file))
+        verifies = [("verify", self.verify)]
+        verifies += [(f"steps/{i}/verify", s.verify) for i, s in enumerate(self.steps)]
+        for field, v in verifies:
+            if v is not None and v.reward_file:
+                paths.append((f"{field}/reward_file", v.reward_file))
+            if v is not None:
+                paths += [(f"{field}/reset/{k}", p) for k, p in enumerate(v.reset)]
         for field, p in paths:
-            if p.startswith("/") and self.place_of(p) is None:
+            place = self.place_of(p) if p.startswith("/") else (None, p)
+            if place is None:
                 raise _fail(
                     where, field, f"{p!r} is neither under workdir nor under a mount target"
                 )
+            if "/reset/" in field and place == (None, ""):
+                raise _fail(where, field, f"{p!r}: the workdir itself cannot be reset")
         return self
 
     def to_dict(self) -> dict:

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import attrs
 
-from claw_sandbox import _leftovers, _tmpfs
+from claw_sandbox import _leftovers, _reward, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits, Mount, Step, Verify
@@ -164,6 +164,18 @@ class Sandbox(abc.ABC):
         """Bring the workspace's state to the host directory before reading it (a backend whose
         workspace lives elsewhere, e.g. inside a container, copies it out)."""
         return None  # here the workspace is the host directory itself
+
+    def clear_for_verify(self, verify: Verify) -> None:
+        """Before a verify step, host side and following no link: each of its `reset` directories
+        is emptied, whatever stands at its `reward_file` removed, and every directory on the way
+        made a real directory the sandbox user can write (see `_reward`). OSError when that cannot
+        be done; the verifier then does not run."""
+        for path in verify.reset:
+            root, rel = self.host_root(path) or (self.workspace, path)
+            _reward.reset_dir(root, rel, self.owner)
+        if verify.reward_file:
+            root, rel = self.host_root(verify.reward_file) or (self.workspace, verify.reward_file)
+            _reward.reset_file(root, rel, self.owner)
 
     def place_verify_files(self, verify: Verify | None = None) -> None:
         """Put the hidden verifier files into the workspace and its mounts (default: the job's

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import io
 import os
@@ -39,6 +40,24 @@ from claw_sandbox.records import Command, Job, Limits, Step, Verify, parse_http_
 from claw_sandbox.workspace import copy_into
 
 WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
+# the trial container's processes (pid 1, docker's init, and its `sleep infinity`), listed at start
+LIST_PIDS = 'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] || printf "%s " "$p"; done'
+# SIGKILL every process of the trial container but those listed at start ($1) and this shell, in
+# rounds until none is left (zombies wait for init, they run nothing); only shell builtins
+KILL_LEFTOVERS = """keep=" $1 $$ "; n=0
+while [ $n -lt 50 ]; do
+  left=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $keep in *" $p "*) continue ;; esac
+    read -r s 2>/dev/null < "$d/stat" || continue
+    case ${s##*) } in Z*|X*) continue ;; esac
+    kill -9 "$p" 2>/dev/null && left=1
+  done
+  [ -z "$left" ] && exit 0
+  n=$((n+1))
+done
+echo "the job's processes keep coming back"; exit 1"""
 HARBOR_NOTE = """
 A job with `profile: "harbor"` runs as Harbor runs a trial: one container for every step (setup,
 command, verify), started from the image with a `sleep infinity` under docker's init; each step
@@ -64,6 +83,7 @@ class DockerSandbox(Sandbox):
         self.container: Any = None  # the trial container of a `profile: "harbor"` job
         self.placed: set[str] = set()  # verify-only mount targets now copied into the container
         self.forwarder: subprocess.Popen | None = None
+        self.trial_pids = "1"  # the trial container's own processes (in its pid namespace)
         if job.profile == "harbor":
             self.owner = None  # root (or the image's USER) inside owns what it writes
         self.limits = effective_limits(
@@ -117,6 +137,8 @@ class DockerSandbox(Sandbox):
             raise InfraError(_not_running(self.container, self.env(), "the trial container"))
         if self.relay is not None:
             self.forwarder = self._start_forwarder(self.container)
+        listed = self._exec(("/bin/sh", "-c", LIST_PIDS), 60.0, True, user="0:0")
+        self.trial_pids = listed.stdout.strip() if listed.exit_code == 0 else "1"
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for entry in sorted(os.listdir(self.workspace)):
@@ -127,6 +149,18 @@ class DockerSandbox(Sandbox):
             raise InfraError(
                 f"docker could not copy the workspace in: {exc.explanation or exc}"
             ) from exc
+
+    def clear_for_verify(self, verify: Verify) -> None:
+        """A trial container outlives each step, and so would a process the agent left running
+        (one that keeps writing the reward file): every process of the container but its own is
+        killed first. Then the host directories are cleared (check_job keeps a harbor job's reward
+        file and reset paths in mounts, which are bound from the host)."""
+        if self.job.profile == "harbor" and self.container is not None:
+            r = self._exec(("/bin/sh", "-c", KILL_LEFTOVERS, "claw-kill", self.trial_pids),
+                           120.0, True, user="0:0")  # fmt: skip
+            if r.exit_code != 0:
+                raise OSError(errno.EBUSY, f"the job's processes could not be stopped: {r.stdout}")
+        super().clear_for_verify(verify)
 
     def place_verify_files(self, verify: Verify | None = None) -> None:
         super().place_verify_files(verify)
@@ -232,9 +266,11 @@ class DockerSandbox(Sandbox):
         finally:
             tar_path.unlink()
 
-    def _exec(self, command: Command, timeout_s: float, merge_stderr: bool) -> StepResult:
-        """One step of a trial: `docker exec` at the workdir; at the timeout its process tree is
-        killed from the host (the container lives on for the next step)."""
+    def _exec(
+        self, command: Command, timeout_s: float, merge_stderr: bool, user: str = ""
+    ) -> StepResult:
+        """One step of a trial: `docker exec` at the workdir (as `user`, default the image's);
+        at the timeout its process tree is killed from the host (the container lives on)."""
         import docker.errors
 
         assert self.container is not None
@@ -248,6 +284,7 @@ class DockerSandbox(Sandbox):
                 environment=self.env(),
                 stdout=True,
                 stderr=True,
+                user=user,
             )
         except docker.errors.APIError as exc:
             with contextlib.suppress(docker.errors.APIError):
@@ -561,6 +598,15 @@ class DockerBackend(Backend):
             raise JobError(
                 f"job {job.job_id!r}: image: the docker backend needs an image (or CLAW_SANDBOX_IMAGE)"
             )
+        if job.profile == "harbor":
+            for v in job.verifies():
+                for p in (*v.reset, *([v.reward_file] if v.reward_file else [])):
+                    if (job.place_of(p) or (None, ""))[0] is None:
+                        raise JobError(
+                            f"job {job.job_id!r}: verify: {p!r}: on docker a harbor job's reward "
+                            "file and reset paths must lie under a mount target (the workdir is "
+                            "inside the trial container, where the runner cannot clear them)"
+                        )
 
     def sandbox(self, job: Job, jobdir: Path) -> Sandbox:
         return DockerSandbox(self, job, jobdir)

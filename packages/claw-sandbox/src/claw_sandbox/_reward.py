@@ -1,0 +1,138 @@
+"""Before a verify step, the places the verifier writes to are made the verifier's alone.
+
+The job ran as the same user the verifier runs as, so it could leave anything at the reward
+path: a file holding 1 in a read-only directory (the verifier's own `rm` and write then fail and
+the planted file would be read), a link, a fifo, a directory, a 10 GB sparse file. The runner
+removes all of it host side, through directory descriptors that follow no link (`_fsat`), and
+gives every directory on the way back to the sandbox user (owner, mode 0755). A directory the
+job made unreadable or unwritable is opened up first, so a runner without root (whose job runs
+as its own uid) can remove what the job left, too.
+
+The job's processes are gone by then (each backend kills a step's whole tree when it ends, and
+the docker trial container's leftovers are killed before verification), so whatever stands at
+the reward path after the verify step was written during it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path, PurePosixPath
+
+from claw_sandbox import _fsat
+
+DIR_MODE = 0o755
+
+
+def _parts(rel: str) -> list[str]:
+    return [p for p in PurePosixPath(rel).parts if p not in ("", ".")]
+
+
+def reset_file(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
+    """Remove whatever stands at root/rel, and make root and every directory on the way to rel a
+    real directory owned by `owner` (None: left as it is) with mode 0755. OSError when it cannot."""
+    parts = _parts(rel)
+    root_fd = _fsat.open_root(root)
+    try:
+        dfd = _open_way(root_fd, parts[:-1], owner)
+        try:
+            if parts:
+                _remove(dfd, parts[-1])
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(root_fd)
+
+
+def reset_dir(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
+    """Make root/rel an empty directory owned by `owner` with mode 0755 (what stood there goes:
+    a file, a link, a tree), its parents as in :func:`reset_file`. With rel empty, root itself is
+    emptied (it stays: it is mounted where the sandbox sees it)."""
+    parts = _parts(rel)
+    root_fd = _fsat.open_root(root)
+    try:
+        dfd = _open_way(root_fd, parts[:-1], owner)
+        try:
+            if parts:
+                _remove(dfd, parts[-1])
+                sub = _open_dir(dfd, parts[-1])
+            else:
+                sub = os.dup(dfd)
+            try:
+                _claim(sub, owner)
+                for name in os.listdir(sub):
+                    _remove(sub, name)
+            finally:
+                os.close(sub)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(root_fd)
+
+
+def _claim(fd: int, owner: tuple[int, int] | None) -> None:
+    if owner is not None:
+        os.fchown(fd, *owner)
+    os.fchmod(fd, DIR_MODE)
+
+
+def _open_way(root_fd: int, parts: list[str], owner: tuple[int, int] | None) -> int:
+    """fd of root/parts..., each a real directory (a link or file in the way is replaced),
+    claimed for the sandbox user on the way down."""
+    fd = os.dup(root_fd)
+    try:
+        _claim(fd, owner)
+        for part in parts:
+            sub = _open_dir(fd, part)
+            os.close(fd)
+            fd = sub
+            _claim(fd, owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_dir(dir_fd: int, name: str) -> int:
+    """The directory `name` (made when missing, replacing a link or file), even when the job took
+    its read permission away (a runner that is not root)."""
+    try:
+        return _fsat.open_subdir(dir_fd, name, create=True, mode=DIR_MODE)
+    except PermissionError:
+        if not _is_dir(dir_fd, name):
+            raise
+        os.chmod(name, 0o700, dir_fd=dir_fd)  # a directory, not a link: nothing is followed
+        return _fsat.open_subdir(dir_fd, name, create=True, mode=DIR_MODE)
+
+
+def _is_dir(dir_fd: int, name: str) -> bool:
+    return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+
+
+def _remove(dir_fd: int, name: str) -> None:
+    """Remove an entry and all under it, whatever modes the job set on its directories."""
+    try:
+        _fsat.remove_at(dir_fd, name)
+    except PermissionError:  # a runner that is not root: open the tree up, then remove it
+        try:
+            _open_up(dir_fd, name)
+        except RecursionError:
+            raise OSError(errno.ELOOP, f"{name!r}: a directory tree too deep to open") from None
+        _fsat.remove_at(dir_fd, name)
+
+
+def _open_up(dir_fd: int, name: str) -> None:
+    """Give the owner rwx on the directory `name` and every directory below it (no link is
+    followed or entered)."""
+    if not _is_dir(dir_fd, name):
+        return
+    os.chmod(name, 0o700, dir_fd=dir_fd)
+    sub = _fsat.open_subdir(dir_fd, name)
+    try:
+        with os.scandir(sub) as it:
+            dirs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        for d in dirs:
+            _open_up(sub, d)
+    finally:
+        os.close(sub)
