@@ -103,15 +103,19 @@ class SessionIndex:
         self.entries = 0
         self.evicted_sessions = 0
         self.skipped_lines = 0  # index lines read back that were not entries (a torn last line)
-        self._fd = -1
-        if self.record is not None:
-            path = index_path(self.record)
-            if path.exists():
-                self._load(path)
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = -1  # opened at the first line written (a passthrough-only proxy writes none)
+        if self.record is not None and index_path(self.record).exists():
+            self._load(index_path(self.record))
+
+    def _open(self) -> int:
+        """The index file, open for appending (the lock is held)."""
+        if self._fd < 0:
+            assert self.record is not None
+            self._fd = os.open(index_path(self.record), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             size = os.fstat(self._fd).st_size
             if size and os.pread(self._fd, 1, size - 1) != b"\n":
                 os.write(self._fd, b"\n")  # a torn last line stays a line of its own
+        return self._fd
 
     def _load(self, path: Path) -> None:
         with path.open("rb") as f:
@@ -154,8 +158,8 @@ class SessionIndex:
             d["extends"] = extends
         line = (json.dumps(d, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:
-            if self._fd >= 0 and where is not None:
-                os.write(self._fd, line)
+            if self.record is not None and where is not None:
+                os.write(self._open(), line)
             self._add(session, Entry(d), extends)
 
     def _add(self, session: str, e: Entry, extends: str | None) -> None:

@@ -430,6 +430,7 @@ class PrefixCache:
                 "evicted_sessions": self.evicted_sessions,
                 "recovered_calls": self.recovered_calls,
                 "forks": dict(self.forks),
+                "session_index": self.index.stats(),  # shared by the caches of one proxy
             }
 
     def _keys(self, req: ChatRequest) -> list[str]:
