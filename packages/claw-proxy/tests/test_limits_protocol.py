@@ -4,6 +4,7 @@ arguments) and protocol gaps (a no-argument tool call streamed by a passthrough 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -496,3 +497,36 @@ def test_bad_thinking_switch_gets_400(make_server, path, body, needle):
     }[path]
     r = _post(make_server(), path, {**base, **body})
     assert r.status_code == 400 and needle in r.text, r.text
+
+
+# --- memory goes back after a big request ---------------------------------------------------
+
+
+def test_memory_is_released_after_a_big_request(make_server, monkeypatch):
+    """A request whose body is over 1 MiB hands the heap's free pages back to the OS when it
+    is done (glibc malloc_trim on a worker thread); small requests do not pay for a trim. The
+    RSS it saves is measured in bench/test_proxy_hardening.py, not here."""
+    from claw_proxy import _hygiene
+
+    if _hygiene._TRIM is None:
+        pytest.skip("no glibc malloc_trim in this C library: nothing to release with")
+    assert _hygiene.release_memory() is True
+    calls = []
+    monkeypatch.setattr(_hygiene, "release_memory", lambda: calls.append(1) or True)
+    srv = make_server(max_prompt_tokens=1000)
+    assert _post(srv, "/v1/chat/completions", _chat_body("small")).status_code == 200
+    assert srv.proxy.app.trims == 0
+    big = "word " * 220_000  # 1.1 MB: refused from its text (a quick 413), but big all the same
+    assert _post(srv, "/v1/chat/completions", _chat_body(big)).status_code == 413
+    assert _count(srv, big).status_code == 413
+    app = srv.proxy.app
+    assert app.trims == 2 and app.big_in_flight == 0
+    for _ in range(200):  # the trim runs on a worker thread after the response
+        if len(calls) == 2:
+            break
+        time.sleep(0.05)
+    assert len(calls) == 2
+
+
+def _chat_body(text: str) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": text}]}

@@ -199,6 +199,69 @@ class RateLimitFilter(logging.Filter):
         return False
 
 
+def _libc_trim():
+    """glibc's `malloc_trim`, or None (another C library, or no ctypes)."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        fn = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except (ImportError, OSError):
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+_TRIM = _libc_trim()
+
+
+def release_memory() -> bool:
+    """Give the heap pages freed since the last call back to the OS (glibc `malloc_trim(0)`:
+    every arena, the free pages inside it too). A big request's body, parsed JSON, rendered
+    text and token ids are freed when it ends, but glibc keeps the pages, so RSS stays at the
+    peak of the biggest request ever served; this returns them. False where there is no
+    malloc_trim (then nothing is done)."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True
+
+
+class TrimAfterBig:
+    """ASGI middleware: when a request the app marked big (`scope["state"]["claw_big"]`) has
+    finished and no other big one is running, run `release_memory` on `pool` (a worker thread:
+    trimming a large heap takes milliseconds, the event loop does not wait for it)."""
+
+    def __init__(self, app, pool) -> None:
+        self.app, self.pool = app, pool
+        self.big_in_flight = 0
+        self.trims = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.app, name)  # the Starlette app's routes, state, ...
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = scope.setdefault("state", {})
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if state.get("claw_big"):
+                self.big_in_flight -= 1
+                if self.big_in_flight == 0 and _TRIM is not None:
+                    self.trims += 1
+                    asyncio.get_running_loop().run_in_executor(self.pool, release_memory)
+
+    def mark_big(self, request) -> None:
+        """Called by the app when a request's body turns out to be big (once per request)."""
+        if not getattr(request.state, "claw_big", False):
+            request.state.claw_big = True
+            self.big_in_flight += 1
+
+
 _LIMITED = ("uvicorn.error", "asyncio", "claw_proxy")
 
 

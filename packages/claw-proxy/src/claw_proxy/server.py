@@ -26,6 +26,7 @@ from claw_proxy import _thinking, api_anthropic, api_chat, api_responses
 from claw_proxy._bound import PromptBound
 from claw_proxy._call import ClosingStream, Run, extra, iterate
 from claw_proxy._history import SessionIndex
+from claw_proxy._hygiene import TrimAfterBig
 from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
 from claw_proxy._reparse import ParseMemo
 from claw_proxy._responses import error_response
@@ -289,7 +290,10 @@ class Proxy:
         the ones whose text is `known`'s are taken from there unparsed."""
         raw = await read_limited(request, self.config.max_body_bytes, self.config.body_timeout)
         request.state.raw_body = raw  # passthrough forwards the bytes as they came
-        _big_request.set(len(raw) > _BIG_BODY)  # for this request's task only
+        big = len(raw) > _BIG_BODY
+        _big_request.set(big)  # for this request's task only
+        if big:  # its memory is given back to the OS once it is done
+            self.app.mark_big(request)
         split = None
         if known is None:
             body = await self.offload(loads, raw) if len(raw) > 65536 else loads(raw)
@@ -483,7 +487,7 @@ class Proxy:
 
     # --- the app ----------------------------------------------------------------------------
 
-    def _make_app(self) -> Starlette:
+    def _make_app(self) -> TrimAfterBig:
         async def chat(request):
             return await self.handle(api_chat, request)
 
@@ -508,7 +512,7 @@ class Proxy:
             Route("/v1/messages", messages, methods=["POST"]),
             *_admin.routes(self),
         ]
-        return Starlette(routes=routes, lifespan=lifespan)
+        return TrimAfterBig(Starlette(routes=routes, lifespan=lifespan), self.workers)
 
     async def load_policy(self, policy: Policy) -> dict:
         await self.policy_engine.load_policy(policy)
