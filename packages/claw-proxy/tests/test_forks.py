@@ -271,3 +271,32 @@ def test_the_index_survives_a_torn_last_line(make_server, tmp_path):
     got = index.read_text().splitlines()
     assert got[:2] == lines and len(got) == 5
     assert [json.loads(x)["session"] for x in got[3:]] == ["s2", "s2"]
+
+
+def test_the_session_index_is_bounded_and_matches_by_history(tmp_path):
+    """In memory the index keeps `per_session` calls a session (superseded ones forgotten
+    first) and `max_entries` in all (the coldest sessions forgotten first); a request matches
+    the call with the longest history it continues, under the same tokenizer only."""
+    from claw_proxy._history import SessionIndex
+
+    index = SessionIndex(None, per_session=2, max_entries=3)
+    keys = [f"{i:032x}" for i in range(8)]
+
+    def add(session, call_id, n, extends=None, tok="tok"):
+        index.add(session, call_id, tok, keys[:n], 5, True, None, extends)
+
+    add("a", "a0", 2)
+    add("a", "a1", 4, extends="a0")
+    add("a", "a2", 3)  # a branch: a0 (superseded by a1) is forgotten, a1 and a2 stay
+    assert index.candidate("a", "tok", keys, 0).call_id == "a1"
+    assert index.candidate("a", "tok", keys[:4], 0).call_id == "a2"  # a1 is not a proper prefix
+    assert (
+        index.candidate("a", "tok", keys, 4) is None
+        and index.candidate("a", "other", keys, 0) is None
+    )
+    assert index.candidate("a", "tok", ["f" * 32, *keys[1:]], 0) is None  # another history
+    add("b", "b0", 2)
+    add("b", "b1", 3)  # 4 entries > 3: session a, the coldest, is forgotten
+    assert index.stats() == {"sessions": 1, "entries": 2, "evicted_sessions": 1, "skipped_lines": 0}
+    assert index.candidate("a", "tok", keys, 0) is None
+    assert index.candidate("b", "tok", keys, 0).call_id == "b1"

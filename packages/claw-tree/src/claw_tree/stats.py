@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from claw_tree.records import Call
@@ -40,7 +42,7 @@ def _branch_reasons(forest: Forest, lo: int, hi: int) -> dict[str, int]:
     return out
 
 
-def rerender_forks(calls: list[Call]) -> tuple[dict[str, int], int]:
+def rerender_forks(calls: Sequence[Call]) -> tuple[dict[str, int], int]:
     """Calls whose prompt the proxy rendered afresh although their conversation continued an
     earlier call whose ids it could not reuse (`prefix.fork_reason`), by reason; and how many
     of them diverged from that call (`prefix.fork_of`, when it is among `calls`): its prompt +
