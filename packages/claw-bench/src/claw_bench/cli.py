@@ -62,7 +62,8 @@ def main() -> None:
 
 
 _STRICT_HELP = (
-    "a task of the suite that does not load is an error (default: skip it with a warning)"
+    "a task of the suite that does not load, or cannot run here (e.g. a Harbor task with compose "
+    "sidecars), is an error (default: skip it with a warning; plan makes a not_scorable job)"
 )
 
 
@@ -71,6 +72,9 @@ def _suite(suite: str, options: LoadOptions | None = None, strict: bool = False)
     s = load_suite(suite, options, strict=strict)
     for path, reason in s.skipped:
         _log(f"warning: skipped {path}: {' '.join(reason.split())}")
+    for t in s.tasks:
+        if isinstance(t.meta.get("unsupported"), str):
+            _log(f"warning: task {t.id} will not run (not_scorable): {t.meta['unsupported']}")
     return s
 
 

@@ -15,8 +15,14 @@ Task scripts run as Harbor runs them, unchanged (no text is rewritten): the job 
 tests at ``/tests`` (verify time only), writable ``/logs/verifier`` and ``/logs/agent``, and, for
 the oracle, the whole ``solution/`` folder at ``/solution``. The Dockerfile is read for what a
 backend that does not build the image (bwrap) can still give: ``WORKDIR``, ``ENV`` and the
-``COPY``/``ADD`` of local files into the WORKDIR (as workspace files); its ``RUN`` lines (and
-copies elsewhere) are listed in ``meta["harbor"]["image_run"]``.
+``COPY``/``ADD`` of local files into the WORKDIR (as workspace files), with ``ENV``, ``ARG`` and
+paths expanded as Docker expands them; its ``RUN`` lines (and copies elsewhere) are listed in
+``meta["harbor"]["image_run"]``.
+
+A task whose ``environment/`` holds a compose file (``docker-compose.yaml``, ``compose.yaml``:
+sidecar services, overrides of the main one) cannot run as Harbor runs it: it loads with the
+reason in ``meta["unsupported"]``, ``plan`` gives it a ``not_scorable`` placeholder job that says
+so (and so does its outcome), and ``load_suite(strict=True)`` (``--strict``) refuses it.
 
 The task's image is ``[environment] docker_image`` when set; else, when ``environment/Dockerfile``
 exists, a tag derived from the content of ``environment/`` (``claw-harbor/<task>:<sha12>``, so an
@@ -31,6 +37,8 @@ import os
 import re
 import tomllib
 from pathlib import Path
+
+import yaml
 
 from claw_bench._dockerfile import DockerfileError, read_image
 from claw_bench.errors import TaskError
@@ -141,6 +149,41 @@ def read_dockerfile(
                     sp.read_bytes() if not _is_text(sp) else sp.read_text(encoding="utf-8")
                 )
     return workdir, image.env, files, skipped
+
+
+#: the compose files Harbor merges over its own base compose file (sidecars, main overrides)
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+
+
+def read_compose(context: Path) -> tuple[dict, str] | None:
+    """``({"file", "services", "sidecars"}, reason)`` when ``environment/`` holds a compose file,
+    else None. claw-sandbox runs one container per trial and applies no compose file, so such a
+    task cannot run as Harbor runs it: the reason says which services it would lack (or which
+    ``main`` settings it would ignore). TaskError when the file is not a compose mapping."""
+    found = [context / n for n in COMPOSE_FILES if (context / n).is_file()]
+    if not found:
+        return None
+    path = found[0]
+    rel = f"{context.name}/{path.name}"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise TaskError(f"{path}: not a readable compose file: {exc}") from None
+    services = data.get("services", {}) if isinstance(data, dict) else None
+    if not isinstance(services, dict):
+        raise TaskError(f"{path}: field services must be a mapping of service names")
+    sidecars = sorted(str(k) for k in services if k != "main")
+    info = {"file": rel, "services": sorted(str(k) for k in services), "sidecars": sidecars}
+    if sidecars:
+        reason = (
+            f"{rel} starts sidecar services ({', '.join(sidecars)}) next to the task's container; "
+            "claw-sandbox runs one container per trial and does not start them"
+        )
+    else:
+        main = services.get("main")
+        keys = ", ".join(sorted(map(str, main))) if isinstance(main, dict) and main else "empty"
+        reason = f"{rel} overrides the main service ({keys}); claw-sandbox applies no compose file"
+    return info, reason
 
 
 def _is_text(path: Path) -> bool:
@@ -268,6 +311,9 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         if image is None:
             image = context_tag(name, context)
             task_meta["docker_context"] = str(context)
+    compose = read_compose(context)
+    if compose is not None:  # plan: a not_scorable placeholder job; load_suite(strict): an error
+        task_meta["compose"], task_meta["unsupported"] = compose
     artifacts = parse_artifacts(meta.get("artifacts"), f"{tpath}: field artifacts")
     if artifacts:
         harbor["artifacts"] = artifacts  # copied to /logs/artifacts after verify (plan)

@@ -228,7 +228,7 @@ def _harbor(
             job["env"].pop("CLAW_SOLUTION_DIR", None)
         job["mounts"] = mounts
         _harbor_steps(job, task, h, render)
-    elif oracle and task.solution is not None:
+    elif oracle and task.solution is not None and "not_scorable" not in job["meta"]:
         sol = task.solution_files or {task.solution.name: task.solution.text}
         mounts.append({"target": SOLUTION, "files": job_files(sol)})
         job["command"] = task.solution.command(f"{SOLUTION}/{task.solution.name}")
@@ -386,6 +386,9 @@ def plan_jobs(
                 ]
                 if task.setup:
                     files[f".claw_setup/{task.setup.name}"] = task.setup.text
+                if isinstance(task.meta.get("unsupported"), str):  # e.g. compose sidecars
+                    command, verify, setup = "true", None, []
+                    meta["not_scorable"] = f"task {task.id} skipped: {task.meta['unsupported']}"
                 if task.pass_threshold is not None:
                     meta["pass_threshold"] = task.pass_threshold
                 if isinstance(task.meta.get("judge"), dict):

@@ -137,8 +137,9 @@ def load_suite(
     checker timeout).
 
     A task of a collection that does not load is skipped and named with the reason in
-    ``Suite.skipped`` (``strict``: the first such task is a TaskError). A path that is one task
-    must load. Task ids must be unique; every task is validated.
+    ``Suite.skipped`` (``strict``: the first such task is a TaskError, as is a task that loads
+    but cannot run, ``meta["unsupported"]``, e.g. a Harbor task with compose sidecars). A path
+    that is one task must load. Task ids must be unique; every task is validated.
     """
     s = str(name_or_path)
     path = Path(s)
@@ -198,6 +199,9 @@ def load_suite(
             f"suite {s}: {path} holds no loadable tasks"
             + (f" ({len(skipped)} skipped){why}" if skipped else "")
         )
+    for t in tasks if strict else ():
+        if isinstance(t.meta.get("unsupported"), str):  # planned as not_scorable without strict
+            raise TaskError(f"{t.path}: task {t.id} cannot run: {t.meta['unsupported']}")
     seen: dict[str, str] = {}
     for t in tasks:
         if t.id in seen:
