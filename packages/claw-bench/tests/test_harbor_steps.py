@@ -72,6 +72,7 @@ def test_multistep_jobs_carry_every_step():
         ]
         assert j["meta"]["multi_step_reward_strategy"] == "mean"
         assert all(s["verify"]["mounts"][0]["target"] == "/tests" for s in j["steps"])
+        assert all(s["verify"]["reset"] == ["/logs/verifier"] for s in j["steps"])
         assert j["steps"][0]["min_reward"] == 1.0
         assert j["steps"][1]["setup"][0] == "bash ./setup.sh"  # the WORKDIR upload's hook
         assert "test -f /app/tool.sh" in j["steps"][1]["setup"][1]  # the healthcheck

@@ -64,6 +64,7 @@ def test_verifier_is_hidden_until_verify():
         assert not any(k.startswith(".claw_verify") for k in ws)
         assert ".claw_verify/verify.py" in j["verify"]["files"]
         assert j["verify"]["reward_file"] == ".claw_verify/reward.json"
+        assert j["verify"]["reset"] == [".claw_verify"]  # what the agent left there goes first
     fizz = [j for j in _plan() if j["meta"]["task"] == "fix-fizzbuzz"][0]
     assert ".claw_verify/hidden_test.py" in fizz["verify"]["files"]
 

@@ -69,6 +69,7 @@ def test_task_toml_fields_and_binary_files_are_kept():
     assert sorted(t.solution_files) == ["notes.md", "solve.sh", "write_report.py"]
     (job,) = plan_jobs([t], [load_harness("nothing")], samples=1)
     tests = job["verify"]["mounts"][0]
+    assert job["verify"]["reset"] == ["/logs/verifier"]  # emptied before the verifier runs
     assert (
         tests["target"] == "/tests"
         and base64.b64decode(tests["files"]["data/blob.bin"]["content_b64"]) == blob

@@ -75,6 +75,25 @@ def test_timeouts_and_thresholds():
     assert score_run(run)["passed"] is True and score_run(run, threshold=0.7)["passed"] is False
 
 
+def test_a_verifier_without_reward_never_passes_and_no_file_is_read():
+    """Reward null with the sandbox's reason (a killed or timed-out verifier, places not cleared):
+    status ok, reward 0, not passed at any threshold, the reason in the details; a reward file
+    the sandbox collected (the job's own, planted) is not read in its place."""
+    planted = {".claw_verify/reward.json": "1", "/logs/verifier/reward.txt": "1"}
+    for verify in (
+        {"exit_code": 137, "passed": False, "reward": None, "timed_out": False,
+         "details": {"no_reward": "the verifier was killed (exit 137): no reward file is read"}},
+        {"exit_code": None, "passed": False, "reward": None, "timed_out": True,
+         "details": {"no_reward": "the verifier timed out after 1s: no reward file is read"}},
+    ):  # fmt: skip
+        run = _run(verify=verify, collected=planted)
+        for threshold in (None, 0.0):
+            o = score_run(run, threshold=threshold)
+            validate(o, "outcome")
+            assert o["status"] == "ok" and o["reward"] == 0.0 and o["passed"] is False, o
+            assert o["details"]["no_reward"] == verify["details"]["no_reward"]
+
+
 def test_outcome_fields_and_validation():
     """Outcomes carry session, task, harness, group, sample and job id, and validate against the schema."""
     [o] = score_runs(

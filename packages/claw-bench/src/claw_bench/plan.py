@@ -22,7 +22,7 @@ from claw_bench.harbor import (
 )
 from claw_bench.harnesses import INSTRUCTION_FILE, Harness
 from claw_bench.records import JOB
-from claw_bench.tasks import FileContent, Task, job_files
+from claw_bench.tasks import VERIFY_DIR, FileContent, Task, job_files
 from claw_bench.token import mint_token
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -189,6 +189,7 @@ def _harbor_steps(
             "timeout_s": st["verify_timeout_s"],
             "mounts": vmounts,
             "reward_file": task.reward_file,
+            "reset": [LOGS_VERIFIER],  # the verifier's: what the agent left there goes first
         }
         if files:
             step["files"] = job_files(files)
@@ -248,6 +249,7 @@ def _harbor(
             "timeout_s": task.verify_timeout_s,
             "mounts": vmounts,
             "reward_file": task.reward_file,
+            "reset": [LOGS_VERIFIER],  # the verifier's: what the agent left there goes first
         }
     vms = [m for v in [job.get("verify", {}), *job.get("steps", [])] for m in v.get("mounts", [])]
     vms += [m for st in job.get("steps", []) for m in st.get("verify", {}).get("mounts", [])]
@@ -328,6 +330,7 @@ def plan_jobs(
                     "timeout_s": task.verify_timeout_s,
                     "files": job_files(task.verify_files()),
                     "reward_file": task.reward_file,
+                    "reset": [VERIFY_DIR],  # emptied before the verifier's files are placed
                 }
                 render: Callable[[str], str] | None = None  # a model harness on an instruction
                 if h.needs_model:

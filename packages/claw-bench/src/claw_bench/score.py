@@ -9,7 +9,9 @@ Rules:
 - A run planned as not scorable (the oracle of a task without a reference solution) is
   ``status: not_scorable`` with the reason.
 - Otherwise the reward is the verifier's reward when it gave one; else the mean of its numeric
-  sub-scores (``details``); else 1.0 / 0.0 from its exit code. A verifier that timed out scores 0.
+  sub-scores (``details``); else 1.0 / 0.0 from its exit code. A verifier that timed out, or gave
+  no reward and says why (``details.no_reward``: killed, or its places could not be cleared),
+  scores 0 and does not pass; a collected reward file is then never read.
 - A multi-step run (Harbor ``steps/``; ``meta.multi_step_reward_strategy``) takes its reward from
   its steps by Harbor's rule: ``mean`` (per-key mean over the verified steps) or ``final`` (the
   last step's); see :func:`aggregate_steps`.
@@ -58,6 +60,13 @@ def _not_started(run: dict[str, Any]) -> str:
     )
     what = "command not found" if code == 127 else "not executable"
     return f"harness could not start (exit {code}: {what})" + (f": {hint[-300:]}" if hint else "")
+
+
+def _no_reward(verify: dict[str, Any]) -> str | None:
+    """Why the sandbox gave the verifier no reward (``details.no_reward``), when it says so."""
+    details = verify.get("details")
+    why = details.get("no_reward") if isinstance(details, dict) else None
+    return why if verify.get("reward") is None and isinstance(why, str) else None
 
 
 def _reward_from_collected(run: dict[str, Any]) -> tuple[float | None, dict[str, float]]:
@@ -202,9 +211,13 @@ def score_run(
     passed_exit = bool(verify.get("passed", verify.get("exit_code") == 0))
     reward = verify.get("reward")
     subs = _sub_scores(verify.get("details"))
-    if verify.get("timed_out"):
+    no_reward = _no_reward(verify)
+    if verify.get("timed_out") or no_reward is not None:
         reward, passed_exit = 0.0, False
-        details["verify_timed_out"] = True
+        if verify.get("timed_out"):
+            details["verify_timed_out"] = True
+        if no_reward is not None:
+            details["no_reward"] = no_reward
     elif reward is None:
         reward, file_subs = _reward_from_collected(run)
         subs = subs or file_subs
@@ -221,6 +234,8 @@ def score_run(
     thr = threshold if threshold is not None else meta.get("pass_threshold")
     out["reward"] = float(reward)
     out["passed"] = bool(reward >= thr) if isinstance(thr, int | float) else passed_exit
+    if verify.get("timed_out") or no_reward is not None:
+        out["passed"] = False  # whatever the threshold: the verifier gave no verdict
     if status == "timeout":
         details["agent_timed_out"] = True
     out["details"] = details
@@ -235,8 +250,9 @@ STRATEGIES = ("mean", "final")
 
 def step_rewards(verify: dict[str, Any]) -> dict[str, float]:
     """A verified step's named rewards: the reward file's keys when it held an object, else
-    {"reward": reward}; a verifier that timed out gives {"reward": 0}."""
-    if verify.get("timed_out"):
+    {"reward": reward}; a verifier that timed out or gave no reward (``details.no_reward``) gives
+    {"reward": 0}."""
+    if verify.get("timed_out") or _no_reward(verify) is not None:
         return {"reward": 0.0}
     subs = _sub_scores(verify.get("details"))
     if subs:
