@@ -343,3 +343,97 @@ def test_rss_64_concurrent_clients_19k_tokens(tmp_path):
     )
     assert not stats["bad"], stats["bad"][:3]
     assert growth <= (budget >> 20) + RSS_CONSTANT_MB
+
+
+class _PeakRss:
+    """The highest VmRSS of a process, sampled every 20 ms in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, _rss_mb(pid), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _rss_mb(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def test_rss_and_other_sessions_during_16_parallel_4mb_counts(tmp_path):
+    """Issue 26: 16 parallel 4 MB `count_tokens` from one session, then one 4 MB chat prompt
+    (tokenised, then refused over --max-prompt-tokens). Prints the statuses the counts got,
+    the server's RSS at rest, at its peak and 3 s after, and another session's call latency
+    during the counts. Run it with PYTHONPATH pointing at an older claw-proxy source to
+    compare (the server subprocess inherits it)."""
+    proc, url = _serve(tmp_path)
+    text = "word " * 800_000  # 4 MB, ~800K tokens with the tiny tokenizer
+    count = {"model": "claude-x", "messages": [{"role": "user", "content": text}]}
+    h = {"x-api-key": token("big"), "anthropic-version": "2023-06-01"}
+    try:
+        with httpx.Client(base_url=url, timeout=600) as c:
+            c.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "warm up"}]},
+                headers={"x-api-key": token("other")},
+            )
+        time.sleep(1)
+        rest = _rss_mb(proc.pid)
+        peak = _PeakRss(proc.pid)
+        statuses: list[int] = []
+        other_ms: list[float] = []
+
+        def one() -> None:
+            with httpx.Client(base_url=url, timeout=600) as c:
+                statuses.append(
+                    c.post("/v1/messages/count_tokens", json=count, headers=h).status_code
+                )
+
+        threads = [threading.Thread(target=one) for _ in range(16)]
+        for t in threads:
+            t.start()
+        with httpx.Client(base_url=url, timeout=600) as c:
+            while any(t.is_alive() for t in threads):
+                t0 = time.perf_counter()
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"x-api-key": token("other")},
+                )
+                other_ms.append((time.perf_counter() - t0) * 1000)
+                assert r.status_code == 200
+                time.sleep(0.1)
+        for t in threads:
+            t.join()
+        counts_peak = peak.stop()
+        time.sleep(3)
+        after_counts = _rss_mb(proc.pid)
+        peak = _PeakRss(proc.pid)
+        with httpx.Client(base_url=url, timeout=600) as c:
+            t0 = time.perf_counter()
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": text}]},
+                headers={"x-api-key": token("big2")},
+            )
+            chat_s = time.perf_counter() - t0
+        chat_peak = peak.stop()
+        time.sleep(3)
+        after_chat = _rss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    by_status = {s: statuses.count(s) for s in sorted(set(statuses))}
+    other_ms.sort()
+    print(
+        f"\n16 parallel 4 MB counts of one session: statuses {by_status}; server RSS {rest:.0f} MB "
+        f"at rest -> peak {counts_peak:.0f} MB -> {after_counts:.0f} MB 3 s after; another "
+        f"session's calls meanwhile: {len(other_ms)}, p50 {other_ms[len(other_ms) // 2]:.0f} ms, "
+        f"max {other_ms[-1]:.0f} ms"
+        f"\none 4 MB chat prompt: {r.status_code} in {chat_s:.1f} s; RSS peak {chat_peak:.0f} MB "
+        f"-> {after_chat:.0f} MB 3 s after"
+    )
+    assert len(statuses) == 16
