@@ -44,3 +44,19 @@ def test_proxy_network_on_an_exited_container_is_named(docker_backend, tmp_path)
     assert run["status"] == "infra_error", run
     assert "nsenter" not in run["error"], run["error"]
     _check_exit_reason(run["error"])
+
+
+def test_verifier_that_moves_tests_away_leaves_no_error(docker_backend, tmp_path):  # noqa: F811
+    """A verifier may `mv /tests ...` on docker too; nothing reads /tests back, so the run has
+    no 'could not copy the mount /tests out' error (it had one)."""
+    from test_harbor_mounts import CHECK, MOVER
+
+    j = job(
+        "mvd", image=IMAGE, profile="harbor", workdir="/app", command="echo solved > /app/out.txt",
+        mounts=[{"target": "/logs/verifier"}],
+        verify={"command": "sh /tests/test.sh", "reward_file": "/logs/verifier/reward.txt",
+                "mounts": [{"target": "/tests", "files": {"test.sh": MOVER, "check.sh": CHECK}}]},
+    )  # fmt: skip
+    (run,) = run_jobs([j], backend=docker_backend, workdir=tmp_path)
+    assert run["status"] == "ok" and run["verify"]["reward"] == 1.0, run
+    assert run.get("error") is None, run["error"]

@@ -36,7 +36,7 @@ from claw_sandbox import _forward, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
-from claw_sandbox.records import Command, Job, Limits, Step, Verify, parse_http_url
+from claw_sandbox.records import Command, Job, Limits, Step, Verify, is_under, parse_http_url
 from claw_sandbox.workspace import copy_into
 
 WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
@@ -221,10 +221,13 @@ class DockerSandbox(Sandbox):
         self._put(dest, buf.getvalue())
 
     def _copy_placed_out(self) -> None:
-        """The verify-only mounts' contents, from the container back to their host directories."""
+        """The verify-only mounts' contents, from the container back to their host directories,
+        for those the job reads from (a reward file or collect path in them): the others, like
+        /tests, are the verifier's own to move or remove (as in Harbor)."""
+        read = [*self.job.collect, *(v.reward_file for v in self.job.verifies() if v.reward_file)]
         for target in sorted(self.placed):
-            d = self.mount_of(target)
-            self._copy_dir_out(target, d, f"mount {target}")
+            if any(p.startswith("/") and is_under(p, target) for p in read):
+                self._copy_dir_out(target, self.mount_of(target), f"mount {target}")
 
     async def sync_out(self) -> None:
         """Copy the trial container's workdir out when the job reads from it (collect, reward),
