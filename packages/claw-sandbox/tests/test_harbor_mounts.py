@@ -64,3 +64,48 @@ def test_root_stays_read_only_outside_verify(bwrap):
     )  # fmt: skip
     (run,) = run_jobs([j], backend=bwrap)
     assert run["exit_code"] != 0 and run["verify"]["exit_code"] == 0, run
+
+
+def test_rootfs_entry_at_tests_gives_way_to_the_copy():
+    """bwrap --rootfs DIR whose image has its own /tests: the verify step sees the job's copy
+    there (as docker replaces it), movable, and the rootfs directory is left untouched."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+    from claw_sandbox.backends import make_backend
+
+    busybox = shutil.which("busybox")
+    ldd = subprocess.run(["ldd", busybox], capture_output=True, text=True) if busybox else None
+    if ldd is None or "not a dynamic" not in ldd.stdout + ldd.stderr:
+        pytest.skip("a static busybox is needed to make a rootfs (apt-get install busybox-static)")
+    # not under pytest's tmp_path (mode 0700): bwrap runs as the job's uid for harbor jobs
+    top = Path(tempfile.mkdtemp(prefix="claw-sandbox-test-rootfs-tests-"))
+    try:
+        rootfs = top / "rootfs"
+        (rootfs / "bin").mkdir(parents=True)
+        (rootfs / "tests").mkdir()
+        (rootfs / "tests" / "t").write_text("from the image\n")
+        shutil.copy(busybox, rootfs / "bin" / "busybox")
+        for tool in ("sh", "cat", "mv", "test"):
+            os.symlink("busybox", rootfs / "bin" / tool)
+        for d in (top, rootfs, rootfs / "bin", rootfs / "tests"):
+            os.chmod(d, 0o755)
+        backend = make_backend("bwrap", rootfs=str(rootfs))
+        if backend.unavailable():
+            pytest.skip(f"bwrap unavailable: {backend.unavailable()}")
+        j = job(
+            "rfv", profile="harbor", workdir="/app", command="cat /tests/t",
+            mounts=[{"target": "/logs/verifier"}],
+            verify={"command": "mv /tests /tmp/moved && cat /tmp/moved/t",
+                    "mounts": [{"target": "/tests", "files": {"t": "from the job\n"}}]},
+        )  # fmt: skip
+        (run,) = run_jobs([j], backend=backend, workdir=top / "jobs")
+        assert run["stdout_tail"] == "from the image\n", run  # the agent: the image's /tests
+        assert run["verify"]["exit_code"] == 0 and run["verify"]["output"] == "from the job\n"
+        assert (rootfs / "tests" / "t").read_text() == "from the image\n"
+    finally:
+        shutil.rmtree(top)
