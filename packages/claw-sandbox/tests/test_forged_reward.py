@@ -141,3 +141,23 @@ def test_reset_empties_the_verifiers_directories(backend):
         row["image"] = IMAGE
     run = _runs(b, [row])["reset"]
     assert run["verify"]["reward"] == 0.0 and run["collected"]["/logs/claw/seen"] == "", run
+
+
+def test_each_step_of_a_multi_step_job_is_cleared(backend):
+    """Steps: every step's verify starts from a cleared reward path. The first step's agent plants
+    a read-only reward of 1 and its verifier writes none (exit 1): reward 0, so its min_reward gate
+    ends the job; before, the planted 1 passed the gate."""
+    b, bb = backend
+    f, d = PLACES["harbor"]
+    plant = f"echo 1 > {f}; {bb}chmod 444 {f}; {bb}chmod 555 {d}"
+    verify = {"command": "exit 1", "reward_file": f}
+    row = job(
+        "steps", profile="harbor", workdir="/app", mounts=[{"target": "/logs/verifier"}],
+        steps=[{"name": "one", "command": plant, "verify": verify, "min_reward": 1.0},
+               {"name": "two", "command": "true", "verify": verify}],
+    )  # fmt: skip
+    if b.name == "docker":
+        row["image"] = IMAGE
+    run = _runs(b, [row])["steps"]
+    assert [s["name"] for s in run["steps"]] == ["one"], run
+    assert run["steps"][0]["verify"]["reward"] == 0.0, run
