@@ -31,12 +31,13 @@ def qwen3_dir(tmp_path_factory) -> Path:
     return d
 
 
-def _script(reasoning: bool, template: str) -> list[str]:
+def _script(reasoning: str, template: str) -> list[str]:
     """What the model samples: tool calls, then a final answer. With reasoning each answer
-    starts with a thought; without, Qwen3 (thinking mode) still opens with an empty block."""
-    if reasoning:
+    starts with a thought; without, Qwen3 (thinking mode) still opens with an empty block;
+    with thinking switched off the (Qwen3) template puts that block in the prompt instead."""
+    if reasoning == "reasoning":
         head = [f"<think>step {i}: look before acting</think>\n\n" for i in range(TURNS)]
-    elif template == "qwen3":
+    elif template == "qwen3" and reasoning == "plain":
         head = ["<think>\n\n</think>\n\n"] * TURNS
     else:
         head = [""] * TURNS
@@ -46,6 +47,7 @@ def _script(reasoning: bool, template: str) -> list[str]:
 
 class _Chat:
     path = "/v1/chat/completions"
+    off = {"reasoning_effort": "none"}  # the request's thinking switch, off
 
     def __init__(self) -> None:
         self.msgs: list[dict] = [
@@ -75,6 +77,7 @@ class _Chat:
 
 class _Anthropic:
     path = "/v1/messages"
+    off = {"thinking": {"type": "disabled"}}
 
     def __init__(self) -> None:
         self.msgs: list[dict] = [{"role": "user", "content": "do four things"}]
@@ -108,6 +111,7 @@ class _Anthropic:
 
 class _Responses:
     path = "/v1/responses"
+    off = {"reasoning": {"effort": "none"}}
 
     def __init__(self) -> None:
         self.items: list[dict] = [{"role": "user", "content": "do four things"}]
@@ -152,12 +156,14 @@ def _one_path(calls) -> None:
 
 @pytest.mark.parametrize("mode", ["warm", "evicted", "restarted"])
 @pytest.mark.parametrize("template", ["tiny", "qwen3"])
-@pytest.mark.parametrize("reasoning", [True, False], ids=["reasoning", "plain"])
+@pytest.mark.parametrize("reasoning", ["reasoning", "plain", "off"])
 @pytest.mark.parametrize("api", sorted(CLIENTS))
 def test_a_cache_miss_never_forks_the_session(api, reasoning, template, mode, qwen3_dir, tmp_path):
     """Four calls of one tool-using session; `evicted`: a 1-byte prefix cache forgets every
-    call at once; `restarted`: a new proxy on the same record series before every call. The
-    calls form one path: no call forks from the one before, and none records a fork."""
+    call at once; `restarted`: a new proxy on the same record series before every call; `off`:
+    the request switches thinking off (Qwen3's template then ends the prompt with an empty
+    `<think>` block it never writes into history). The calls form one path: no call forks from
+    the one before, and none records a fork."""
     tok_dir = str(TINY if template == "tiny" else qwen3_dir)
     script = write_script(tmp_path / "script.jsonl", _script(reasoning, template))
     config = ProxyConfig(
@@ -175,9 +181,10 @@ def test_a_cache_miss_never_forks_the_session(api, reasoning, template, mode, qw
             if mode == "restarted" and turn > 0:
                 srv.stop()
                 srv = ProxyServer(config).start()
+            body = {**client.body(), **(client.off if reasoning == "off" else {})}
             r = httpx.post(
                 srv.url + client.path,
-                json=client.body(),
+                json=body,
                 headers={"authorization": f"Bearer {token('s1')}"},
                 timeout=30,
             )
@@ -188,7 +195,7 @@ def test_a_cache_miss_never_forks_the_session(api, reasoning, template, mode, qw
         srv.stop()
     calls = list(read_calls(config.record))
     _one_path(calls)
-    if reasoning:  # what the model saw next is what it sampled, thought included
+    if reasoning == "reasoning":  # what the model saw next is what it sampled, thought included
         assert all(
             Renderer(tok_dir).tokenizer.decode(c.completion_ids).startswith("<think>step")
             for c in calls
