@@ -518,6 +518,8 @@ class VLLMEngine(Engine):
             await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
+        if self._fast is not None:  # its kept-alive connections, else left for the GC to find open
+            await self._fast.aclose()
         await self._client.aclose()
 
 
