@@ -425,6 +425,7 @@ def jobs() -> list[dict]:
                 "one at verify time",
             ),
             ("image_run", ["RUN apt-get install -y jq"], "a list"),
+            ("verify.reset", [".verify"], "a directory the verifier owns"),
         ],
     )
     out.append(case("bare job (schema, job_id, command)", line(bare), "accept"))
@@ -457,6 +458,8 @@ def jobs() -> list[dict]:
             ("verify.timeout_s", 0, "zero"),
             ("verify.reward_file", "/tmp/reward", "absolute"),
             ("verify.reward_file", "../reward", "outside the workspace"),
+            ("verify.reset", ".verify", "a string"),
+            ("verify.reset", ["../x"], "outside the workspace"),
             ("workspace.files", {"../evil": "x"}, "escaping the workspace"),
             ("workspace.files", {"a.txt": 5}, "with a number content"),
             ("collect", ["/etc/*"], "absolute"),
@@ -489,6 +492,7 @@ def runs() -> list[dict]:
             ("limits", {"memory_mb": 4096, "pids": 1024, "cpus": 2}, "enforced bounds"),
             ("verify.reward", None, "null"),
             ("verify.details", {"reward_file_error": "x"}, "with reward_file_error"),
+            ("verify.details", {"no_reward": "the verifier timed out"}, "with no_reward"),
             ("status", "timeout", "timeout"),
         ],
     )
