@@ -166,3 +166,58 @@ def test_harbor_task_env_is_expanded(tmp_path):
     (d / "task.toml").write_text('[environment.env]\nHOME_X = "/root/x"\n')
     t = load_harbor_task(d)
     assert t.meta["env"] == {"PATH": f"/opt/x/bin:{DEFAULT_PATH}", "HOME_X": "/root/x"}
+
+
+# every form above in one Dockerfile (the colon-less ${V-d} / ${V+x} only BuildKit knows: left out)
+REFERENCE = r"""ARG VERSION=1.2
+ARG BASE=claw-bench-fixture/base:1
+FROM ${BASE} AS first
+ARG VERSION
+ARG PREFIX=/opt
+ARG HOME_DIR=$PREFIX/tool-$VERSION
+ENV A=1
+ENV A=2 B=$A C="two words" D=one\ two E='single $A' F="dq \$A \"q\"" G=${UNSET:-dflt} H=${A:+alt}
+ENV LEGACY  value with   $A
+ENV PATH=/a/bin:$PATH \
+    LANG=C.UTF-8 JOINED=x\
+y
+ENV TOOL_HOME=$HOME_DIR PATH="${HOME_DIR}/bin:${PATH}"
+ENV EMPTY=
+ENV J=${EMPTY:-e1} L=${EMPTY:+p} N=a$ O=$1x P=\\$A
+FROM first
+ENV Q=$TOOL_HOME/q
+"""
+
+
+@pytest.mark.slow
+def test_env_matches_what_docker_build_gives(tmp_path):
+    """The reference: `docker build` of a Dockerfile with every form, its image's Config.Env
+    against what this reader says (the base image has no ENV: Docker's default PATH)."""
+    import json
+    import subprocess
+
+    from _fixture_image import BASE_IMAGE, ensure_base_image
+
+    why = ensure_base_image()
+    if why:
+        pytest.skip(f"no local base image to build on: {why}")
+    assert BASE_IMAGE in REFERENCE
+    ctx = tmp_path / "environment"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(REFERENCE)
+    tag = "claw-bench-test/dockerfile-env:1"
+    p = subprocess.run(
+        ["docker", "build", "-q", "-t", tag, str(ctx)], capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    try:
+        out = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{json .Config.Env}}", tag],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+    built = dict(e.split("=", 1) for e in json.loads(out))
+    _, env, _, _ = read_dockerfile(ctx, "task t")
+    assert env == built
+    assert built["PATH"] == f"/opt/tool-1.2/bin:/a/bin:{DEFAULT_PATH}" and built["P"] == "\\2"
