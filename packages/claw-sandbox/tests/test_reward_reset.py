@@ -122,6 +122,15 @@ def test_reset_dir_empties_a_directory_or_a_mount_root(tmp_path):
     assert os.listdir(root) == [] and _mode(root) == 0o755
 
 
+def test_a_path_out_of_the_directory_is_refused(tmp_path):
+    """An absolute or `..` path (a job reader bug) is an error, never a walk from / or above."""
+    for rel in ("/etc/passwd", "../x", "a/../../x"):
+        with pytest.raises(OSError, match="not a path inside"):
+            reset_file(tmp_path, rel, None)
+        with pytest.raises(OSError, match="not a path inside"):
+            reset_dir(tmp_path, rel, None)
+
+
 def test_verify_reset_is_checked():
     """`verify.reset`: a list of paths in the workspace, the workdir or a mount; never the
     workspace or workdir itself; written back as it was read."""

@@ -26,7 +26,10 @@ DIR_MODE = 0o755
 
 
 def _parts(rel: str) -> list[str]:
-    return [p for p in PurePosixPath(rel).parts if p not in ("", ".")]
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts:
+        raise OSError(errno.EINVAL, f"{rel!r} is not a path inside the job's directory")
+    return [p for p in path.parts if p not in ("", ".")]
 
 
 def reset_file(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
