@@ -307,3 +307,26 @@ def test_the_session_index_is_bounded_and_matches_by_history(tmp_path):
     assert index.stats() == {"sessions": 1, "entries": 2, "evicted_sessions": 1, "skipped_lines": 0}
     assert index.candidate("a", "tok", keys, 0) is None
     assert index.candidate("b", "tok", keys, 0).call_id == "b1"
+
+
+def test_a_template_that_cannot_continue_a_turn_records_its_forks(make_server, tmp_path):
+    """A chat template that ends assistant turns with another token than the eos the model
+    stops on cannot be continued: each later call is rendered fresh, forks from the call it
+    continues, and says so (`no_continuation`), in the record and in /admin/stats."""
+    d = tmp_path / "other-eos"
+    d.mkdir()
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        shutil.copy(TINY / name, d / name)
+    config = json.loads((TINY / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|endoftext|>"}))
+    srv = make_server(["first", "second"], tokenizer=str(d))
+    _session_of_two_calls(srv, "s1")
+    first, second = read_calls(tmp_path / "calls.jsonl")
+    full = first.prompt_ids + first.completion_ids
+    assert second.prompt_ids[: len(full)] != full
+    assert (second.prefix["fork_reason"], second.prefix["fork_of"]) == (
+        "no_continuation",
+        first.call_id,
+    )
+    stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
+    assert stats["prefix_cache"][str(d)]["forks"] == {"no_continuation": 1}

@@ -194,12 +194,21 @@ class SessionIndex:
                 for e in entries
                 if longer_than < e.n_keys < len(keys) and e.directory == directory
             ]
+        if not found:
+            return None
+        # the digest of each length asked for, in one pass over the keys
+        digests: dict[int, str] = {}
+        h = hashlib.blake2b(digest_size=16)
+        done = 0
+        for n in sorted({e.n_keys for e in found}):
+            for k in keys[done:n]:
+                h.update(k.encode("ascii"))
+            done = n
+            digests[n] = h.copy().hexdigest()
         best = None
-        for e in sorted(found, key=lambda e: e.n_keys, reverse=True):
-            if best is not None and e.n_keys < best.n_keys:
-                break
-            if history_digest(keys[: e.n_keys]) == e.digest:
-                best = e  # the newest of equals: the later in the list wins
+        for e in found:  # the longest history; the newest of equals (the later in the list)
+            if digests[e.n_keys] == e.digest and (best is None or e.n_keys >= best.n_keys):
+                best = e
         return best
 
     def read_ids(self, e: Entry) -> tuple[array, str] | None:
