@@ -1,5 +1,6 @@
-"""Docker errors say what failed: a trial container that is not running names its exit code,
-the PATH its command was looked up in and its last log lines (not a follow-on symptom)."""
+"""Harbor trials on docker: errors say what failed (a trial container that is not running names
+its exit code, the PATH its command was looked up in and its last log lines, not a follow-on
+symptom); a verifier may move /tests away; the image's own PATH is kept."""
 
 import os
 
@@ -60,3 +61,28 @@ def test_verifier_that_moves_tests_away_leaves_no_error(docker_backend, tmp_path
     (run,) = run_jobs([j], backend=docker_backend, workdir=tmp_path)
     assert run["status"] == "ok" and run["verify"]["reward"] == 1.0, run
     assert run.get("error") is None, run["error"]
+
+
+def test_harbor_steps_keep_the_images_own_path(docker_backend, tmp_path):  # noqa: F811
+    """A harbor trial runs with its image's PATH (a base image's /opt/conda/bin, say), not
+    docker's default PATH put over it; a job env PATH still wins."""
+    import subprocess
+
+    tag = "claw-sandbox-test:own-path"
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {IMAGE}\nENV PATH=/opt/own/bin:/bin\n")
+    p = subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], capture_output=True)
+    if p.returncode != 0:
+        pytest.skip(f"docker build failed: {p.stderr.decode(errors='replace')[-200:]}")
+    try:
+        jobs = [
+            job("own", image=tag, profile="harbor", workdir="/app", command="echo $PATH"),
+            job("set", image=tag, profile="harbor", workdir="/app", command="echo $PATH",
+                env={"PATH": "/bin:/x"}),
+        ]  # fmt: skip
+        runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, workdir=tmp_path)}
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+    assert runs["own"]["stdout_tail"] == "/opt/own/bin:/bin\n", runs["own"]
+    assert runs["set"]["stdout_tail"] == "/bin:/x\n", runs["set"]

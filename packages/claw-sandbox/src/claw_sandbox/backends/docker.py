@@ -62,9 +62,10 @@ HARBOR_NOTE = """
 A job with `profile: "harbor"` runs as Harbor runs a trial: one container for every step (setup,
 command, verify), started from the image with a `sleep infinity` under docker's init; each step
 is a `docker exec` at the job's `workdir`, as the image's USER (root unless the Dockerfile says
-otherwise), with docker's default capabilities and a writable container filesystem. The job's
-files are copied into the workdir (not bind-mounted: the image's own files there stay); its
-mounts (/logs/..., /solution) are bind-mounted. Verify mounts (/tests) are not there while the
+otherwise), with the image's PATH and HOME (the job's env over them), docker's default
+capabilities and a writable container filesystem. The job's files are copied into the workdir
+(not bind-mounted: the image's own files there stay); its mounts (/logs/..., /solution) are
+bind-mounted. Verify mounts (/tests) are not there while the
 command runs: they are copied into the container when its verify step starts and copied back
 out for reading (reward file, collect), as Harbor copies its tests in at verify time only.
 """
@@ -358,8 +359,8 @@ class DockerSandbox(Sandbox):
     def env(self) -> dict[str, str]:
         env = super().env()
         env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        if self.job.profile == "harbor":  # the image's user's HOME, the container's own /tmp
-            del env["HOME"], env["TMPDIR"]
+        if self.job.profile == "harbor":  # the image's PATH and user's HOME, the container's /tmp
+            del env["PATH"], env["HOME"], env["TMPDIR"]
         env.update(self.job.env)
         return env
 
