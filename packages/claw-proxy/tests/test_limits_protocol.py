@@ -530,3 +530,42 @@ def test_memory_is_released_after_a_big_request(make_server, monkeypatch):
 
 def _chat_body(text: str) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": text}]}
+
+
+def test_reasoning_tokens_count_the_tokens_that_overlap_the_think_span():
+    """Tokens count as reasoning when their text overlaps `<think>` ... `</think>`, also where
+    the tags are split across tokens; an answer that never closes its reasoning counts to the
+    end; none without an opening tag."""
+    from claw_proxy._thinking import reasoning_tokens
+
+    def count(pieces: list[str]) -> int:
+        ends, n = [], 0
+        for p in pieces:
+            n += len(p)
+            ends.append(n)
+        return reasoning_tokens("".join(pieces), ends, "<think>", "</think>")
+
+    assert count(["a", "<th", "ink>x", "y</", "think>", "b", "c"]) == 4
+    assert count(["<think>", "x", "</think>", "\n\n", "answer"]) == 3
+    assert count(["<think>", "x", "", "y"]) == 4  # cut off while thinking
+    assert count(["just", " text", "</think>"]) == 0
+
+
+def test_bound_counts_only_roles_the_template_writes_verbatim(tmp_path):
+    """A template that trims user messages does not get them counted (their text in the prompt
+    may be shorter than sent); system and tool messages still are."""
+    import shutil
+
+    from claw_proxy._bound import PromptBound
+
+    for f in TINY.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    template = (TINY / "chat_template.jinja").read_text()
+    user = "{{- '<|im_start|>' + message.role + '\\n' + text(message.content) + '<|im_end|>\\n' -}}"
+    assert user in template
+    trimmed = "{{- '<|im_start|>' + message.role + '\\n' + (text(message.content) | trim) + '<|im_end|>\\n' -}}"
+    (tmp_path / "chat_template.jinja").write_text(template.replace(user, trimmed))
+    bound = PromptBound(Renderer(str(tmp_path)))
+    assert bound.roles == {"system", "tool"}
+    assert PromptBound(R).roles == {"system", "user", "tool"}
