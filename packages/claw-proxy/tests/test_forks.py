@@ -304,7 +304,13 @@ def test_the_session_index_is_bounded_and_matches_by_history(tmp_path):
     assert index.candidate("a", "tok", ["f" * 32, *keys[1:]], 0) is None  # another history
     add("b", "b0", 2)
     add("b", "b1", 3)  # 4 entries > 3: session a, the coldest, is forgotten
-    assert index.stats() == {"sessions": 1, "entries": 2, "evicted_sessions": 1, "skipped_lines": 0}
+    assert index.stats() == {
+        "sessions": 1,
+        "entries": 2,
+        "evicted_sessions": 1,
+        "skipped_lines": 0,
+        "write_errors": 0,
+    }
     assert index.candidate("a", "tok", keys, 0) is None
     assert index.candidate("b", "tok", keys, 0).call_id == "b1"
 
@@ -330,3 +336,15 @@ def test_a_template_that_cannot_continue_a_turn_records_its_forks(make_server, t
     )
     stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
     assert stats["prefix_cache"][str(d)]["forks"] == {"no_continuation": 1}
+
+
+def test_an_index_that_cannot_be_written_loses_no_answer(make_server, tmp_path):
+    """The session index is an aid, not the record: when its file cannot be written the calls
+    are still answered and recorded, and /admin/stats counts the failed writes."""
+    (tmp_path / "calls.jsonl.index").mkdir()  # a directory in its place: every open fails
+    srv = make_server(["first", "second"])
+    _session_of_two_calls(srv, "s1")
+    first, second = read_calls(tmp_path / "calls.jsonl")
+    assert second.prefix["parent_call"] == first.call_id  # the warm cache still reuses
+    stats = httpx.get(srv.url + "/admin/stats", headers=ADMIN_H).json()
+    assert stats["prefix_cache"][str(TINY)]["session_index"]["write_errors"] == 2

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 from array import array
@@ -103,9 +104,15 @@ class SessionIndex:
         self.entries = 0
         self.evicted_sessions = 0
         self.skipped_lines = 0  # index lines read back that were not entries (a torn last line)
+        self.write_errors = 0
         self._fd = -1  # opened at the first line written (a passthrough-only proxy writes none)
         if self.record is not None and index_path(self.record).exists():
-            self._load(index_path(self.record))
+            try:
+                self._load(index_path(self.record))
+            except OSError as e:  # the proxy still serves; forgotten calls render afresh
+                logging.getLogger("claw_proxy").warning(
+                    "session index %s: cannot read it (%s)", index_path(self.record), e.strerror
+                )
 
     def _open(self) -> int:
         """The index file, open for appending (the lock is held)."""
@@ -159,7 +166,16 @@ class SessionIndex:
         line = (json.dumps(d, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:
             if self.record is not None and where is not None:
-                os.write(self._open(), line)
+                try:
+                    os.write(self._open(), line)
+                except OSError as e:  # the call is answered and recorded: it stays so
+                    self.write_errors += 1
+                    logging.getLogger("claw_proxy").warning(
+                        "session index %s: cannot append (%s): a restarted proxy will render "
+                        "this session's next call afresh",
+                        index_path(self.record),
+                        e.strerror,
+                    )
             self._add(session, Entry(d), extends)
 
     def _add(self, session: str, e: Entry, extends: str | None) -> None:
@@ -244,6 +260,7 @@ class SessionIndex:
                 "entries": self.entries,
                 "evicted_sessions": self.evicted_sessions,
                 "skipped_lines": self.skipped_lines,
+                "write_errors": self.write_errors,
             }
 
     def close(self) -> None:
