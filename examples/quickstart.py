@@ -5,7 +5,8 @@
 
 The task family is claw-toy's toy-steps: read a number from the named file (two other files hold
 decoys), write it to another file, say "done" -- at least two tool calls, scored by a strict
-verifier; 128 training and 32 held-out instances, and no held-out number occurs in training.
+verifier; 128 training and 32 held-out instances; held-out instructions are worded unlike any
+training one, and no held-out number (answer or decoy) occurs in training.
 The harnesses are claw-bench's tool-calling reference agent over OpenAI chat and over Anthropic
 Messages. The script, through examples/mix_harness_rl.py (the loop with every knob):
 

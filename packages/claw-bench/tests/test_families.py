@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from bench_testlib import check_task
 from claw_bench import TaskError, load_suite
 from claw_bench.cli import main
-from claw_bench.families import expert_script, load_family
+from claw_bench.families import PHRASINGS, expert_script, load_family
 from claw_bench.tasks import Script, Task
 from click.testing import CliRunner
 
@@ -41,12 +42,78 @@ def test_splits_ids_tags_and_determinism():
     assert all({"toy-steps", "multi-step"} <= set(t.tags) for t in STEPS.tasks)
 
 
-def test_heldout_instances_differ_from_training_ones():
-    """No held-out number is a training instance's number, and instructions vary within each split."""
-    number = {t.id: json.loads(t.hidden["expected.json"])["content"] for t in STEPS.tasks}
-    assert not {number[t.id] for t in HELDOUT} & {number[t.id] for t in TRAIN}
-    assert len({number[t.id] for t in TRAIN}) == len(TRAIN)
+def _template(t: Task) -> str:
+    """The instruction with its source and target names replaced: its phrasing."""
+    expected = json.loads(t.hidden["expected.json"])
+    src = t.meta["expert"][0]["arguments"]["path"]
+    return t.instruction.replace(src, "{src}").replace(expected["path"], "{dst}").strip()
+
+
+def _numbers(text: str) -> set[str]:
+    return set(re.findall(r"\d+", text))
+
+
+def _check_apart(train: list[Task], heldout: list[Task]) -> None:
+    """Every training instance against every held-out one: no shared instance or phrasing, no
+    held-out answer that is a training answer or occurs anywhere in a training instance (its
+    workspace files, decoys included, its instruction, its hidden files), no held-out decoy either."""
+    assert train and heldout
+    seen = {(t.instruction, json.dumps(t.workspace, sort_keys=True)) for t in train}
+    assert not any(
+        (h.instruction, json.dumps(h.workspace, sort_keys=True)) in seen for h in heldout
+    )
+    assert not {_template(t) for t in train} & {_template(h) for h in heldout}
+    train_text = [
+        text for t in train for text in (t.instruction, *t.workspace.values(), *t.hidden.values())
+    ]
+    train_numbers = set().union(*(_numbers(text) for text in train_text))
+    for h in heldout:
+        answer = json.loads(h.hidden["expected.json"])["content"]
+        assert not any(answer in text for text in train_text), (h.id, answer)
+        assert not _numbers("".join(h.workspace.values())) & train_numbers, h.id
+
+
+def test_heldout_instances_share_nothing_with_training():
+    """The shipped split: no held-out instance, phrasing, answer or decoy number occurs in training;
+    answers never repeat; each split varies its instructions."""
+    _check_apart(TRAIN, HELDOUT)
+    answers = [json.loads(t.hidden["expected.json"])["content"] for t in STEPS.tasks]
+    assert len(set(answers)) == len(answers)
+    assert len({_template(t) for t in TRAIN}) == len(PHRASINGS[0])
+    assert len({_template(t) for t in HELDOUT}) == len(PHRASINGS[1])
     assert len({t.instruction for t in TRAIN}) > 10 and len({t.instruction for t in HELDOUT}) > 5
+
+
+@pytest.mark.parametrize("seed", [1, 7])
+def test_splits_stay_apart_for_other_seeds_sizes_and_three_splits(tmp_path, seed):
+    """A copied family with another seed, larger splits and a third split: every pair of splits
+    is kept apart as train and heldout are."""
+    (tmp_path / "family.toml").write_text(
+        f'family = "toy-steps"\nseed = {seed}\n[splits]\ntrain = 200\ndev = 40\ntest = 40\n'
+    )
+    (tmp_path / "verify.py").write_text((FAMILY_DIR / "verify.py").read_text())
+    tasks = load_family(tmp_path)
+    by = {s: [t for t in tasks if s in t.tags] for s in ("train", "dev", "test")}
+    _check_apart(by["train"], by["dev"])
+    _check_apart(by["train"], by["test"])
+    _check_apart(by["dev"], by["test"])
+
+
+@pytest.mark.parametrize(
+    ("splits", "message"),
+    [
+        ("train = 800\nheldout = 200\n", "heldout instance"),
+        ("a = 1\nb = 1\nc = 1\nd = 1\n", "at most 3 splits"),
+    ],
+)
+def test_splits_that_cannot_be_kept_apart_are_named(tmp_path, splits, message):
+    """More instances than the 3-digit numbers allow, or more splits than phrasing groups, is a
+    TaskError naming family.toml, not an endless draw or a shared phrasing."""
+    (tmp_path / "family.toml").write_text(f'family = "toy-steps"\n[splits]\n{splits}')
+    (tmp_path / "verify.py").write_text((FAMILY_DIR / "verify.py").read_text())
+    with pytest.raises(TaskError, match="family.toml") as e:
+        load_family(tmp_path)
+    assert message in str(e.value)
 
 
 def test_instance_needs_a_read_and_a_write():

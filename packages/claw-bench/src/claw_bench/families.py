@@ -8,6 +8,10 @@ A family directory holds ``family.toml`` and the family's verifier (``verify.py`
     train = 128
     heldout = 32
 
+Splits are kept apart: each split (in file order) words its instructions with phrasings of its
+own (toy-steps' ``PHRASINGS``), and uses no number that an earlier split used anywhere, answer or
+decoy, so nothing of a held-out instance occurs in training.
+
 Each instance is an ordinary `Task` (workspace, hidden files, reference solution), and carries
 its expert solution in ``task.meta["expert"]``: the steps a perfect agent takes, each
 ``{"tool": name, "arguments": {...}}`` (a call of claw-agent's tools) or ``{"text": "..."}``
@@ -25,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from claw_bench.errors import TaskError
 from claw_bench.tasks import Script, Task, interpreter_for
 
@@ -37,32 +43,87 @@ _SPLIT = r"[a-z][a-z0-9]{0,15}"
 _SOURCES = ("value.txt", "input.txt", "data.txt", "key.txt", "config.txt", "report.txt")
 _TARGETS = ("result.txt", "output.txt", "total.txt", "count.txt")
 _DISTRACTORS = 2  # other files of _SOURCES in the workspace, each with another number
+_LOW, _HIGH = 100, 999  # every number is 3 digits
+#: instruction phrasings per split, in family.toml's order: the first split (train) draws from
+#: the first group, the second (heldout) from the second, ...; no phrasing is in two groups, so
+#: a held-out instruction is never worded as a training one. Source and target names are the
+#: shared vocabulary (six sources, four targets), in both orders in each group.
+PHRASINGS: tuple[tuple[str, ...], ...] = (
+    (
+        "Read {src} and write the number in it to {dst}.",
+        "Write the number that {src} holds to {dst}.",
+        "{dst} must hold the number from {src}; write it there.",
+    ),
+    (
+        "Copy the number stored in {src} into {dst}.",
+        "Put the number found in {src} into {dst}.",
+        "Into {dst}, put the number you find in {src}.",
+    ),
+    (
+        "Take the number out of {src} and save it as {dst}.",
+        "Save the number of {src} in {dst}.",
+        "The number in {src} belongs in {dst}: save it there.",
+    ),
+)
+
+
+@attrs.define
+class _Numbers:
+    """The numbers a family's instances use. Each instance gets an answer and decoys; no two
+    instances share an answer, no decoy is an earlier answer, and a split uses no number that an
+    earlier split used anywhere (answer or decoy): a held-out answer is in no training file."""
+
+    earlier: set[int] = attrs.field(factory=set)  # every number of the splits before this one
+    current: set[int] = attrs.field(factory=set)  # every number of this split so far
+    answers: set[int] = attrs.field(factory=set)  # every answer so far
+
+    def next_split(self) -> None:
+        self.earlier |= self.current
+        self.current = set()
+
+    def draw(self, rng: random.Random, avoid: set[int], what: str) -> int:
+        """A number outside `avoid` and the earlier splits' (TaskError when none is left)."""
+        n = rng.randint(_LOW, _HIGH)
+        tries = 0
+        while n in avoid or n in self.earlier:
+            tries += 1
+            if tries > 64:  # crowded: pick among what is left, or say there is nothing
+                free = [k for k in range(_LOW, _HIGH + 1) if k not in avoid | self.earlier]
+                if not free:
+                    raise TaskError(
+                        f"toy-steps: no {_LOW}-{_HIGH} number is left for {what} (every one is "
+                        "used by an earlier instance or split); ask for fewer instances"
+                    )
+                n = rng.choice(free)
+                break
+            n = rng.randint(_LOW, _HIGH)
+        self.current.add(n)
+        return n
 
 
 def _toy_steps(
-    split: str, index: int, rng: random.Random, taken: set[int]
+    split_no: int, rng: random.Random, numbers: _Numbers
 ) -> tuple[str, dict, dict, list[dict]]:
     """One toy-steps instance: (instruction, workspace, expected {path, content}, expert steps).
 
     Two tool calls are needed: the number is only in the workspace file, and the answer goes to
-    another file. Numbers are 100-999 and never repeat across the family (`taken`), so a
-    held-out instance cannot be answered from a training instance's number.
+    another file. The instruction is one of the split's own PHRASINGS; the numbers follow
+    `_Numbers`, so a held-out instance cannot be answered from anything seen in training.
     """
     src, *others = rng.sample(_SOURCES, 1 + _DISTRACTORS)
     dst = rng.choice(_TARGETS)
-    numbers = []
-    for _ in range(1 + _DISTRACTORS):
-        n = rng.randint(100, 999)
-        while n in taken or n in numbers:
-            n = rng.randint(100, 999)
-        numbers.append(n)
-    taken.add(numbers[0])
-    value = str(numbers[0])
+    template = rng.choice(PHRASINGS[split_no])
+    answer = numbers.draw(rng, numbers.answers, "an answer")
+    numbers.answers.add(answer)
+    decoys: list[int] = []
+    for _ in range(_DISTRACTORS):
+        decoys.append(numbers.draw(rng, numbers.answers | set(decoys), "a decoy"))
+    value = str(answer)
     workspace = {
         src: f"{value}\n",
-        **{p: f"{n}\n" for p, n in zip(others, numbers[1:], strict=True)},
+        **{p: f"{n}\n" for p, n in zip(others, decoys, strict=True)},
     }
-    instruction = f"Read {src} and write the number in it to {dst}."
+    instruction = template.format(src=src, dst=dst)
     expert: list[dict[str, Any]] = [
         {"tool": "read_file", "arguments": {"path": src}},
         {"tool": "write_file", "arguments": {"path": dst, "content": value}},
@@ -71,11 +132,16 @@ def _toy_steps(
     return instruction, workspace, {"path": dst, "content": value}, expert
 
 
-#: generator name -> (instance maker, tags, difficulty)
+#: generator name -> (instance maker, tags, difficulty, most splits it can keep apart)
 FAMILIES: dict[
-    str, tuple[Callable[..., tuple[str, dict, dict, list[dict]]], tuple[str, ...], str]
+    str, tuple[Callable[..., tuple[str, dict, dict, list[dict]]], tuple[str, ...], str, int]
 ] = {
-    "toy-steps": (_toy_steps, ("toy", "tools", "multi-step", "toy-steps"), "easy"),
+    "toy-steps": (
+        _toy_steps,
+        ("toy", "tools", "multi-step", "toy-steps"),
+        "easy",
+        len(PHRASINGS),
+    ),
 }
 
 
@@ -114,13 +180,22 @@ def load_family(path: str | Path) -> list[Task]:
         raise TaskError(f"{where}: the family's verifier {verify_path} is missing")
     vtext = verify_path.read_text(encoding="utf-8")
     verify = Script(name="verify.py", text=vtext, interpreter=interpreter_for("verify.py", vtext))
-    make, tags, difficulty = FAMILIES[name]
-    taken: set[int] = set()  # values drawn so far: no two instances of the family share one
+    make, tags, difficulty, most = FAMILIES[name]
+    if len(splits) > most:
+        raise TaskError(
+            f"{where} [splits]: {name} keeps at most {most} splits apart (each has its own "
+            f"instruction phrasings), got {len(splits)}"
+        )
+    numbers = _Numbers()  # no number of a split occurs in an earlier split
     tasks = []
-    for split, n in splits.items():  # in file order: the first split's instances never move
-        rng = random.Random(f"{name}:{seed}:{split}")
+    for split_no, (split, n) in enumerate(splits.items()):  # in file order: a later split
+        rng = random.Random(f"{name}:{seed}:{split}")  # never moves an earlier one's instances
+        numbers.next_split()
         for i in range(n):
-            instruction, workspace, expected, expert = make(split, i, rng, taken)
+            try:
+                instruction, workspace, expected, expert = make(split_no, rng, numbers)
+            except TaskError as exc:
+                raise TaskError(f"{where} [splits]: {split} instance {i}: {exc}") from None
             tid = f"{name}-{split}-{i:04d}"
             solution = "".join(
                 f"printf '%s' {json.dumps(s['arguments']['content'])} > {s['arguments']['path']}\n"
