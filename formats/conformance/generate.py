@@ -425,6 +425,7 @@ def jobs() -> list[dict]:
                 "one at verify time",
             ),
             ("image_run", ["RUN apt-get install -y jq"], "a list"),
+            ("image_env", {"PATH": "/opt/x/bin:/usr/bin:/bin"}, "strings"),
             ("verify.reset", [".verify"], "a directory the verifier owns"),
         ],
     )
@@ -474,6 +475,7 @@ def jobs() -> list[dict]:
             ("mounts", [{"files": {}}], "without a target"),
             ("mounts", {"target": "/x"}, "an object"),
             ("image_run", "RUN true", "a string"),
+            ("image_env", {"PATH": 1}, "with a number"),
         ],
     )
     return out

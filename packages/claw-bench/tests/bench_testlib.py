@@ -120,7 +120,8 @@ def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
                 m.get("files", {}) if i < len(job.get("mounts", [])) else {}
             ).items():
                 _write(root / f"{ws.name}.mnt{i}" / rel, content)
-    env = {**os.environ, **job.get("env", {})}
+    # no image runs here: the image's ENV (image_env) is set, under the job's env
+    env = {**os.environ, **job.get("image_env", {}), **job.get("env", {})}
     for cmd in job.get("setup", []):
         subprocess.run(argv(cmd), cwd=ws, env=env, check=True, capture_output=True)
     status, exit_code, out, err = "ok", None, "", ""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from claw_bench import TaskError, load_harbor_task
+from _bench_schemas import validate
+from claw_bench import TaskError, load_harbor_task, load_harness, plan_jobs
 from claw_bench._dockerfile import DEFAULT_PATH, expand, instructions
 from claw_bench.harbor import read_dockerfile
 
@@ -154,7 +155,9 @@ def test_dockerfile_errors_name_file_and_line(tmp_path):
 
 
 def test_harbor_task_env_is_expanded(tmp_path):
-    """A Harbor task's job env carries the expanded PATH; [environment.env] still wins."""
+    """A Harbor task's jobs carry the Dockerfile's expanded ENV as ``image_env`` (a backend that
+    runs no image sets it; docker has it from the image); [environment.env] is the job's env,
+    which wins over it."""
     d = tmp_path / "t"
     (d / "tests").mkdir(parents=True)
     (d / "environment").mkdir()
@@ -165,7 +168,11 @@ def test_harbor_task_env_is_expanded(tmp_path):
     )
     (d / "task.toml").write_text('[environment.env]\nHOME_X = "/root/x"\n')
     t = load_harbor_task(d)
-    assert t.meta["env"] == {"PATH": f"/opt/x/bin:{DEFAULT_PATH}", "HOME_X": "/root/x"}
+    image_env = {"PATH": f"/opt/x/bin:{DEFAULT_PATH}", "HOME_X": "~/x"}
+    assert t.meta["harbor"]["image_env"] == image_env and t.meta["env"] == {"HOME_X": "/root/x"}
+    (job,) = plan_jobs([t], [load_harness("oracle")], samples=1)
+    validate(job, "job")
+    assert job["image_env"] == image_env and job["env"]["HOME_X"] == "/root/x"
 
 
 # every form above in one Dockerfile (the colon-less ${V-d} / ${V+x} only BuildKit knows: left out)

@@ -24,7 +24,7 @@ def test_fixture_suite_loads_with_expanded_env_and_the_compose_reason():
     loads with the reason it cannot run (its sidecar named)."""
     s = load_suite(FIX)
     assert tuple(t.id for t in s.tasks) == TASKS and s.skipped == ()
-    env = s.get("hb-env-path").meta["env"]
+    env = s.get("hb-env-path").meta["harbor"]["image_env"]
     assert env == {
         "TOOL_HOME": "/opt/x",
         "PATH": f"/opt/x/bin:{DEFAULT_PATH}",

@@ -65,7 +65,7 @@ def test_verifier_that_moves_tests_away_leaves_no_error(docker_backend, tmp_path
 
 def test_harbor_steps_keep_the_images_own_path(docker_backend, tmp_path):  # noqa: F811
     """A harbor trial runs with its image's PATH (a base image's /opt/conda/bin, say), not
-    docker's default PATH put over it; a job env PATH still wins."""
+    docker's default PATH put over it, nor the job's image_env; a job env PATH still wins."""
     import subprocess
 
     tag = "claw-sandbox-test:own-path"
@@ -80,9 +80,13 @@ def test_harbor_steps_keep_the_images_own_path(docker_backend, tmp_path):  # noq
             job("own", image=tag, profile="harbor", workdir="/app", command="echo $PATH"),
             job("set", image=tag, profile="harbor", workdir="/app", command="echo $PATH",
                 env={"PATH": "/bin:/x"}),
+            job("img", image=tag, profile="harbor", workdir="/app", command="echo $PATH $A",
+                image_env={"PATH": "/guessed:/bin", "A": "from-the-dockerfile"}),
         ]  # fmt: skip
         runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, workdir=tmp_path)}
     finally:
         subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
     assert runs["own"]["stdout_tail"] == "/opt/own/bin:/bin\n", runs["own"]
     assert runs["set"]["stdout_tail"] == "/bin:/x\n", runs["set"]
+    # image_env is for backends that run no image: docker has the image's own (no A here)
+    assert runs["img"]["stdout_tail"] == "/opt/own/bin:/bin\n", runs["img"]

@@ -109,3 +109,15 @@ def test_rootfs_entry_at_tests_gives_way_to_the_copy():
         assert (rootfs / "tests" / "t").read_text() == "from the image\n"
     finally:
         shutil.rmtree(top)
+
+
+def test_image_env_is_set_where_no_image_runs(bwrap):
+    """bwrap runs no image: the job's image_env (the Dockerfile's ENV) is set, under the job's
+    env, and over the harbor profile's HOME=/root."""
+    j = job(
+        "ienv", profile="harbor", workdir="/app", command='echo "$PATH|$A|$B|$HOME"',
+        image_env={"PATH": "/opt/x/bin:/usr/bin:/bin", "A": "img", "B": "img", "HOME": "/home/u"},
+        env={"B": "job"},
+    )  # fmt: skip
+    (run,) = run_jobs([j], backend=bwrap)
+    assert run["stdout_tail"] == "/opt/x/bin:/usr/bin:/bin|img|job|/home/u\n", run

@@ -16,8 +16,10 @@ tests at ``/tests`` (verify time only), writable ``/logs/verifier`` and ``/logs/
 the oracle, the whole ``solution/`` folder at ``/solution``. The Dockerfile is read for what a
 backend that does not build the image (bwrap) can still give: ``WORKDIR``, ``ENV`` and the
 ``COPY``/``ADD`` of local files into the WORKDIR (as workspace files), with ``ENV``, ``ARG`` and
-paths expanded as Docker expands them; its ``RUN`` lines (and copies elsewhere) are listed in
-``meta["harbor"]["image_run"]``.
+paths expanded as Docker expands them. The ``ENV`` it sets is ``meta["harbor"]["image_env"]``
+(the job's ``image_env``: a backend that runs the built image has it from there, so a base
+image's own PATH is never replaced by a guess); its ``RUN`` lines (and copies elsewhere) are
+listed in ``meta["harbor"]["image_run"]``.
 
 A task whose ``environment/`` holds a compose file (``docker-compose.yaml``, ``compose.yaml``:
 sidecar services, overrides of the main one) cannot run as Harbor runs it: it loads with the
@@ -306,8 +308,8 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         task_meta["dockerfile"] = str(context / "Dockerfile")
         workdir, denv, workspace, skipped = read_dockerfile(context, f"task {name}")
         harbor = {"workdir": workdir, "image_run": skipped}
-        if denv:
-            task_meta["env"] = {**denv, **task_meta.get("env", {})}  # [environment.env] wins
+        if denv:  # the job's image_env: set where no image runs; [environment.env] wins over it
+            harbor["image_env"] = denv
         if image is None:
             image = context_tag(name, context)
             task_meta["docker_context"] = str(context)

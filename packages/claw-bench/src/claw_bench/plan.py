@@ -238,6 +238,8 @@ def _harbor(
     job["mounts"] = mounts
     if hb.get("image_run"):
         job["image_run"] = list(hb["image_run"])
+    if hb.get("image_env"):  # the Dockerfile's ENV, for a backend that runs no image
+        job["image_env"] = dict(hb["image_env"])
     if "verify" in job:
         tests = {k[len("tests/") :]: v for k, v in task.hidden.items() if k.startswith("tests/")}
         plain = task.verify.name == "tests/test.sh"

@@ -387,7 +387,7 @@ def _verify_out(verify: Verify) -> dict:
 _JOB_FIELDS = {
     "schema", "job_id", "workspace", "image", "setup", "command", "env", "timeout_s",
     "limits", "network", "verify", "collect", "keep", "meta", "workdir", "profile", "mounts",
-    "image_run", "steps",
+    "image_run", "image_env", "steps",
 }  # fmt: skip
 
 
@@ -418,6 +418,8 @@ class Job:
     image_run: tuple[
         str, ...
     ] = ()  # the image's RUN lines: a backend that does not build it skips them
+    #: the image's ENV (expanded): a backend that runs no image sets it under `env`
+    image_env: dict[str, str] = attrs.field(factory=dict)
 
     #: run in order in place of `command` (after `setup`); `verify` then runs after the last
     steps: tuple[Step, ...] = ()
@@ -476,9 +478,11 @@ class Job:
             raise _fail(where, "command", "missing required field")
         ws = _get(d, "workspace", dict, where, "workspace", {})
         env = _get(d, "env", dict, where, "env", {})
-        for k, v in env.items():
-            if not isinstance(v, str):
-                raise _fail(where, f"env/{k}", "environment values must be strings")
+        image_env = _get(d, "image_env", dict, where, "image_env", {})
+        for field, values in (("env", env), ("image_env", image_env)):
+            for k, v in values.items():
+                if not isinstance(v, str):
+                    raise _fail(where, f"{field}/{k}", "environment values must be strings")
         timeout = _get(d, "timeout_s", (int, float), where, "timeout_s", DEFAULT_TIMEOUT_S)
         if timeout <= 0:
             raise _fail(where, "timeout_s", "must be > 0")
@@ -561,6 +565,7 @@ class Job:
             profile=profile,
             mounts=mounts,
             image_run=tuple(image_run),
+            image_env=dict(image_env),
             steps=steps,
         )._check_places(where)
 
@@ -615,6 +620,8 @@ class Job:
             d["mounts"] = [m.to_dict() for m in self.mounts]
         if self.image_run:
             d["image_run"] = list(self.image_run)
+        if self.image_env:
+            d["image_env"] = dict(self.image_env)
         if self.steps:
             d["steps"] = [s.to_dict() for s in self.steps]
         return d

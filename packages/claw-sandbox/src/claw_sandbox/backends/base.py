@@ -204,6 +204,8 @@ class Sandbox(abc.ABC):
         }
         if self.job.network.policy == "proxy":
             env["CLAW_PROXY_URL"] = self.proxy_url_inside()
+        if not self.backend.builds_images:  # a backend that runs the image has its ENV already
+            env.update(self.job.image_env)
         env.update(self.job.env)
         return env
 

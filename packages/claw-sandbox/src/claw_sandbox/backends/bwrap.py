@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from claw_sandbox import _cgroup, _forward, _seccomp, _tmpfs
+from claw_sandbox._hostpaths import command_paths
 from claw_sandbox._proc import StepResult, killpg, run_step
 from claw_sandbox.backends.base import (
     DEFAULT_LIMITS,
@@ -191,6 +192,7 @@ class BwrapSandbox(Sandbox):
         env = super().env()
         if self.job.profile == "harbor":
             env["HOME"] = "/root"
+            env.update(self.job.image_env)  # the Dockerfile's ENV HOME, say, over /root
             env.update(self.job.env)
         return env
 
@@ -251,8 +253,10 @@ class BwrapSandbox(Sandbox):
         bound: set[str] = set()
         made: set[str] = {"/", "/root", "/home", "/run", "/var", "/tmp"}
         # parents before children, so a bound directory never hides a bind inside it
+        # and what the programs the command names need (a harness in a venv under the checkout)
+        needs = command_paths(command, self.env().get("PATH", ""))
         wanted = sorted(
-            {os.path.normpath(p) for p in [*venv_paths(command), *self.backend.ro_paths]},
+            {os.path.normpath(p) for p in [*venv_paths(command), *needs, *self.backend.ro_paths]},
             key=lambda p: (p.count("/"), p),
         )
         for p in wanted:
