@@ -377,16 +377,32 @@ def exec_(backend, timeout_s, network, proxy_url, port, memory_mb, pids, cpus, c
 
 @main.command(name="doctor")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
-def doctor_(as_json) -> None:
-    """Print which backends and facilities work on this machine, and why not.
+@click.option(
+    "--backend", "-b", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
+    help="the backend PROGRAMs are checked in",
+)  # fmt: skip
+@ro_option
+@click.argument("programs", nargs=-1)
+def doctor_(as_json, backend, ro_paths, programs) -> None:
+    """Print which backends and facilities work on this machine, and why not; with PROGRAMs
+    (e.g. a harness's executables), whether each is on PATH here and runs inside a sandbox as a
+    job's command would find it (exit 1 when one does not).
 
     Example:
 
         claw-sandbox doctor
+        claw-sandbox doctor --backend bwrap claude mini
     """
-    for row in doctor():
+    from claw_sandbox._hostpaths import check_programs
+
+    rows = doctor()
+    if programs:
+        rows += check_programs(_backend(backend, ro_paths), list(programs))
+    for row in rows:
         if as_json:
             click.echo(json.dumps(row))
         else:
             mark = "ok " if row["works"] else "NO "
             click.echo(f"{mark} {row['name']:<8} {row['why']}")
+    if any(not r["works"] for r in rows if r["kind"] == "program"):
+        sys.exit(1)

@@ -252,9 +252,9 @@ class BwrapSandbox(Sandbox):
                 args += ["--ro-bind-try", f, f]
         bound: set[str] = set()
         made: set[str] = {"/", "/root", "/home", "/run", "/var", "/tmp"}
-        # parents before children, so a bound directory never hides a bind inside it
-        # and what the programs the command names need (a harness in a venv under the checkout)
+        # what the programs the command names need (e.g. a harness in a venv under the checkout)
         needs = command_paths(command, self.env().get("PATH", ""))
+        # parents before children, so a bound directory never hides a bind inside it
         wanted = sorted(
             {os.path.normpath(p) for p in [*venv_paths(command), *needs, *self.backend.ro_paths]},
             key=lambda p: (p.count("/"), p),

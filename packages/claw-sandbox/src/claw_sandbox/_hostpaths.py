@@ -1,0 +1,179 @@
+"""Host paths the programs a command names need, so an allow-list sandbox can show them.
+
+A harness installed in a venv or an npm prefix outside the system directories (e.g. under the
+checkout: ``.tools/bin/mini -> .venvs/mini-swe-agent/bin/mini``) is found on the runner's PATH,
+but inside bwrap's allow-list view of the host it would not exist. `command_paths` finds the
+programs a command runs (each simple command's first word, and the name in ``command -v NAME``)
+on the sandbox's PATH, and for each returns what it needs to run: the directories of the links on
+the way to it, its venv (with the base Python and editable sources) or its ``node_modules`` tree,
+and the same for the interpreter its ``#!`` line names. Only programs are followed, never data
+files; what already lies in the sandbox's system view is filtered by the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+from claw_sandbox.records import Command
+
+# tokens after which the next word is a command again
+_SEPARATORS = {";", "&&", "||", "|", "&", "|&", ";;", "(", ")", "{", "}", "!"}
+_PREFIXES = {"if", "then", "else", "elif", "do", "while", "until", "exec", "command", "env",
+             "nohup", "time", "xargs"}  # fmt: skip
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_MAX_DEPTH = 4  # interpreter of an interpreter of ...: enough for env -> node, venv python
+
+
+def command_words(command: Command) -> list[str]:
+    """The programs a command runs: argv[0] of a list; for a shell string the first word of
+    each simple command (after assignments and prefixes such as ``exec``, ``env``, ``command
+    -v``). A string the shell would refuse to parse names nothing."""
+    if not isinstance(command, str):
+        return [command[0]] if command else []
+    lex = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    try:
+        tokens = list(lex)
+    except ValueError:
+        return []
+    names, expect = [], True
+    for tok in tokens:
+        if tok in _SEPARATORS or (expect and tok in _PREFIXES):
+            expect = True
+        elif expect and (tok.startswith("-") or _ASSIGNMENT.match(tok)):
+            continue  # an option of a prefix (command -v, env -i) or VAR=value
+        elif expect:
+            names.append(tok)
+            expect = False
+    return names
+
+
+def command_paths(command: Command, search_path: str) -> list[str]:
+    """Host paths the programs of `command` need (see the module docstring), found on
+    `search_path` (the sandbox's PATH)."""
+    out: list[str] = []
+    for name in dict.fromkeys(command_words(command)):
+        exe = name if "/" in name else shutil.which(name, path=search_path)
+        if exe and os.path.isabs(exe) and os.path.isfile(exe):
+            out += program_paths(exe, search_path)
+    return list(dict.fromkeys(out))
+
+
+def program_paths(exe: str, search_path: str, depth: int = 0) -> list[str]:
+    """What one program file needs: each link's directory on the way to it, the installation
+    holding its real file, and (from its ``#!`` line) its interpreter's paths."""
+    out: list[str] = []
+    p, hops = exe, 0
+    while os.path.islink(p) and hops < 40:
+        out.append(os.path.dirname(p))  # the link itself must be there to be followed
+        p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
+        hops += 1
+    real = os.path.realpath(p)
+    out += installation_of(real)
+    interpreter = _shebang(real)
+    if interpreter and depth < _MAX_DEPTH:
+        words = interpreter.split()
+        if os.path.basename(words[0]) == "env":  # #!/usr/bin/env [-S] node ...
+            rest = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+            found = shutil.which(rest[0], path=search_path) if rest else None
+            words = [found] if found else []
+        if words and os.path.isabs(words[0]) and os.path.isfile(words[0]):
+            out += program_paths(words[0], search_path, depth + 1)
+    return out
+
+
+def installation_of(real: str) -> list[str]:
+    """The directories a program's real file belongs with: its venv (and what the venv needs),
+    the outermost ``node_modules`` above it (the package and its dependencies), else its own
+    directory."""
+    from claw_sandbox.backends.base import _venv_closure
+
+    path = Path(real)
+    for parent in path.parents:
+        if (parent / "pyvenv.cfg").is_file():
+            return list(_venv_closure(str(parent)))
+    modules = [p for p in path.parents if p.name == "node_modules"]
+    if modules:
+        return [str(modules[-1])]
+    return [str(path.parent)]
+
+
+def _shebang(path: str) -> str | None:
+    """The interpreter line of a script (without ``#!``), None for anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].decode(errors="replace").strip()
+    return line or None
+
+
+# `claw-sandbox doctor PROGRAM`: the program as a harness job would find it, inside the sandbox
+_CHECK = r"""p=$(command -v {name}) || {{ echo "not found on PATH inside the sandbox"; exit 1; }}
+f=$(readlink -f "$p")
+[ -r "$f" ] && [ -x "$f" ] || {{ echo "$f is not readable and executable inside"; exit 1; }}
+IFS= read -r line < "$f" 2>/dev/null
+case "$line" in '#!'*)
+  set -- ${{line#??}}
+  if [ "${{1##*/}}" = env ]; then
+    shift; while [ "${{1#-}}" != "$1" ]; do shift; done
+    i=$(command -v "$1") || {{ echo "its interpreter $1 ($f) is not on PATH inside"; exit 1; }}
+  else i=$1; fi
+  [ -x "$(readlink -f "$i")" ] || {{ echo "its interpreter $i ($f) is missing inside"; exit 1; }};;
+esac
+echo "$p"
+"""
+
+
+def check_programs(backend, names: list[str]) -> list[dict]:
+    """For each program name: whether it is on PATH here and runs in a `backend` sandbox, as a
+    job's command would find it (found on PATH inside, its real file and its ``#!`` interpreter
+    there). One doctor row per name: name, kind "program", works, why."""
+    import asyncio
+
+    from claw_sandbox.records import JOB_SCHEMA, Job
+    from claw_sandbox.scheduler import Scheduler
+
+    rows: dict[str, str | None] = {}
+    jobs: list[Job] = []
+    for name in names:
+        host = shutil.which(name)
+        if host is None:
+            rows[name] = f"not on PATH here ({os.environ.get('PATH', '')})"
+            continue
+        row = {"schema": JOB_SCHEMA, "job_id": f"doctor-{len(jobs)}", "timeout_s": 60.0,
+               "command": _CHECK.format(name=shlex.quote(name)), "meta": {"program": name}}  # fmt: skip
+        jobs.append(Job.from_dict(row, "doctor"))
+    sched = Scheduler(backend, 4, 0, None, lambda msg: None)
+
+    async def run() -> list[dict]:
+        return [r async for r in sched.stream(jobs)]
+
+    for run_row in asyncio.run(run()) if jobs else []:
+        name = run_row["meta"]["program"]
+        host = shutil.which(name) or name
+        inside = (run_row["stdout_tail"] or run_row["error"] or "").strip().splitlines()
+        if run_row["status"] == "ok" and run_row["exit_code"] == 0:
+            rows[name] = None
+        else:
+            why = inside[-1] if inside else f"status {run_row['status']}"
+            rows[name] = (
+                f"{host} is on PATH here but does not run in the {backend.name} sandbox: {why} "
+                f"(show its installation with --ro-path DIR or CLAW_SANDBOX_RO_PATHS)"
+            )
+    return [
+        {
+            "name": name,
+            "kind": "program",
+            "works": rows[name] is None,
+            "why": rows[name] or f"{shutil.which(name)} runs in the {backend.name} sandbox",
+        }
+        for name in names
+    ]
