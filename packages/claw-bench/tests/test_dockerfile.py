@@ -51,11 +51,17 @@ def test_env_path_extends_the_base_images_default_path(tmp_path):
         (r'"say \"$A\" \$A \x"', r'say "a" $A \x'),  # in double quotes \ escapes only " $ \
         ("a$", "a$"),  # a dollar before no name stays
         ("$1x", "x"),
+        ("${P#*/}", "usr/local/bin"),  # BuildKit's glob prefix / suffix removal
+        ("${P##*/}", "bin"),
+        ("${P%/*}", "/usr/local"),
+        ("${P%%/l*}", "/usr"),
+        ("${P#nomatch}", "/usr/local/bin"),
+        ("${B%x}", ""),
     ],
 )
 def test_expansion_follows_dockers_shell_lexer(word, want):
     """Each of Docker's substitution forms, quotes and escapes."""
-    assert expand(word, {"A": "a", "E": ""}) == want
+    assert expand(word, {"A": "a", "E": "", "P": "/usr/local/bin"}) == want
 
 
 def test_env_forms_quotes_continuations_and_one_instruction_one_scope(tmp_path):
@@ -147,7 +153,7 @@ def test_dockerfile_errors_name_file_and_line(tmp_path):
     for text, msg in [
         ('FROM b\nENV A="${NEED:?set NEED}"\n', r"Dockerfile: line 2: NEED: set NEED"),
         ('FROM b\n\nENV A="open\n', r"Dockerfile: line 3: unterminated \" quote"),
-        ("FROM b\nENV A=${B#x}\n", r"line 2: unsupported substitution"),
+        ("FROM b\nENV A=${B/x/y}\n", r"line 2: unsupported substitution"),
         ("ENV A=1\n", r"no FROM instruction"),
     ]:
         with pytest.raises(TaskError, match=msg):

@@ -10,13 +10,15 @@
 - :func:`env_pairs` / :func:`arg_pairs`: the ``ENV`` (``k=v ...`` and legacy ``k v``) and ``ARG``
   (``name[=default] ...``) forms.
 
-Deviations from Docker: the ``# escape=`` parser directive is not read (the escape character is
-always ``\\``), and the newer string operators (``${V#p}``, ``${V%p}``, ``${V/a/b}``) are not
-substituted: a word that uses one is an error naming it, never a silently wrong value.
+BuildKit's glob prefix / suffix removal (``${V#p}``, ``${V##p}``, ``${V%p}``, ``${V%%p}``) is
+substituted too. Deviations from Docker: the ``# escape=`` parser directive is not read (the
+escape character is always ``\\``), and the replacement operator (``${V/a/b}``) is not
+substituted: a word that uses it is an error naming it, never a silently wrong value.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import platform
 import posixpath
@@ -208,27 +210,43 @@ class _Lexer:
         if self._peek() == "}":
             self.i += 1
             return self.env.get(name, "")
-        colon = self._peek() == ":"
-        if colon:
-            self.i += 1
         op = self._peek()
-        if op not in ("-", "+", "?"):
-            raise DockerfileError(
-                f"unsupported substitution in {self.text!r} at ${{{name}{':' if colon else ''}{op}"
-            )
+        if op == ":":
+            self.i += 1
+            op += self._peek()
+        elif op in ("#", "%") and self.text[self.i + 1 : self.i + 2] == op:
+            op += op  # ## / %%: the longest match
+            self.i += 1
+        if op.lstrip(":") not in ("-", "+", "?", "#", "%", "##", "%%") or op in (":#", ":%"):
+            raise DockerfileError(f"unsupported substitution in {self.text!r} at ${{{name}{op}")
         self.i += 1
         arg, closed = self.word(stop="}")
         if not closed:
             raise DockerfileError(f"missing '}}' in {self.text!r}")
-        value = self.env.get(name)
-        present = value is not None and (value != "" or not colon)
-        if op == "-":
-            return value if present and value is not None else arg
-        if op == "+":
-            return arg if present else ""
-        if not present:
-            raise DockerfileError(f"{name}: {arg or 'is not set'}")
-        return value or ""
+        return _modify(name, self.env.get(name), op, arg)
+
+
+def _modify(name: str, value: str | None, op: str, arg: str) -> str:
+    """``${name<op>arg}``: the defaults and alternatives (``:-`` ``-`` ``:+`` ``+`` ``:?``
+    ``?``; with the colon an empty value counts as unset) and BuildKit's glob prefix / suffix
+    removal (``#`` ``##`` ``%`` ``%%``, shortest / longest match)."""
+    if op[-1] in "#%":
+        v = value or ""
+        cuts = range(len(v) + 1) if len(op) == 1 else range(len(v), -1, -1)
+        for n in cuts:
+            if op[-1] == "#" and fnmatch.fnmatchcase(v[:n], arg):
+                return v[n:]
+            if op[-1] == "%" and fnmatch.fnmatchcase(v[len(v) - n :], arg):
+                return v[: len(v) - n]
+        return v
+    present = value is not None and (value != "" or not op.startswith(":"))
+    if op[-1] == "-":
+        return value if present and value is not None else arg
+    if op[-1] == "+":
+        return arg if present else ""
+    if not present:
+        raise DockerfileError(f"{name}: {arg or 'is not set'}")
+    return value or ""
 
 
 #: BuildKit's automatic platform ARGs (a stage sees them once it declares them with ARG)
