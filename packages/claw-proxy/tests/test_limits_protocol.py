@@ -520,12 +520,11 @@ def test_memory_is_released_after_a_big_request(make_server, monkeypatch):
     assert _post(srv, "/v1/chat/completions", _chat_body(big)).status_code == 413
     assert _count(srv, big).status_code == 413
     app = srv.proxy.app
-    assert app.trims == 2 and app.big_in_flight == 0
-    for _ in range(200):  # the trim runs on a worker thread after the response
+    for _ in range(400):  # after the response is sent, the trim is started on a worker thread
         if len(calls) == 2:
             break
         time.sleep(0.05)
-    assert len(calls) == 2
+    assert len(calls) == 2 and app.trims == 2 and app.big_in_flight == 0
 
 
 def _chat_body(text: str) -> dict:
@@ -569,3 +568,49 @@ def test_bound_counts_only_roles_the_template_writes_verbatim(tmp_path):
     bound = PromptBound(Renderer(str(tmp_path)))
     assert bound.roles == {"system", "tool"}
     assert PromptBound(R).roles == {"system", "user", "tool"}
+
+
+def test_passthrough_calls_hold_a_session_slot_and_the_prompt_limit(make_server):
+    """A passthrough call counts in its session's in-flight limit until its answer has been
+    sent, streamed or not (it ran outside any limit), and a teacher's call whose student
+    prompt is over --max-prompt-tokens is refused before the upstream is asked."""
+    hits = []
+
+    def app_with_count():
+        inner = _no_arg_teacher()
+
+        async def app(scope, receive, send):
+            if scope["type"] == "http":
+                hits.append(scope["path"])
+            await inner(scope, receive, send)
+
+        return app
+
+    srv = make_server(
+        engine="passthrough:http://teacher.test",
+        tokenizer=str(TINY),
+        student_ids=True,
+        session_concurrency=1,
+        max_prompt_tokens=100,
+        transport=httpx.ASGITransport(app=app_with_count()),
+    )
+    body = {
+        "model": "claude-x",
+        "max_tokens": 64,
+        "stream": True,
+        "messages": [{"role": "user", "content": "list"}],
+    }
+    _session(srv, "s1")
+    srv.proxy.sessions["s1"].in_flight = 1
+    assert _post(srv, "/v1/messages", body).status_code == 429 and hits == []
+    srv.proxy.sessions["s1"].in_flight = 0
+    assert _post(srv, "/v1/messages", body).status_code == 200 and len(hits) == 1
+    for _ in range(400):  # released once the last byte is sent: the client may see it first
+        if _session(srv, "s1")["in_flight"] == 0:
+            break
+        time.sleep(0.05)
+    assert _session(srv, "s1")["in_flight"] == 0
+    long = {**body, "messages": [{"role": "user", "content": "word " * 200}]}
+    r = _post(srv, "/v1/messages", long)
+    assert r.status_code == 413 and "limit of 100" in r.text and len(hits) == 1
+    assert _session(srv, "s1")["in_flight"] == 0

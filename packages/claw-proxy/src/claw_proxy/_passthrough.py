@@ -315,13 +315,36 @@ def _upstream_error(engine, e: EngineError) -> EngineError:
 
 async def forward(proxy, api, engine, request, body: dict, session: str, state):
     """Send the request's bytes upstream unchanged and its answer's bytes back (non-streamed:
-    as one body; streamed: each piece as it comes), recording the call."""
+    as one body; streamed: each piece as it comes), recording the call. The caller has taken
+    a slot of the session's in-flight limit: it is released when the answer has been sent (or
+    the client has gone)."""
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            state.in_flight -= 1
+
+    try:
+        response = await _forward(proxy, api, engine, request, body, session, state, release)
+    except BaseException:
+        release()
+        raise
+    if not isinstance(response, _Piped):
+        release()
+    return response
+
+
+async def _forward(proxy, api, engine, request, body: dict, session: str, state, release):
     started = time.time()
     _sampling(body)  # a bad temperature / top_p / top_k is refused before going upstream
     student = None
     if proxy.config.student_ids:  # render the student's prompt before paying for the teacher
         req = await proxy.offload(api.parse, body)
+        proxy.check_prompt_bound(req, engine.tokenizer_dir)
         rendered = await proxy.offload(proxy.caches[engine.tokenizer_dir].render, session, req)
+        proxy.check_prompt_tokens(len(rendered.prompt_array))
         student = (api, rendered)
     seq, state.seq = state.seq, state.seq + 1
     path = _PATHS[api.NAME]
@@ -378,7 +401,7 @@ async def forward(proxy, api, engine, request, body: dict, session: str, state):
         finally:
             await upstream.aclose()
 
-    return _Piped(pipe())
+    return _Piped(pipe(), on_close=release)
 
 
 class _Piped:
@@ -389,8 +412,8 @@ class _Piped:
     go away and, if it goes before the answer's end, cancels the piping, so `chunks` is closed
     (and the upstream connection with it) as it would be there."""
 
-    def __init__(self, chunks) -> None:
-        self.chunks = chunks
+    def __init__(self, chunks, on_close=None) -> None:
+        self.chunks, self.on_close = chunks, on_close
 
     async def __call__(self, scope, receive, send) -> None:
         task = asyncio.current_task()
@@ -424,4 +447,8 @@ class _Piped:
         finally:
             state["done"] = True
             watcher.cancel()
-            await self.chunks.aclose()
+            try:
+                await self.chunks.aclose()
+            finally:
+                if self.on_close is not None:
+                    self.on_close()  # the session's in-flight slot

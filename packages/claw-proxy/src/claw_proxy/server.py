@@ -354,6 +354,7 @@ class Proxy:
             if isinstance(engine, PassthroughEngine):
                 from claw_proxy._passthrough import forward
 
+                self.take_slot(session, state)  # released by forward, or when its answer ends
                 return await forward(self, api, engine, request, body, session, state)
             split = request.state.split
             if split is None or known is None or api is api_responses:
