@@ -108,6 +108,10 @@ def stack():
         str(tmp / "secret"),
         "--record",
         str(tmp / "calls.jsonl"),
+        # the 64 callers share one session (one key, as with LiteLLM); passthrough calls
+        # count in the session's in-flight limit
+        "--session-concurrency",
+        "64",
     ]
     with open(tmp / "claw-proxy.log", "w") as log:
         procs["claw-proxy"] = subprocess.Popen(argv, stderr=log)
