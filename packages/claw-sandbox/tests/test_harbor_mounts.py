@@ -121,3 +121,29 @@ def test_image_env_is_set_where_no_image_runs(bwrap):
     )  # fmt: skip
     (run,) = run_jobs([j], backend=bwrap)
     assert run["stdout_tail"] == "/opt/x/bin:/usr/bin:/bin|img|job|/home/u\n", run
+
+
+def test_a_verify_root_that_cannot_be_removed_does_not_block_the_next(bwrap, monkeypatch):
+    """What one verifier leaves in its root and cannot be removed (a runner that is not root
+    cannot delete a directory a verifier made mode 000) does not stop the next verify step:
+    each gets a root of a fresh name."""
+    import shutil
+    from pathlib import Path
+
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):  # a verify root's removal fails (quietly, as asked)
+        if Path(path).name.startswith("verify-root"):
+            if not kwargs.get("ignore_errors"):
+                raise PermissionError(13, "Permission denied", str(path))
+            return
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    j = job(
+        "stuck", profile="harbor", workdir="/app", command="true",
+        mounts=[{"target": "/logs/agent"}, {"target": "/logs/verifier"}],
+        steps=[{**_step("one"), "command": "echo solved > /app/out.txt"}, _step("two")],
+    )  # fmt: skip
+    (run,) = run_jobs([j], backend=bwrap)
+    assert [s["verify"]["reward"] for s in run["steps"]] == [1.0, 1.0], run

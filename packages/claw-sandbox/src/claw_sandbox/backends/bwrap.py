@@ -150,7 +150,8 @@ class BwrapSandbox(Sandbox):
         self._status, self._status_fd = b"", -1
         self.verifying = False
         #: the root of a harbor verify step that holds copies of `copied_targets` (see place)
-        self.verify_root = jobdir / "verify-root"
+        self.verify_root = jobdir / "verify-root-0"
+        self._verify_roots = 0
         self.limits = effective_limits(
             job.limits, backend.default_limits, cgroup=backend.cgroups.version is not None,
             # a kept job directory must outlive the run: no tmpfs (and so no disk bound) for it
@@ -164,6 +165,9 @@ class BwrapSandbox(Sandbox):
         shutil.rmtree(self.verify_root, ignore_errors=True)
         if not copied:
             return
+        # a fresh name each time: what a verifier left that cannot be removed stays out of the way
+        self._verify_roots += 1
+        self.verify_root = self.jobdir / f"verify-root-{self._verify_roots}"
         self.verify_root.mkdir(mode=0o755)
         for target in copied:  # a copy, not a bind: the verifier may move or remove it
             shutil.copytree(self.mount_of(target), self.verify_root / target.lstrip("/"),
