@@ -15,7 +15,7 @@ from claw_bench import __version__
 from claw_bench._cli_paths import output_path
 from claw_bench.check import check_tasks
 from claw_bench.errors import ClawError
-from claw_bench.harnesses import list_harnesses, load_harness
+from claw_bench.harnesses import list_harnesses, load_harness, sandbox_check
 from claw_bench.images import build_images, list_images
 from claw_bench.loaders import Judge, LoadOptions
 from claw_bench.loaders.judge import APIS as JUDGE_APIS
@@ -158,20 +158,42 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
 @click.option(
     "--json", "as_json", is_flag=True, help="one JSON object per harness instead of a table"
 )
+@click.option(
+    "--sandbox/--no-sandbox",
+    "in_sandbox",
+    default=True,
+    show_default=True,
+    help="also check that each installed harness's executables run inside claw-sandbox "
+    "(`claw-sandbox doctor PROGRAM`), where its jobs will look for them",
+)
+@click.option(
+    "--backend", default="auto", show_default=True, help="claw-sandbox backend to check in"
+)
 @_errors
-def harnesses(as_json: bool) -> None:
-    """List harness adapters (built-in and from $CLAW_BENCH_HARNESSES) and whether each is installed.
+def harnesses(as_json: bool, in_sandbox: bool, backend: str) -> None:
+    """List harness adapters (built-in and from $CLAW_BENCH_HARNESSES) and whether each is
+    installed: on PATH here and, unless --no-sandbox, runnable inside claw-sandbox.
 
     Example: claw-bench harnesses
     """
-    for h in list_harnesses():
+    hs = list_harnesses()
+    checks = sandbox_check(hs, backend) if in_sandbox else {}
+    for h in hs:
+        check = checks.get(h.name)
         if as_json:
-            click.echo(dumps(h.to_dict()))
+            click.echo(dumps({**h.to_dict(), "sandbox": check}))
+            continue
+        if not h.installed():
+            state = f"not installed (needs {', '.join(h.requires)})"
+        elif check is None:
+            state = "installed"
+        elif not check["checked"]:
+            state = f"installed here (not checked in a sandbox: {check['why']})"
+        elif check["works"]:
+            state = "installed (runs in claw-sandbox)"
         else:
-            state = (
-                "installed" if h.installed() else f"not installed (needs {', '.join(h.requires)})"
-            )
-            click.echo(f"{h.name:22} {h.api:10} {state}")
+            state = f"on PATH here, but does NOT run in claw-sandbox: {check['why']}"
+        click.echo(f"{h.name:22} {h.api:10} {state}")
 
 
 @main.command()

@@ -22,6 +22,7 @@ Fields of an adapter (all strings may use the ``{{placeholders}}`` listed in PLA
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -286,3 +287,44 @@ def list_harnesses() -> list[Harness]:
             if p.stem not in seen:
                 seen[p.stem] = load_harness_file(p)
     return sorted(seen.values(), key=lambda h: h.name)
+
+
+def sandbox_check(harnesses: list[Harness], backend: str = "auto") -> dict[str, dict[str, Any]]:
+    """Whether each installed harness's executables run inside claw-sandbox, as its jobs will
+    find them (``claw-sandbox doctor --backend B PROGRAM...``): harness name -> {"checked",
+    "works", "why"}. Found on PATH here is not enough: an allow-list sandbox may not show where
+    it is installed. Without the claw-sandbox command nothing is checked (checked False)."""
+    import subprocess
+    import sys
+
+    wanted = sorted({r for h in harnesses if h.requires and h.installed() for r in h.requires})
+    if not wanted:
+        return {}
+    exe = shutil.which("claw-sandbox") or str(Path(sys.executable).parent / "claw-sandbox")
+    if not os.access(exe, os.X_OK):
+        why = "claw-sandbox is not installed here"
+        rows: dict[str, dict[str, Any]] = {r: {"works": None, "why": why} for r in wanted}
+    else:
+        try:
+            p = subprocess.run(
+                [exe, "doctor", "--json", "--backend", backend, *wanted],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            found = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+            err = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+            found, err = [], str(exc)
+        rows = {r["name"]: r for r in found if r.get("kind") == "program"}
+        for r in wanted:
+            rows.setdefault(r, {"works": None, "why": f"claw-sandbox doctor failed: {err}"})
+    out = {}
+    for h in harnesses:
+        if not (h.requires and h.installed()):
+            continue
+        bad = [rows[r] for r in h.requires if rows[r]["works"] is not True]
+        out[h.name] = {
+            "checked": all(rows[r]["works"] is not None for r in h.requires),
+            "works": not bad,
+            "why": bad[0]["why"] if bad else "; ".join(rows[r]["why"] for r in h.requires),
+        }
+    return out
