@@ -122,6 +122,28 @@ def test_reset_dir_empties_a_directory_or_a_mount_root(tmp_path):
     assert os.listdir(root) == [] and _mode(root) == 0o755
 
 
+def test_a_tree_too_deep_to_remove_is_an_error(tmp_path):
+    """A directory tree at the reward path deeper than the recursion limit: an OSError saying so
+    (the verifier does not run, the reward is null), not a RecursionError out of the runner."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        os.mkdir("reward", dir_fd=fd)
+        cur = os.open("reward", os.O_RDONLY, dir_fd=fd)
+        for _ in range(sys.getrecursionlimit() + 100):
+            os.mkdir("a", dir_fd=cur)
+            sub = os.open("a", os.O_RDONLY, dir_fd=cur)
+            os.close(cur)
+            cur = sub
+        os.close(cur)
+    finally:
+        os.close(fd)
+    try:
+        with pytest.raises(OSError, match="too deep to remove"):
+            reset_file(tmp_path, "reward", None)
+    finally:  # rm walks any depth; pytest's own clean-up of tmp_path would recurse
+        subprocess.run(["rm", "-rf", str(tmp_path / "reward")], check=True)
+
+
 def test_a_path_out_of_the_directory_is_refused(tmp_path):
     """An absolute or `..` path (a job reader bug) is an error, never a walk from / or above."""
     for rel in ("/etc/passwd", "../x", "a/../../x"):

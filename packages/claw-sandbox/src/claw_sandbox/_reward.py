@@ -114,15 +114,17 @@ def _is_dir(dir_fd: int, name: str) -> bool:
 
 
 def _remove(dir_fd: int, name: str) -> None:
-    """Remove an entry and all under it, whatever modes the job set on its directories."""
+    """Remove an entry and all under it, whatever modes the job set on its directories. A tree
+    deeper than the interpreter's recursion allows is an OSError (the verifier then does not run:
+    the job gets no reward, never its own)."""
     try:
-        _fsat.remove_at(dir_fd, name)
-    except PermissionError:  # a runner that is not root: open the tree up, then remove it
         try:
+            _fsat.remove_at(dir_fd, name)
+        except PermissionError:  # a runner that is not root: open the tree up, then remove it
             _open_up(dir_fd, name)
-        except RecursionError:
-            raise OSError(errno.ELOOP, f"{name!r}: a directory tree too deep to open") from None
-        _fsat.remove_at(dir_fd, name)
+            _fsat.remove_at(dir_fd, name)
+    except RecursionError:
+        raise OSError(errno.ELOOP, f"{name!r}: a directory tree too deep to remove") from None
 
 
 def _open_up(dir_fd: int, name: str) -> None:
