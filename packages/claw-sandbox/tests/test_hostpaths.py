@@ -77,10 +77,11 @@ def installed(tmp_path):
     return _install(tmp_path / "checkout")
 
 
-def test_command_paths_follow_links_venvs_packages_and_interpreters(installed):
+def test_command_paths_follow_links_venvs_packages_and_interpreters(installed, monkeypatch):
     """The links' directory, the venv (and its base Python), the outermost node_modules, and the
     interpreter named by `#!/usr/bin/env`."""
     path = f"{installed['bin']}:{SYSTEM_PATH}"
+    monkeypatch.setenv("PATH", path)  # the runner's PATH
     got = command_paths("command -v fake-harness >/dev/null && fake-harness; fake-cli", path)
     assert str(installed["bin"]) in got and str(installed["venv"]) in got
     assert str(installed["pkg"].parent) in got  # .../node_modules: the package and its deps
@@ -89,11 +90,26 @@ def test_command_paths_follow_links_venvs_packages_and_interpreters(installed):
     assert system and all(p.startswith(("/usr/", "/bin")) for p in system), system
 
 
-def test_harness_in_a_checkout_venv_runs_in_bwrap_without_ro_path(bwrap, installed, tmp_path):
+def test_command_paths_show_only_what_the_runner_runs(installed, tmp_path, monkeypatch):
+    """A job cannot widen the sandbox's view: a PATH entry of the job's own (not the runner's)
+    finds nothing, and a path given as a program (a secret's directory) is not followed."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("k")
+    (secret / "key").chmod(0o755)
+    monkeypatch.setenv("PATH", SYSTEM_PATH)
+    assert command_paths("fake-harness", f"{installed['bin']}:{SYSTEM_PATH}") == []
+    assert command_paths(f"{secret}/key; key", f"{secret}:{SYSTEM_PATH}") == []
+
+
+def test_harness_in_a_checkout_venv_runs_in_bwrap_without_ro_path(
+    bwrap, installed, tmp_path, monkeypatch
+):
     """What claw-bench plans for a harness found on PATH (a `command -v` preflight, then the
     harness) runs inside bwrap: the venv's script through its symlink, and an env-interpreted
     script that sources a file of its package."""
     path = f"{installed['bin']}:{SYSTEM_PATH}"
+    monkeypatch.setenv("PATH", path)  # where the runner found the harness
     command = (
         "command -v fake-harness >/dev/null 2>&1 || { echo 'fake-harness: not installed' >&2; "
         "exit 127; }; fake-harness && fake-cli"

@@ -4,7 +4,8 @@ A harness installed in a venv or an npm prefix outside the system directories (e
 checkout: ``.tools/bin/mini -> .venvs/mini-swe-agent/bin/mini``) is found on the runner's PATH,
 but inside bwrap's allow-list view of the host it would not exist. `command_paths` finds the
 programs a command runs (each simple command's first word, and the name in ``command -v NAME``)
-on the sandbox's PATH, and for each returns what it needs to run: the directories of the links on
+on the sandbox's PATH (only its directories that are on the runner's PATH too), and for each
+returns what it needs to run: the directories of the links on
 the way to it, its venv (with the base Python and editable sources) or its ``node_modules`` tree,
 and the same for the interpreter its ``#!`` line names. Only programs are followed, never data
 files; what already lies in the sandbox's system view is filtered by the caller.
@@ -54,12 +55,16 @@ def command_words(command: Command) -> list[str]:
 
 def command_paths(command: Command, search_path: str) -> list[str]:
     """Host paths the programs of `command` need (see the module docstring), found on
-    `search_path` (the sandbox's PATH)."""
+    `search_path` (the sandbox's PATH) where it agrees with the runner's own PATH: a job's
+    command or env cannot make the sandbox show a host directory the runner does not run
+    programs from (a path given as a program, e.g. ``/root/.ssh/x``, is not followed)."""
+    runner = set(os.environ.get("PATH", "").split(os.pathsep))
+    search = os.pathsep.join(d for d in search_path.split(os.pathsep) if d and d in runner)
     out: list[str] = []
     for name in dict.fromkeys(command_words(command)):
-        exe = name if "/" in name else shutil.which(name, path=search_path)
+        exe = shutil.which(name, path=search) if search and "/" not in name else None
         if exe and os.path.isabs(exe) and os.path.isfile(exe):
-            out += program_paths(exe, search_path)
+            out += program_paths(exe, search)
     return list(dict.fromkeys(out))
 
 
