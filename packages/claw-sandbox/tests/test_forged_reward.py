@@ -161,3 +161,20 @@ def test_each_step_of_a_multi_step_job_is_cleared(backend):
     run = _runs(b, [row])["steps"]
     assert [s["name"] for s in run["steps"]] == ["one"], run
     assert run["steps"][0]["verify"]["reward"] == 0.0, run
+
+
+def test_what_the_verifier_leaves_is_read_without_blocking_and_bounded(backend):
+    """A fifo or a 10 GB sparse file the verifier itself leaves at the reward path (say, through
+    the job's code it runs): the read neither blocks nor reads more than 1 MiB; reward 0 and
+    `reward_file_error` says why."""
+    b, bb = backend
+    f, d = PLACES["claw"]
+    rows = [
+        _job(b, "claw", "v-fifo", "true", f"mkdir -p {d}; {bb}mkfifo {f}"),
+        _job(b, "claw", "v-huge", "true",
+             f"mkdir -p {d}; dd if=/dev/zero of={f} bs=1M count=0 seek=10240 2>/dev/null"),
+    ]  # fmt: skip
+    runs = _runs(b, rows)
+    fifo, huge = runs["claw-v-fifo"]["verify"], runs["claw-v-huge"]["verify"]
+    assert fifo["reward"] == 0.0 and "not a regular file" in fifo["details"]["reward_file_error"]
+    assert huge["reward"] == 0.0 and "neither a number" in huge["details"]["reward_file_error"]
