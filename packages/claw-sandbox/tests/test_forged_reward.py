@@ -13,7 +13,7 @@ from test_docker import IMAGE, docker_backend  # noqa: F401  (the fixture builds
 PLACES = {"claw": (".v/reward", ".v"), "harbor": ("/logs/verifier/reward.txt", "/logs/verifier")}
 
 
-@pytest.fixture(params=["bwrap", "docker"])
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.slow)])
 def backend(request):
     """(backend, the prefix of tools missing from the docker test image's busybox links)."""
     if request.param == "docker":
