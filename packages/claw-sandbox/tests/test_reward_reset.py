@@ -135,12 +135,10 @@ def test_a_tree_too_deep_to_remove_is_an_error(tmp_path):
             os.close(cur)
             cur = sub
         os.close(cur)
-    finally:
-        os.close(fd)
-    try:
         with pytest.raises(OSError, match="too deep to remove"):
             reset_file(tmp_path, "reward", None)
     finally:  # rm walks any depth; pytest's own clean-up of tmp_path would recurse
+        os.close(fd)
         subprocess.run(["rm", "-rf", str(tmp_path / "reward")], check=True)
 
 
