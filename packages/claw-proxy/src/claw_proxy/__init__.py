@@ -2,8 +2,10 @@
 
 from importlib.metadata import version as _version
 
+from claw_proxy.admin import AdminClient, read_policy
 from claw_proxy.config import ProxyConfig
 from claw_proxy.errors import (
+    AdminError,
     AuthError,
     ClawError,
     ConfigError,
@@ -19,6 +21,8 @@ from claw_proxy.tokens import SessionToken, mint_token, read_secret, verify_toke
 
 __version__ = _version("claw-proxy")
 __all__ = [
+    "AdminClient",
+    "AdminError",
     "AuthError",
     "Call",
     "CallWriter",
@@ -37,6 +41,7 @@ __all__ = [
     "follow_calls",
     "mint_token",
     "read_calls",
+    "read_policy",
     "read_secret",
     "serve",
     "serve_in_thread",

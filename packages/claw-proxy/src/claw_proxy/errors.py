@@ -73,3 +73,14 @@ class ConfigError(ClawError):
 
 class RecordError(ClawError):
     """A malformed record line; the message names the file and line."""
+
+
+class AdminError(ClawError):
+    """The proxy refused an admin call, or could not be reached (`status` None then).
+
+    `status` is the HTTP status, `kind` the error type of the proxy's answer."""
+
+    def __init__(self, message: str, status: int | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
