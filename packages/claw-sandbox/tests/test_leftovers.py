@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
 from claw_sandbox import _leftovers, run_jobs
-from sandbox_testlib import alive_with, job
+from sandbox_testlib import alive_with, job, py
 
 
 def _jobdir(root, name):
@@ -102,3 +103,30 @@ def test_rerun_after_kill9_removes_a_default_root(tmp_path):
     _, err = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, err
     assert os.listdir(tmp) == []
+
+
+PLANT_DEEP_TREE = """
+import os
+cur = os.open(".", os.O_RDONLY)
+for _ in range(3000):
+    os.mkdir("d", dir_fd=cur)
+    sub = os.open("d", os.O_RDONLY, dir_fd=cur)
+    os.close(cur)
+    cur = sub
+os.fchmod(cur, 0o500)
+"""
+
+
+@pytest.mark.parametrize("backend_name", ["process", "bwrap"])
+def test_a_job_directory_thousands_of_levels_deep_is_removed(backend_name, request, tmp_path):
+    """A job that plants a tree 3,000 directories deep in its workspace (deeper than Python's
+    recursion limit: shutil.rmtree raised RecursionError out of the runner) finishes ok, and its
+    job directory is removed; so is a dead runner's leftover of the same shape."""
+    backend = request.getfixturevalue(backend_name)
+    (run,) = run_jobs([job("deep", command=py(PLANT_DEEP_TREE))], backend=backend, workdir=tmp_path)
+    assert run["status"] == "ok" and run["exit_code"] == 0, run
+    assert os.listdir(tmp_path) == []
+    dead = _jobdir(tmp_path, "dead-1")
+    os.close(_leftovers.hold(dead))
+    subprocess.run([sys.executable, "-c", PLANT_DEEP_TREE], cwd=dead / "ws", check=True)
+    assert _leftovers.sweep(tmp_path) == 1 and os.listdir(tmp_path) == []

@@ -7,7 +7,9 @@ even if it swaps entries while the runner works:
 
 - writes replace what stands in the way (the link itself is unlinked, never its target);
 - reads and walks refuse links (``OSError`` with ``ELOOP``) and anything not a regular file;
-- removal is ``shutil.rmtree(name, dir_fd=...)``, whose fd-based walk follows no link.
+- removal (:func:`rmtree_at`) walks with one directory fd at a time, enters no link, and works at
+  any depth and whatever modes the job left (a tree deeper than Python's recursion limit, or a
+  directory the job made unreadable, is removed all the same).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 from collections.abc import Callable, Generator, Iterator, Sequence
 
@@ -44,11 +45,90 @@ def remove_at(dir_fd: int, name: str) -> None:
         return
     try:
         if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, dir_fd=dir_fd)
+            rmtree_at(dir_fd, name)
         else:
             os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
+
+
+def rmtree_at(dir_fd: int, name: str) -> None:
+    """Remove the directory `name` of `dir_fd` and everything under it, without recursion.
+
+    Depth first with a single open directory fd: files and links are unlinked (never followed),
+    the walk enters a subdirectory by name with ``O_NOFOLLOW`` and comes back up through ``..``,
+    checking that ``..`` is the directory it came from (device and inode), so a tree moved while
+    the runner works is an error, never a walk elsewhere. A directory the job made unreadable or
+    unwritable is given mode 0700 first (its owner, or root, may)."""
+    fd = _open_for_removal(dir_fd, name)
+    way: list[tuple[tuple[int, int], str]] = []  # per level below `name`: (parent's id, name)
+    try:
+        while True:
+            sub = _empty_files(fd)
+            if sub is not None:
+                child = _open_for_removal(fd, sub)
+                way.append((_ident(fd), sub))
+                os.close(fd)
+                fd = child
+                continue
+            if not way:
+                break
+            parent_id, me = way.pop()
+            parent = os.open("..", DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            if _ident(fd) != parent_id:
+                raise OSError(errno.ESTALE, f"{name!r}: a directory moved while it was removed")
+            os.rmdir(me, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _open_for_removal(dir_fd: int, name: str) -> int:
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:  # made unreadable by the job: a directory, not a link (O_NOFOLLOW)
+        _chmod_dir(dir_fd, name, 0o700)
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    if os.fstat(fd).st_mode & 0o700 != 0o700:
+        with contextlib.suppress(PermissionError):  # root needs no bits; others do
+            os.fchmod(fd, 0o700)
+    return fd
+
+
+def _chmod_dir(dir_fd: int, name: str, mode: int) -> None:
+    """chmod the directory `name` itself, never a link's target: through an ``O_PATH`` fd of
+    it (which needs no permission on it) where /proc can name that fd."""
+    try:
+        pfd = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except AttributeError:  # no O_PATH (not Linux)
+        os.chmod(name, mode, dir_fd=dir_fd)
+        return
+    try:
+        os.chmod(f"/proc/self/fd/{pfd}", mode)
+    finally:
+        os.close(pfd)
+
+
+def _empty_files(fd: int) -> str | None:
+    """Unlink every entry of the directory `fd` that is not a directory; the name of its first
+    subdirectory, or None when it is empty."""
+    with os.scandir(fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for entry, is_dir in entries:
+        if is_dir:
+            return entry
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry, dir_fd=fd)
+    return None
 
 
 def _is_link(dir_fd: int, name: str) -> bool:

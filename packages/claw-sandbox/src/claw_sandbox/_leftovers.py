@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -90,7 +89,8 @@ def _remove_if_dead(root_fd: int, name: str) -> bool:
         try:  # hold the dead lock while removing, so two sweeping runners do not race
             with contextlib.suppress(OSError):  # a tmpfs job directory (limits.disk_mb)
                 _tmpfs.unmount(f"/proc/self/fd/{dfd}")
-            shutil.rmtree(name, dir_fd=root_fd, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                _fsat.remove_at(root_fd, name)
         finally:
             os.close(lock)
     finally:

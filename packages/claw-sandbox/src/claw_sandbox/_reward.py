@@ -114,30 +114,6 @@ def _is_dir(dir_fd: int, name: str) -> bool:
 
 
 def _remove(dir_fd: int, name: str) -> None:
-    """Remove an entry and all under it, whatever modes the job set on its directories. A tree
-    deeper than the interpreter's recursion allows is an OSError (the verifier then does not run:
-    the job gets no reward, never its own)."""
-    try:
-        try:
-            _fsat.remove_at(dir_fd, name)
-        except PermissionError:  # a runner that is not root: open the tree up, then remove it
-            _open_up(dir_fd, name)
-            _fsat.remove_at(dir_fd, name)
-    except RecursionError:
-        raise OSError(errno.ELOOP, f"{name!r}: a directory tree too deep to remove") from None
-
-
-def _open_up(dir_fd: int, name: str) -> None:
-    """Give the owner rwx on the directory `name` and every directory below it (no link is
-    followed or entered)."""
-    if not _is_dir(dir_fd, name):
-        return
-    os.chmod(name, 0o700, dir_fd=dir_fd)
-    sub = _fsat.open_subdir(dir_fd, name)
-    try:
-        with os.scandir(sub) as it:
-            dirs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
-        for d in dirs:
-            _open_up(sub, d)
-    finally:
-        os.close(sub)
+    """Remove an entry and all under it, at any depth and whatever modes the job set on its
+    directories (see :func:`_fsat.rmtree_at`)."""
+    _fsat.remove_at(dir_fd, name)

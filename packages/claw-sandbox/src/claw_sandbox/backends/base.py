@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import attrs
 
-from claw_sandbox import _leftovers, _reward, _tmpfs
+from claw_sandbox import _fsat, _leftovers, _reward, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits, Mount, Step, Verify
@@ -128,11 +128,12 @@ class Sandbox(abc.ABC):
         mount's source, stays) and write the mount's files into it."""
         for i, m in enumerate(mounts):
             d = self.mount_of(m.target)
-            for child in list(os.scandir(d)):
-                if child.is_dir(follow_symlinks=False):
-                    shutil.rmtree(child.path)  # follows no link
-                else:
-                    os.unlink(child.path)
+            dfd = _fsat.open_root(d)
+            try:
+                for child in os.listdir(dfd):
+                    _fsat.remove_at(dfd, child)  # follows no link, any depth
+            finally:
+                os.close(dfd)
             for rel, content in m.files.items():
                 safe_write(d, rel, content, f"{where}/mounts/{i}")
             if self.owner:
@@ -230,8 +231,14 @@ class Sandbox(abc.ABC):
         if self.mounted:  # unmounting discards the tree at once, links and all
             _tmpfs.unmount(self.jobdir)
             self.mounted = False
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.jobdir)
+        try:
+            parent = _fsat.open_root(self.jobdir.parent)
+        except FileNotFoundError:
+            return
+        try:  # no recursion: a job that planted a tree thousands of levels deep is removed too
+            _fsat.remove_at(parent, self.jobdir.name)
+        finally:
+            os.close(parent)
 
     def remove_if_untouched(self) -> bool:
         """Remove the job directory if it is still the empty skeleton `prepare()` made (a job
