@@ -27,6 +27,7 @@ if _typing.TYPE_CHECKING:
     from claw_bench.records import read_records, write_records
     from claw_bench.report import compare, plot_report, render_text, report
     from claw_bench.reward import parse_reward
+    from claw_bench.rollouts import Rollouts, Runner, outcome_summary, rollouts, sandbox_cli
     from claw_bench.score import score_run, score_runs
     from claw_bench.suites import Suite, builtin_suites, load_suite
     from claw_bench.tasks import Task, load_task
@@ -56,6 +57,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "claw_bench.records": ("read_records", "write_records"),
     "claw_bench.report": ("compare", "plot_report", "render_text", "report"),
     "claw_bench.reward": ("parse_reward",),
+    "claw_bench.rollouts": ("Rollouts", "Runner", "outcome_summary", "rollouts", "sandbox_cli"),
     "claw_bench.score": ("score_run", "score_runs"),
     "claw_bench.suites": ("Suite", "builtin_suites", "load_suite"),
     "claw_bench.tasks": ("Task", "load_task"),
@@ -73,6 +75,8 @@ __all__ = [
     "LoadOptions",
     "PlanError",
     "RecordError",
+    "Rollouts",
+    "Runner",
     "Suite",
     "Task",
     "TaskError",
@@ -92,6 +96,7 @@ __all__ = [
     "load_suite",
     "load_task",
     "mint_token",
+    "outcome_summary",
     "parse_reward",
     "pass_at_k",
     "pass_at_k_brute",
@@ -100,6 +105,8 @@ __all__ = [
     "read_records",
     "render_text",
     "report",
+    "rollouts",
+    "sandbox_cli",
     "score_run",
     "score_runs",
     "verify_token",
