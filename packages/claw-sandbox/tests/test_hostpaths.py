@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +148,7 @@ def test_doctor_says_no_for_a_program_the_sandbox_cannot_run(bwrap, tmp_path, mo
     private = tmp_path / "private"
     private.mkdir()
     prog = private / "owner-only"
-    prog.write_text("#!/bin/sh\necho hi\n")
+    shutil.copyfile("/bin/true", prog)  # a binary (a shell script here would not be shown)
     prog.chmod(0o700)
     monkeypatch.setenv("PATH", f"{private}:{os.environ['PATH']}")
     r = CliRunner().invoke(main, ["doctor", "--backend", "bwrap", "owner-only"])
@@ -155,3 +156,46 @@ def test_doctor_says_no_for_a_program_the_sandbox_cannot_run(bwrap, tmp_path, mo
     line = r.stdout.splitlines()[-1]
     assert line.startswith("NO ") and str(prog) in line and "not readable" in line, line
     assert "--ro-path" in line
+
+
+def _shim_dir(root: Path) -> Path:
+    """A pyenv-style shim directory: shell scripts named after programs that exec a helper of the
+    version manager's own, which lives outside anything the sandbox shows."""
+    shims = root / ".pyenv" / "shims"
+    shims.mkdir(parents=True)
+    for name in ("python3", "pip"):
+        shim = shims / name
+        shim.write_text(
+            f'#!/usr/bin/env bash\nexec "{root}/.pyenv/libexec/pyenv" exec {name} "$@"\n'
+        )
+        shim.chmod(0o755)
+    return shims
+
+
+def test_a_shell_shim_on_the_runners_path_is_not_shown(tmp_path, monkeypatch):
+    """A version manager's shims (shell scripts outside a venv) named by a command are not shown:
+    showing their directory put the shims in front of the system's python3 inside the sandbox,
+    where their helper is missing, and every verifier running `python3` failed."""
+    shims = _shim_dir(tmp_path)
+    path = f"{shims}:{SYSTEM_PATH}"
+    monkeypatch.setenv("PATH", path)
+    assert command_paths("python3 verify.py; pip --version", path) == []
+
+
+def test_a_command_run_through_a_shim_name_finds_the_system_program_in_bwrap(
+    bwrap, tmp_path, monkeypatch
+):
+    """With a shim directory first on the runner's PATH (and the job's), `python3` inside bwrap is
+    the system's, as it was before programs were shown automatically."""
+    shims = _shim_dir(tmp_path)
+    path = f"{shims}:{SYSTEM_PATH}"
+    monkeypatch.setenv("PATH", path)
+    sched = Scheduler(bwrap, 1, 0, tmp_path / "jobs", lambda msg: None)
+
+    async def run() -> list[dict]:
+        row = job("s", "python3 -c 'print(6 * 7)'", env={"PATH": path})
+        return [r async for r in sched.stream([Job.from_dict(row, "t")])]
+
+    (run_row,) = asyncio.run(run())
+    assert run_row["status"] == "ok" and run_row["exit_code"] == 0, run_row
+    assert run_row["stdout_tail"] == "42\n", run_row

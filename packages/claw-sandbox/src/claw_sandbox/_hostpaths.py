@@ -78,8 +78,10 @@ def program_paths(exe: str, search_path: str, depth: int = 0) -> list[str]:
         p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
         hops += 1
     real = os.path.realpath(p)
-    out += installation_of(real)
     interpreter = _shebang(real)
+    if depth == 0 and _is_shell_wrapper(real, interpreter):
+        return []
+    out += installation_of(real)
     if interpreter and depth < _MAX_DEPTH:
         words = interpreter.split()
         if os.path.basename(words[0]) == "env":  # #!/usr/bin/env [-S] node ...
@@ -105,6 +107,28 @@ def installation_of(real: str) -> list[str]:
     if modules:
         return [str(modules[-1])]
     return [str(path.parent)]
+
+
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
+
+
+def _is_shell_wrapper(real: str, interpreter: str | None) -> bool:
+    """A shell script outside a venv or ``node_modules`` (a pyenv or asdf shim, say): it runs
+    paths it does not name, so nothing here could make it work inside, and showing its directory
+    would put its siblings (``python3``, ``pip``) in front of the system's on the sandbox's PATH,
+    where they fail. Such a program, named by a command, is not shown (`claw-sandbox doctor`
+    says whether it runs inside); one named by another program's ``#!`` line still is."""
+    if not interpreter:
+        return False
+    words = interpreter.split()
+    name = os.path.basename(words[0])
+    if name == "env":
+        rest = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        name = os.path.basename(rest[0]) if rest else ""
+    if name not in _SHELLS:
+        return False
+    parents = Path(real).parents
+    return not any((d / "pyvenv.cfg").is_file() or d.name == "node_modules" for d in parents)
 
 
 def _shebang(path: str) -> str | None:
