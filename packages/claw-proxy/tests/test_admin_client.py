@@ -108,3 +108,54 @@ def test_client_errors_carry_the_proxy_answer(make_server, tmp_path):
     with AdminClient(srv.url, ADMIN, timeout=5) as gone, pytest.raises(AdminError) as e:
         gone.stats()
     assert e.value.status is None
+
+
+def _admin_cli(srv, tmp_path, *args, token_text=ADMIN, input=None):
+    from claw_proxy.cli import main
+    from click.testing import CliRunner
+
+    (tmp_path / "admin.txt").write_text(token_text + "\n")
+    env = {"CLAW_PROXY_URL": srv.url, "CLAW_PROXY_ADMIN_TOKEN_FILE": str(tmp_path / "admin.txt")}
+    return CliRunner().invoke(main, ["admin", *args], env=env, input=input)
+
+
+def test_admin_cli_commands(make_server, tmp_path):
+    """`claw-proxy admin reload|rotate|stats|session|close` print the proxy's answers as JSON
+    lines, the URL and token file from the environment (or --url / --admin-token-file)."""
+    srv = make_server(["old"])
+    assert _ask(srv, "c1") == "old"
+    pol = _policy_file(tmp_path, 4, "new")
+    r = _admin_cli(srv, tmp_path, "reload", "-", input=json.dumps(pol) + "\n")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["policy"] == {"name": "policy", "version": 4}
+    assert _ask(srv, "c1") == "new"
+    r = _admin_cli(srv, tmp_path, "rotate")
+    assert r.exit_code == 0 and json.loads(r.output)["lines"] == 2
+    r = _admin_cli(srv, tmp_path, "stats")
+    assert r.exit_code == 0 and json.loads(r.output)["records"] == 2
+    r = _admin_cli(srv, tmp_path, "session", "c1", "--tag", "task=t2")
+    assert r.exit_code == 0 and json.loads(r.output)["tags"] == {"task": "t2"}
+    r = _admin_cli(srv, tmp_path, "close", "c1", "gone", "--missing-ok")
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line) for line in r.output.splitlines()] == [
+        {"ok": True, "session": "c1", "calls": 2},
+        None,
+    ]
+    (tmp_path / "other.txt").write_text(ADMIN)
+    r = _admin_cli(
+        srv, tmp_path, "stats", "--url", srv.url, "--admin-token-file", str(tmp_path / "other.txt")
+    )
+    assert r.exit_code == 0 and json.loads(r.output)["open_sessions"] == 0
+
+
+def test_admin_cli_errors(make_server, tmp_path):
+    """A refusal is one error with the proxy's message and a hint, exit status 1."""
+    srv = make_server(["x"])
+    r = _admin_cli(srv, tmp_path, "stats", token_text="wrong")
+    assert r.exit_code == 1 and "401 invalid admin token" in r.output and "hint:" in r.output
+    r = _admin_cli(srv, tmp_path, "close", "nope")
+    assert r.exit_code == 1 and "unknown session 'nope'" in r.output
+    r = _admin_cli(srv, tmp_path, "reload", "-", input="{broken\n")
+    assert r.exit_code == 1 and "<stdin>:1: invalid JSON" in r.output
+    r = _admin_cli(srv, tmp_path, "session", "s", "--tag", "novalue")
+    assert r.exit_code == 2 and "is not KEY=VALUE" in r.output

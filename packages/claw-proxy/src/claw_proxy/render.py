@@ -21,11 +21,11 @@ from collections import OrderedDict
 import attrs
 
 from claw_proxy._history import Entry, SessionIndex
+from claw_proxy.config import DRIFT_CHECKS
 from claw_proxy.errors import ConfigError, RequestError
 from claw_proxy.messages import Answer, ChatRequest, Message, ToolCall
 
 _MARK = "\u2063claw-anchor\u2063"
-DRIFT_CHECKS = ("boundary", "full", "off")
 
 
 # keyword arguments for the chat template while this request is rendered (the harness's
