@@ -27,6 +27,7 @@ OUTPUT_COMMANDS = {
     "claw-rl values",
     "claw-rl logprobs",
     "claw-bench plan",
+    "claw-bench rollouts",
     "claw-bench score",
     "claw-bench regrade",
     "claw-bench expert",
@@ -128,4 +129,4 @@ def test_group_key_is_spelled_one_way():
                     "task+harness" in opt.type.choices and "task-harness" not in opt.type.choices
                 ), name
                 seen.append(name)
-    assert sorted(seen) == ["claw-bench plan", "claw-tree samples"]
+    assert sorted(seen) == ["claw-bench plan", "claw-bench rollouts", "claw-tree samples"]

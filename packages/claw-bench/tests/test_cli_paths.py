@@ -51,6 +51,7 @@ def _args(cmd: str, inp: Path) -> list[str]:
             "--output",
         ],
         "report": ["report", str(DATA), "--plot"],
+        "rollouts": ["rollouts", "-s", "claw-toy", "-H", "oracle", "--runs"],
     }[cmd]
 
 
@@ -61,7 +62,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 
 
 @pytest.mark.parametrize("mistake", ["directory", "missing parent"])
-@pytest.mark.parametrize("cmd", ["plan", "score", "regrade", "report", "expert"])
+@pytest.mark.parametrize("cmd", ["plan", "score", "regrade", "report", "expert", "rollouts"])
 def test_bad_output_path_is_a_one_line_usage_error(tmp_path, cmd, mistake):
     """A directory, or a file in a missing directory, exits 2 with one error line naming it; nothing is written."""
     inp, work = tmp_path / "in", tmp_path / "work"
@@ -93,11 +94,26 @@ def test_good_output_path_still_writes(tmp_path, cmd):
 
 
 def test_every_output_option_is_checked():
-    """Each -o/--output/--plot option of every command uses the output-path check."""
+    """Each -o/--output/--plot/--jobs/--runs option of every command uses the output-path check."""
     seen = []
     for name, cmd in main.commands.items():
         for p in cmd.params:
-            if isinstance(p, click.Option) and {"-o", "--output", "--plot"} & set(p.opts):
+            if isinstance(p, click.Option) and {
+                "-o",
+                "--output",
+                "--plot",
+                "--jobs",
+                "--runs",
+            } & set(p.opts):
                 seen.append(name)
                 assert p.callback is output_path, f"{name} {p.opts}"
-    assert sorted(seen) == ["expert", "plan", "regrade", "report", "score"]
+    assert sorted(seen) == [
+        "expert",
+        "plan",
+        "regrade",
+        "report",
+        "rollouts",
+        "rollouts",
+        "rollouts",
+        "score",
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -19,9 +20,12 @@ from claw_bench import (
     load_harness,
     load_suite,
     outcome_summary,
+    read_records,
     rollouts,
     sandbox_cli,
 )
+from claw_bench.cli import main
+from click.testing import CliRunner
 
 TASKS = ["csv-to-json-people", "fix-fizzbuzz"]
 
@@ -195,3 +199,49 @@ def test_sandbox_cli_without_claw_sandbox_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ClawError, match="claw-sandbox is not on PATH"):
         rollouts(_tasks(), _harnesses()[:1], sandbox_cli(), samples=1)
+
+
+def _cli_rollouts(tmp_path, extra):
+    out = tmp_path / "outcomes.jsonl"
+    args = ["rollouts", "-s", "claw-mini", "-H", "oracle", "-H", "nothing", "-n", "2"]
+    args += [a for t in TASKS for a in ("--task", t)]
+    args += ["--run-id", "cli", "-o", str(out), *extra]
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return r, read_records(out, "claw.outcome/v1")
+
+
+def test_cli_rollouts_chains_plan_run_score(tmp_path, monkeypatch):
+    """`claw-bench rollouts` plans, runs the jobs through `claw-sandbox run` (its options passed
+    on), writes the jobs, the runs and the outcomes, and counts them apart on stderr."""
+    argv_log = _fake_sandbox(tmp_path, monkeypatch)
+    jobs, runs = tmp_path / "jobs.jsonl", tmp_path / "runs.jsonl"
+    extra = ["--jobs", str(jobs), "--runs", str(runs), "-b", "process", "-p", "2"]
+    r, outcomes = _cli_rollouts(tmp_path, [*extra, "--sandbox-arg=--retries", "--sandbox-arg=0"])
+    assert json.loads(argv_log.read_text())[4:] == [
+        "--backend",
+        "process",
+        "--parallel",
+        "2",
+        "--executor",
+        "local",
+        "--retries",
+        "0",
+    ]
+    assert len(read_records(jobs, "claw.job/v1")) == len(read_records(runs, "claw.run/v1")) == 8
+    assert [(o["harness"], o["passed"]) for o in outcomes[:4]] == [
+        ("nothing", False),
+        ("nothing", False),
+        ("oracle", True),
+        ("oracle", True),
+    ]
+    assert "scored 8 rollouts: 4 passed, 8 scored, 0 infra errors, 0 not scorable" in r.stderr
+
+
+@pytest.mark.other_clis
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+def test_cli_rollouts_through_real_claw_sandbox(tmp_path):
+    """The same through the real claw-sandbox CLI (process backend)."""
+    r, outcomes = _cli_rollouts(tmp_path, ["-b", "process"])
+    assert {o["harness"]: o["passed"] for o in outcomes} == {"oracle": True, "nothing": False}
+    assert all(o["status"] == "ok" for o in outcomes) and len(outcomes) == 8

@@ -7,32 +7,22 @@ import os
 import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from claw_bench import __version__
+from claw_bench._choices import EXECUTORS, GROUP_BY, JUDGE_APIS, NETWORKS
 from claw_bench._cli_paths import output_path
-from claw_bench.check import check_tasks
 from claw_bench.errors import ClawError
-from claw_bench.harnesses import list_harnesses, load_harness, sandbox_check
-from claw_bench.images import build_images, list_images
-from claw_bench.loaders import Judge, LoadOptions
-from claw_bench.loaders.judge import APIS as JUDGE_APIS
-from claw_bench.loaders.regrade import regrade_run
-from claw_bench.plan import GROUP_BY, NETWORKS, plan_jobs
-from claw_bench.records import OUTCOME, RUN, dumps, iter_records, read_records, write_records
-from claw_bench.report import (
-    check_outcome,
-    compare,
-    plot_report,
-    render_compare,
-    render_text,
-    report,
-)
-from claw_bench.score import check_run, score_run
-from claw_bench.suites import Suite, builtin_suites, load_suite
-from claw_bench.token import read_secret
+
+if TYPE_CHECKING:
+    from claw_bench.harnesses import Harness
+    from claw_bench.loaders import LoadOptions
+    from claw_bench.suites import Suite
+    from claw_bench.tasks import Task
+
+# Each command imports the library modules it calls (numpy, httpx, attrs, the loaders) when it
+# runs, so `claw-bench --help` and a command's --help import only click.
 
 
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -53,7 +43,7 @@ def _log(msg: str) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="claw-bench")
+@click.version_option(package_name="claw-bench", prog_name="claw-bench")
 def main() -> None:
     """claw-bench: tasks, harness adapters, job planning, scoring and Pass@k reports.
 
@@ -69,6 +59,8 @@ _STRICT_HELP = (
 
 def _suite(suite: str, options: LoadOptions | None = None, strict: bool = False) -> Suite:
     """load_suite, with one warning line per skipped task (its path and the reason)."""
+    from claw_bench.suites import load_suite
+
     s = load_suite(suite, options, strict=strict)
     for path, reason in s.skipped:
         _log(f"warning: skipped {path}: {' '.join(reason.split())}")
@@ -93,6 +85,9 @@ def tasks(suite: str, as_json: bool, strict: bool) -> None:
 
     Example: claw-bench tasks --suite claw-mini
     """
+    from claw_bench.records import dumps
+    from claw_bench.suites import builtin_suites
+
     s = _suite(suite, strict=strict)
     for t in s.tasks:
         if as_json:
@@ -125,6 +120,9 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
 
     Example: claw-bench images -s tb2-tasks/ --task fix-git --json | jq -r .image
     """
+    from claw_bench.images import build_images, list_images
+    from claw_bench.records import dumps
+
     s = _suite(suite).select(list(task_ids) or None)
     rows = build_images(s.tasks, progress=_log) if build else list_images(s.tasks)
     for r in rows:
@@ -176,6 +174,9 @@ def harnesses(as_json: bool, in_sandbox: bool, backend: str) -> None:
 
     Example: claw-bench harnesses
     """
+    from claw_bench.harnesses import list_harnesses, sandbox_check
+    from claw_bench.records import dumps
+
     hs = list_harnesses()
     checks = sandbox_check(hs, backend) if in_sandbox else {}
     for h in hs:
@@ -196,79 +197,86 @@ def harnesses(as_json: bool, in_sandbox: bool, backend: str) -> None:
         click.echo(f"{h.name:22} {h.api:10} {state}")
 
 
-@main.command()
-@click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
-@click.option(
-    "--harness",
-    "-H",
-    "harness_names",
-    multiple=True,
-    required=True,
-    help="adapter name or .toml path (repeatable)",
-)
-@click.option(
-    "-n",
-    "--rollouts",
-    "samples",
-    type=int,
-    default=1,
-    show_default=True,
-    help="rollouts per (task, harness)",
-)
-@click.option(
-    "--network",
-    type=click.Choice(NETWORKS),
-    help="the jobs' network: none, proxy (only the proxy) or host (the host's network, as in claw-sandbox); default: proxy for model "
-    "harnesses, none for oracle / nothing; a task's allow_internet = false always wins",
-)
-@click.option(
-    "--proxy",
-    "proxy_url",
-    help="proxy base URL, e.g. http://127.0.0.1:8000 (needed by model harnesses)",
-)
-@click.option(
-    "--proxy-secret-file",
-    type=click.Path(dir_okay=False),
-    help="HMAC secret shared with the proxy (needed by model harnesses)",
-)
-@click.option("--strict", is_flag=True, help=_STRICT_HELP)
-@click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
-@click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags")
-@click.option("--run-id", help="prefix of session ids (default: random)")
-@click.option("--model", help="model name the harnesses ask for (default: each adapter's)")
-@click.option("--install", is_flag=True, help="install the harness in each job's setup")
-@click.option(
-    "--group-by",
-    type=click.Choice(GROUP_BY),
-    default="task",
-    show_default=True,
-    help="group key for group-relative advantages: the task, or task+harness (<task>+<harness>)",
-)
-@click.option("--memory-mb", type=click.IntRange(1), help="job limit: memory")
-@click.option("--pids", type=click.IntRange(1), help="job limit: processes")
-@click.option("--cpus", type=click.FloatRange(0, min_open=True), help="job limit: CPUs")
-@click.option(
-    "--pass-threshold",
-    type=click.FloatRange(0, 1),
-    default=1.0,
-    show_default=True,
-    help="public suites (ClawGym, PinchBench, Harbor): passed = reward >= THRESHOLD",
-)
-@click.option(
-    "--workspace-dir",
-    help="public suites: fixed path the workspace is mounted at, given to checkers "
-    "(default: remap the task's mount dir to the real workspace)",
-)
-@click.option(
-    "--checker-timeout",
-    type=click.FloatRange(0, min_open=True),
-    help="public suites: seconds before a checker is killed (scores 0) [default: 120]",
-)
-@click.option(
-    "-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file"
-)
-@_errors
-def plan(
+#: plan's options, which rollouts shares (the arguments of `_planned`)
+_PLAN_OPTIONS = [
+    click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks"),
+    click.option(
+        "--harness",
+        "-H",
+        "harness_names",
+        multiple=True,
+        required=True,
+        help="adapter name or .toml path (repeatable)",
+    ),
+    click.option(
+        "-n",
+        "--rollouts",
+        "samples",
+        type=int,
+        default=1,
+        show_default=True,
+        help="rollouts per (task, harness)",
+    ),
+    click.option(
+        "--network",
+        type=click.Choice(NETWORKS),
+        help="the jobs' network: none, proxy (only the proxy) or host (the host's network, as in claw-sandbox); default: proxy for model "
+        "harnesses, none for oracle / nothing; a task's allow_internet = false always wins",
+    ),
+    click.option(
+        "--proxy",
+        "proxy_url",
+        help="proxy base URL, e.g. http://127.0.0.1:8000 (needed by model harnesses)",
+    ),
+    click.option(
+        "--proxy-secret-file",
+        type=click.Path(dir_okay=False),
+        help="HMAC secret shared with the proxy (needed by model harnesses)",
+    ),
+    click.option("--strict", is_flag=True, help=_STRICT_HELP),
+    click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)"),
+    click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags"),
+    click.option("--run-id", help="prefix of session ids (default: random)"),
+    click.option("--model", help="model name the harnesses ask for (default: each adapter's)"),
+    click.option("--install", is_flag=True, help="install the harness in each job's setup"),
+    click.option(
+        "--group-by",
+        type=click.Choice(GROUP_BY),
+        default="task",
+        show_default=True,
+        help="group key for group-relative advantages: the task, or task+harness (<task>+<harness>)",
+    ),
+    click.option("--memory-mb", type=click.IntRange(1), help="job limit: memory"),
+    click.option("--pids", type=click.IntRange(1), help="job limit: processes"),
+    click.option("--cpus", type=click.FloatRange(0, min_open=True), help="job limit: CPUs"),
+    click.option(
+        "--pass-threshold",
+        type=click.FloatRange(0, 1),
+        default=1.0,
+        show_default=True,
+        help="public suites (ClawGym, PinchBench, Harbor): passed = reward >= THRESHOLD",
+    ),
+    click.option(
+        "--workspace-dir",
+        help="public suites: fixed path the workspace is mounted at, given to checkers "
+        "(default: remap the task's mount dir to the real workspace)",
+    ),
+    click.option(
+        "--checker-timeout",
+        type=click.FloatRange(0, min_open=True),
+        help="public suites: seconds before a checker is killed (scores 0) [default: 120]",
+    ),
+]
+
+
+def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Put plan's options (`_PLAN_OPTIONS`) on a command."""
+    for option in reversed(_PLAN_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def _planned(
     suite: str,
     harness_names: tuple[str, ...],
     samples: int,
@@ -288,20 +296,12 @@ def plan(
     pass_threshold: float,
     workspace_dir: str | None,
     checker_timeout: float | None,
-    output: str,
-) -> None:
-    """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
+) -> tuple[list[Task], list[Harness], dict[str, Any]]:
+    """The tasks, the harnesses and `plan_jobs`'s other arguments, from plan's options."""
+    from claw_bench.harnesses import load_harness
+    from claw_bench.loaders import LoadOptions
+    from claw_bench.token import read_secret
 
-    Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
-    --proxy http://127.0.0.1:8000 --proxy-secret-file secret.txt | claw-sandbox run > runs.jsonl
-
-    Example: claw-bench plan --suite tb2-tasks/ --harness oracle --harness nothing --network none -o jobs.jsonl
-
-    SUITE may also be a public suite as published: ClawGym-Bench task directories or JSONL,
-    PinchBench tasks/ Markdown, Harbor / Terminal-Bench 2 task directories. The built-in
-    harnesses oracle (the task's reference solution) and nothing (the floor) call no model and
-    need no proxy.
-    """
     if workspace_dir is not None and not workspace_dir.startswith("/"):
         raise click.BadParameter(
             f"{workspace_dir!r} must be an absolute path", param_hint="--workspace-dir"
@@ -324,26 +324,153 @@ def plan(
                 f"warning: harness {h.name} is not installed here (needs {', '.join(h.requires)}); "
                 "pass --install to install it in each job"
             )
-    secret = read_secret(proxy_secret_file) if proxy_secret_file and needs else None
-    jobs = plan_jobs(
-        list(s.tasks),
-        hs,
-        samples=samples,
-        proxy_url=proxy_url if needs else None,
-        secret=secret,
-        network=network,
-        run_id=run_id,
-        model=model,
-        install=install,
-        group_by=group_by,
-        limits={
-            k: v
-            for k, v in (("memory_mb", memory_mb), ("pids", pids), ("cpus", cpus))
-            if v is not None
-        },
+    limits = {"memory_mb": memory_mb, "pids": pids, "cpus": cpus}
+    kwargs = {
+        "samples": samples,
+        "proxy_url": proxy_url if needs else None,
+        "secret": read_secret(proxy_secret_file) if proxy_secret_file and needs else None,
+        "network": network,
+        "run_id": run_id,
+        "model": model,
+        "install": install,
+        "group_by": group_by,
+        "limits": {k: v for k, v in limits.items() if v is not None},
+    }
+    return list(s.tasks), hs, kwargs
+
+
+def _planned_line(tasks: list[Task], hs: list[Harness], samples: int) -> str:
+    return f"{len(tasks)} tasks x {len(hs)} harnesses x {samples} rollouts"
+
+
+@main.command()
+@_plan_options
+@click.option(
+    "-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file"
+)
+@_errors
+def plan(output: str, **options: Any) -> None:
+    """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
+
+    Example: claw-bench plan --suite claw-mini --harness claw-agent-chat -n 4
+    --proxy http://127.0.0.1:8000 --proxy-secret-file secret.txt | claw-sandbox run > runs.jsonl
+
+    Example: claw-bench plan --suite tb2-tasks/ --harness oracle --harness nothing --network none -o jobs.jsonl
+
+    SUITE may also be a public suite as published: ClawGym-Bench task directories or JSONL,
+    PinchBench tasks/ Markdown, Harbor / Terminal-Bench 2 task directories. The built-in
+    harnesses oracle (the task's reference solution) and nothing (the floor) call no model and
+    need no proxy.
+    """
+    from claw_bench.plan import plan_jobs
+    from claw_bench.records import write_records
+
+    tasks, hs, kwargs = _planned(**options)
+    n = write_records(output, plan_jobs(tasks, hs, **kwargs))
+    _log(f"planned {n} jobs: {_planned_line(tasks, hs, kwargs['samples'])}")
+
+
+@main.command()
+@_plan_options
+@click.option(
+    "-b",
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="claw-sandbox backend the jobs run in (auto, bwrap, docker, process)",
+)
+@click.option(
+    "-p",
+    "--parallel",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="jobs run at the same time",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(EXECUTORS),
+    default="local",
+    show_default=True,
+    help="claw-sandbox run --executor: local, or ray (the jobs as Ray tasks; needs "
+    "claw-sandbox[ray])",
+)
+@click.option(
+    "--sandbox-arg",
+    "sandbox_args",
+    multiple=True,
+    metavar="ARG",
+    help="one more argument for claw-sandbox run (repeatable), e.g. --sandbox-arg=--ro-path "
+    "--sandbox-arg=/opt/venv",
+)
+@click.option(
+    "--jobs",
+    "jobs_output",
+    callback=output_path,
+    help="also write the planned jobs to this JSONL file (before they run)",
+)
+@click.option(
+    "--runs",
+    "runs_output",
+    callback=output_path,
+    help="keep the runs in this JSONL file; it is appended to and resumed from, as by "
+    "claw-sandbox run -o (give the same --run-id to resume)",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    callback=output_path,
+    help="outcomes JSONL file",
+)
+@_errors
+def rollouts(
+    backend: str,
+    parallel: int,
+    executor: str,
+    sandbox_args: tuple[str, ...],
+    jobs_output: str | None,
+    runs_output: str | None,
+    output: str,
+    **options: Any,
+) -> None:
+    """Plan, run in claw-sandbox and score: `plan | claw-sandbox run | score` in one command.
+
+    Takes plan's options; the jobs run through the `claw-sandbox run` command (on PATH) with
+    --backend, --parallel and --executor, and claw.outcome/v1 records come out, in (task,
+    harness, sample) order. The last line on stderr counts passed, scored, infra errors and not
+    scorable apart. Rubric-graded tasks come out not_scorable: keep --runs and score them with
+    `claw-bench score --judge-url`.
+
+    Example: claw-bench rollouts --suite claw-mini --harness claw-agent-chat -n 4
+    --proxy http://127.0.0.1:8000 --proxy-secret-file secret.txt --backend bwrap
+    --runs runs.jsonl -o outcomes.jsonl
+
+    Example: claw-bench rollouts -s claw-toy --harness oracle --executor ray | claw-bench report
+    """
+    from claw_bench.records import write_records
+    from claw_bench.rollouts import rollouts as run_rollouts
+    from claw_bench.rollouts import sandbox_cli
+
+    tasks, hs, kwargs = _planned(**options)
+    sandbox = sandbox_cli(
+        backend=backend, parallel=parallel, executor=executor, output=runs_output, args=sandbox_args
     )
-    n = write_records(output, jobs)
-    _log(f"planned {n} jobs: {len(s.tasks)} tasks x {len(hs)} harnesses x {samples} rollouts")
+
+    def run(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if jobs_output is not None:
+            write_records(jobs_output, jobs)
+        _log(f"running {len(jobs)} jobs: {_planned_line(tasks, hs, kwargs['samples'])}")
+        return list(sandbox(jobs))
+
+    s = run_rollouts(tasks, hs, run, **kwargs)
+    write_records(output, s.outcomes)
+    n = s.summary()
+    _log(
+        f"scored {n['rollouts']} rollouts: {n['passed']} passed, {n['scored']} scored, "
+        f"{n['infra_errors']} infra errors, {n['not_scorable']} not scorable"
+    )
 
 
 @main.command()
@@ -404,6 +531,7 @@ def expert(
     Example: claw-bench expert -s claw-toy --tag toy-steps --tag train -o expert.jsonl
     """
     from claw_bench.families import expert_script
+    from claw_bench.records import write_records
 
     s = _suite(suite).select(list(task_ids) or None, list(tags) or None)
     lines = expert_script(list(s.tasks), slip=slip, seed=seed, samples=samples)
@@ -461,6 +589,10 @@ def score(
     Example: claw-bench score runs.jsonl --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-4o-mini
     --judge-key-env OPENAI_API_KEY > outcomes.jsonl
     """
+    from claw_bench.loaders import Judge
+    from claw_bench.records import RUN, iter_records, write_records
+    from claw_bench.score import check_run, score_run
+
     judge = None
     if judge_url:
         if not judge_model:
@@ -513,6 +645,10 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     Example: claw-sandbox run jobs.jsonl | claw-bench regrade --suite pinchbench/tasks --calls calls.jsonl
     | claw-bench score > outcomes.jsonl
     """
+    from claw_bench.loaders.regrade import regrade_run
+    from claw_bench.records import RUN, iter_records, read_records, write_records
+    from claw_bench.suites import load_suite
+
     s = load_suite(suite)
     calls = read_records(calls_path, "claw.call/v1")
     n = 0
@@ -594,6 +730,16 @@ def report_(
 
     Example: claw-bench report outcomes.jsonl --reward-cutoff 0.5 --reward-cutoff 1.0
     """
+    from claw_bench.records import OUTCOME, read_records
+    from claw_bench.report import (
+        check_outcome,
+        compare,
+        plot_report,
+        render_compare,
+        render_text,
+        report,
+    )
+
     opts: dict[str, Any] = {
         "ks": list(ks) or None,
         "confidence": confidence,
@@ -637,6 +783,9 @@ def check(suite: str, task_ids: tuple[str, ...], backend: str) -> None:
     Prints one JSON line per (task, mode); exits 1 when any task is unsound.
     Example: claw-bench check --suite claw-mini --task csv-dedupe-contacts --backend bwrap
     """
+    from claw_bench.check import check_tasks
+    from claw_bench.records import dumps
+
     s = _suite(suite).select(list(task_ids) or None)
     bad = []
     for r in check_tasks(list(s.tasks), backend=backend):

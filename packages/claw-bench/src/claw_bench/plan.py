@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from claw_bench._choices import GROUP_BY, NETWORKS
 from claw_bench.errors import PlanError
 from claw_bench.harbor import (
     CLAW_LOGS,
@@ -26,9 +27,6 @@ from claw_bench.tasks import VERIFY_DIR, FileContent, Task, job_files
 from claw_bench.token import mint_token
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-GROUP_BY = ("task", "task+harness")  # the spelling claw-tree samples --group-by uses (docs/cli.md)
-#: plan --network: none (no network), proxy (only the proxy, at a loopback port), host (the host's; the job record's policy names)
-NETWORKS = ("none", "proxy", "host")
 #: where the oracle's job holds the task's solution files (workspace-relative; removed before verify)
 SOLUTION_DIR = ".claw_solution"
 #: first words of the line a job prints when its harness cannot start (exit 127)

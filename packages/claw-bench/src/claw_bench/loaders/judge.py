@@ -21,10 +21,10 @@ from typing import Any
 import attrs
 import httpx
 
+from claw_bench._choices import JUDGE_APIS as APIS
 from claw_bench.errors import ClawError
 from claw_bench.loaders._common import JUDGE_FILES
 
-APIS = ("openai", "anthropic")
 HIDDEN_PREFIXES = (".claw_verify/", ".claw_harness/", ".claw_setup/")
 MAX_FILE_CHARS = 20_000
 MAX_TOTAL_CHARS = 120_000
