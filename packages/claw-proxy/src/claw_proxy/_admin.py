@@ -33,24 +33,47 @@ async def _json(request: Request) -> dict:
 
 
 def routes(proxy) -> list[Route]:
-    async def healthz(request):
+    """The routes of `proxy` beside the model APIs."""
+    r = _Routes(proxy)
+    return [
+        Route("/healthz", r.healthz, methods=["GET"]),
+        Route("/v1/models", r.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", r.model, methods=["GET"]),
+        Route("/v1/messages/count_tokens", r.count_tokens, methods=["POST"]),
+        Route("/admin/policy", r.policy, methods=["POST"]),
+        Route("/admin/rotate", r.rotate, methods=["POST"]),
+        Route("/admin/sessions/{session}/close", r.close, methods=["POST"]),
+        Route("/admin/sessions/{session}", r.session, methods=["GET", "POST"]),
+        Route("/admin/stats", r.stats, methods=["GET"]),
+    ]
+
+
+class _Routes:
+    """The endpoints, bound to one proxy. Each admin endpoint checks the admin token first and
+    answers a `ClawError` as `{"error": {"type", "message"}}` with its status."""
+
+    def __init__(self, proxy) -> None:
+        self.proxy = proxy
+
+    async def healthz(self, request: Request) -> JSONResponse:
         """`status`: ok; with replicas, degraded while one is down and down (503) when all are."""
-        engine = proxy.policy_engine
+        engine = self.proxy.policy_engine
         body = {"ok": True, "status": "ok", "policy": engine.policy, "engine": engine.spec}
         if isinstance(engine, ReplicaSet):
             body.update(engine.health())
             body["ok"] = body["status"] != "down"
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
-    async def models(request):
-        names = [proxy.config.policy_name] + [glob for glob, _ in proxy.config.routes]
+    async def models(self, request: Request) -> JSONResponse:
+        config = self.proxy.config
+        names = [config.policy_name] + [glob for glob, _ in config.routes]
         data = [
             {"id": n, "object": "model", "created": 0, "owned_by": "claw-proxy"}
             for n in dict.fromkeys(names)
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    async def model(request):
+    async def model(self, request: Request) -> JSONResponse:
         """Any name is served (unmatched names go to the policy), so any name exists."""
         name = request.path_params["model"]
         return JSONResponse(
@@ -64,137 +87,130 @@ def routes(proxy) -> list[Route]:
             }
         )
 
-    async def count_tokens(request):
+    async def count_tokens(self, request: Request) -> JSONResponse:
         """Anthropic token counting: the prompt rendered in full (not a model call, not
         recorded), under the limits of a call: a slot of the session's --session-concurrency
         and --max-prompt-tokens (413, from the text alone when it proves the prompt over)."""
+        proxy = self.proxy
         try:
             session, state = proxy.authenticate(request)
             proxy.take_slot(session, state)
         except ClawError as e:
             return error_response(api_anthropic, e)
         try:
-            body = await proxy._body(request)
-            body.setdefault("max_tokens", 1)
-            req = await proxy.offload(api_anthropic.parse, body)
-            engine = proxy.route(req.model)
-            if engine.tokenizer_dir is None:
-                raise RequestError(
-                    "token counting is not available for a passthrough model", "model"
-                )
-            proxy.check_prompt_bound(req, engine.tokenizer_dir)
-            proxy.thinking(req, engine.tokenizer_dir)  # counted as the call would be rendered
-            n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
-            proxy.check_prompt_tokens(n)
-            return JSONResponse({"input_tokens": n})
+            return JSONResponse({"input_tokens": await self._count(request)})
         except ClawError as e:
             return error_response(api_anthropic, e)
         finally:
             state.in_flight -= 1
 
-    async def policy(request):
+    async def _count(self, request: Request) -> int:
+        proxy = self.proxy
+        body = await proxy._body(request)
+        body.setdefault("max_tokens", 1)
+        req = await proxy.offload(api_anthropic.parse, body)
+        engine = proxy.route(req.model)
+        if engine.tokenizer_dir is None:
+            raise RequestError("token counting is not available for a passthrough model", "model")
+        proxy.check_prompt_bound(req, engine.tokenizer_dir)
+        proxy.thinking(req, engine.tokenizer_dir)  # counted as the call would be rendered
+        n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
+        proxy.check_prompt_tokens(n)
+        return n
+
+    async def _admin(self, request: Request, answer) -> JSONResponse:
+        """`answer(request)`'s body, after the admin token check; a `ClawError` as its error."""
         try:
-            proxy._check_admin(request)
-            p = Policy.from_dict(await _json(request), "POST /admin/policy body")
-            t0 = time.monotonic()
-            now = await proxy.load_policy(p)
-            return JSONResponse(
-                {"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)}
-            )
+            self.proxy._check_admin(request)
+            return JSONResponse(await answer(request))
         except ClawError as e:
             return _err(e)
 
-    async def rotate(request):
+    async def policy(self, request: Request) -> JSONResponse:
+        """POST a claw.policy/v1 body: serve it (the engine loads its weights first)."""
+        return await self._admin(request, self._policy)
+
+    async def _policy(self, request: Request) -> dict:
+        p = Policy.from_dict(await _json(request), "POST /admin/policy body")
+        t0 = time.monotonic()
+        now = await self.proxy.load_policy(p)
+        return {"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)}
+
+    async def rotate(self, request: Request) -> JSONResponse:
         """Close the open record shard: {"closed": [paths], "lines": n, "next": path}."""
-        try:
-            proxy._check_admin(request)
-            if proxy.writer is None:
-                raise RequestError("this proxy records nothing (start it with --record FILE)")
-            return JSONResponse({"ok": True, **proxy.writer.rotate()})
-        except ClawError as e:
-            return _err(e)
+        return await self._admin(request, self._rotate)
 
-    async def close(request):
-        try:
-            proxy._check_admin(request)
-            sid = request.path_params["session"]
-            s = proxy.sessions.get(sid)
-            if s is None:
-                raise NotFoundError(f"unknown session {sid!r}")
-            s.closed = True
-            for cache in proxy.caches.values():
-                cache.forget(sid)
-            proxy.parse_memo.forget(sid)
-            if isinstance(proxy.policy_engine, ReplicaSet):
-                proxy.policy_engine.forget(sid)
-            return JSONResponse({"ok": True, "session": sid, "calls": s.calls})
-        except ClawError as e:
-            return _err(e)
+    async def _rotate(self, request: Request) -> dict:
+        if self.proxy.writer is None:
+            raise RequestError("this proxy records nothing (start it with --record FILE)")
+        return {"ok": True, **self.proxy.writer.rotate()}
 
-    async def session(request):
+    async def close(self, request: Request) -> JSONResponse:
+        """Close a session: its later calls get 401, its caches are freed."""
+        return await self._admin(request, self._close)
+
+    async def _close(self, request: Request) -> dict:
+        proxy = self.proxy
+        sid = request.path_params["session"]
+        s = proxy.sessions.get(sid)
+        if s is None:
+            raise NotFoundError(f"unknown session {sid!r}")
+        s.closed = True
+        for cache in proxy.caches.values():
+            cache.forget(sid)
+        proxy.parse_memo.forget(sid)
+        if isinstance(proxy.policy_engine, ReplicaSet):
+            proxy.policy_engine.forget(sid)
+        return {"ok": True, "session": sid, "calls": s.calls}
+
+    async def session(self, request: Request) -> JSONResponse:
         """POST {"tags": {...}}: set (merge) a session's tags; GET: the session's state."""
-        try:
-            proxy._check_admin(request)
-            sid = request.path_params["session"]
-            if not is_session_id(sid):
-                raise RequestError("session ids are 1-128 characters of [A-Za-z0-9_-]", "session")
-            s = proxy.sessions.get(sid) or proxy.new_session(sid)
-            if request.method == "POST":
-                tags = (await _json(request)).get("tags")
-                if not isinstance(tags, dict):
-                    raise RequestError("expected an object", "tags")
-                s.tags.update(tags)
-            return JSONResponse(
-                {
-                    "session": sid,
-                    "tags": s.tags,
-                    "calls": s.calls,
-                    "in_flight": s.in_flight,
-                    "closed": s.closed,
-                }
-            )
-        except ClawError as e:
-            return _err(e)
+        return await self._admin(request, self._session)
 
-    async def stats(request):
-        try:
-            proxy._check_admin(request)
-        except ClawError as e:
-            return _err(e)
-        engines = {}
-        for spec, eng in proxy.engines.items():
-            d = {"policy": eng.policy, "trainable": eng.trainable}
-            if hasattr(eng, "batches"):
-                d.update(batches=eng.batches, batched_rows=eng.batched_rows)
-            engines[spec] = d
-        open_sessions = sum(1 for s in proxy.sessions.values() if not s.closed)
-        return JSONResponse(
-            {
-                **proxy.stats,
-                "sessions": len(proxy.sessions),
-                "open_sessions": open_sessions,
-                "in_flight": sum(s.in_flight for s in proxy.sessions.values()),
-                "policy": proxy.policy_engine.policy,
-                "engines": engines,
-                **(
-                    {"replicas": proxy.policy_engine.health()}
-                    if isinstance(proxy.policy_engine, ReplicaSet)
-                    else {}
-                ),
-                "records": proxy.writer.written if proxy.writer else 0,
-                "prefix_cache": {d: c.stats() for d, c in proxy.caches.items()},
-                "parse_memo": proxy.parse_memo.stats(),
-            }
-        )
+    async def _session(self, request: Request) -> dict:
+        sid = request.path_params["session"]
+        if not is_session_id(sid):
+            raise RequestError("session ids are 1-128 characters of [A-Za-z0-9_-]", "session")
+        s = self.proxy.sessions.get(sid) or self.proxy.new_session(sid)
+        if request.method == "POST":
+            tags = (await _json(request)).get("tags")
+            if not isinstance(tags, dict):
+                raise RequestError("expected an object", "tags")
+            s.tags.update(tags)
+        return {
+            "session": sid,
+            "tags": s.tags,
+            "calls": s.calls,
+            "in_flight": s.in_flight,
+            "closed": s.closed,
+        }
 
-    return [
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/admin/policy", policy, methods=["POST"]),
-        Route("/admin/rotate", rotate, methods=["POST"]),
-        Route("/admin/sessions/{session}/close", close, methods=["POST"]),
-        Route("/admin/sessions/{session}", session, methods=["GET", "POST"]),
-        Route("/admin/stats", stats, methods=["GET"]),
-    ]
+    async def stats(self, request: Request) -> JSONResponse:
+        """The proxy's counters (see the README, Admin API)."""
+        return await self._admin(request, self._stats)
+
+    async def _stats(self, request: Request) -> dict:
+        return _stats(self.proxy)
+
+
+def _stats(proxy) -> dict:
+    engines = {}
+    for spec, eng in proxy.engines.items():
+        d = {"policy": eng.policy, "trainable": eng.trainable}
+        if hasattr(eng, "batches"):
+            d.update(batches=eng.batches, batched_rows=eng.batched_rows)
+        engines[spec] = d
+    sessions = proxy.sessions.values()
+    replicas = proxy.policy_engine if isinstance(proxy.policy_engine, ReplicaSet) else None
+    return {
+        **proxy.stats,
+        "sessions": len(proxy.sessions),
+        "open_sessions": sum(1 for s in sessions if not s.closed),
+        "in_flight": sum(s.in_flight for s in sessions),
+        "policy": proxy.policy_engine.policy,
+        "engines": engines,
+        **({"replicas": replicas.health()} if replicas is not None else {}),
+        "records": proxy.writer.written if proxy.writer else 0,
+        "prefix_cache": {d: c.stats() for d, c in proxy.caches.items()},
+        "parse_memo": proxy.parse_memo.stats(),
+    }
