@@ -11,18 +11,13 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
+
 from claw_bench._choices import GROUP_BY, NETWORKS
+from claw_bench._job import JobSpec
+from claw_bench._profiles import Profile, Render, profile_for
 from claw_bench.errors import PlanError
-from claw_bench.harbor import (
-    CLAW_LOGS,
-    LOGS_AGENT,
-    LOGS_ARTIFACTS,
-    LOGS_VERIFIER,
-    SOLUTION,
-    TESTS,
-)
-from claw_bench.harnesses import INSTRUCTION_FILE, Harness
-from claw_bench.records import JOB
+from claw_bench.harnesses import Harness
 from claw_bench.tasks import VERIFY_DIR, FileContent, Task, job_files
 from claw_bench.token import mint_token
 
@@ -105,161 +100,178 @@ def _oracle(task: Task) -> tuple[str | None, dict[str, FileContent], dict[str, s
     return f"{run}; code=$?; rm -rf {SOLUTION_DIR}; exit $code", files, env
 
 
-def artifact_copy(artifacts: list[dict[str, Any]], root: str) -> str:
-    """Shell (POSIX sh) that copies each of task.toml's ``artifacts`` (file or folder, if it
-    exists) to ``root/<destination>``, as Harbor gathers a trial's artifacts after verification."""
-    parts = []
-    for a in artifacts:
-        src, dest = shlex.quote(a["source"]), shlex.quote(f"{root}/{a['destination']}")
-        excl = "".join(f" --exclude={shlex.quote(x)}" for x in a.get("exclude", []))
-        copy_dir = (
-            f"tar -C {src} -cf -{excl} . | tar -C {dest} -xf -"
-            if excl
-            else f"cp -a {src}/. {dest}/"
-        )
-        parts.append(
-            f"if [ -d {src} ]; then mkdir -p {dest} && {copy_dir}; "
-            f'elif [ -e {src} ]; then mkdir -p "$(dirname {dest})" && cp -a {src} {dest}; fi'
-        )
-    return "; ".join(parts)
+@attrs.frozen(kw_only=True)
+class _Planner:
+    """What every job of one plan shares; :meth:`job` builds the claw.job/v1 of one
+    (task, harness, sample) and hands it to the task's profile."""
 
+    proxy_url: str | None
+    secret: bytes | None
+    run_id: str
+    model: str | None
+    install: bool
+    group_by: str
+    python: str
+    limits: dict[str, Any] | None
+    network: str | None
 
-def _with_artifacts(command: str, artifacts: list[dict[str, Any]], root: str) -> str:
-    """The verify command, then the artifact copies; the verifier's exit code is kept."""
-    if not artifacts:
-        return command
-    return f"{command}; code=$?; {artifact_copy(artifacts, root)}; exit $code"
+    @property
+    def port(self) -> int | None:
+        return proxy_port(self.proxy_url) if self.proxy_url else None
 
-
-def _verify_mounts(task: Task, tests: dict[str, Any], runner: str | None) -> tuple[str, list]:
-    """(command, verify mounts) of a Harbor verify step: the tests at /tests, and claw's verify
-    runner at /logs/claw unless the task's own test.sh writes the reward (``runner`` None)."""
-    vmounts: list[dict[str, Any]] = [{"target": TESTS, "files": job_files(tests)}]
-    if runner is None:  # plain Harbor: test.sh writes the reward itself
-        command = (
-            f"rm -f {LOGS_VERIFIER}/reward.txt {LOGS_VERIFIER}/reward.json; bash {TESTS}/test.sh"
-        )
-    else:  # claw's verify runner (reward.txt / reward.json -> the reward file, details)
-        vmounts.append({"target": CLAW_LOGS, "files": {task.verify.name: runner}})
-        command = f"CLAW_REWARD_FILE={task.reward_file} bash {CLAW_LOGS}/{task.verify.name}"
-    return command, vmounts
-
-
-def _healthcheck(hc: dict[str, Any]) -> str:
-    """A step's healthcheck as a setup command: its command retried like Docker's HEALTHCHECK."""
-    retries = int(hc.get("retries", 3)) if isinstance(hc.get("retries"), int) else 3
-    interval = hc.get("interval_sec", 1)
-    interval = interval if isinstance(interval, int | float) and interval >= 0 else 1
-    cmd = shlex.quote(hc["command"])
-    return (
-        f"i=0; while [ $i -lt {max(1, retries)} ]; do sh -c {cmd} && exit 0; i=$((i+1)); "
-        f"sleep {interval:g}; done; echo 'healthcheck failed: '{cmd} >&2; exit 1"
-    )
-
-
-def _harbor_steps(
-    job: dict[str, Any], task: Task, h: Harness, render: Callable[[str], str] | None
-) -> None:
-    """A Harbor multi-step task's job: its ``steps`` run in order in the one trial environment,
-    each with its WORKDIR uploads (and their setup.sh), healthcheck, agent run on the step's
-    instruction (``render``; the oracle runs the step's solve.sh at /solution), and verify with
-    the task's tests/ under the step's at /tests and the step's ``min_reward``."""
-    steps = []
-    artifacts = task.meta["harbor"].get("artifacts", [])
-    for st in task.meta["harbor_steps"]:
-        files = dict(st["workdir_files"])
-        setup = ["bash ./setup.sh"] if "setup.sh" in files else []
-        if st.get("healthcheck"):
-            setup.append(_healthcheck(st["healthcheck"]))
-        step: dict[str, Any] = {"name": st["name"], "timeout_s": st["timeout_s"]}
-        if h.builtin == "oracle":
-            step["command"] = "bash /solution/solve.sh" if st["solution"] else "true"
-            step["mounts"] = [{"target": SOLUTION, "files": job_files(st["solution"])}]
-        elif render is not None:
-            step["command"] = render(st["instruction"])
-            files[INSTRUCTION_FILE] = st["instruction"]
-        else:
-            step["command"] = job["command"]
-        command, vmounts = _verify_mounts(task, st["tests"], st["runner"])
-        root = f"{LOGS_ARTIFACTS}/steps/{st['name']}"
-        step["verify"] = {
-            "command": _with_artifacts(command, [*artifacts, *st["artifacts"]], root),
-            "timeout_s": st["verify_timeout_s"],
-            "mounts": vmounts,
-            "reward_file": task.reward_file,
-            "reset": [LOGS_VERIFIER],  # the verifier's: what the agent left there goes first
+    def job(self, task: Task, profile: Profile, h: Harness, k: int) -> dict[str, Any]:
+        session = session_id(self.run_id, task.id, h.name, k)
+        net = _network(h, task, self.network)
+        meta: dict[str, Any] = {
+            "session": session,
+            "task": task.id,
+            "harness": h.name,
+            "sample": k,
+            "group": task.id if self.group_by == "task" else f"{task.id}+{h.name}",
+            "run_id": self.run_id,
+            "api": h.api,
         }
-        if files:
-            step["files"] = job_files(files)
-        if setup:
-            step["setup"] = setup
-        if st.get("min_reward") is not None:
-            step["min_reward"] = st["min_reward"]
-        steps.append(step)
-    job["steps"] = steps
-    job["command"] = steps[0]["command"]  # what a reader that does not know `steps` would run
-    job.pop("verify", None)
-    job["meta"]["multi_step_reward_strategy"] = task.meta["multi_step_reward_strategy"]
+        files: dict[str, FileContent] = dict(task.workspace)
+        env: dict[str, str] = dict(task.meta.get("env", {}))
+        verify: dict[str, Any] | None = _verify(task)
+        render: Render | None = None  # a model harness on an instruction
+        if h.needs_model:
+            command, render = self._model_command(task, h, k, session, net, files, env)
+        elif h.builtin == "oracle":
+            oracle, sol_files, sol_env = _oracle(task)
+            if oracle is None:
+                command, verify = "true", None
+                meta["not_scorable"] = f"task {task.id} has no reference solution for the oracle"
+            else:
+                command = oracle
+                files.update(sol_files)
+                env.update(sol_env)
+        else:  # nothing, or an adapter with api = "none"
+            command = h.command if not h.builtin else "true"
+        setup = self._setup(task, h, files)
+        if isinstance(task.meta.get("unsupported"), str):  # e.g. compose sidecars
+            command, verify, setup = "true", None, []
+            meta["not_scorable"] = f"task {task.id} skipped: {task.meta['unsupported']}"
+        if task.pass_threshold is not None:
+            meta["pass_threshold"] = task.pass_threshold
+        if isinstance(task.meta.get("judge"), dict):
+            meta["judge"] = task.meta["judge"]  # the rubric, for claw-bench score's judge step
+        spec = JobSpec(
+            job_id=session,
+            workspace=job_files(files),
+            setup=setup,
+            command=command,
+            env=env,
+            timeout_s=task.timeout_s,
+            network=self._network_record(net),
+            collect=[task.reward_file, *task.meta.get("collect", [])],
+            meta=meta,
+            verify=verify,
+            image=task.image or None,
+        )
+        spec = profile.job(spec, task, h, render)
+        task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
+        if self.limits or task_limits:  # plan's flags override the task's
+            spec = attrs.evolve(spec, limits={**task_limits, **(self.limits or {})})
+        return spec.to_dict()
 
-
-def _harbor(
-    job: dict[str, Any],
-    task: Task,
-    hb: dict[str, Any],
-    h: Harness,
-    render: Callable[[str], str] | None,
-) -> None:
-    """Give a Harbor task's job Harbor's execution model (claw.job/v1 ``profile: "harbor"``): the
-    WORKDIR as workspace and cwd, writable /logs/agent, /logs/verifier and /logs/artifacts, the
-    tests at /tests at verify time only, the solution folder at /solution for the oracle; scripts
-    run unchanged. A multi-step task gets ``steps`` (:func:`_harbor_steps`)."""
-    oracle = h.builtin == "oracle"
-    job["profile"], job["workdir"] = "harbor", hb["workdir"]
-    mounts: list[dict[str, Any]] = [
-        {"target": LOGS_AGENT},
-        {"target": LOGS_VERIFIER},
-        {"target": LOGS_ARTIFACTS},
-    ]
-    if task.meta.get("harbor_steps") and "not_scorable" not in job["meta"]:
-        if oracle:
-            mounts.append({"target": SOLUTION})
-            job["workspace"] = {"files": job_files(task.workspace)}
-            job["env"].pop("CLAW_SOLUTION_DIR", None)
-        job["mounts"] = mounts
-        _harbor_steps(job, task, h, render)
-    elif oracle and task.solution is not None and "not_scorable" not in job["meta"]:
-        sol = task.solution_files or {task.solution.name: task.solution.text}
-        mounts.append({"target": SOLUTION, "files": job_files(sol)})
-        job["command"] = task.solution.command(f"{SOLUTION}/{task.solution.name}")
-        job["workspace"] = {"files": job_files(task.workspace)}
-        job["env"].pop("CLAW_SOLUTION_DIR", None)
-    job["mounts"] = mounts
-    if hb.get("image_run"):
-        job["image_run"] = list(hb["image_run"])
-    if hb.get("image_env"):  # the Dockerfile's ENV, for a backend that runs no image
-        job["image_env"] = dict(hb["image_env"])
-    if "verify" in job:
-        tests = {k[len("tests/") :]: v for k, v in task.hidden.items() if k.startswith("tests/")}
-        plain = task.verify.name == "tests/test.sh"
-        if plain:
-            tests["test.sh"] = task.verify.text
-        command, vmounts = _verify_mounts(task, tests, None if plain else task.verify.text)
-        job["verify"] = {
-            "command": _with_artifacts(command, hb.get("artifacts", []), LOGS_ARTIFACTS),
-            "timeout_s": task.verify_timeout_s,
-            "mounts": vmounts,
-            "reward_file": task.reward_file,
-            "reset": [LOGS_VERIFIER],  # the verifier's: what the agent left there goes first
+    def _model_command(
+        self,
+        task: Task,
+        h: Harness,
+        k: int,
+        session: str,
+        net: str,
+        files: dict[str, FileContent],
+        env: dict[str, str],
+    ) -> tuple[str, Render]:
+        """A model harness's command, with a session token for the proxy; its files and env are
+        added to ``files`` and ``env``."""
+        assert self.proxy_url is not None and self.secret is not None and self.port is not None
+        tags = {"task": task.id, "harness": h.name, "sample": str(k)}
+        token = mint_token(session, self.secret, tags)
+        base_url = self.proxy_url.rstrip("/") if net == "host" else f"http://127.0.0.1:{self.port}"
+        values = {
+            "base_url": base_url,
+            "port": str(self.port),
+            "token": token,
+            "model": self.model or h.model,
+            "instruction": task.instruction,
+            "instruction_file": ".claw_harness/instruction.md",
+            "python": self.python,
+            "session": session,
+            "task": task.id,
+            "harness": h.name,
         }
-    vms = [m for v in [job.get("verify", {}), *job.get("steps", [])] for m in v.get("mounts", [])]
-    vms += [m for st in job.get("steps", []) for m in st.get("verify", {}).get("mounts", [])]
-    places = [hb["workdir"], *(m["target"] for m in [*mounts, *vms])]
-    job["collect"] = [
-        c
-        for c in job["collect"]
-        if not c.startswith("/") or any(c.startswith(p + "/") for p in places)
-    ]
-    job["collect"] += [f"{LOGS_VERIFIER}/**", f"{LOGS_AGENT}/**", f"{LOGS_ARTIFACTS}/**"]
+        command, h_env, harness_files = h.render(values)
+        clash = set(files) & set(harness_files)
+        if clash:
+            raise PlanError(
+                f"task {task.id}: workspace files {sorted(clash)} clash with harness {h.name}'s files"
+            )
+        files.update(harness_files)
+        env.update(h_env)
+        pre = _preflight(h) if h.requires and not self.install else ""
+        return pre + command, _renderer(h, values, pre)
+
+    def _setup(self, task: Task, h: Harness, files: dict[str, FileContent]) -> list[str]:
+        """The job's setup: the harness's install (with ``install``), then the task's setup
+        script, which is added to ``files``."""
+        setup = list(h.install) if self.install else []
+        if task.setup:
+            files[f".claw_setup/{task.setup.name}"] = task.setup.text
+            setup.append(
+                f"{task.setup.command(f'.claw_setup/{task.setup.name}')} && rm -rf .claw_setup"
+            )
+        return setup
+
+    def _network_record(self, net: str) -> dict[str, Any]:
+        rec: dict[str, Any] = {"policy": net}
+        if net == "proxy":
+            assert self.proxy_url is not None
+            rec.update(proxy_url=self.proxy_url.rstrip("/"), port=self.port)
+        return rec
+
+
+def _verify(task: Task) -> dict[str, Any]:
+    """The job's verify step: the verifier and hidden files placed in the workspace at verify
+    time only."""
+    return {
+        "command": task.verify_command(),
+        "timeout_s": task.verify_timeout_s,
+        "files": job_files(task.verify_files()),
+        "reward_file": task.reward_file,
+        "reset": [VERIFY_DIR],  # emptied before the verifier's files are placed
+    }
+
+
+def _check_plan(
+    harnesses: list[Harness],
+    samples: int,
+    tasks: list[Task],
+    group_by: str,
+    network: str | None,
+    proxy_url: str | None,
+    secret: bytes | None,
+) -> None:
+    """PlanError for arguments no job can be planned from."""
+    if samples < 1:
+        raise PlanError(f"-n must be at least 1, got {samples}")
+    if not tasks:
+        raise PlanError("no tasks selected")
+    if not harnesses:
+        raise PlanError("no harness given (use --harness NAME)")
+    if group_by not in GROUP_BY:
+        raise PlanError(f"--group-by must be one of {GROUP_BY}, got {group_by!r}")
+    if network is not None and network not in NETWORKS:
+        raise PlanError(f"--network must be one of {NETWORKS}, got {network!r}")
+    model_h = [h.name for h in harnesses if h.needs_model]
+    if model_h and (proxy_url is None or secret is None):
+        raise PlanError(
+            f"harness {model_h[0]} talks to a model: --proxy and --proxy-secret-file are needed"
+        )
+    if proxy_url:
+        proxy_port(proxy_url)
 
 
 def plan_jobs(
@@ -290,167 +302,21 @@ def plan_jobs(
     ``--group-by task+harness``). The oracle of a task without a reference solution is planned
     as a no-op job whose meta says why it is ``not_scorable``.
     """
-    if samples < 1:
-        raise PlanError(f"-n must be at least 1, got {samples}")
-    if not tasks:
-        raise PlanError("no tasks selected")
-    if not harnesses:
-        raise PlanError("no harness given (use --harness NAME)")
-    if group_by not in GROUP_BY:
-        raise PlanError(f"--group-by must be one of {GROUP_BY}, got {group_by!r}")
-    if network is not None and network not in NETWORKS:
-        raise PlanError(f"--network must be one of {NETWORKS}, got {network!r}")
-    model_h = [h.name for h in harnesses if h.needs_model]
-    if model_h and (proxy_url is None or secret is None):
-        raise PlanError(
-            f"harness {model_h[0]} talks to a model: --proxy and --proxy-secret-file are needed"
-        )
-    port = proxy_port(proxy_url) if proxy_url else None
-    run_id = _UNSAFE.sub("_", run_id) if run_id else secrets.token_hex(4)
-    python = python or sys.executable
-    jobs = []
+    _check_plan(harnesses, samples, tasks, group_by, network, proxy_url, secret)
+    planner = _Planner(
+        proxy_url=proxy_url,
+        secret=secret,
+        run_id=_UNSAFE.sub("_", run_id) if run_id else secrets.token_hex(4),
+        model=model,
+        install=install,
+        group_by=group_by,
+        python=python or sys.executable,
+        limits=limits,
+        network=network,
+    )
+    jobs: list[dict[str, Any]] = []
     for task in tasks:
+        profile = profile_for(task)  # chosen once per task
         for h in harnesses:
-            for k in range(samples):
-                session = session_id(run_id, task.id, h.name, k)
-                net = _network(h, task, network)
-                meta = {
-                    "session": session,
-                    "task": task.id,
-                    "harness": h.name,
-                    "sample": k,
-                    "group": task.id if group_by == "task" else f"{task.id}+{h.name}",
-                    "run_id": run_id,
-                    "api": h.api,
-                }
-                files: dict[str, FileContent] = dict(task.workspace)
-                env: dict[str, str] = dict(task.meta.get("env", {}))
-                verify: dict[str, Any] | None = {
-                    "command": task.verify_command(),
-                    "timeout_s": task.verify_timeout_s,
-                    "files": job_files(task.verify_files()),
-                    "reward_file": task.reward_file,
-                    "reset": [VERIFY_DIR],  # emptied before the verifier's files are placed
-                }
-                render: Callable[[str], str] | None = None  # a model harness on an instruction
-                if h.needs_model:
-                    assert proxy_url is not None and secret is not None and port is not None
-                    tags = {"task": task.id, "harness": h.name, "sample": str(k)}
-                    token = mint_token(session, secret, tags)
-                    base_url = (
-                        proxy_url.rstrip("/") if net == "host" else f"http://127.0.0.1:{port}"
-                    )
-                    values = {
-                        "base_url": base_url,
-                        "port": str(port),
-                        "token": token,
-                        "model": model or h.model,
-                        "instruction": task.instruction,
-                        "instruction_file": ".claw_harness/instruction.md",
-                        "python": python,
-                        "session": session,
-                        "task": task.id,
-                        "harness": h.name,
-                    }
-                    command, h_env, harness_files = h.render(values)
-                    clash = set(files) & set(harness_files)
-                    if clash:
-                        raise PlanError(
-                            f"task {task.id}: workspace files {sorted(clash)} clash with harness {h.name}'s files"
-                        )
-                    files.update(harness_files)
-                    env.update(h_env)
-                    pre = _preflight(h) if h.requires and not install else ""
-                    command = pre + command
-                    render = _renderer(h, values, pre)
-
-                elif h.builtin == "oracle":
-                    oracle, sol_files, sol_env = _oracle(task)
-                    if oracle is None:
-                        command, verify = "true", None
-                        meta["not_scorable"] = (
-                            f"task {task.id} has no reference solution for the oracle"
-                        )
-                    else:
-                        command = oracle
-                        files.update(sol_files)
-                        env.update(sol_env)
-                else:  # nothing, or an adapter with api = "none"
-                    command = h.command if not h.builtin else "true"
-                setup = [
-                    *(h.install if install else ()),
-                    *(
-                        [
-                            f"{task.setup.command(f'.claw_setup/{task.setup.name}')} && rm -rf .claw_setup"
-                        ]
-                        if task.setup
-                        else []
-                    ),
-                ]
-                if task.setup:
-                    files[f".claw_setup/{task.setup.name}"] = task.setup.text
-                if isinstance(task.meta.get("unsupported"), str):  # e.g. compose sidecars
-                    command, verify, setup = "true", None, []
-                    meta["not_scorable"] = f"task {task.id} skipped: {task.meta['unsupported']}"
-                if task.pass_threshold is not None:
-                    meta["pass_threshold"] = task.pass_threshold
-                if isinstance(task.meta.get("judge"), dict):
-                    meta["judge"] = task.meta[
-                        "judge"
-                    ]  # the rubric, for claw-bench score's judge step
-                net_rec: dict[str, Any] = {"policy": net}
-                if net == "proxy":
-                    assert proxy_url is not None
-                    net_rec.update(proxy_url=proxy_url.rstrip("/"), port=port)
-                job: dict[str, Any] = {
-                    "schema": JOB,
-                    "job_id": session,
-                    "workspace": {"files": job_files(files)},
-                    "setup": setup,
-                    "command": command,
-                    "env": env,
-                    "timeout_s": task.timeout_s,
-                    "network": net_rec,
-                    "collect": [task.reward_file, *task.meta.get("collect", [])],
-                    "meta": meta,
-                }
-                if verify is not None:
-                    job["verify"] = verify
-                if task.image:
-                    job["image"] = task.image
-                if isinstance(task.meta.get("harbor"), dict):
-                    _harbor(job, task, task.meta["harbor"], h, render)
-                elif task.meta.get("sessions") and render is not None:
-                    _sessions(job, task, h, render)
-                task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
-                if limits or task_limits:
-                    job["limits"] = {
-                        **task_limits,
-                        **(limits or {}),
-                    }  # plan's flags override the task's
-                jobs.append(job)
+            jobs.extend(planner.job(task, profile, h, k) for k in range(samples))
     return jobs
-
-
-def _sessions(job: dict[str, Any], task: Task, h: Harness, render: Callable[..., str]) -> None:
-    """A multi-session task (PinchBench ``sessions[]``): one step per prompt, in order, in the one
-    workspace, graded once at the end (the job's verify). A prompt that continues the session
-    before it runs the harness's ``continue_command`` when the adapter has one; without one it
-    runs as a new harness session, and ``meta.sessions_not_continued`` names it."""
-    steps, not_continued = [], []
-    for i, sess in enumerate(task.meta["sessions"]):
-        cont = i > 0 and not sess["new_session"]
-        if cont and not h.continue_command:
-            not_continued.append(sess["id"])
-        steps.append(
-            {
-                "name": sess["id"],
-                "command": render(sess["prompt"], cont=cont and bool(h.continue_command)),
-                "timeout_s": task.timeout_s,
-                "files": {INSTRUCTION_FILE: sess["prompt"]},
-            }
-        )
-    job["steps"] = steps
-    job["command"] = steps[0]["command"]
-    if not_continued:
-        job["meta"]["sessions_not_continued"] = not_continued
