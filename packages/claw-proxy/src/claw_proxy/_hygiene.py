@@ -22,6 +22,7 @@ import logging
 import resource
 import time
 from collections import OrderedDict
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -34,116 +35,144 @@ def guarded_protocol(header_timeout: float, max_connections: int, parser: str = 
     """A uvicorn HTTP protocol class with these limits (pass it as uvicorn's `http=`): on
     httptools (uvicorn's fast C parser) when it is installed and `parser` is ``auto`` or
     ``httptools``, else on h11."""
-    base: type = H11Protocol
+    base = _base_protocol(parser)
+    guard = _H11Guard if base is H11Protocol else _HttpToolsGuard
+    name = f"Guarded{base.__name__}"
+    limits = {"_claw_header_timeout": header_timeout, "_claw_max_connections": max_connections}
+    return type(name, (guard, base), {**limits, "__qualname__": name})
+
+
+def _base_protocol(parser: str) -> type:
+    """uvicorn's httptools protocol when `parser` allows it and httptools is installed, else
+    its h11 one; `httptools` asked for and missing is an ImportError."""
     if parser in ("auto", "httptools"):
         try:
             from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-            base = HttpToolsProtocol
+            return HttpToolsProtocol
         except ImportError:
             if parser == "httptools":
                 raise
-    httptools = base is not H11Protocol
+    return H11Protocol
 
-    class Guarded(base):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            waiting = _waiting(self.server_state)
-            self._claw_timer: asyncio.TimerHandle | None = None
-            self._claw_cycle: object = None
-            if len(self.connections) > max_connections:
-                victim = next(iter(waiting), None)
-                if victim is None:  # every open connection is serving a request
-                    log.warning(
-                        "connection refused: %d connections open (--max-connections)",
-                        len(self.connections) - 1,
-                    )
-                    self.transport.close()
-                    self.connections.discard(self)
-                    return
-                log.warning(
-                    "closed a connection idle before its headers: %d connections open "
-                    "(--max-connections %d)",
-                    len(self.connections),
-                    max_connections,
-                )
-                victim._claw_close()
-            self._claw_wait()
 
-        def _claw_wait(self) -> None:
-            """Start waiting for the next request's headers."""
-            self._claw_stop()
-            _waiting(self.server_state)[self] = None
-            self._claw_timer = self.loop.call_later(header_timeout, self._claw_timed_out)
+# the guards are mixins over a uvicorn protocol class (chosen at run time: see guarded_protocol)
+_Protocol: Any = object
 
-        def _claw_stop(self) -> None:
-            _waiting(self.server_state).pop(self, None)
-            if self._claw_timer is not None:
-                self._claw_timer.cancel()
-                self._claw_timer = None
 
-        def _claw_timed_out(self) -> None:
+class _Guard(_Protocol):
+    """The header timeout and the connection cap, over either protocol."""
+
+    _claw_header_timeout: float
+    _claw_max_connections: int
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._claw_timer: asyncio.TimerHandle | None = None
+        self._claw_cycle: object = None
+        if len(self.connections) > self._claw_max_connections and not self._claw_make_room():
+            return
+        self._claw_wait()
+
+    def _claw_make_room(self) -> bool:
+        """Past the cap: close the connection waiting longest for its headers, or this one
+        when every other is serving a request (then False)."""
+        victim = next(iter(_waiting(self.server_state)), None)
+        if victim is None:  # every open connection is serving a request
+            log.warning(
+                "connection refused: %d connections open (--max-connections)",
+                len(self.connections) - 1,
+            )
+            self.transport.close()
+            self.connections.discard(self)
+            return False
+        log.warning(
+            "closed a connection idle before its headers: %d connections open "
+            "(--max-connections %d)",
+            len(self.connections),
+            self._claw_max_connections,
+        )
+        victim._claw_close()
+        return True
+
+    def _claw_wait(self) -> None:
+        """Start waiting for the next request's headers."""
+        self._claw_stop()
+        _waiting(self.server_state)[self] = None
+        self._claw_timer = self.loop.call_later(self._claw_header_timeout, self._claw_timed_out)
+
+    def _claw_stop(self) -> None:
+        _waiting(self.server_state).pop(self, None)
+        if self._claw_timer is not None:
+            self._claw_timer.cancel()
             self._claw_timer = None
-            log.warning("closed a connection that sent no complete headers in %gs", header_timeout)
-            self._claw_close()
 
-        def _claw_close(self) -> None:
+    def _claw_timed_out(self) -> None:
+        self._claw_timer = None
+        log.warning(
+            "closed a connection that sent no complete headers in %gs", self._claw_header_timeout
+        )
+        self._claw_close()
+
+    def _claw_close(self) -> None:
+        self._claw_stop()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        self._claw_stop()
+        super().connection_lost(exc)
+
+
+class _HttpToolsGuard(_Guard):
+    """On httptools: the headers are in at `on_headers_complete`; h11's 16 KiB head limit."""
+
+    # h11 refuses a request line + headers past 16 KiB; httptools keeps whatever comes
+    _claw_head_bytes = 0
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._claw_head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._claw_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._claw_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _claw_head(self, n: int) -> None:
+        self._claw_head_bytes += n
+        if self._claw_head_bytes > MAX_HEAD_BYTES:
+            # raised inside a parser callback: uvicorn answers 400 and closes
+            raise ValueError(f"request line and headers over {MAX_HEAD_BYTES} bytes")
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._claw_stop()  # a request's headers are in
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)
+        super().on_response_complete()  # may start a pipelined request at once
+        if not self.transport.is_closing() and not pipelined:
+            self._claw_wait()  # a kept-alive connection waits for its next headers
+
+
+class _H11Guard(_Guard):
+    """On h11: the headers are in when a new request cycle starts."""
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not self._claw_cycle:
+            self._claw_cycle = self.cycle  # a request's headers are in
             self._claw_stop()
-            if not self.transport.is_closing():
-                self.transport.close()
 
-        if httptools:
-            # h11 refuses a request line + headers past 16 KiB; httptools keeps whatever comes
-            _claw_head_bytes = 0
-
-            def on_message_begin(self) -> None:
-                super().on_message_begin()
-                self._claw_head_bytes = 0
-
-            def on_url(self, url: bytes) -> None:
-                self._claw_head(len(url))
-                super().on_url(url)
-
-            def on_header(self, name: bytes, value: bytes) -> None:
-                self._claw_head(len(name) + len(value))
-                super().on_header(name, value)
-
-            def _claw_head(self, n: int) -> None:
-                self._claw_head_bytes += n
-                if self._claw_head_bytes > MAX_HEAD_BYTES:
-                    # raised inside a parser callback: uvicorn answers 400 and closes
-                    raise ValueError(f"request line and headers over {MAX_HEAD_BYTES} bytes")
-
-            def on_headers_complete(self) -> None:
-                super().on_headers_complete()
-                self._claw_stop()  # a request's headers are in
-
-            def on_response_complete(self) -> None:
-                pipelined = bool(self.pipeline)
-                super().on_response_complete()  # may start a pipelined request at once
-                if not self.transport.is_closing() and not pipelined:
-                    self._claw_wait()  # a kept-alive connection waits for its next headers
-
-        else:
-
-            def handle_events(self) -> None:
-                super().handle_events()
-                if self.cycle is not None and self.cycle is not self._claw_cycle:
-                    self._claw_cycle = self.cycle  # a request's headers are in
-                    self._claw_stop()
-
-            def on_response_complete(self) -> None:
-                done = self.cycle
-                super().on_response_complete()  # may start a pipelined request at once
-                if not self.transport.is_closing() and self.cycle is done:
-                    self._claw_wait()  # a kept-alive connection waits for its next headers
-
-        def connection_lost(self, exc) -> None:
-            self._claw_stop()
-            super().connection_lost(exc)
-
-    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
-    return Guarded
+    def on_response_complete(self) -> None:
+        done = self.cycle
+        super().on_response_complete()  # may start a pipelined request at once
+        if not self.transport.is_closing() and self.cycle is done:
+            self._claw_wait()  # a kept-alive connection waits for its next headers
 
 
 def _waiting(server_state) -> OrderedDict:
