@@ -138,6 +138,62 @@ def check_run(run: Any, where: str = "run") -> None:
             raise _bad(where, f"verify.{key}", want, verify[key])
 
 
+def _run_meta(run: dict[str, Any], where: str) -> dict[str, Any]:
+    """The run's meta, which must name the session, task and harness claw-bench planned."""
+    meta = run.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise RecordError(f"{where}: field 'meta' must be an object")
+    for key in ("session", "task", "harness"):
+        if not isinstance(meta.get(key), str) or not meta.get(key):
+            raise RecordError(
+                f"{where}: field 'meta.{key}' is missing (was the job planned by claw-bench plan?)"
+            )
+    return meta
+
+
+def _outcome_head(run: dict[str, Any], meta: dict[str, Any], status: str) -> dict[str, Any]:
+    """The outcome's identity and run facts, before any scoring (status ok, no reward yet)."""
+    out: dict[str, Any] = {
+        "schema": OUTCOME,
+        "session": meta["session"],
+        "task": meta["task"],
+        "harness": meta["harness"],
+        "group": str(meta.get("group") or meta["task"]),
+        "reward": None,
+        "passed": None,
+        "status": "ok",
+    }
+    if isinstance(meta.get("sample"), int) and meta["sample"] >= 0:
+        out["sample"] = meta["sample"]
+    if isinstance(run.get("job_id"), str):
+        out["job_id"] = run["job_id"]
+    if isinstance(meta.get("policy_version"), int):
+        out["policy_version"] = meta["policy_version"]
+    out["meta"] = {k: meta[k] for k in ("run_id", "api") if k in meta}
+    out["meta"].update(
+        {
+            "run_status": status,
+            "exit_code": run.get("exit_code"),
+            "duration_s": run.get("duration_s"),
+        }
+    )
+    return out
+
+
+def _unscored(run: dict[str, Any], meta: dict[str, Any], status: str) -> tuple[str, str] | None:
+    """(status, error) of a run that gets no reward: planned as not scorable, a harness that could
+    not start, a run the sandbox could not carry out, a run without a verify result."""
+    if isinstance(meta.get("not_scorable"), str):
+        return "not_scorable", meta["not_scorable"]
+    if status == "ok" and run.get("exit_code") in NOT_STARTED_EXITS:
+        return "infra_error", _not_started(run)
+    if status in ("error", "infra_error"):
+        return "infra_error", run.get("error") or f"run status {status}"
+    if not isinstance(run.get("verify"), dict):
+        return "infra_error", run.get("error") or "the run has no verify result"
+    return None
+
+
 def score_run(
     run: dict[str, Any],
     *,
@@ -152,77 +208,54 @@ def score_run(
     The fields read are checked first (`check_run`).
     """
     check_run(run, where)
-    meta = run.get("meta") or {}
-    if not isinstance(meta, dict):
-        raise RecordError(f"{where}: field 'meta' must be an object")
-    for key in ("session", "task", "harness"):
-        if not isinstance(meta.get(key), str) or not meta.get(key):
-            raise RecordError(
-                f"{where}: field 'meta.{key}' is missing (was the job planned by claw-bench plan?)"
-            )
-    job_id = run.get("job_id")
+    meta = _run_meta(run, where)
     status = run.get("status")
     if status not in ("ok", "timeout", "error", "infra_error"):
         raise RecordError(f"{where}: field 'status': unknown value {status!r}")
-    out: dict[str, Any] = {
-        "schema": OUTCOME,
-        "session": meta["session"],
-        "task": meta["task"],
-        "harness": meta["harness"],
-        "group": str(meta.get("group") or meta["task"]),
-        "reward": None,
-        "passed": None,
-        "status": "ok",
-    }
-    if isinstance(meta.get("sample"), int) and meta["sample"] >= 0:
-        out["sample"] = meta["sample"]
-    if isinstance(job_id, str):
-        out["job_id"] = job_id
-    if isinstance(meta.get("policy_version"), int):
-        out["policy_version"] = meta["policy_version"]
-    out["meta"] = {k: meta[k] for k in ("run_id", "api") if k in meta}
-    out["meta"].update(
-        {
-            "run_status": status,
-            "exit_code": run.get("exit_code"),
-            "duration_s": run.get("duration_s"),
-        }
-    )
-    verify = run.get("verify")
-    if isinstance(meta.get("not_scorable"), str):
-        out["status"] = "not_scorable"
-        out["error"] = meta["not_scorable"]
-        return out
-    if status == "ok" and run.get("exit_code") in NOT_STARTED_EXITS:
-        out["status"] = "infra_error"
-        out["error"] = _not_started(run)
-        return out
-    if status in ("error", "infra_error") or not isinstance(verify, dict):
-        out["status"] = "infra_error"
-        out["error"] = run.get("error") or (
-            f"run status {status}"
-            if status in ("error", "infra_error")
-            else "the run has no verify result"
-        )
+    out = _outcome_head(run, meta, status)
+    unscored = _unscored(run, meta, status)
+    if unscored is not None:
+        out["status"], out["error"] = unscored
         return out
     if isinstance(run.get("steps"), list) and meta.get("multi_step_reward_strategy") in STRATEGIES:
         return _score_steps(out, run, meta, threshold, where)
-    details: dict[str, Any] = {}
+    out = _score_verified(out, run, meta, threshold)
+    if out["status"] == "ok" and isinstance(meta.get("judge"), dict):
+        out = apply_judge(out, run, meta["judge"], judge, threshold)
+    return out
+
+
+def _verifier_reward(
+    run: dict[str, Any], verify: dict[str, Any], details: dict[str, Any]
+) -> tuple[Any, bool, dict[str, float]]:
+    """(reward, passed by exit code, sub-scores) of a verified run: the verifier's reward, else
+    its reward file's, else the mean of its sub-scores, else its exit code; 0 and not passed when
+    it timed out or gave no reward and says why (both noted in ``details``)."""
     passed_exit = bool(verify.get("passed", verify.get("exit_code") == 0))
     reward = verify.get("reward")
     subs = _sub_scores(verify.get("details"))
     no_reward = _no_reward(verify)
     if verify.get("timed_out") or no_reward is not None:
-        reward, passed_exit = 0.0, False
         if verify.get("timed_out"):
             details["verify_timed_out"] = True
         if no_reward is not None:
             details["no_reward"] = no_reward
-    elif reward is None:
+        return 0.0, False, subs
+    if reward is None:
         reward, file_subs = _reward_from_collected(run)
         subs = subs or file_subs
         if reward is None:
             reward = sum(subs.values()) / len(subs) if subs else (1.0 if passed_exit else 0.0)
+    return reward, passed_exit, subs
+
+
+def _score_verified(
+    out: dict[str, Any], run: dict[str, Any], meta: dict[str, Any], threshold: float | None
+) -> dict[str, Any]:
+    """A single-step run with a verify result: its reward, passed and details."""
+    verify = run["verify"]
+    details: dict[str, Any] = {}
+    reward, passed_exit, subs = _verifier_reward(run, verify, details)
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not 0.0 <= reward <= 1.0:
         out["status"] = "infra_error"
         out["error"] = f"verifier reward {reward!r} is not a number in [0, 1]"
@@ -234,13 +267,11 @@ def score_run(
     thr = threshold if threshold is not None else meta.get("pass_threshold")
     out["reward"] = float(reward)
     out["passed"] = bool(reward >= thr) if isinstance(thr, int | float) else passed_exit
-    if verify.get("timed_out") or no_reward is not None:
+    if verify.get("timed_out") or _no_reward(verify) is not None:
         out["passed"] = False  # whatever the threshold: the verifier gave no verdict
-    if status == "timeout":
+    if run.get("status") == "timeout":
         details["agent_timed_out"] = True
     out["details"] = details
-    if isinstance(meta.get("judge"), dict):
-        out = apply_judge(out, run, meta["judge"], judge, threshold)
     return out
 
 
