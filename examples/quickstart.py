@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mix_harness_rl  # noqa: E402
+from claw_rl.loop import read_rows  # noqa: E402
 
 HARNESSES = ["claw-agent-steps", "claw-agent-steps-anthropic"]
 
@@ -93,9 +94,14 @@ for h in HARNESSES:
     loop_args += ["--harness", h]
 history = mix_harness_rl.main(loop_args)
 elapsed = time.monotonic() - t0
-evals = {e["stage"]: e for e in mix_harness_rl.read_jsonl(args.out / "eval.jsonl")}
+evals = {e["stage"]: e for e in read_rows(args.out / "eval.jsonl")}
 
 # --- the tables ---------------------------------------------------------------------------------
+
+
+def num(x: float | None) -> float:
+    """A mean of no scored rollout (all of a harness's failed or were not scorable) is nan."""
+    return float("nan") if x is None else x
 
 
 def render(lines: list[list[str]]) -> str:
@@ -120,8 +126,8 @@ for row in history:
         [
             str(row["step"]),
             f"v{row['policy_version']}",
-            *(f"{row['reward'].get(h, float('nan')):.3f}" for h in names),
-            *(f"{row['pass@1'].get(h, float('nan')):.2f}" for h in names),
+            *(f"{num(row['reward'].get(h)):.3f}" for h in names),
+            *(f"{num(row['pass@1'].get(h)):.2f}" for h in names),
             f"{row.get('tree_ratio') or 0:.2f}",
             f"{row.get('mismatch_mean_abs', float('nan')):.1e}",
             f"{row['seconds']:.0f}",
@@ -135,7 +141,7 @@ for stage, label in stage_names.items():
         held_table.append(
             [
                 label,
-                *(f"{e['pass@1'].get(h, float('nan')):.3f}" for h in HARNESSES),
+                *(f"{num(e['pass@1'].get(h)):.3f}" for h in HARNESSES),
                 f"{e['pass@1_mean']:.3f}",
                 str(e["rollouts"]),
             ]
