@@ -196,19 +196,19 @@ def _is_text(path: Path) -> bool:
     return True
 
 
-def load_harbor_task(task_dir: str | Path) -> Task:
-    """Load one Harbor / Terminal-Bench task directory into a Task (errors name the file)."""
-    task_dir = Path(task_dir)
-    meta: dict = {}
-    tpath = task_dir / "task.toml"
-    if tpath.is_file():
-        try:
-            meta = tomllib.loads(tpath.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
-    multi = is_harbor_multistep(task_dir)
-    # a multi-step task's own instruction is its first step's (claw_bench.loaders.harbor_tb
-    # plans every step); its task-level tests/ holds shared helpers and maybe a fallback test.sh
+def _read_toml(tpath: Path) -> dict:
+    """task.toml as a dict ({} when the task has none)."""
+    if not tpath.is_file():
+        return {}
+    try:
+        return tomllib.loads(tpath.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{tpath}: invalid TOML: {exc}") from exc
+
+
+def _instruction(task_dir: Path, meta: dict, tpath: Path, multi: bool) -> str:
+    """The task's instruction.md; a multi-step task's is its first step's (claw_bench.loaders.
+    harbor_tb plans every step)."""
     ipath = (
         task_dir / "steps" / step_names(meta, tpath)[0] / "instruction.md"
         if multi
@@ -219,36 +219,47 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     instruction = ipath.read_text(encoding="utf-8")
     if not instruction.strip():
         raise TaskError(f"{ipath}: instruction is empty")
+    return instruction
+
+
+def _task_name(meta: dict, task_dir: Path) -> str:
+    """The task id: [task] name when present, else the directory's name, made id-safe."""
     ttable = t if isinstance(t := meta.get("task"), dict) else {}
     raw_name = n if isinstance(n := ttable.get("name"), str) and n else task_dir.name
-    name = (
-        _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"
-    )  # [task] name is the id when present
+    return _SAFE.sub("-", raw_name).strip("-.")[:128] or "task"
+
+
+def _verifier(task_dir: Path, name: str, multi: bool) -> tuple[Script, dict[str, FileContent]]:
+    """(tests/test.sh as the verifier, the rest of tests/ as hidden files). A multi-step task's
+    task-level tests/ holds shared helpers and maybe a fallback test.sh; each step brings its
+    own (checked per step)."""
     test_sh = task_dir / "tests" / "test.sh"
     if not test_sh.is_file() and not multi:
         raise TaskError(f"{task_dir}: missing verifier: expected tests/test.sh")
     tests = read_text_tree(task_dir / "tests", what=f"task {name}")
-    tests.setdefault("test.sh", "")  # multi-step: each step brings its own (checked per step)
+    tests.setdefault("test.sh", "")
     if not isinstance(tests["test.sh"], str):
         raise TaskError(f"{test_sh}: not UTF-8 text")
     hidden: dict[str, FileContent] = {f"tests/{k}": v for k, v in tests.items() if k != "test.sh"}
-    verify = Script(name="tests/test.sh", text=tests["test.sh"], interpreter="bash")
+    return Script(name="tests/test.sh", text=tests["test.sh"], interpreter="bash"), hidden
 
-    def _timeout(table: str, default: float) -> float:
-        v = (
-            meta.get(table, {}).get("timeout_sec", default)
-            if isinstance(meta.get(table), dict)
-            else default
+
+def _timeout(meta: dict, tpath: Path, table: str, default: float) -> float:
+    """[table] timeout_sec, a positive number (``default`` when absent)."""
+    v = (
+        meta.get(table, {}).get("timeout_sec", default)
+        if isinstance(meta.get(table), dict)
+        else default
+    )
+    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+        raise TaskError(
+            f"{tpath}: field [{table}] timeout_sec must be a positive number, got {v!r}"
         )
-        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-            raise TaskError(
-                f"{tpath}: field [{table}] timeout_sec must be a positive number, got {v!r}"
-            )
-        return float(v)
+    return float(v)
 
-    env = meta.get("environment", {}) if isinstance(meta.get("environment"), dict) else {}
-    md = meta.get("metadata", {}) if isinstance(meta.get("metadata"), dict) else {}
-    tags = md.get("tags", [])
+
+def _allow_internet(env: dict, tpath: Path) -> bool:
+    """[environment] allow_internet, after checking the task needs no GPU (jobs get none)."""
     gpus = env.get("gpus", 0)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise TaskError(
@@ -263,34 +274,34 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         raise TaskError(
             f"{tpath}: field [environment] allow_internet must be true or false, got {allow_internet!r}"
         )
-    solution = None
-    solution_files: dict[str, FileContent] = {}
+    return allow_internet
+
+
+def _solution(task_dir: Path, name: str) -> tuple[Script | None, dict[str, FileContent]]:
+    """(solution/solve.sh, the whole solution/ folder: solve.sh and its siblings)."""
     solve = task_dir / "solution" / "solve.sh"
-    if solve.is_file():
-        solution = Script(
-            name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash"
+    if not solve.is_file():
+        return None, {}
+    script = Script(name="solve.sh", text=solve.read_text(encoding="utf-8"), interpreter="bash")
+    return script, read_text_tree(task_dir / "solution", what=f"task {name}")
+
+
+def _build_timeout(env: dict, tpath: Path) -> float | None:
+    """[environment] build_timeout_sec (claw-bench images --build kills the build then)."""
+    value = env.get("build_timeout_sec")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise TaskError(
+            f"{tpath}: field [environment] build_timeout_sec must be a positive number, "
+            f"got {value!r}"
         )
-        solution_files = read_text_tree(
-            task_dir / "solution", what=f"task {name}"
-        )  # solve.sh and its siblings
-    difficulty = md.get("difficulty")
-    image = env.get("docker_image") if isinstance(env.get("docker_image"), str) else None
-    context = task_dir / "environment"
-    task_meta: dict = {"allow_internet": allow_internet}
-    build_timeout = env.get("build_timeout_sec")
-    if build_timeout is not None:
-        if (
-            isinstance(build_timeout, bool)
-            or not isinstance(build_timeout, int | float)
-            or build_timeout <= 0
-        ):
-            raise TaskError(
-                f"{tpath}: field [environment] build_timeout_sec must be a positive number, "
-                f"got {build_timeout!r}"
-            )
-        task_meta["build_timeout_s"] = float(
-            build_timeout
-        )  # claw-bench images --build kills the build then
+    return float(value)
+
+
+def _envs(meta: dict, tpath: Path) -> dict[str, dict[str, str]]:
+    """[environment.env] as ``env`` and [solution.env] as ``solution_env``, values as strings."""
+    out = {}
     for table, key in (("environment", "env"), ("solution", "solution_env")):
         t = t if isinstance(t := meta.get(table), dict) else {}
         e = t.get("env", {})
@@ -299,20 +310,54 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         ):
             raise TaskError(f"{tpath}: field [{table}.env] must be a table of strings")
         if e:
-            task_meta[key] = {
+            out[key] = {
                 str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in e.items()
             }
-    workspace: dict[str, FileContent] = {}
-    harbor: dict = {"workdir": DEFAULT_WORKDIR, "image_run": []}
-    if (context / "Dockerfile").is_file():
-        task_meta["dockerfile"] = str(context / "Dockerfile")
-        workdir, denv, workspace, skipped = read_dockerfile(context, f"task {name}")
-        harbor = {"workdir": workdir, "image_run": skipped}
-        if denv:  # the job's image_env: set where no image runs; [environment.env] wins over it
-            harbor["image_env"] = denv
-        if image is None:
-            image = context_tag(name, context)
-            task_meta["docker_context"] = str(context)
+    return out
+
+
+def _image(
+    context: Path, name: str, image: str | None, task_meta: dict
+) -> tuple[dict[str, FileContent], dict, str | None]:
+    """(workspace, meta["harbor"] so far, image) from environment/Dockerfile: its WORKDIR, the
+    files it copies in, its ENV and the RUN lines it skips; an image of its own
+    (claw-harbor/<task>:<sha12>) unless [environment] docker_image names one. Notes the
+    Dockerfile and build context in ``task_meta``."""
+    if not (context / "Dockerfile").is_file():
+        return {}, {"workdir": DEFAULT_WORKDIR, "image_run": []}, image
+    task_meta["dockerfile"] = str(context / "Dockerfile")
+    workdir, denv, workspace, skipped = read_dockerfile(context, f"task {name}")
+    harbor: dict = {"workdir": workdir, "image_run": skipped}
+    if denv:  # the job's image_env: set where no image runs; [environment.env] wins over it
+        harbor["image_env"] = denv
+    if image is None:
+        image = context_tag(name, context)
+        task_meta["docker_context"] = str(context)
+    return workspace, harbor, image
+
+
+def load_harbor_task(task_dir: str | Path) -> Task:
+    """Load one Harbor / Terminal-Bench task directory into a Task (errors name the file)."""
+    task_dir = Path(task_dir)
+    tpath = task_dir / "task.toml"
+    meta = _read_toml(tpath)
+    multi = is_harbor_multistep(task_dir)
+    instruction = _instruction(task_dir, meta, tpath, multi)
+    name = _task_name(meta, task_dir)
+    verify, hidden = _verifier(task_dir, name, multi)
+    env = meta.get("environment", {}) if isinstance(meta.get("environment"), dict) else {}
+    md = meta.get("metadata", {}) if isinstance(meta.get("metadata"), dict) else {}
+    tags = md.get("tags", [])
+    task_meta: dict = {"allow_internet": _allow_internet(env, tpath)}
+    solution, solution_files = _solution(task_dir, name)
+    difficulty = md.get("difficulty")
+    image = env.get("docker_image") if isinstance(env.get("docker_image"), str) else None
+    context = task_dir / "environment"
+    build_timeout = _build_timeout(env, tpath)
+    if build_timeout is not None:
+        task_meta["build_timeout_s"] = build_timeout
+    task_meta.update(_envs(meta, tpath))
+    workspace, harbor, image = _image(context, name, image, task_meta)
     compose = read_compose(context)
     if compose is not None:  # plan: a not_scorable placeholder job; load_suite(strict): an error
         task_meta["compose"], task_meta["unsupported"] = compose
@@ -323,13 +368,13 @@ def load_harbor_task(task_dir: str | Path) -> Task:
     return Task(
         id=name,
         instruction=instruction.strip() + "\n",
-        timeout_s=_timeout("agent", 600.0),
+        timeout_s=_timeout(meta, tpath, "agent", 600.0),
         tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
         difficulty=difficulty if difficulty in ("easy", "medium", "hard") else None,
         workspace=workspace,
         verify=verify,
         hidden=hidden,
-        verify_timeout_s=_timeout("verifier", 120.0),
+        verify_timeout_s=_timeout(meta, tpath, "verifier", 120.0),
         solution=solution,
         solution_files=solution_files,
         reward_file=harbor_reward_file(),
