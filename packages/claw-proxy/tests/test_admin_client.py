@@ -70,7 +70,7 @@ def test_read_policy_names_the_bad_line(tmp_path):
     """A malformed last line or a non-policy record is an error naming the file and line."""
     bad = tmp_path / "policies.jsonl"
     bad.write_text('{"schema": "claw.policy/v1"}\n{not json\n')
-    with pytest.raises(RecordError, match=r"policies.jsonl:2: invalid JSON"):
+    with pytest.raises(RecordError, match=r"policies.jsonl:2: the record is not valid JSON"):
         read_policy(bad)
     bad.write_text('{"schema": "claw.call/v1"}\n')
     with pytest.raises(RecordError, match=r"policies.jsonl:1"):
@@ -156,6 +156,6 @@ def test_admin_cli_errors(make_server, tmp_path):
     r = _admin_cli(srv, tmp_path, "close", "nope")
     assert r.exit_code == 1 and "unknown session 'nope'" in r.output
     r = _admin_cli(srv, tmp_path, "reload", "-", input="{broken\n")
-    assert r.exit_code == 1 and "<stdin>:1: invalid JSON" in r.output
+    assert r.exit_code == 1 and "<stdin>:1: the record is not valid JSON" in r.output
     r = _admin_cli(srv, tmp_path, "session", "s", "--tag", "novalue")
     assert r.exit_code == 2 and "is not KEY=VALUE" in r.output

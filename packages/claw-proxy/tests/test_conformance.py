@@ -1,7 +1,7 @@
 """Every shared conformance case (formats/conformance) through claw-proxy's readers.
 
-The call reader (`read_calls`), the policy reader (`Policy.from_dict`, the body of
-``POST /admin/policy``) and the session-token check (`verify_token`) are strict: each case
+The call reader (`read_calls`), the policy readers (`Policy.from_dict`, the body of
+``POST /admin/policy``, and `read_policy`, a policies file) and the session-token check (`verify_token`) are strict: each case
 gets exactly its verdict.
 """
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from claw_proxy._jsonbody import loads
+from claw_proxy.admin import read_policy
 from claw_proxy.errors import AuthError, ClawError, RecordError
 from claw_proxy.records import Call, Policy, read_calls
 from claw_proxy.tokens import verify_token
@@ -53,6 +54,22 @@ def test_policy_cases(case):
         assert case["error"] in str(err.value), str(err.value)
     else:
         assert Policy.from_dict(loads(case["line"]), "body").name
+
+
+@pytest.mark.parametrize("case", _cases("claw.policy.v1.jsonl"), ids=lambda c: c["case"])
+def test_policy_file_cases(tmp_path, case):
+    """read_policy (`AdminClient.reload` of a file, `claw-proxy admin reload`) gives every
+    policy case its verdict as the last line of a policies.jsonl, naming file:line."""
+    golden = _cases("claw.policy.v1.jsonl")[0]["line"]
+    path = tmp_path / "policies.jsonl"
+    path.write_text(golden + "\n" + case["line"] + "\n", encoding="utf-8")
+    if case["verdict"] == "reject":
+        with pytest.raises(RecordError) as err:
+            read_policy(path)
+        assert case["error"] in str(err.value) and "policies.jsonl:2" in str(err.value)
+    else:  # skip: a blank last line is no record, the golden line before it is served
+        want = json.loads(case["line"] if case["verdict"] == "accept" else golden)
+        assert read_policy(path).to_dict()["version"] == want["version"]
 
 
 @pytest.mark.parametrize("case", _cases("session-token.jsonl"), ids=lambda c: c["case"])

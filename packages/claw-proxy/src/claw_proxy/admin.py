@@ -9,20 +9,20 @@ counters, close a session. Synchronous (httpx); every route is documented in the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from claw_proxy.errors import AdminError, RecordError
+from claw_proxy._jsonbody import loads
+from claw_proxy.errors import AdminError, ClawError, RecordError
 from claw_proxy.records import Policy
 
 
 def read_policy(source: Policy | dict | str | Path) -> Policy:
-    """A `claw.policy/v1` record from a record, a dict, or a file: a JSON object, or a JSONL file
-    of policy records (claw-rl's policies.jsonl, or its `train` output) whose last record is the
-    one to serve. A malformed line is an error naming the file and line."""
+    """A `claw.policy/v1` record from a record, a dict, or a file: a JSONL file of policy
+    records (claw-rl's policies.jsonl, or its `train` output) whose last record is the one to
+    serve, or one pretty-printed JSON object (its first line is `{`). The JSON is read as the
+    admin API reads a body (no NaN or Infinity); an error names the file and line."""
     if isinstance(source, Policy):
         return source
     if isinstance(source, dict):
@@ -36,27 +36,24 @@ def read_policy(source: Policy | dict | str | Path) -> Policy:
 
 
 def policy_from_text(text: str, where: str) -> Policy:
-    """The policy of a JSON object or of the last line of JSONL text (see `read_policy`)."""
+    """The policy of JSONL text (its last record) or of one pretty-printed JSON object."""
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise RecordError(f"{where}: no claw.policy/v1 record in it")
-    if len(lines) > 1:
-        try:  # one pretty-printed JSON object
-            return Policy.from_dict(_object(json.loads(text), where), where)
-        except json.JSONDecodeError:
-            pass
+    if len(lines) > 1 and lines[0][1].strip() == "{":  # one object over several lines
+        return _policy(text, where)
     n, line = lines[-1]
+    return _policy(line, f"{where}:{n}")
+
+
+def _policy(text: str, where: str) -> Policy:
     try:
-        d = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RecordError(f"{where}:{n}: invalid JSON: {e.msg}") from e
-    return Policy.from_dict(_object(d, f"{where}:{n}"), f"{where}:{n}")
-
-
-def _object(d: Any, where: str) -> dict:
+        d = loads(text, "the record")
+    except ClawError as e:
+        raise RecordError(f"{where}: {e}") from None
     if not isinstance(d, dict):
         raise RecordError(f"{where}: expected a JSON object (a claw.policy/v1 record)")
-    return d
+    return Policy.from_dict(d, where)
 
 
 class AdminClient:
