@@ -124,24 +124,20 @@ def _workspace(
     return files
 
 
-def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None) -> Task:
-    """One PinchBench task Markdown file as a Task (errors name the file and field)."""
-    opts = opts or LoadOptions()
-    task_file = Path(task_file)
-    where = str(task_file)
-    front, sections = _split(task_file.read_text(encoding="utf-8"), where)
-    sessions = _sessions(front.get("sessions"), where)
+def _task_id(front: dict[str, Any], task_file: Path, where: str) -> str:
+    """The front matter's ``id`` (else the file's stem), made id-safe."""
     raw_id = front.get("id") or task_file.stem
     tid = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(raw_id)).strip("-.")
     if not TASK_ID.match(tid):
         raise TaskError(f"{where}: field 'id' {raw_id!r} is not a usable task id")
-    grading = front.get("grading_type", "automated")
-    if grading not in GRADING_TYPES:
-        raise TaskError(
-            f"{where}: field 'grading_type' must be one of {GRADING_TYPES}, got {grading!r}"
-        )
+    return tid
+
+
+def _prompt(sections: dict[str, str], sessions: list[dict[str, Any]], where: str) -> str:
+    """The ``## Prompt`` section; a multi-session task's session prompts, numbered (the agent
+    gets them one by one; the judge reads them all)."""
     prompt = sections.get("prompt")
-    if sessions:  # the agent gets the session prompts; the judge reads them all
+    if sessions:
         prompt = "\n\n".join(
             f"Session {i + 1} ({s['id']}{', new session' if s['new_session'] else ''}):\n"
             f"{s['prompt'].strip()}"
@@ -149,15 +145,68 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
         )
     if not prompt:
         raise TaskError(f"{where}: missing section '## Prompt'")
-    code = None
-    if grading in ("automated", "hybrid"):
-        block = _FENCE.search(sections.get("automated checks", ""))
-        if not block or "def grade" not in block.group(1):
+    return prompt
+
+
+def _checker(grading: str, sections: dict[str, str], where: str) -> str | None:
+    """The ``## Automated Checks`` python block (defining grade) of an automated or hybrid task."""
+    if grading not in ("automated", "hybrid"):
+        return None
+    block = _FENCE.search(sections.get("automated checks", ""))
+    if not block or "def grade" not in block.group(1):
+        raise TaskError(
+            f"{where}: missing checker: grading_type {grading} needs a '## Automated Checks' "
+            "section with a python block defining grade(transcript, workspace_path)"
+        )
+    return block.group(1)
+
+
+def _judge(
+    front: dict[str, Any], grading: str, rubric: str | None, prompt: str, where: str
+) -> dict[str, Any]:
+    """The judge spec of an llm_judge or hybrid task: its rubric and the normalised weights of the
+    automated checks and the judge (``grading_weights``; llm_judge alone is 0 / 1)."""
+    weights = front.get("grading_weights") or {}
+    if not isinstance(weights, dict):
+        raise TaskError(
+            f"{where}: field 'grading_weights' must be a mapping {{automated, llm_judge}}"
+        )
+    a, j = (
+        (0.0, 1.0)
+        if grading == "llm_judge"
+        else (weights.get("automated", 0.5), weights.get("llm_judge", 0.5))
+    )
+    for name, w in (("automated", a), ("llm_judge", j)):
+        if isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
             raise TaskError(
-                f"{where}: missing checker: grading_type {grading} needs a '## Automated Checks' "
-                "section with a python block defining grade(transcript, workspace_path)"
+                f"{where}: field 'grading_weights.{name}' must be a non-negative number, got {w!r}"
             )
-        code = block.group(1)
+    if a + j <= 0:
+        raise TaskError(f"{where}: field 'grading_weights' must not be all zero")
+    return judge_spec(
+        rubric=str(rubric),
+        instruction=prompt,
+        automated=a / (a + j),
+        llm_judge=j / (a + j),
+        grading=grading,
+    )
+
+
+def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None) -> Task:
+    """One PinchBench task Markdown file as a Task (errors name the file and field)."""
+    opts = opts or LoadOptions()
+    task_file = Path(task_file)
+    where = str(task_file)
+    front, sections = _split(task_file.read_text(encoding="utf-8"), where)
+    sessions = _sessions(front.get("sessions"), where)
+    tid = _task_id(front, task_file, where)
+    grading = front.get("grading_type", "automated")
+    if grading not in GRADING_TYPES:
+        raise TaskError(
+            f"{where}: field 'grading_type' must be one of {GRADING_TYPES}, got {grading!r}"
+        )
+    prompt = _prompt(sections, sessions, where)
+    code = _checker(grading, sections, where)
     rubric = sections.get("llm judge rubric")
     if grading in ("llm_judge", "hybrid") and not rubric:
         raise TaskError(f"{where}: grading_type {grading} needs a '## LLM Judge Rubric' section")
@@ -190,30 +239,7 @@ def load_pinchbench_task(task_file: str | Path, opts: LoadOptions | None = None)
         if sections.get(name):
             meta[key] = sections[name]
     if grading != "automated":
-        weights = front.get("grading_weights") or {}
-        if not isinstance(weights, dict):
-            raise TaskError(
-                f"{where}: field 'grading_weights' must be a mapping {{automated, llm_judge}}"
-            )
-        a, j = (
-            (0.0, 1.0)
-            if grading == "llm_judge"
-            else (weights.get("automated", 0.5), weights.get("llm_judge", 0.5))
-        )
-        for name, w in (("automated", a), ("llm_judge", j)):
-            if isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
-                raise TaskError(
-                    f"{where}: field 'grading_weights.{name}' must be a non-negative number, got {w!r}"
-                )
-        if a + j <= 0:
-            raise TaskError(f"{where}: field 'grading_weights' must not be all zero")
-        meta["judge"] = judge_spec(
-            rubric=str(rubric),
-            instruction=prompt,
-            automated=a / (a + j),
-            llm_judge=j / (a + j),
-            grading=grading,
-        )
+        meta["judge"] = _judge(front, grading, rubric, prompt, where)
     if sessions:
         meta["sessions"] = sessions  # run as successive prompts (claw_bench.plan)
     category = front.get("category")
