@@ -13,6 +13,7 @@ from claw_tree.advantages import (
     turn_starts,
 )
 from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
+from claw_tree.options import SampleOptions
 from claw_tree.records import Call, Outcome, ReadResult, read_calls, read_outcomes, write_jsonl
 from claw_tree.samples import (
     SampleBatch,
@@ -44,6 +45,7 @@ __all__ = [
     "ReadResult",
     "RecordError",
     "SampleBatch",
+    "SampleOptions",
     "SessionTree",
     "Trajectory",
     "ValuesError",

@@ -14,17 +14,19 @@ from claw_tree import __version__
 from claw_tree._cli_paths import output_path
 from claw_tree.advantages import GAE_LEVEL, GAMMA, LAM
 from claw_tree.errors import ClawError
-from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
-from claw_tree.samples import (
+from claw_tree.options import (
     ALGOS,
     GAE_LEVELS,
     GROUP_BY,
     PACKS,
     PATH_WEIGHTING,
-    SampleBatch,
-    build_samples,
+    SFT_PACKS,
+    SFT_WEIGHTING,
+    SampleOptions,
 )
-from claw_tree.sft import SFT_PACKS, SFT_WEIGHTING, build_sft_samples
+from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
+from claw_tree.samples import SampleBatch, build_samples
+from claw_tree.sft import build_sft_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import Forest, build_forest, trajectory_record
@@ -297,22 +299,20 @@ def samples(
             _note(
                 "claw-tree: no --values: GAE runs with V = 0 (advantages are discounted Monte Carlo returns)"
             )
-        batch = build_samples(
-            forest,
-            result.records,
+        options = SampleOptions(
             algo=algo,
             group_by=group_by,
             scale_by_std=not no_std,
-            path_weighting=path_weighting,
+            weighting=path_weighting,
             max_tokens=max_tokens,
             pack=pack,
-            values=values,
             gamma=gamma,
             lam=lam,
             gae_level=gae_level,
             baseline=baseline,
             id_prefix=id_prefix,
         )
+        batch = build_samples(forest, result.records, options, values=values)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
     _write_batch(batch, output)
@@ -401,15 +401,15 @@ def sft_samples(
             result = read_outcomes(outcomes, skip_invalid=skip_invalid)
             _report_skipped("outcome", result.skipped)
             records = result.records
-        batch = build_sft_samples(
-            forest,
-            outcomes=records,
+        options = SampleOptions(
+            algo="sft",
             passed_only=passed_only,
             weighting=weighting,
             max_tokens=max_tokens,
             id_prefix=id_prefix,
             pack=pack,
         )
+        batch = build_sft_samples(forest, outcomes=records, options=options)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
     _write_batch(batch, output)

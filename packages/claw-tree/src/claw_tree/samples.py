@@ -41,6 +41,19 @@ from typing import Any
 import attrs
 import numpy as np
 
+from claw_tree._packing import (
+    Kept,
+    Packed,
+    Piece,
+    lay_out,
+    merge_context_prefixes,
+    outcomes_by_session,
+    paths_through,
+    plan_groups,
+    plan_sessions,
+    token_fields,
+    trainable_sessions,
+)
 from claw_tree.advantages import (
     GAE_LEVEL,
     GAMMA,
@@ -51,17 +64,29 @@ from claw_tree.advantages import (
     rloo_advantages,
     turn_gae_on_tree,
 )
-from claw_tree.errors import BudgetError, ClawError, ConflictError, ValuesError
-from claw_tree.records import SAMPLE_SCHEMA, Outcome, read_outcomes
-from claw_tree.tree import Forest, Trajectory
+from claw_tree.errors import ClawError, ValuesError
+from claw_tree.options import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, SampleOptions
+from claw_tree.records import SAMPLE_SCHEMA, Outcome
+from claw_tree.tree import Forest
 
 log = logging.getLogger("claw_tree")
 
-ALGOS = ("grpo", "ppo", "rloo", "reinforce")
-GROUP_BY = ("group", "task", "task+harness")
-PATH_WEIGHTING = ("token", "rollout", "path")
-GAE_LEVELS = ("token", "turn")
-PACKS = ("session", "group")
+__all__ = [
+    "ALGOS",
+    "GAE_LEVELS",
+    "GROUP_BY",
+    "PACKS",
+    "PATH_WEIGHTING",
+    "Piece",
+    "SampleBatch",
+    "SampleOptions",
+    "build_samples",
+    "gae_for_samples",
+    "make_samples",
+    "merge_context_prefixes",
+    "sample_rewards",
+    "token_sessions",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -112,19 +137,6 @@ class SampleBatch:
         return text
 
 
-def _outcomes_by_session(outcomes: Iterable[Outcome | dict] | str | Path) -> dict[str, Outcome]:
-    if isinstance(outcomes, (str, Path)):
-        outcomes = read_outcomes(outcomes).records
-    out: dict[str, Outcome] = {}
-    for i, item in enumerate(outcomes):
-        oc = item if isinstance(item, Outcome) else Outcome.from_dict(item, f"<outcome {i}>")
-        seen = out.get(oc.session)
-        if seen is not None and seen != oc:
-            raise ConflictError(f"session {oc.session!r} has two different outcomes")
-        out[oc.session] = oc
-    return out
-
-
 def _group_key(oc: Outcome, group_by: str) -> str:
     if group_by == "group":
         return oc.group
@@ -156,54 +168,178 @@ def _values_map(values: Mapping[str, Any] | Iterable[dict]) -> dict[str, np.ndar
     return out
 
 
-def _split_session(
-    forest: Forest, start: int, stop: int, paths: list[Trajectory], max_tokens: int
-) -> list[tuple[np.ndarray, list[Trajectory]]]:
-    """Cut one session's paths into pieces of at most max_tokens unique nodes, whole paths only."""
-    mask = np.zeros(stop - start, dtype=bool)
-    pieces: list[tuple[np.ndarray, list[Trajectory]]] = []
-    current: list[Trajectory] = []
-    count = 0
-    for path in paths:
-        local = path.nodes() - start
-        if len(local) > max_tokens:
-            raise BudgetError(
-                f"session {path.session!r}: trajectory {path.index} has {len(local)} tokens, more "
-                f"than the budget of {max_tokens}; raise --max-tokens (paths are never cut)"
-            )
-        new = int((~mask[local]).sum())
-        if current and count + new > max_tokens:
-            pieces.append((start + np.flatnonzero(mask), current))
-            mask[:] = False
-            current, count, new = [], 0, len(local)
-        mask[local] = True
-        current.append(path)
-        count += new
-    if current:
-        pieces.append((start + np.flatnonzero(mask), current))
-    return pieces
+@attrs.frozen(kw_only=True, eq=False)
+class _Votes:
+    """Stage 1: which rollouts vote in the group statistics, what they get, what is left out."""
+
+    by_session: dict[str, Outcome]
+    voters: list[str]  # ok rollouts, sorted
+    excluded: dict[str, str]  # session -> reason
+    rollout_adv: dict[str, float]  # critic-free advantage of each voter (0 for PPO)
+    zero_spread: list[str]  # groups whose rewards were all equal
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _Weights:
+    """Stage 3: u_{p,v} = coef[p] * node_scale[v] for every kept path p and node v."""
+
+    coef: dict[int, float]  # trajectory index -> coefficient
+    node_scale: np.ndarray  # (N,)
+    n_paths: int  # kept paths: trajectories that carry loss weight
+
+
+def _votes(forest: Forest, by_session: dict[str, Outcome], opts: SampleOptions) -> _Votes:
+    in_forest = {t.name for t in forest.sessions}
+    excluded: dict[str, str] = {}
+    for name in sorted(in_forest - set(by_session)):
+        excluded[name] = "no outcome"
+    voters = sorted(s for s, oc in by_session.items() if oc.status == "ok")
+    for s, oc in sorted(by_session.items()):
+        if oc.status != "ok":
+            excluded[s] = f"status {oc.status}"
+    for s in voters:
+        if s not in in_forest:
+            excluded[s] = "no calls"
+    rewards = np.array([by_session[s].reward for s in voters], dtype=np.float64)
+    groups = [_group_key(by_session[s], opts.group_by) for s in voters]
+    adv = _rollout_advantages(
+        opts.algo, rewards, groups, scale_by_std=opts.scale_by_std, baseline=opts.baseline
+    )
+    spread: dict[str, set[float]] = {}
+    for g, r in zip(groups, rewards, strict=True):
+        spread.setdefault(g, set()).add(float(r))
+    return _Votes(
+        by_session=by_session,
+        voters=voters,
+        excluded=excluded,
+        rollout_adv=dict(zip(voters, adv, strict=True)),
+        zero_spread=sorted(g for g, rs in spread.items() if len(rs) == 1),
+    )
+
+
+def _weights(forest: Forest, kept: list[Kept], weighting: str) -> _Weights:
+    n_paths = sum(len(k.paths) for k in kept)
+    node_scale = np.ones(forest.n_nodes)
+    if weighting == "token":  # 1 / c_v, c_v = kept paths through v
+        through = paths_through(forest, kept)
+        node_scale = np.divide(1.0, through, out=np.zeros(forest.n_nodes), where=through > 0)
+    coef: dict[int, float] = {}
+    for k in kept:
+        n_trainable = int(forest.trainable[k.tree.start : k.tree.stop].sum())
+        for path, n_p in zip(k.paths, k.counts, strict=True):
+            if weighting == "token":
+                coef[path.index] = 1.0 / (len(kept) * n_trainable)
+            elif weighting == "path":
+                coef[path.index] = 1.0 / (n_paths * n_p)
+            else:
+                coef[path.index] = 1.0 / (len(kept) * len(k.paths) * n_p)
+    return _Weights(coef=coef, node_scale=node_scale, n_paths=n_paths)
+
+
+def _plan(
+    forest: Forest, kept: list[Kept], votes: _Votes, opts: SampleOptions
+) -> list[list[Piece]]:
+    """Stage 4: pieces (node ids + paths) -> samples (lists of pieces)."""
+    if opts.pack == "group":
+        return plan_groups(
+            forest,
+            kept,
+            lambda tree: _group_key(votes.by_session[tree.name], opts.group_by),
+            opts.max_tokens,
+        )
+    return plan_sessions(forest, kept, opts.max_tokens)
+
+
+def _token_advantages(
+    forest: Forest,
+    kept: list[Kept],
+    votes: _Votes,
+    packed: list[Packed],
+    values: Mapping[str, Any] | Iterable[dict] | None,
+    opts: SampleOptions,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 5 (PPO): GAE on the whole forest, the leaves of a session rewarded with its outcome;
+    V from ``values`` (per sample, averaged where a node is in several samples) or 0."""
+    leaf_reward = np.zeros(forest.n_nodes)
+    for k in kept:
+        for ti in k.tree.trajectories:
+            leaf_reward[forest.trajectories[ti].leaf] = votes.by_session[k.tree.name].reward
+    V = np.zeros(forest.n_nodes)
+    if values is not None:
+        V = _scatter_values(
+            forest.n_nodes,
+            [p.sample_id for p in packed],
+            [p.final_nodes for p in packed],
+            _values_map(values),
+        )
+    gae = _gae_function(opts.gae_level)
+    return gae(forest.parent, forest.trainable, V, leaf_reward, gamma=opts.gamma, lam=opts.lam)
+
+
+def _sample_row(
+    forest: Forest,
+    p: Packed,
+    votes: _Votes,
+    weights: _Weights,
+    tokens: tuple[np.ndarray, np.ndarray] | None,
+    opts: SampleOptions,
+) -> dict[str, Any]:
+    """Stage 6: one `claw.sample/v1` dict."""
+    nodes = p.nodes
+    trainable = forest.trainable[nodes]
+    loss = np.where(
+        trainable,
+        p.path_sums([weights.coef[t] for t in p.seg_traj.tolist()]) * weights.node_scale[nodes],
+        0.0,
+    )
+    if tokens is not None:
+        per_token = [tokens[0][nodes], tokens[1][nodes]]  # advantages, returns
+    else:
+        per_piece = np.array([votes.rollout_adv[tree.name] for tree in p.trees])
+        per_token = [np.where(trainable, per_piece[p.piece_index], 0.0)]
+    parent, (nodes, loss, advantages, *returns), offsets = p.merged(nodes, loss, *per_token)
+    row: dict[str, Any] = {
+        "schema": SAMPLE_SCHEMA,
+        "sample_id": p.sample_id,
+        "algo": opts.algo,
+        **token_fields(forest, nodes, parent),
+        "advantages": advantages.tolist(),
+    }
+    if returns:
+        row["returns"] = returns[0].tolist()
+    row.update(_sampling_arrays(forest, nodes))
+    sessions = [votes.by_session[tree.name] for tree in p.trees]
+    row["loss_weights"] = loss.tolist()
+    row["policy_versions"] = forest.policy_version[nodes].tolist()
+    row["sessions"] = [oc.session for oc in sessions]
+    row["groups"] = [_group_key(oc, opts.group_by) for oc in sessions]
+    row["n_paths"] = p.n_paths
+    row["tags"] = {
+        "tasks": [oc.task for oc in sessions],
+        "harnesses": [oc.harness for oc in sessions],
+        "session_rewards": [oc.reward for oc in sessions],
+        "session_offsets": offsets,
+        "path_weighting": opts.weighting,
+    }
+    if opts.pack == "group":
+        row["tags"]["pack"] = "group"
+    return row
 
 
 def build_samples(
     forest: Forest,
     outcomes: Iterable[Outcome | dict] | str | Path,
+    options: SampleOptions | None = None,
     *,
-    algo: str = "grpo",
-    group_by: str = "group",
-    scale_by_std: bool = True,
-    path_weighting: str = "token",
-    max_tokens: int | None = None,
     values: Mapping[str, Any] | Iterable[dict] | None = None,
-    gamma: float = GAMMA,
-    lam: float = LAM,
-    gae_level: str = GAE_LEVEL,
-    baseline: float = 0.0,
-    id_prefix: str | None = None,
-    pack: str = "session",
+    **fields: Any,
 ) -> SampleBatch:
     """Tree-pack the forest's rolled-out sessions into `claw.sample/v1` dicts.
 
-    ``outcomes``: Outcome records, `claw.outcome/v1` dicts, or a JSONL path.
+    ``outcomes``: Outcome records, `claw.outcome/v1` dicts, or a JSONL path. ``options``: a
+    :class:`SampleOptions` (``algo`` one of :data:`ALGOS`); keyword ``fields`` replace its fields
+    (``build_samples(forest, outcomes, algo="ppo", max_tokens=4096)``; ``path_weighting=`` is
+    the ``weighting`` field).
 
     One sample per session by default; with ``max_tokens`` several sessions share a sample up to
     that many tokens, and a session larger than the budget is split into pieces of whole
@@ -222,354 +358,32 @@ def build_samples(
     advantage and return is that of ``"session"`` packing and the loss is the same. With
     ``max_tokens`` a group larger than the budget spans several samples (whole sessions, or
     pieces of one), and small groups share a sample.
+
+    The stages: votes (who is excluded, group statistics, rollout advantages), kept sessions
+    and their trainable paths, path weights u_{p,v}, the plan, the layout of each sample,
+    token advantages (PPO's GAE), rows.
     """
-    if algo not in ALGOS:
-        raise ClawError(f"algo must be one of {ALGOS}, got {algo!r}")
-    if group_by not in GROUP_BY:
-        raise ClawError(f"group_by must be one of {GROUP_BY}, got {group_by!r}")
-    if path_weighting not in PATH_WEIGHTING:
-        raise ClawError(f"path_weighting must be one of {PATH_WEIGHTING}, got {path_weighting!r}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ClawError("max_tokens must be positive")
-    if pack not in PACKS:
-        raise ClawError(f"pack must be one of {PACKS}, got {pack!r}")
-    if values is not None and algo != "ppo":
+    opts = SampleOptions.resolve(options, fields)
+    if opts.algo == "sft":
+        raise ClawError("algo 'sft' samples come from build_sft_samples (no advantages)")
+    if values is not None and opts.algo != "ppo":
         raise ClawError("values are only used with algo='ppo'")
-    gae = _gae_function(gae_level)
-    by_session = _outcomes_by_session(outcomes)
-    in_forest = {t.name for t in forest.sessions}
-    excluded: dict[str, str] = {}
-    for name in sorted(in_forest - set(by_session)):
-        excluded[name] = "no outcome"
-    voters = sorted(s for s, oc in by_session.items() if oc.status == "ok")
-    for s, oc in sorted(by_session.items()):
-        if oc.status != "ok":
-            excluded[s] = f"status {oc.status}"
-    for s in voters:
-        if s not in in_forest:
-            excluded[s] = "no calls"
-    rewards = np.array([by_session[s].reward for s in voters], dtype=np.float64)
-    groups = [_group_key(by_session[s], group_by) for s in voters]
-    adv = _rollout_advantages(algo, rewards, groups, scale_by_std=scale_by_std, baseline=baseline)
-    rollout_adv = dict(zip(voters, adv, strict=True))
-    spread: dict[str, set[float]] = {}
-    for g, r in zip(groups, rewards, strict=True):
-        spread.setdefault(g, set()).add(float(r))
-    zero_spread = sorted(g for g, rs in spread.items() if len(rs) == 1)
-
-    cs = np.concatenate(([0], np.cumsum(forest.trainable)))
-    included: list[tuple[Any, list[Trajectory], list[int]]] = []
-    for tree in forest.sessions:
-        if tree.name in excluded:
-            continue
-        paths, counts = [], []
-        for ti in tree.trajectories:
-            path = forest.trajectories[ti]
-            n_p = int(sum(cs[b] - cs[a] for a, b in path.segments))
-            if n_p > 0:
-                paths.append(path)
-                counts.append(n_p)
-        if not paths:
-            excluded[tree.name] = "no trainable tokens"
-            continue
-        included.append((tree, paths, counts))
-    n_total_paths = sum(len(p) for _, p, _ in included)
-    coef: dict[int, float] = {}  # trajectory index -> u_{p,v} (times node_scale[v])
-    node_scale = np.ones(forest.n_nodes)
-    if path_weighting == "token":  # 1 / c_v, c_v = included paths through v
-        through = np.zeros(forest.n_nodes + 1)
-        for _, paths, _ in included:
-            for path in paths:
-                for a, b in path.segments:
-                    through[a] += 1.0
-                    through[b] -= 1.0
-        through = np.cumsum(through)[:-1]
-        node_scale = np.divide(1.0, through, out=np.zeros(forest.n_nodes), where=through > 0)
-    for tree, paths, counts in included:
-        n_trainable = int(forest.trainable[tree.start : tree.stop].sum())
-        for path, n_p in zip(paths, counts, strict=True):
-            if path_weighting == "token":
-                coef[path.index] = 1.0 / (len(included) * n_trainable)
-            elif path_weighting == "path":
-                coef[path.index] = 1.0 / (n_total_paths * n_p)
-            else:
-                coef[path.index] = 1.0 / (len(included) * len(paths) * n_p)
-
-    # Plan: pieces (node ids + paths) -> samples (lists of pieces).
-    if pack == "group":
-        plans = _plan_groups(forest, included, by_session, group_by, max_tokens)
-    else:
-        plans = _plan_sessions(forest, included, max_tokens)
-    sample_ids = [f"{id_prefix or algo}-{k}" for k in range(len(plans))]
-    node_lists = [np.concatenate([nodes for _, nodes, _ in plan]) for plan in plans]
-    where = np.full(forest.n_nodes, -1, dtype=np.int64)  # node id -> index in the current sample
-    # per sample: parents over its node list; with pack="group", (kept tokens, merged parents)
-    parents: list[np.ndarray] = []
-    keeps: list[tuple[np.ndarray, np.ndarray] | None] = []
-    for nodes in node_lists:
-        where[nodes] = np.arange(len(nodes))
-        gp = forest.parent[nodes]
-        parents.append(np.where(gp >= 0, where[gp], -1))
-        where[nodes] = -1
-        if pack == "group":
-            keeps.append(
-                merge_context_prefixes(parents[-1], forest.trainable[nodes], forest.tokens[nodes])
-            )
-        else:
-            keeps.append(None)
-    sample_nodes = [n if k is None else n[k[0]] for n, k in zip(node_lists, keeps, strict=True)]
-
-    leaf_reward = np.zeros(forest.n_nodes)
-    for tree, _, _ in included:
-        for ti in tree.trajectories:
-            leaf_reward[forest.trajectories[ti].leaf] = by_session[tree.name].reward
-    if algo == "ppo":
-        V = np.zeros(forest.n_nodes)
-        if values is not None:
-            V = _scatter_values(forest.n_nodes, sample_ids, sample_nodes, _values_map(values))
-        tok_adv, tok_ret = gae(
-            forest.parent, forest.trainable, V, leaf_reward, gamma=gamma, lam=lam
-        )
-
-    samples = []
-    for sid, plan, nodes, parent, merged in zip(
-        sample_ids, plans, node_lists, parents, keeps, strict=True
-    ):
-        n = len(nodes)
-        where[nodes] = np.arange(n)
-        trainable = forest.trainable[nodes]
-        diff = np.zeros(n + 1)
-        starts, lens, cs_ = [], [], []
-        for _, _, paths in plan:
-            for path in paths:
-                for a, b in path.segments:
-                    starts.append(a)
-                    lens.append(b - a)
-                    cs_.append(coef[path.index])
-        loc = where[np.array(starts, dtype=np.int64)]
-        where[nodes] = -1
-        np.add.at(diff, loc, cs_)
-        np.add.at(diff, loc + np.array(lens), np.negative(cs_))
-        weights = np.where(trainable, np.cumsum(diff)[:n] * node_scale[nodes], 0.0)
-        session_index = np.concatenate([np.full(len(nd), k) for k, (_, nd, _) in enumerate(plan)])
-        offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
-        if algo == "ppo":
-            advantages, returns = tok_adv[nodes], tok_ret[nodes]
-        else:
-            per_session = np.array([rollout_adv[tree.name] for tree, _, _ in plan])
-            advantages, returns = np.where(trainable, per_session[session_index], 0.0), None
-        if merged is not None:
-            keep, parent = merged
-            offsets = np.concatenate(([0], np.cumsum(keep)))[offsets]
-            nodes, trainable, weights = nodes[keep], trainable[keep], weights[keep]
-            advantages = advantages[keep]
-            returns = None if returns is None else returns[keep]
-        row: dict[str, Any] = {
-            "schema": SAMPLE_SCHEMA,
-            "sample_id": sid,
-            "algo": algo,
-            "input_ids": forest.tokens[nodes].tolist(),
-            "position_ids": forest.depth[nodes].tolist(),
-            "parent": parent.tolist(),
-            "trainable": trainable.astype(np.int64).tolist(),
-            "logprobs": forest.logprobs[nodes].tolist(),
-            "advantages": advantages.tolist(),
-        }
-        if returns is not None:
-            row["returns"] = returns.tolist()
-        row.update(_sampling_arrays(forest, nodes))
-        plan_sessions = [by_session[tree.name] for tree, _, _ in plan]
-        row.update(
-            {
-                "loss_weights": weights.tolist(),
-                "policy_versions": forest.policy_version[nodes].tolist(),
-                "sessions": [oc.session for oc in plan_sessions],
-                "groups": [_group_key(oc, group_by) for oc in plan_sessions],
-                "n_paths": sum(len(paths) for _, _, paths in plan),
-                "tags": {
-                    "tasks": [oc.task for oc in plan_sessions],
-                    "harnesses": [oc.harness for oc in plan_sessions],
-                    "session_rewards": [oc.reward for oc in plan_sessions],
-                    "session_offsets": offsets.tolist(),
-                    "path_weighting": path_weighting,
-                },
-            }
-        )
-        if pack == "group":
-            row["tags"]["pack"] = "group"
-        samples.append(row)
+    votes = _votes(forest, outcomes_by_session(outcomes), opts)
+    kept, excluded = trainable_sessions(forest, votes.excluded)
+    weights = _weights(forest, kept, opts.weighting)
+    packed = lay_out(
+        forest, _plan(forest, kept, votes, opts), opts.prefix, merge=opts.pack == "group"
+    )
+    tokens = (
+        _token_advantages(forest, kept, votes, packed, values, opts) if opts.algo == "ppo" else None
+    )
     return SampleBatch(
-        samples=samples,
+        samples=[_sample_row(forest, p, votes, weights, tokens, opts) for p in packed],
         excluded=excluded,
-        rollouts=len(voters),
-        trajectories=n_total_paths,
-        zero_spread_groups=zero_spread,
+        rollouts=len(votes.voters),
+        trajectories=weights.n_paths,
+        zero_spread_groups=votes.zero_spread,
     )
-
-
-Piece = tuple[Any, np.ndarray, list[Trajectory]]  # (session tree, its node ids, its paths)
-
-
-def _pieces(forest: Forest, tree: Any, paths: list[Trajectory], max_tokens: int | None):
-    """The session whole, or (larger than max_tokens) cut into pieces of whole paths."""
-    if max_tokens is None or tree.n_nodes <= max_tokens:
-        return [(tree, np.arange(tree.start, tree.stop), paths)]
-    return [
-        (tree, nodes, sub)
-        for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens)
-    ]
-
-
-def _plan_sessions(
-    forest: Forest, included: list[tuple[Any, list[Trajectory], list[int]]], max_tokens: int | None
-) -> list[list[Piece]]:
-    """One sample per session, or sessions packed greedily into samples of <= max_tokens."""
-    plans: list[list[Piece]] = []
-    current: list[Piece] = []
-    size = 0
-    for tree, paths, _ in included:
-        if max_tokens is None:
-            plans.append(_pieces(forest, tree, paths, None))
-            continue
-        if tree.n_nodes > max_tokens:
-            plans.extend([piece] for piece in _pieces(forest, tree, paths, max_tokens))
-            continue
-        if current and size + tree.n_nodes > max_tokens:
-            plans.append(current)
-            current, size = [], 0
-        current.append((tree, np.arange(tree.start, tree.stop), paths))
-        size += tree.n_nodes
-    if current:
-        plans.append(current)
-    return plans
-
-
-def _plan_groups(
-    forest: Forest,
-    included: list[tuple[Any, list[Trajectory], list[int]]],
-    by_session: dict[str, Outcome],
-    group_by: str,
-    max_tokens: int | None,
-) -> list[list[Piece]]:
-    """The sessions of each group together (groups in order of their first session); with
-    max_tokens, consecutive pieces fill a sample while its merged size stays in budget."""
-    groups: dict[str, list[tuple[Any, list[Trajectory]]]] = {}
-    for tree, paths, _ in included:
-        key = _group_key(by_session[tree.name], group_by)
-        groups.setdefault(key, []).append((tree, paths))
-    if max_tokens is None:
-        return [
-            [piece for tree, paths in members for piece in _pieces(forest, tree, paths, None)]
-            for members in groups.values()
-        ]
-    pieces = (
-        piece
-        for members in groups.values()
-        for tree, paths in members
-        for piece in _pieces(forest, tree, paths, max_tokens)
-    )
-    return _fill_merged(forest, pieces, max_tokens)
-
-
-def _fill_merged(forest: Forest, pieces: Iterable[Piece], max_tokens: int) -> list[list[Piece]]:
-    """Consecutive pieces fill a sample while its size after merging the shared context
-    prefixes stays within max_tokens (a piece that alone exceeds it gets its own sample)."""
-    plans: list[list[Piece]] = []
-    current: list[Piece] = []
-    trie = _ContextTrie(forest)
-    size = 0
-    for piece in pieces:
-        new = len(piece[1]) - trie.shared(piece[1])
-        if current and size + new > max_tokens:
-            plans.append(current)
-            current, trie, size = [], _ContextTrie(forest), 0
-            new = len(piece[1])
-        trie.insert(piece[1])
-        current.append(piece)
-        size += new
-    if current:
-        plans.append(current)
-    return plans
-
-
-class _ContextTrie:
-    """The context prefixes (root to first trainable token, leaves left out) of the pieces
-    planned into one sample, as a trie over token ids: how many nodes a new piece would share
-    with them (what :func:`merge_context_prefixes` will merge)."""
-
-    def __init__(self, forest: Forest) -> None:
-        self.children: dict[tuple[int, int], int] = {}
-        self.forest = forest
-        self.inner = np.zeros(forest.n_nodes, dtype=bool)  # has a child (pieces keep whole paths)
-        self.inner[forest.parent[forest.parent >= 0]] = True
-
-    def _walk(self, nodes: np.ndarray, insert: bool) -> int:
-        ids: dict[int, int] = {}  # node id -> trie id, for context-prefix nodes
-        shared = 0
-        f = self.forest
-        for v, p, tok, tr, inner in zip(
-            nodes.tolist(),
-            f.parent[nodes].tolist(),
-            f.tokens[nodes].tolist(),
-            f.trainable[nodes].tolist(),
-            self.inner[nodes].tolist(),
-            strict=True,
-        ):
-            if tr or not inner:
-                continue
-            up = ids.get(p) if p >= 0 else -1
-            if up is None:  # below a trainable token: never shared
-                continue
-            tid = self.children.get((up, tok))
-            if tid is not None:
-                shared += 1
-            elif insert:
-                tid = self.children[(up, tok)] = len(self.children)
-            else:
-                continue
-            ids[v] = tid
-        return shared
-
-    def shared(self, nodes: np.ndarray) -> int:
-        return self._walk(nodes, insert=False)
-
-    def insert(self, nodes: np.ndarray) -> None:
-        self._walk(nodes, insert=True)
-
-
-def merge_context_prefixes(
-    parent: np.ndarray, trainable: np.ndarray, tokens: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Merge the context prefixes of a packed tree: ``(keep, parent)``.
-
-    A *context-prefix* token has no trainable token on its path from the root, itself included
-    (the system prompt, tools and instruction the rollouts of a group share), and is no leaf. Two
-    of them with the same token id and the same (merged) parent are one prefix-tree node; the
-    later one is dropped and its children re-attached to the first. Leaves are never merged, so
-    the paths (one per leaf) stay as they were. ``keep`` (shape (n,), bool) marks the
-    tokens that stay, ``parent`` (shape (keep.sum(),)) is the parent array over them (parents
-    still precede children). Trainable tokens and everything below them are never merged, so
-    every path keeps its tokens, positions and trainable tokens, with the same ancestors: a
-    per-token loss over the merged tree equals the loss over the unmerged one.
-    """
-    n = len(parent)
-    rep = list(range(n))
-    prefix = [False] * n
-    inner = np.zeros(n, dtype=bool)
-    inner[parent[parent >= 0]] = True
-    children: dict[tuple[int, int], int] = {}
-    for i, (p, tr, tok, has_child) in enumerate(
-        zip(parent.tolist(), trainable.tolist(), tokens.tolist(), inner.tolist(), strict=True)
-    ):
-        if tr or not has_child or (p >= 0 and not prefix[p]):
-            continue
-        prefix[i] = True
-        rep[i] = children.setdefault((rep[p] if p >= 0 else -1, tok), i)
-    rep_a = np.asarray(rep, dtype=np.int64)
-    keep = rep_a == np.arange(n)
-    new_index = np.cumsum(keep) - 1
-    merged_parent = np.where(parent >= 0, new_index[rep_a[parent]], -1)
-    return keep, merged_parent[keep]
 
 
 def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:

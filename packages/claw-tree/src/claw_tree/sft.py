@@ -35,23 +35,35 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
-from claw_tree.errors import ClawError
-from claw_tree.records import SAMPLE_SCHEMA, Outcome
-from claw_tree.samples import (
-    Piece,
-    SampleBatch,
-    _fill_merged,
-    _outcomes_by_session,
-    _pieces,
-    _split_session,
-    merge_context_prefixes,
+from claw_tree._packing import (
+    Kept,
+    Packed,
+    lay_out,
+    outcomes_by_session,
+    paths_through,
+    plan_groups,
+    plan_sessions,
+    token_fields,
+    trainable_sessions,
 )
-from claw_tree.tree import Forest, SessionTree, Trajectory
+from claw_tree.errors import ClawError
+from claw_tree.options import SFT_PACKS, SFT_WEIGHTING, SampleOptions
+from claw_tree.records import SAMPLE_SCHEMA, Outcome
+from claw_tree.samples import SampleBatch
+from claw_tree.tree import Forest, SessionTree
 
-SFT_WEIGHTING = ("token", "path")
-SFT_PACKS = ("session", "group")
+__all__ = ["SFT_PACKS", "SFT_WEIGHTING", "build_sft_samples"]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _SftWeights:
+    """w_v (the node's whole weight in the batch) and c_v (kept paths through it), shape (N,)."""
+
+    whole: np.ndarray
+    through: np.ndarray
 
 
 def _session_tag(forest: Forest, tree: SessionTree, key: str) -> str:
@@ -63,17 +75,96 @@ def _session_tag(forest: Forest, tree: SessionTree, key: str) -> str:
     return ""
 
 
+def _sft_excluded(
+    forest: Forest, by_session: dict[str, Outcome] | None, passed_only: bool
+) -> dict[str, str]:
+    """Stage 1: the sessions left out by their outcome (none without outcomes)."""
+    excluded: dict[str, str] = {}
+    if by_session is None:
+        return excluded
+    in_forest = {t.name for t in forest.sessions}
+    for name, oc in sorted(by_session.items()):
+        if name not in in_forest:
+            excluded[name] = "no calls"
+        elif oc.status != "ok":
+            excluded[name] = f"status {oc.status}"
+        elif passed_only and not oc.passed:
+            excluded[name] = "not passed"
+    for name in sorted(in_forest - set(by_session)):
+        excluded[name] = "no outcome"
+    return excluded
+
+
+def _sft_weights(forest: Forest, kept: list[Kept], weighting: str) -> _SftWeights:
+    """Stage 3: ``"token"``: w_v = 1 / U; ``"path"``: w_v = c_v / sum_p T_p."""
+    through = paths_through(forest, kept)
+    if weighting == "token":
+        n_tokens = sum(int(forest.trainable[k.tree.start : k.tree.stop].sum()) for k in kept)
+        whole = np.full(forest.n_nodes, 1.0 / max(n_tokens, 1))
+    else:
+        whole = through / max(sum(sum(k.counts) for k in kept), 1)
+    return _SftWeights(whole=whole, through=through)
+
+
+def _sft_row(
+    forest: Forest,
+    p: Packed,
+    weights: _SftWeights,
+    by_session: dict[str, Outcome] | None,
+    opts: SampleOptions,
+) -> dict[str, Any]:
+    """Stage 4: one `claw.sample/v1` dict (``algo: "sft"``). A split session's shared ancestors
+    carry only the shares of the paths in this piece."""
+    nodes = p.nodes
+    through = weights.through[nodes]
+    share = np.divide(
+        p.path_sums(np.ones(len(p.seg_loc))), through, out=np.zeros(len(nodes)), where=through > 0
+    )
+    loss = np.where(forest.trainable[nodes], weights.whole[nodes] * share, 0.0)
+    parent, (nodes, loss), offsets = p.merged(nodes, loss)
+    trees = p.trees
+    row: dict[str, Any] = {
+        "schema": SAMPLE_SCHEMA,
+        "sample_id": p.sample_id,
+        "algo": "sft",
+        **token_fields(forest, nodes, parent),
+        "advantages": [0.0] * len(nodes),
+        "loss_weights": loss.tolist(),
+        "policy_versions": forest.policy_version[nodes].tolist(),
+        "sessions": [t.name for t in trees],
+    }
+    if by_session is not None:
+        row["groups"] = [by_session[t.name].group for t in trees]
+    row["n_paths"] = p.n_paths
+    row["tags"] = {
+        "tasks": [
+            by_session[t.name].task if by_session else _session_tag(forest, t, "task")
+            for t in trees
+        ],
+        "harnesses": [
+            by_session[t.name].harness if by_session else _session_tag(forest, t, "harness")
+            for t in trees
+        ],
+        "session_offsets": offsets,
+        "sft_weighting": opts.weighting,
+    }
+    if opts.pack == "group":
+        row["tags"]["pack"] = "group"
+    return row
+
+
 def build_sft_samples(
     forest: Forest,
     *,
     outcomes: Iterable[Outcome | dict] | str | Path | None = None,
-    passed_only: bool = False,
-    weighting: str = "token",
-    max_tokens: int | None = None,
-    id_prefix: str = "sft",
-    pack: str = "session",
+    options: SampleOptions | None = None,
+    **fields: Any,
 ) -> SampleBatch:
     """Tree-pack the forest's sessions into SFT `claw.sample/v1` dicts (``algo: "sft"``).
+
+    ``options``: a :class:`~claw_tree.options.SampleOptions` with ``algo="sft"`` (default:
+    ``SampleOptions(algo="sft")``); keyword ``fields`` replace its fields
+    (``build_sft_samples(forest, weighting="path", max_tokens=8192)``).
 
     ``outcomes`` (records, dicts or a JSONL path) is optional: without it every session with a
     trainable token is kept; with it sessions without an outcome and rollouts that are not
@@ -89,174 +180,23 @@ def build_sft_samples(
     is merged, so the loss weights and paths are those of ``"session"`` packing. Without
     ``max_tokens`` all sessions go into one sample.
     """
-    if weighting not in SFT_WEIGHTING:
-        raise ClawError(f"weighting must be one of {SFT_WEIGHTING}, got {weighting!r}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ClawError("max_tokens must be positive")
-    if pack not in SFT_PACKS:
-        raise ClawError(f"pack must be one of {SFT_PACKS}, got {pack!r}")
-    if passed_only and outcomes is None:
+    opts = SampleOptions.resolve(options, fields, algo="sft")
+    if opts.algo != "sft":
+        raise ClawError(f"build_sft_samples needs algo='sft' options, got algo={opts.algo!r}")
+    if opts.passed_only and outcomes is None:
         raise ClawError("passed_only needs the outcomes (which rollouts passed)")
-    by_session = None if outcomes is None else _outcomes_by_session(outcomes)
-    excluded: dict[str, str] = {}
-    if by_session is not None:
-        in_forest = {t.name for t in forest.sessions}
-        for name, oc in sorted(by_session.items()):
-            if name not in in_forest:
-                excluded[name] = "no calls"
-            elif oc.status != "ok":
-                excluded[name] = f"status {oc.status}"
-            elif passed_only and not oc.passed:
-                excluded[name] = "not passed"
-        for name in sorted(in_forest - set(by_session)):
-            excluded[name] = "no outcome"
-
-    cs = np.concatenate(([0], np.cumsum(forest.trainable)))
-    included: list[tuple[SessionTree, list[Trajectory]]] = []
-    total_path_tokens = 0
-    for tree in forest.sessions:
-        if tree.name in excluded:
-            continue
-        paths = []
-        for ti in tree.trajectories:
-            path = forest.trajectories[ti]
-            n_p = int(sum(cs[b] - cs[a] for a, b in path.segments))
-            if n_p > 0:
-                paths.append(path)
-                total_path_tokens += n_p
-        if not paths:
-            excluded[tree.name] = "no trainable tokens"
-            continue
-        included.append((tree, paths))
-
-    # c_v = included paths through each node; w_v = the node's whole weight in the batch
-    diff = np.zeros(forest.n_nodes + 1)
-    for _, paths in included:
-        for path in paths:
-            for a, b in path.segments:
-                diff[a] += 1.0
-                diff[b] -= 1.0
-    through = np.cumsum(diff)[:-1]
-    n_tokens = sum(int(forest.trainable[t.start : t.stop].sum()) for t, _ in included)
-    if weighting == "token":
-        w_full = np.full(forest.n_nodes, 1.0 / max(n_tokens, 1))
+    by_session = None if outcomes is None else outcomes_by_session(outcomes)
+    kept, excluded = trainable_sessions(forest, _sft_excluded(forest, by_session, opts.passed_only))
+    weights = _sft_weights(forest, kept, opts.weighting)
+    if opts.pack == "group":  # one group: every kept session
+        plans = plan_groups(forest, kept, lambda tree: "", opts.max_tokens)
     else:
-        w_full = through / max(total_path_tokens, 1)
-
-    plans = (
-        _plan_merged(forest, included, max_tokens)
-        if pack == "group"
-        else _plan_sessions(forest, included, max_tokens)
-    )
-    where = np.full(forest.n_nodes, -1, dtype=np.int64)  # node id -> index in the current sample
-    samples = []
-    for k, plan in enumerate(plans):
-        nodes = np.concatenate([nd for _, nd, _ in plan])
-        n = len(nodes)
-        where[nodes] = np.arange(n)
-        gp = forest.parent[nodes]
-        parent = np.where(gp >= 0, where[np.maximum(gp, 0)], -1)
-        trainable = forest.trainable[nodes]
-        # paths of this sample through each of its nodes (a split session's shared ancestors
-        # carry only the shares of the paths in this piece)
-        here = np.zeros(n + 1)
-        for _, _, paths in plan:
-            for path in paths:
-                for a, b in path.segments:
-                    loc = int(where[a])
-                    here[loc] += 1.0
-                    here[loc + b - a] -= 1.0
-        where[nodes] = -1
-        share = np.divide(
-            np.cumsum(here)[:n], through[nodes], out=np.zeros(n), where=through[nodes] > 0
-        )
-        weights = np.where(trainable, w_full[nodes] * share, 0.0)
-        sessions = [tree for tree, _, _ in plan]
-        offsets = np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1]))
-        if pack == "group":
-            keep, parent = merge_context_prefixes(parent, trainable, forest.tokens[nodes])
-            offsets = np.concatenate(([0], np.cumsum(keep)))[offsets]
-            nodes, trainable, weights = nodes[keep], trainable[keep], weights[keep]
-            n = len(nodes)
-        row: dict[str, Any] = {
-            "schema": SAMPLE_SCHEMA,
-            "sample_id": f"{id_prefix}-{k}",
-            "algo": "sft",
-            "input_ids": forest.tokens[nodes].tolist(),
-            "position_ids": forest.depth[nodes].tolist(),
-            "parent": parent.tolist(),
-            "trainable": trainable.astype(np.int64).tolist(),
-            "logprobs": forest.logprobs[nodes].tolist(),
-            "advantages": [0.0] * n,
-            "loss_weights": weights.tolist(),
-            "policy_versions": forest.policy_version[nodes].tolist(),
-            "sessions": [t.name for t in sessions],
-        }
-        if by_session is not None:
-            row["groups"] = [by_session[t.name].group for t in sessions]
-        row["n_paths"] = sum(len(paths) for _, _, paths in plan)
-        row["tags"] = {
-            "tasks": [
-                by_session[t.name].task if by_session else _session_tag(forest, t, "task")
-                for t in sessions
-            ],
-            "harnesses": [
-                by_session[t.name].harness if by_session else _session_tag(forest, t, "harness")
-                for t in sessions
-            ],
-            "session_offsets": offsets.tolist(),
-            "sft_weighting": weighting,
-        }
-        if pack == "group":
-            row["tags"]["pack"] = "group"
-        samples.append(row)
+        plans = plan_sessions(forest, kept, opts.max_tokens)
+    packed = lay_out(forest, plans, opts.prefix, merge=opts.pack == "group")
     return SampleBatch(
-        samples=samples,
+        samples=[_sft_row(forest, p, weights, by_session, opts) for p in packed],
         excluded=excluded,
-        rollouts=len(included),
-        trajectories=sum(len(p) for _, p in included),
+        rollouts=len(kept),
+        trajectories=sum(len(k.paths) for k in kept),
         zero_spread_groups=[],
     )
-
-
-def _plan_sessions(
-    forest: Forest, included: list[tuple[SessionTree, list[Trajectory]]], max_tokens: int | None
-) -> list[list[Piece]]:
-    """One sample per session, or sessions packed greedily into samples of <= max_tokens."""
-    plans: list[list[Piece]] = []
-    current: list[Piece] = []
-    size = 0
-    for tree, paths in included:
-        if max_tokens is None or tree.n_nodes <= max_tokens:
-            piece = (tree, np.arange(tree.start, tree.stop), paths)
-            if max_tokens is None:
-                plans.append([piece])
-                continue
-            if current and size + tree.n_nodes > max_tokens:
-                plans.append(current)
-                current, size = [], 0
-            current.append(piece)
-            size += tree.n_nodes
-        else:
-            for nodes, sub in _split_session(forest, tree.start, tree.stop, paths, max_tokens):
-                plans.append([(tree, nodes, sub)])
-    if current:
-        plans.append(current)
-    return plans
-
-
-def _plan_merged(
-    forest: Forest, included: list[tuple[SessionTree, list[Trajectory]]], max_tokens: int | None
-) -> list[list[Piece]]:
-    """All sessions as one group: consecutive pieces fill a sample while its size after merging
-    the shared context prefixes stays within max_tokens (all in one sample without a budget)."""
-    if max_tokens is None:
-        return (
-            [[p for tree, paths in included for p in _pieces(forest, tree, paths, None)]]
-            if included
-            else []
-        )
-    pieces = (
-        piece for tree, paths in included for piece in _pieces(forest, tree, paths, max_tokens)
-    )
-    return _fill_merged(forest, pieces, max_tokens)

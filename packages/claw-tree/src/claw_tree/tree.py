@@ -172,125 +172,177 @@ def build_forest(calls: Iterable[Call | dict] | str | Path) -> Forest:
     per_session: dict[str, list[Call]] = {}
     for call in by_id.values():
         per_session.setdefault(call.session, []).append(call)
+    builder = _ForestBuilder()
+    for name in sorted(per_session):
+        builder.add_session(name, sorted(per_session[name], key=lambda c: (c.seq, c.call_id)))
+    return builder.finish(duplicates)
 
-    all_calls: list[Call] = []
-    tok_parts: list[np.ndarray] = []
-    dep_parts: list[np.ndarray] = []
-    par_parts: list[np.ndarray] = []
-    writes: list[tuple[int, list[tuple[int, int]]]] = []  # (call index, its sequence's segments)
-    sessions: list[SessionTree] = []
-    trajectories: list[Trajectory] = []
-    cursor = 0
-    for s_index, name in enumerate(sorted(per_session)):
-        ordered = sorted(per_session[name], key=lambda c: (c.seq, c.call_id))
-        first_call = len(all_calls)
-        all_calls.extend(ordered)
-        start = cursor
-        seqs: dict[bytes, tuple[np.ndarray, list[int]]] = {}
-        empty = 0
-        for offset, call in enumerate(ordered):
-            if len(call.prompt_ids) + len(call.completion_ids) == 0:
-                empty += 1
-                continue
-            arr = np.concatenate((call.prompt_ids, call.completion_ids))
-            key = arr.astype(">u4").tobytes()
-            seqs.setdefault(key, (arr, []))[1].append(first_call + offset)
+
+Segs = list[tuple[int, int]]
+_Sequences = dict[bytes, tuple[np.ndarray, list[int]]]  # big-endian key -> (tokens, call indices)
+
+
+def _distinct_sequences(ordered: list[Call], first_call: int) -> tuple[_Sequences, int]:
+    """A session's distinct ``prompt_ids + completion_ids`` with the calls that made each, and
+    the number of calls without token ids."""
+    seqs: _Sequences = {}
+    empty = 0
+    for offset, call in enumerate(ordered):
+        if len(call.prompt_ids) + len(call.completion_ids) == 0:
+            empty += 1
+            continue
+        arr = np.concatenate((call.prompt_ids, call.completion_ids))
+        key = arr.astype(">u4").tobytes()
+        seqs.setdefault(key, (arr, []))[1].append(first_call + offset)
+    return seqs, empty
+
+
+def _made_by(
+    i: int, keys: list[bytes], seqs: _Sequences, lengths: list[int], lcps: list[int]
+) -> list[int]:
+    """The calls whose whole sequence lies on the path of sorted sequence ``i`` (a leaf)."""
+    made_by: list[int] = []
+    run_min = lengths[i]
+    for j in range(i, -1, -1):
+        if j < i:
+            run_min = min(run_min, lcps[j + 1])
+            if run_min == 0:
+                break
+        if j == i or run_min >= lengths[j]:
+            made_by.extend(seqs[keys[j]][1])
+    return made_by
+
+
+@attrs.define
+class _ForestBuilder:
+    """The node arrays of the sessions added so far (sessions in name order)."""
+
+    calls: list[Call] = attrs.Factory(list)
+    tok_parts: list[np.ndarray] = attrs.Factory(list)
+    dep_parts: list[np.ndarray] = attrs.Factory(list)
+    par_parts: list[np.ndarray] = attrs.Factory(list)
+    writes: list[tuple[int, Segs]] = attrs.Factory(list)  # (call index, its sequence's segments)
+    sessions: list[SessionTree] = attrs.Factory(list)
+    trajectories: list[Trajectory] = attrs.Factory(list)
+    cursor: int = 0
+
+    def add_session(self, name: str, ordered: list[Call]) -> None:
+        first_call = len(self.calls)
+        self.calls.extend(ordered)
+        start = self.cursor
+        seqs, empty = _distinct_sequences(ordered, first_call)
         keys = sorted(seqs)
-        prev: np.ndarray | None = None
-        prev_segs: list[tuple[int, int]] = []
-        lengths: list[int] = []
-        lcps: list[int] = []
-        seq_segs: list[list[tuple[int, int]]] = []
-        for key in keys:
-            arr, call_ids = seqs[key]
-            lcp = 0 if prev is None else _lcp(prev, arr)
-            segs = _truncate(prev_segs, lcp)
-            new = len(arr) - lcp  # > 0: keys are distinct and sorted, so arr is no prefix of prev
-            par = np.arange(cursor - 1, cursor + new - 1, dtype=np.int64)
-            par[0] = segs[-1][1] - 1 if lcp > 0 else -1
-            tok_parts.append(arr[lcp:])
-            dep_parts.append(np.arange(lcp, len(arr), dtype=np.int64))
-            par_parts.append(par)
-            if segs and segs[-1][1] == cursor:
-                segs[-1] = (segs[-1][0], cursor + new)
-            else:
-                segs.append((cursor, cursor + new))
-            cursor += new
-            for ci in call_ids:
-                writes.append((ci, segs))
-            prev, prev_segs = arr, segs
-            lengths.append(len(arr))
-            lcps.append(lcp)
-            seq_segs.append(segs)
-        traj_ids = []
-        for i in range(len(keys)):
-            if i + 1 < len(keys) and lcps[i + 1] == lengths[i]:
-                continue  # a strict prefix of the next sequence: not a leaf
-            made_by: list[int] = []
-            run_min = lengths[i]
-            for j in range(i, -1, -1):
-                if j < i:
-                    run_min = min(run_min, lcps[j + 1])
-                    if run_min == 0:
-                        break
-                if j == i or run_min >= lengths[j]:
-                    made_by.extend(seqs[keys[j]][1])
-            segs = seq_segs[i]
-            traj_ids.append(len(trajectories))
-            trajectories.append(
-                Trajectory(
-                    session=name,
-                    index=len(trajectories),
-                    leaf=segs[-1][1] - 1,
-                    segments=tuple(segs),
-                    call_ids=tuple(all_calls[c].call_id for c in sorted(made_by)),
-                )
-            )
-        sessions.append(
+        lengths, lcps, seq_segs = self._insert(keys, seqs)
+        traj_ids = self._add_trajectories(name, keys, seqs, lengths, lcps, seq_segs)
+        self.sessions.append(
             SessionTree(
                 name=name,
-                index=s_index,
+                index=len(self.sessions),
                 start=start,
-                stop=cursor,
-                calls=tuple(range(first_call, len(all_calls))),
+                stop=self.cursor,
+                calls=tuple(range(first_call, len(self.calls))),
                 trajectories=tuple(traj_ids),
                 empty_calls=empty,
             )
         )
 
-    def cat(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    def _insert(
+        self, keys: list[bytes], seqs: _Sequences
+    ) -> tuple[list[int], list[int], list[Segs]]:
+        """Append the sorted sequences' new nodes: (lengths, lcps with the predecessor, segments)."""
+        prev: np.ndarray | None = None
+        prev_segs: Segs = []
+        lengths: list[int] = []
+        lcps: list[int] = []
+        seq_segs: list[Segs] = []
+        for key in keys:
+            arr, call_ids = seqs[key]
+            lcp = 0 if prev is None else _lcp(prev, arr)
+            segs = _truncate(prev_segs, lcp)
+            new = len(arr) - lcp  # > 0: keys are distinct and sorted, so arr is no prefix of prev
+            cursor = self.cursor
+            par = np.arange(cursor - 1, cursor + new - 1, dtype=np.int64)
+            par[0] = segs[-1][1] - 1 if lcp > 0 else -1
+            self.tok_parts.append(arr[lcp:])
+            self.dep_parts.append(np.arange(lcp, len(arr), dtype=np.int64))
+            self.par_parts.append(par)
+            if segs and segs[-1][1] == cursor:
+                segs[-1] = (segs[-1][0], cursor + new)
+            else:
+                segs.append((cursor, cursor + new))
+            self.cursor += new
+            for ci in call_ids:
+                self.writes.append((ci, segs))
+            prev, prev_segs = arr, segs
+            lengths.append(len(arr))
+            lcps.append(lcp)
+            seq_segs.append(segs)
+        return lengths, lcps, seq_segs
 
-    n = cursor
-    trainable = np.zeros(n, dtype=bool)
-    logprobs = np.zeros(n, dtype=np.float64)
-    policy_version = np.full(n, -1, dtype=np.int64)
-    gen_call = np.full(n, -1, dtype=np.int64)
-    # Latest canonical call first, so that the earliest generating call writes last and wins.
-    for ci, segs in sorted(writes, key=lambda w: -w[0]):
-        call = all_calls[ci]
-        if not call.trainable or len(call.completion_ids) == 0:
-            continue
-        p = len(call.prompt_ids)
-        # A root token has no context to be predicted from: it is never trainable.
-        for a, b, pos in _node_ranges(segs, max(p, 1), p + len(call.completion_ids)):
-            trainable[a:b] = True
-            logprobs[a:b] = call.completion_logprobs[pos - p : pos - p + (b - a)]
-            policy_version[a:b] = call.policy_version
-            gen_call[a:b] = ci
-    return Forest(
-        tokens=cat(tok_parts),
-        parent=cat(par_parts),
-        depth=cat(dep_parts),
-        trainable=trainable,
-        logprobs=logprobs,
-        policy_version=policy_version,
-        call=gen_call,
-        calls=tuple(all_calls),
-        sessions=tuple(sessions),
-        trajectories=tuple(trajectories),
-        duplicates=duplicates,
-    )
+    def _add_trajectories(
+        self,
+        name: str,
+        keys: list[bytes],
+        seqs: _Sequences,
+        lengths: list[int],
+        lcps: list[int],
+        seq_segs: list[Segs],
+    ) -> list[int]:
+        """One trajectory per leaf (a sequence that is no strict prefix of the next)."""
+        traj_ids = []
+        for i in range(len(keys)):
+            if i + 1 < len(keys) and lcps[i + 1] == lengths[i]:
+                continue  # a strict prefix of the next sequence: not a leaf
+            made_by = _made_by(i, keys, seqs, lengths, lcps)
+            segs = seq_segs[i]
+            traj_ids.append(len(self.trajectories))
+            self.trajectories.append(
+                Trajectory(
+                    session=name,
+                    index=len(self.trajectories),
+                    leaf=segs[-1][1] - 1,
+                    segments=tuple(segs),
+                    call_ids=tuple(self.calls[c].call_id for c in sorted(made_by)),
+                )
+            )
+        return traj_ids
+
+    def finish(self, duplicates: int) -> Forest:
+        """The forest, with each generated node's trainable flag, logprob, version and call."""
+        n = self.cursor
+        trainable = np.zeros(n, dtype=bool)
+        logprobs = np.zeros(n, dtype=np.float64)
+        policy_version = np.full(n, -1, dtype=np.int64)
+        gen_call = np.full(n, -1, dtype=np.int64)
+        # Latest canonical call first, so that the earliest generating call writes last and wins.
+        for ci, segs in sorted(self.writes, key=lambda w: -w[0]):
+            call = self.calls[ci]
+            if not call.trainable or len(call.completion_ids) == 0:
+                continue
+            p = len(call.prompt_ids)
+            # A root token has no context to be predicted from: it is never trainable.
+            for a, b, pos in _node_ranges(segs, max(p, 1), p + len(call.completion_ids)):
+                trainable[a:b] = True
+                logprobs[a:b] = call.completion_logprobs[pos - p : pos - p + (b - a)]
+                policy_version[a:b] = call.policy_version
+                gen_call[a:b] = ci
+        return Forest(
+            tokens=_cat(self.tok_parts),
+            parent=_cat(self.par_parts),
+            depth=_cat(self.dep_parts),
+            trainable=trainable,
+            logprobs=logprobs,
+            policy_version=policy_version,
+            call=gen_call,
+            calls=tuple(self.calls),
+            sessions=tuple(self.sessions),
+            trajectories=tuple(self.trajectories),
+            duplicates=duplicates,
+        )
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def trajectory_spans(forest: Forest, trajectory: Trajectory) -> list[dict]:
