@@ -2,7 +2,7 @@
 
 Run: .venvs/workspace/bin/python -m pytest bench/test_async_rollouts.py -s -p no:cacheprovider
 
-The schedule is examples/mix_harness_rl.py's own (`schedule`, the function its main loop runs);
+The schedule is claw_rl.loop.schedule, the one examples/mix_harness_rl.py's main loop runs;
 the rollouts and the learner are stand-ins with the shape of a real run, at 1/250 time scale:
 each step has 32 rollouts (every one at once, as an inference engine batches them), a rollout
 is 8 model calls one after the other, a call takes a lognormal time with median 1 s and
@@ -21,13 +21,9 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import random
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-import mix_harness_rl  # noqa: E402
+import claw_rl.loop
 
 SCALE = 4e-3  # 1 s of the modelled run = 4 ms here
 ROLLOUTS, CALLS, STEPS = 32, 8, 24
@@ -66,7 +62,7 @@ def _run(max_staleness: int) -> tuple[float, list[int]]:
 
     staleness = []
     t0 = time.perf_counter()
-    for step, _, outcomes, _ in mix_harness_rl.schedule(range(STEPS), max_staleness, launch):
+    for step, _, outcomes, _ in claw_rl.loop.schedule(range(STEPS), max_staleness, launch):
         assert len(outcomes) == ROLLOUTS
         staleness.append(version - launched_at[step])
         time.sleep(TRAIN_S * SCALE)  # the update

@@ -386,25 +386,6 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def schedule(steps: range, max_staleness: int, launch):
-    """Yields ``(step, started, outcomes, ahead)`` for each step in turn. Before step k's outcomes
-    are awaited, the rollouts of k and of the next S = max_staleness steps are started, each once,
-    with ``launch(j) -> Future`` of its outcomes; the caller trains between two yields, so with
-    S >= 1 the later steps' rollouts run meanwhile (S = 0: synchronous). ``started``: when step
-    k's rollouts were launched (monotonic clock); ``ahead``: the later steps whose rollouts run."""
-    pending: dict[int, tuple[float, concurrent.futures.Future]] = {}
-    try:
-        for step in steps:
-            for j in range(step, min(step + max_staleness + 1, steps.stop)):
-                if j not in pending:
-                    pending[j] = (time.monotonic(), launch(j))
-            started, future = pending.pop(step)
-            yield step, started, future.result(), sorted(pending)
-    finally:
-        for _, future in pending.values():
-            future.cancel()
-
-
 def main(argv: list[str] | None = None, log=None) -> list[dict]:
     args = options(argv)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -468,7 +449,9 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
 
         t0 = time.monotonic()
         steps = range(len(history), args.steps)
-        for step, launched, outcomes, ahead in schedule(steps, args.max_staleness, launch):
+        for step, launched, outcomes, ahead in claw_rl.loop.schedule(
+            steps, args.max_staleness, launch
+        ):
             running = sum(unfinished(k) for k in ahead)
             for session in sorted({o["session"] for o in outcomes}):  # finished: free its cache
                 admin_api.close_session(session, missing_ok=True)  # missing: no call reached us

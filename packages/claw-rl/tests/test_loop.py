@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 
+import pytest
 from claw_rl import GRPOConfig, Learner, loop
 from rl_testlib import tree_sample
 from safetensors.torch import load_file
@@ -62,3 +64,54 @@ def test_a_step_cut_off_before_its_rows_is_redone_from_the_previous_checkpoint(t
     b = load_file(loop.policy_dir(cut, 2) / "model.safetensors")
     assert max(float((a[n] - b[n]).abs().max()) for n in a) == 0.0
     assert loop.resume(tmp_path / "empty") is None
+
+
+def _launches(max_staleness: int, steps: range) -> list[tuple]:
+    """The schedule's events: ("launch", j) as it starts step j, ("train", k, ahead) per yield."""
+    events: list[tuple] = []
+
+    def launch(j: int) -> Future:
+        events.append(("launch", j))
+        done: Future = Future()
+        done.set_result([f"outcome of {j}"])
+        return done
+
+    for step, started, outcomes, ahead in loop.schedule(steps, max_staleness, launch):
+        assert outcomes == [f"outcome of {step}"] and started > 0
+        events.append(("train", step, ahead))
+    return events
+
+
+def test_schedule_synchronous_launches_each_step_before_it_trains():
+    """S = 0: launch k, train k, launch k + 1 ...; nothing runs ahead."""
+    assert _launches(0, range(3)) == [
+        ("launch", 0), ("train", 0, []), ("launch", 1), ("train", 1, []),
+        ("launch", 2), ("train", 2, []),
+    ]  # fmt: skip
+
+
+def test_schedule_runs_s_steps_ahead_each_launched_once_within_the_range():
+    """S = 2 from a resumed step 1 of 5: steps 1-3 start before step 1 trains, then one more
+    per step, never past the range's end, each exactly once."""
+    events = _launches(2, range(1, 5))
+    assert events == [
+        ("launch", 1), ("launch", 2), ("launch", 3), ("train", 1, [2, 3]),
+        ("launch", 4), ("train", 2, [3, 4]), ("train", 3, [4]), ("train", 4, []),
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="max_staleness must be >= 0, got -1"):
+        list(loop.schedule(range(2), -1, lambda j: Future()))
+
+
+def test_schedule_cancels_pending_launches_when_the_loop_stops():
+    """Breaking out of the loop cancels the futures of the steps launched ahead."""
+    futures: dict[int, Future] = {}
+
+    def launch(j: int) -> Future:
+        futures[j] = Future()
+        if j == 0:
+            futures[j].set_result([])
+        return futures[j]
+
+    for _ in loop.schedule(range(3), 2, launch):
+        break
+    assert futures[1].cancelled() and futures[2].cancelled()

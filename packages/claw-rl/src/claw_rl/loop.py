@@ -5,6 +5,9 @@ and ``examples/mix_harness_rl.py``.
     for k in range(len(completed_steps(run)), n_steps):
         row, policy = train_step(learner, samples_of(k), run, k, extra={"reward": ...})
 
+Asynchronous rollouts: :func:`schedule` starts the rollouts of the next S steps before step k
+trains, so they run while the learner works (on the policy in force).
+
 The run directory (every writer of a training run uses this layout):
 
     metrics.jsonl     one row per completed step, in order: {"step": k (from 0), "policy_version",
@@ -30,7 +33,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
@@ -193,3 +197,33 @@ __all__ = [
     "resume",
     "train_step",
 ]
+
+
+def schedule(
+    steps: range, max_staleness: int, launch: Callable[[int], Future]
+) -> Iterator[tuple[int, float, object, list[int]]]:
+    """The order of work of an RL loop with asynchronous rollouts: yields
+    ``(step, started, outcomes, ahead)`` for each step of ``steps`` in turn.
+
+    Before step k's outcomes are awaited, the rollouts of k and of the next S = ``max_staleness``
+    steps are started, each once, with ``launch(j)``, which returns a Future of step j's
+    outcomes. The caller trains on step k between two yields, so with S >= 1 the later steps'
+    rollouts run meanwhile, on the policy in force: at most S versions behind when their step
+    trains, since step j is launched only after step j - S - 1's update. S = 0 is the
+    synchronous loop. ``started``: when step k's rollouts were launched (``time.monotonic()``);
+    ``ahead``: the later steps whose rollouts are running. Leaving the loop early cancels the
+    launches not yet running.
+    """
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+    pending: dict[int, tuple[float, Future]] = {}
+    try:
+        for step in steps:
+            for j in range(step, min(step + max_staleness + 1, steps.stop)):
+                if j not in pending:
+                    pending[j] = (time.monotonic(), launch(j))
+            started, future = pending.pop(step)
+            yield step, started, future.result(), sorted(pending)
+    finally:
+        for _, future in pending.values():
+            future.cancel()
