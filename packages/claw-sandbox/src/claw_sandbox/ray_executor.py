@@ -16,6 +16,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from claw_sandbox import _leftovers
 from claw_sandbox.errors import ClawError
@@ -95,9 +96,6 @@ def run_on_ray(
                 f"resuming: {len(items) - len(todo)} of {len(items)} jobs already recorded in {out}"
             )
         rows: list[dict] = []
-        pending: dict = {}
-        queue = list(reversed(todo))
-        cap = parallel or len(todo) or 1
 
         def emit(row: dict) -> None:
             rows.append(row)
@@ -106,27 +104,44 @@ def run_on_ray(
             if fd is not None:
                 os.write(fd, (json.dumps(row, ensure_ascii=False) + "\n").encode())
 
-        while queue or pending:
-            while queue and len(pending) < cap:
-                job = queue.pop()
-                if isinstance(job, BadLine):
-                    emit(_error_run(job.job_id, job.error, f"ray:{backend}", job.meta).to_dict())
-                    continue
-                pending[task.remote(job.to_dict(), backend, retries, options)] = job
-            if not pending:
-                continue
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                job = pending.pop(ref)
-                try:
-                    row = ray.get(ref)
-                except Exception as exc:  # the task or its node died
-                    row = _error_run(job.job_id, f"ray task failed: {type(exc).__name__}: {exc}",
-                                     f"ray:{backend}", dict(job.meta), "infra_error").to_dict()  # fmt: skip
-                emit(row)
+        _run_tasks(ray, task, todo, parallel or len(todo) or 1, emit, backend, retries, options)
         return rows
     finally:
         if fd is not None:
             os.close(fd)
         if started_ray:
             ray.shutdown()
+
+
+def _run_tasks(
+    ray: Any,
+    task: Any,
+    todo: list,
+    cap: int,
+    emit: Callable[[dict], None],
+    backend: str,
+    retries: int,
+    options: dict,
+) -> None:
+    """Keep at most ``cap`` tasks in flight, emitting each run as it finishes (a bad line as
+    an error run without a task; a task that died as an infra_error run)."""
+    pending: dict = {}
+    queue = list(reversed(todo))
+    while queue or pending:
+        while queue and len(pending) < cap:
+            job = queue.pop()
+            if isinstance(job, BadLine):
+                emit(_error_run(job.job_id, job.error, f"ray:{backend}", job.meta).to_dict())
+                continue
+            pending[task.remote(job.to_dict(), backend, retries, options)] = job
+        if not pending:
+            continue
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            job = pending.pop(ref)
+            try:
+                row = ray.get(ref)
+            except Exception as exc:  # the task or its node died
+                row = _error_run(job.job_id, f"ray task failed: {type(exc).__name__}: {exc}",
+                                 f"ray:{backend}", dict(job.meta), "infra_error").to_dict()  # fmt: skip
+            emit(row)

@@ -459,40 +459,17 @@ class Job:
 
         Relative `copy_from` paths are resolved against `base_dir` (default: the current dir).
         """
-        if not isinstance(d, dict):
-            raise JobError(f"{where}: expected a JSON object, got {type(d).__name__}")
-        if d.get("schema") != JOB_SCHEMA:
-            got = d.get("schema")
-            if isinstance(got, str) and got.partition("/")[0] == "claw.job":
-                raise _fail(
-                    where,
-                    "schema",
-                    f"unsupported version {got!r} (this reader knows {JOB_SCHEMA!r})",
-                )
-            raise _fail(where, "schema", f"expected {JOB_SCHEMA!r}, got {got!r}")
-        job_id = d.get("job_id")
-        if not isinstance(job_id, str) or not job_id:
-            raise _fail(where, "job_id", "missing required field (a non-empty string)")
+        job_id = _job_id(d, where)
         where = f"{where}: job {job_id!r}"
         if "command" not in d:
             raise _fail(where, "command", "missing required field")
         ws = _get(d, "workspace", dict, where, "workspace", {})
-        env = _get(d, "env", dict, where, "env", {})
-        image_env = _get(d, "image_env", dict, where, "image_env", {})
-        for field, values in (("env", env), ("image_env", image_env)):
-            for k, v in values.items():
-                if not isinstance(v, str):
-                    raise _fail(where, f"{field}/{k}", "environment values must be strings")
+        env, image_env = _job_envs(d, where)
         timeout = _get(d, "timeout_s", (int, float), where, "timeout_s", DEFAULT_TIMEOUT_S)
         if timeout <= 0:
             raise _fail(where, "timeout_s", "must be > 0")
         setup = _get(d, "setup", list, where, "setup", [])
-        collect = _get(d, "collect", list, where, "collect", [])
-        for i, g in enumerate(collect):
-            if not isinstance(g, str):
-                raise _fail(where, f"collect/{i}", "expected a glob string")
-            if not g.startswith("/"):
-                check_relpath(g, where, f"collect/{i}")
+        collect = _job_collect(d, where)
         workdir = d.get("workdir")
         if workdir is not None:
             check_abspath(workdir, where, "workdir")
@@ -506,44 +483,11 @@ class Job:
         keep = d.get("keep") or "never"
         if keep not in ("never", "failed", "always"):
             raise _fail(where, "keep", f"expected never, failed or always, got {keep!r}")
-        verify = d.get("verify")
         base = base_dir or Path.cwd()
         copy_from = _get(ws, "copy_from", str, where, "workspace/copy_from")
-        if verify is not None and not isinstance(verify, dict):
-            raise _fail(where, "verify", "expected an object or null")
-        verify_rec = Verify.from_dict(verify, where) if verify is not None else None
-        if verify_rec is not None and verify_rec.copy_from:
-            verify_rec = attrs.evolve(verify_rec, copy_from=str(base / verify_rec.copy_from))
-        steps_raw = _get(d, "steps", list, where, "steps", [])
-        steps = tuple(
-            Step.from_dict(s, where, f"steps/{i}", float(timeout)) for i, s in enumerate(steps_raw)
-        )
-        names = [s.name for s in steps]
-        if len(set(names)) != len(names):
-            raise _fail(where, "steps", f"step names repeat: {names}")
-        job_targets = {m.target for m in mounts}
-        for i, s in enumerate(steps):
-            for j, m in enumerate(s.mounts):
-                if m.target not in job_targets:
-                    raise _fail(
-                        where,
-                        f"steps/{i}/mounts/{j}/target",
-                        f"{m.target} is not a target of the job's mounts",
-                    )
-        targets = list(
-            dict.fromkeys(
-                m.target
-                for m in (
-                    *mounts,
-                    *(verify_rec.mounts if verify_rec else ()),
-                    *(m for s in steps for m in (*(s.verify.mounts if s.verify else ()),)),
-                )
-            )
-        )
-        for i, t in enumerate(targets):
-            for other in [*targets[:i], *([workdir] if workdir else [])]:
-                if is_under(t, other) or is_under(other, t):
-                    raise _fail(where, "mounts", f"target {t} overlaps {other}")
+        verify_rec = _job_verify(d.get("verify"), where, base)
+        steps = _job_steps(d, where, float(timeout), mounts)
+        _check_overlaps(where, mounts, verify_rec, steps, workdir)
         return cls(
             job_id=job_id,
             command=_command(d["command"], where, "command"),
@@ -814,3 +758,97 @@ def read_runs(path: Path) -> tuple[list[dict], int]:
         rows.append(row)
         good += len(raw) + 1
     return rows, good
+
+
+def _job_id(d: Any, where: str) -> str:
+    """A job object's schema and job_id, checked."""
+    if not isinstance(d, dict):
+        raise JobError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    if d.get("schema") != JOB_SCHEMA:
+        got = d.get("schema")
+        if isinstance(got, str) and got.partition("/")[0] == "claw.job":
+            raise _fail(
+                where, "schema", f"unsupported version {got!r} (this reader knows {JOB_SCHEMA!r})"
+            )
+        raise _fail(where, "schema", f"expected {JOB_SCHEMA!r}, got {got!r}")
+    job_id = d.get("job_id")
+    if not isinstance(job_id, str) or not job_id:
+        raise _fail(where, "job_id", "missing required field (a non-empty string)")
+    return job_id
+
+
+def _job_envs(d: dict, where: str) -> tuple[dict, dict]:
+    """``env`` and ``image_env``: objects of strings."""
+    env = _get(d, "env", dict, where, "env", {})
+    image_env = _get(d, "image_env", dict, where, "image_env", {})
+    for field, values in (("env", env), ("image_env", image_env)):
+        for k, v in values.items():
+            if not isinstance(v, str):
+                raise _fail(where, f"{field}/{k}", "environment values must be strings")
+    return env, image_env
+
+
+def _job_collect(d: dict, where: str) -> list:
+    """``collect``: glob strings, absolute or safe relative paths."""
+    collect = _get(d, "collect", list, where, "collect", [])
+    for i, g in enumerate(collect):
+        if not isinstance(g, str):
+            raise _fail(where, f"collect/{i}", "expected a glob string")
+        if not g.startswith("/"):
+            check_relpath(g, where, f"collect/{i}")
+    return collect
+
+
+def _job_verify(verify: Any, where: str, base: Path) -> Verify | None:
+    """The job's own verify (its copy_from resolved against ``base``), or None."""
+    if verify is None:
+        return None
+    if not isinstance(verify, dict):
+        raise _fail(where, "verify", "expected an object or null")
+    rec = Verify.from_dict(verify, where)
+    if rec.copy_from:
+        rec = attrs.evolve(rec, copy_from=str(base / rec.copy_from))
+    return rec
+
+
+def _job_steps(d: dict, where: str, timeout: float, mounts: tuple[Mount, ...]) -> tuple[Step, ...]:
+    """``steps``: distinct names, each step's mounts among the job's mount targets."""
+    steps_raw = _get(d, "steps", list, where, "steps", [])
+    steps = tuple(Step.from_dict(s, where, f"steps/{i}", timeout) for i, s in enumerate(steps_raw))
+    names = [s.name for s in steps]
+    if len(set(names)) != len(names):
+        raise _fail(where, "steps", f"step names repeat: {names}")
+    job_targets = {m.target for m in mounts}
+    for i, s in enumerate(steps):
+        for j, m in enumerate(s.mounts):
+            if m.target not in job_targets:
+                raise _fail(
+                    where,
+                    f"steps/{i}/mounts/{j}/target",
+                    f"{m.target} is not a target of the job's mounts",
+                )
+    return steps
+
+
+def _check_overlaps(
+    where: str,
+    mounts: tuple[Mount, ...],
+    verify: Verify | None,
+    steps: tuple[Step, ...],
+    workdir: str | None,
+) -> None:
+    """No mount target (job, verify, step verify) lies under another or the workdir."""
+    targets = list(
+        dict.fromkeys(
+            m.target
+            for m in (
+                *mounts,
+                *(verify.mounts if verify else ()),
+                *(m for s in steps for m in (*(s.verify.mounts if s.verify else ()),)),
+            )
+        )
+    )
+    for i, t in enumerate(targets):
+        for other in [*targets[:i], *([workdir] if workdir else [])]:
+            if is_under(t, other) or is_under(other, t):
+                raise _fail(where, "mounts", f"target {t} overlaps {other}")

@@ -226,7 +226,31 @@ def collect(
     """
     patterns = [tuple(_parts(g)) for g in globs]
     notes: list[str] = []
-    seen = 0
+    interrupted = "collect: interrupted (the runner is stopping)"
+    root_fd = _fsat.open_root(root)
+    try:
+        found = _find(root_fd, patterns, notes, stop)
+        if found is None:
+            return {}, interrupted
+        out = _read_found(root_fd, found, max_files, max_bytes, notes, stop)
+        if out is None:
+            return {}, interrupted
+    finally:
+        os.close(root_fd)
+    return out, "; ".join(notes) or None
+
+
+_Found = list[tuple[int, str, tuple[str, ...]]]  # (pattern index, rel path, its parts), sorted
+
+
+def _find(
+    root_fd: int,
+    patterns: list[tuple[str, ...]],
+    notes: list[str],
+    stop: threading.Event | None,
+) -> _Found | None:
+    """The regular files matching a pattern (each under its first pattern), sorted; None when
+    ``stop`` is set. Notes when the search was cut (too deep, too many entries)."""
 
     def descend(parts: tuple[str, ...]) -> bool:
         if len(parts) > COLLECT_MAX_DEPTH:
@@ -236,67 +260,77 @@ def collect(
             return False
         return any(_may_hold(p, parts) for p in patterns)
 
-    found: list[tuple[int, str, tuple[str, ...]]] = []
-    root_fd = _fsat.open_root(root)
+    found: _Found = []
+    seen = 0
+    walker = _fsat.walk(root_fd, descend)
     try:
-        walker = _fsat.walk(root_fd, descend)
-        try:
-            for _, parts, name, kind in walker:
-                if stop is not None and stop.is_set():
-                    return {}, "collect: interrupted (the runner is stopping)"
-                seen += 1
-                if seen > COLLECT_MAX_ENTRIES:
-                    notes.append(
-                        f"collect: stopped searching after {COLLECT_MAX_ENTRIES} directory entries"
-                    )
-                    break
-                if kind != "file":
-                    continue
-                path = (*parts, name)
-                for i, pattern in enumerate(patterns):
-                    if _match(pattern, path):
-                        found.append((i, "/".join(path), path))
-                        break
-        finally:
-            walker.close()
-        found.sort()
-        out: dict[str, str] = {}
-        total = 0
-        for n, (_, rel, path) in enumerate(found):
+        for _, parts, name, kind in walker:
             if stop is not None and stop.is_set():
-                return {}, "collect: interrupted (the runner is stopping)"
-            if len(out) >= max_files:
+                return None
+            seen += 1
+            if seen > COLLECT_MAX_ENTRIES:
                 notes.append(
-                    f"collect: stopped at limits/collect_files={max_files} "
-                    f"({len(found) - n} more matching files not collected)"
+                    f"collect: stopped searching after {COLLECT_MAX_ENTRIES} directory entries"
                 )
                 break
-            room = max_bytes - total
-            if room <= 0:
-                notes.append(
-                    f"collect: stopped at limits/collect_bytes={max_bytes} "
-                    f"({len(found) - n} more matching files not collected)"
-                )
-                break
-            try:  # the text is never shorter in the record than the bytes read
-                data, more = _fsat.read_file(root_fd, path, min(COLLECT_FILE_BYTES, room))
-            except OSError:  # swapped for a link, removed, not a regular file
+            if kind != "file":
                 continue
-            text = data.decode("utf-8", errors="replace")
-            size = _json_size(text)
-            if size > room:
-                text, size, more = _cut_to(text, room), room, True
-            total += size
-            out[rel] = text
-            if more and room <= COLLECT_FILE_BYTES:
-                notes.append(
-                    f"collect: stopped at limits/collect_bytes={max_bytes} ({rel} cut, "
-                    f"{len(found) - n - 1} more matching files not collected)"
-                )
-                break
+            path = (*parts, name)
+            for i, pattern in enumerate(patterns):
+                if _match(pattern, path):
+                    found.append((i, "/".join(path), path))
+                    break
     finally:
-        os.close(root_fd)
-    return out, "; ".join(notes) or None
+        walker.close()
+    found.sort()
+    return found
+
+
+def _read_found(
+    root_fd: int,
+    found: _Found,
+    max_files: int,
+    max_bytes: int,
+    notes: list[str],
+    stop: threading.Event | None,
+) -> dict[str, str] | None:
+    """The found files' texts within max_files and max_bytes (JSON size); None when ``stop``
+    is set. Notes when the limits cut the collection."""
+    out: dict[str, str] = {}
+    total = 0
+    for n, (_, rel, path) in enumerate(found):
+        if stop is not None and stop.is_set():
+            return None
+        if len(out) >= max_files:
+            notes.append(
+                f"collect: stopped at limits/collect_files={max_files} "
+                f"({len(found) - n} more matching files not collected)"
+            )
+            break
+        room = max_bytes - total
+        if room <= 0:
+            notes.append(
+                f"collect: stopped at limits/collect_bytes={max_bytes} "
+                f"({len(found) - n} more matching files not collected)"
+            )
+            break
+        try:  # the text is never shorter in the record than the bytes read
+            data, more = _fsat.read_file(root_fd, path, min(COLLECT_FILE_BYTES, room))
+        except OSError:  # swapped for a link, removed, not a regular file
+            continue
+        text = data.decode("utf-8", errors="replace")
+        size = _json_size(text)
+        if size > room:
+            text, size, more = _cut_to(text, room), room, True
+        total += size
+        out[rel] = text
+        if more and room <= COLLECT_FILE_BYTES:
+            notes.append(
+                f"collect: stopped at limits/collect_bytes={max_bytes} ({rel} cut, "
+                f"{len(found) - n - 1} more matching files not collected)"
+            )
+            break
+    return out
 
 
 def _json_size(text: str) -> int:

@@ -214,20 +214,54 @@ class BwrapSandbox(Sandbox):
             await self.relay.start_unix(run_dir / "proxy.sock")
 
     def _argv(self, command: Command) -> tuple[list[str], list[str]]:
-        job = self.job
-        args = [self.backend.bwrap, "--die-with-parent", "--new-session", "--unshare-pid",
-                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
-        if job.network.policy != "host":
-            args.append("--unshare-net")
-        harbor = job.profile == "harbor"
-        if harbor:  # uid 0 in a user namespace of its own (as the dropped host uid, when root)
-            args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
-        elif self.owner is None:
-            args += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL"]
+        """bwrap's argv and the command to run inside: namespaces, the root (copied verify
+        targets), binds, what the command's programs need, hidden paths, the inner command."""
+        harbor = self.job.profile == "harbor"
         copied = set(self.copied_targets()) if self.verifying else set()
+        args = self._namespace_args()
         if copied:  # the verify step's own writable root holds the copies (place_verify_files)
             args += ["--bind", str(self.verify_root), "/"]
         args += _without_binds_at(self.backend.base_args, copied)
+        args += self._bind_args(copied)
+        bound, shown = self._program_args(command)
+        args += shown
+        for h in sorted(self.backend.hidden):  # e.g. the job directories, inside a bound dir
+            if _under(h, bound) or _under(h, VISIBLE_ROOTS):
+                args += ["--tmpfs", h]
+        if not copied:
+            args += ["--remount-ro", "/"]  # bwrap's root tmpfs, too
+        args += ["--chdir", self.inside_workspace]
+        inner = self._inner(command)
+        if self.owner is not None:
+            uid, gid = self.owner
+            # leaving uid 0 clears every capability; no_new_privs stops setuid/file-cap binaries
+            drop = [self.backend.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                    "--no-new-privs"]  # fmt: skip
+            if harbor:  # drop before bwrap: the user namespace's uid 0 is the unprivileged uid
+                args = [*drop, *args]
+            else:
+                inner = [*drop, *inner]
+        return args, inner
+
+    def _namespace_args(self) -> list[str]:
+        """bwrap itself and the namespaces: pid, ipc, uts, cgroup, net (unless host), user."""
+        args = [self.backend.bwrap, "--die-with-parent", "--new-session", "--unshare-pid",
+                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
+        if self.job.network.policy != "host":
+            args.append("--unshare-net")
+        if (
+            self.job.profile == "harbor"
+        ):  # uid 0 in a user namespace of its own (as the dropped host uid, when root)
+            args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
+        elif self.owner is None:
+            args += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL"]
+        return args
+
+    def _bind_args(self, copied: set[str]) -> list[str]:
+        """The writable binds (/tmp, the workspace, harbor's /root, the job's mounts; verify-only
+        mounts in verify steps only), the proxy relay's socket directory, host DNS."""
+        job = self.job
+        harbor = job.profile == "harbor"
         binds = [(self.tmp, "/tmp"), (self.workspace, self.inside_workspace)]
         if harbor:
             binds.append((self.tmp / "home", "/root"))
@@ -247,6 +281,7 @@ class BwrapSandbox(Sandbox):
                 f"which cannot reach the job directories under {self.jobdir.parent} "
                 "(give --workdir a directory whose parents all have mode o+x)"
             )
+        args: list[str] = []
         for src, dest in binds:
             args += ["--bind", str(src), dest]
         if self.relay is not None:
@@ -254,9 +289,15 @@ class BwrapSandbox(Sandbox):
         if job.network.policy == "host":
             for f in ("/run/systemd/resolve",):
                 args += ["--ro-bind-try", f, f]
+        return args
+
+    def _program_args(self, command: Command) -> tuple[set[str], list[str]]:
+        """Read-only binds of what the programs the command names need (e.g. a harness in a
+        venv under the checkout) and of --ro-path: (the bound paths, the args)."""
+        harbor = self.job.profile == "harbor"
+        args: list[str] = []
         bound: set[str] = set()
         made: set[str] = {"/", "/root", "/home", "/run", "/var", "/tmp"}
-        # what the programs the command names need (e.g. a harness in a venv under the checkout)
         needs = command_paths(command, self.env().get("PATH", ""))
         # parents before children, so a bound directory never hides a bind inside it
         wanted = sorted(
@@ -276,12 +317,10 @@ class BwrapSandbox(Sandbox):
                     made.add(str(parent))
                     args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", p, p]
-        for h in sorted(self.backend.hidden):  # e.g. the job directories, inside a bound dir
-            if _under(h, bound) or _under(h, VISIBLE_ROOTS):
-                args += ["--tmpfs", h]
-        if not copied:
-            args += ["--remount-ro", "/"]  # bwrap's root tmpfs, too
-        args += ["--chdir", self.inside_workspace]
+        return bound, args
+
+    def _inner(self, command: Command) -> list[str]:
+        """The command inside: through the rootfs's shell, the proxy relay and the rlimits."""
         inner = argv_of(command)
         if self.backend.rootfs and isinstance(command, str):  # the rootfs's shell, not the host's
             has_bash = any(
@@ -291,21 +330,14 @@ class BwrapSandbox(Sandbox):
             inner = ["/bin/bash" if has_bash else "/bin/sh", "-c", command]
         if self.relay is not None:
             inner = (
-                _forward.inner_command(job.network.port or 0, self.backend.socat, sys.executable)
+                _forward.inner_command(
+                    self.job.network.port or 0, self.backend.socat, sys.executable
+                )
                 + inner
             )
         if self.cgroup is None:
-            inner = rlimit_wrap(job.limits, inner)  # the job's own limits only: see README
-        if self.owner is not None:
-            uid, gid = self.owner
-            # leaving uid 0 clears every capability; no_new_privs stops setuid/file-cap binaries
-            drop = [self.backend.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                    "--no-new-privs"]  # fmt: skip
-            if harbor:  # drop before bwrap: the user namespace's uid 0 is the unprivileged uid
-                args = [*drop, *args]
-            else:
-                inner = [*drop, *inner]
-        return args, inner
+            inner = rlimit_wrap(self.job.limits, inner)  # the job's own limits only: see README
+        return inner
 
     def _kill_tree(self, pid: int) -> None:
         killpg(pid)  # the bwrap monitor; --die-with-parent takes the namespace down with it
