@@ -47,6 +47,8 @@ from claw_proxy.render import TEMPLATE_KWARGS, PrefixCache, Renderer
 from claw_proxy.tokens import token_from_headers, verify_token
 
 _BIG_BODY = 1 << 20
+# the id prefix of an answer, by API (as the real APIs spell theirs)
+_ID_PREFIX = {"anthropic.messages": "msg_", "openai.chat": "chatcmpl-", "openai.responses": "resp_"}
 _big_request: contextvars.ContextVar[bool] = contextvars.ContextVar("big_request", default=False)
 
 
@@ -401,12 +403,7 @@ class Proxy:
         if gen_req.seed is None and self.config.seed is not None:  # recorded as sampling.seed
             gen_req = attrs.evolve(gen_req, seed=call_seed(self.config.seed, session, seq))
         call_id = f"call-{uuid.uuid4().hex}"
-        resp_id = {
-            "anthropic.messages": "msg_",
-            "openai.chat": "chatcmpl-",
-            "openai.responses": "resp_",
-        }[api.NAME]
-        resp_id += uuid.uuid4().hex[:24]
+        resp_id = _ID_PREFIX[api.NAME] + uuid.uuid4().hex[:24]
         run = Run(
             self,
             api,
@@ -431,17 +428,7 @@ class Proxy:
             run.close()
             raise
         if not req.stream:
-            try:
-                events = run.consume(first)
-                async for chunk in iterate(run, chunks):
-                    events += run.consume(chunk)
-                events += run.finish_events()
-                answer = run.answer()
-                body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
-                run.record(answer, body)
-                return JSONResponse(body)
-            finally:
-                run.close()
+            return await self._whole(run, resp_id, first, chunks)
         stream = api.Stream(
             id=resp_id, model=req.model, include_usage=req.include_usage, **extra(api, req)
         )
@@ -453,6 +440,21 @@ class Proxy:
             media_type="text/event-stream",
             headers={"cache-control": "no-cache"},
         )
+
+    async def _whole(self, run: Run, resp_id: str, first, chunks) -> Response:
+        """A non-streamed answer: every chunk consumed, recorded, one JSON body."""
+        api, req = run.api, run.req
+        try:
+            events = run.consume(first)
+            async for chunk in iterate(run, chunks):
+                events += run.consume(chunk)
+            events += run.finish_events()
+            answer = run.answer()
+            body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
+            run.record(answer, body)
+            return JSONResponse(body)
+        finally:
+            run.close()
 
     async def _stream(self, run, stream, first, chunks):
         try:
