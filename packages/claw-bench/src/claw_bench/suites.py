@@ -123,6 +123,64 @@ def _is_pinchbench_tasks_dir(path: Path) -> bool:
     )
 
 
+def _collect(
+    entries: list[Path],
+    options: LoadOptions | None,
+    strict: bool,
+    skipped: list[tuple[str, str]],
+) -> list[Task]:
+    """The tasks of a collection's entries; one that does not load is added to ``skipped`` with
+    the reason (``strict``: a TaskError)."""
+    tasks: list[Task] = []
+    for p in entries:
+        try:
+            tasks.extend(_load_entry(p, options))
+        except (TaskError, OSError, ValueError) as exc:
+            if strict:
+                raise TaskError(
+                    f"{p}: {exc}" if not isinstance(exc, TaskError) else str(exc)
+                ) from exc
+            skipped.append(
+                (
+                    str(p),
+                    str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}",
+                )
+            )
+    return tasks
+
+
+def _is_one_task(path: Path) -> bool:
+    """A directory that is one task (claw, task family, Harbor, multi-step Harbor, ClawGym)."""
+    return (
+        (path / "task.toml").is_file()
+        or is_family_dir(path)
+        or is_harbor_task(path)
+        or bool(detect_layout(path))
+        or is_harbor_multistep(path)
+    )
+
+
+def _check_suite(
+    s: str, path: Path, tasks: list[Task], skipped: list[tuple[str, str]], strict: bool
+) -> None:
+    """TaskError for a suite without tasks, with a duplicate id, or (``strict``) with a task that
+    cannot run."""
+    if not tasks:
+        why = "".join(f"\n  skipped {p}: {r}" for p, r in skipped[:5])
+        raise TaskError(
+            f"suite {s}: {path} holds no loadable tasks"
+            + (f" ({len(skipped)} skipped){why}" if skipped else "")
+        )
+    for t in tasks if strict else ():
+        if isinstance(t.meta.get("unsupported"), str):  # planned as not_scorable without strict
+            raise TaskError(f"{t.path}: task {t.id} cannot run: {t.meta['unsupported']}")
+    seen: dict[str, str] = {}
+    for t in tasks:
+        if t.id in seen:
+            raise TaskError(f"suite {s}: duplicate task id {t.id!r} in {seen[t.id]} and {t.path}")
+        seen[t.id] = str(t.path)
+
+
 def load_suite(
     name_or_path: str | Path, options: LoadOptions | None = None, *, strict: bool = False
 ) -> Suite:
@@ -146,35 +204,12 @@ def load_suite(
     if s in builtin_suites() and not path.exists():
         path = _builtin_root() / s
     skipped: list[tuple[str, str]] = []
-    tasks: list[Task] = []
-
-    def collect(entries: list[Path]) -> None:
-        for p in entries:
-            try:
-                tasks.extend(_load_entry(p, options))
-            except (TaskError, OSError, ValueError) as exc:
-                if strict:
-                    raise TaskError(
-                        f"{p}: {exc}" if not isinstance(exc, TaskError) else str(exc)
-                    ) from exc
-                skipped.append(
-                    (
-                        str(p),
-                        str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}",
-                    )
-                )
-
+    tasks: list[Task]
     if path.is_file() and detect_layout(path):
         tasks = load_public(path, options)
     elif not path.is_dir():
         raise TaskError(f"unknown suite {s!r}: not a directory and not one of {builtin_suites()}")
-    elif (
-        (path / "task.toml").is_file()
-        or is_family_dir(path)
-        or is_harbor_task(path)
-        or detect_layout(path)
-        or is_harbor_multistep(path)
-    ):
+    elif _is_one_task(path):
         tasks = _load_entry(path, options)
     elif _is_pinchbench_tasks_dir(path / "tasks") or _is_pinchbench_tasks_dir(path):
         tdir = path / "tasks" if _is_pinchbench_tasks_dir(path / "tasks") else path
@@ -184,27 +219,17 @@ def load_suite(
         if missing and strict:
             raise TaskError(f"{missing[0][0]}: {missing[0][1]}")
         skipped.extend(missing)
-        collect(files)
+        tasks = _collect(files, options, strict, skipped)
     else:
-        collect(
+        tasks = _collect(
             [
                 p
                 for p in sorted(path.iterdir())
                 if not p.name.startswith(("_", ".")) and (p.is_dir() or detect_layout(p))
-            ]
+            ],
+            options,
+            strict,
+            skipped,
         )
-    if not tasks:
-        why = "".join(f"\n  skipped {p}: {r}" for p, r in skipped[:5])
-        raise TaskError(
-            f"suite {s}: {path} holds no loadable tasks"
-            + (f" ({len(skipped)} skipped){why}" if skipped else "")
-        )
-    for t in tasks if strict else ():
-        if isinstance(t.meta.get("unsupported"), str):  # planned as not_scorable without strict
-            raise TaskError(f"{t.path}: task {t.id} cannot run: {t.meta['unsupported']}")
-    seen: dict[str, str] = {}
-    for t in tasks:
-        if t.id in seen:
-            raise TaskError(f"suite {s}: duplicate task id {t.id!r} in {seen[t.id]} and {t.path}")
-        seen[t.id] = str(t.path)
+    _check_suite(s, path, tasks, skipped, strict)
     return Suite(name=path.name, tasks=tuple(tasks), skipped=tuple(skipped))
