@@ -210,27 +210,7 @@ class Call:
                 f"{where}: completion_logprobs: has {len(logprobs)} entries but completion_ids has "
                 f"{len(completion)} (call {call_id})"
             )
-        prefix = row.get("prefix") or {}
-        if not isinstance(prefix, dict):
-            raise RecordError(f"{where}: prefix: expected object")
-        reused = prefix.get("reused_tokens")
-        if reused is not None and (type(reused) is not int or reused < 0):
-            raise RecordError(
-                f"{where}: prefix.reused_tokens: expected an integer >= 0, got {reused!r:.40}"
-            )
-        fresh = prefix.get("fresh_render_matches")
-        if fresh is not None and not isinstance(fresh, bool):
-            raise RecordError(
-                f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}"
-            )
-        fork = {}
-        for k in ("fork_reason", "fork_of"):
-            v = prefix.get(k)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise RecordError(
-                    f"{where}: prefix.{k}: expected a non-empty string or null, got {v!r:.40}"
-                )
-            fork[k] = v
+        prefix = _prefix_fields(row.get("prefix"), where)
         temperature, top_p, top_k = _sampling(row.get("sampling"), where)
         return cls(
             call_id=call_id,
@@ -245,9 +225,7 @@ class Call:
             completion_logprobs=logprobs,
             finish_reason=row["finish_reason"],
             tags=tags,
-            reused_tokens=prefix.get("reused_tokens"),
-            fresh_render_matches=prefix.get("fresh_render_matches"),
-            **fork,
+            **prefix,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -302,6 +280,33 @@ class Call:
             and (self.temperature, self.top_p, self.top_k)
             == (other.temperature, other.top_p, other.top_k)
         )
+
+
+def _prefix_fields(prefix: Any, where: str) -> dict[str, Any]:
+    """A call's ``prefix`` object as Call fields: reused_tokens, fresh_render_matches, fork_reason
+    and fork_of (None when absent)."""
+    prefix = prefix or {}
+    if not isinstance(prefix, dict):
+        raise RecordError(f"{where}: prefix: expected object")
+    reused = prefix.get("reused_tokens")
+    if reused is not None and (type(reused) is not int or reused < 0):
+        raise RecordError(
+            f"{where}: prefix.reused_tokens: expected an integer >= 0, got {reused!r:.40}"
+        )
+    fresh = prefix.get("fresh_render_matches")
+    if fresh is not None and not isinstance(fresh, bool):
+        raise RecordError(
+            f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}"
+        )
+    fields: dict[str, Any] = {"reused_tokens": reused, "fresh_render_matches": fresh}
+    for k in ("fork_reason", "fork_of"):
+        v = prefix.get(k)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise RecordError(
+                f"{where}: prefix.{k}: expected a non-empty string or null, got {v!r:.40}"
+            )
+        fields[k] = v
+    return fields
 
 
 def _sampling(value: Any, where: str) -> tuple[float, float, int]:
