@@ -50,7 +50,7 @@ import claw_rl.tensorboard
 import claw_sandbox
 import claw_tree
 import transformers
-from claw_rl.loop import append_rows, read_rows
+from claw_rl.loop import append_rows, read_rows, schedule
 
 HARNESSES = ["claw-agent-text", "claw-agent-text-anthropic"]
 OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: the choices), help
@@ -164,17 +164,10 @@ def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=No
     of its own, derived from --seed, its session and its place in it: reruns draw the same."""
     n = args.max_new_tokens
     cfg = claw_proxy.ProxyConfig(
-        engine=engine,
-        tokenizer=tokenizer,
-        secret=secret,
-        admin_token=admin,
-        record=str(record),
-        policy_name="policy",
-        max_tokens_cap=n,
-        default_max_tokens=n,
-        seed=args.seed,
+        engine=engine, tokenizer=tokenizer, secret=secret, admin_token=admin, record=str(record),
+        policy_name="policy", max_tokens_cap=n, default_max_tokens=n, seed=args.seed,
         vllm_reload_method=args.vllm_reload_method,
-    )
+    )  # fmt: skip
     return claw_proxy.ProxyServer(cfg)
 
 
@@ -220,45 +213,42 @@ def teacher_sft(args, run: Path, start: Path, secret: str, tasks, harnesses, log
     """Record the scripted expert through the proxy (the student's chat template renders its tool
     calls), then SFT the start policy on its rollouts (all of them, or --sft-keep passed: those
     that passed). Writes teacher/ and policy/sft/; returns teacher/sft.json's summary."""
-    t0, d, script, group = (
-        time.monotonic(),
-        run / "teacher",
-        run / "expert.jsonl",
-        args.pack == "group",
-    )
-    n = args.teacher_rollouts
+    t0, d, script = time.monotonic(), run / "teacher", run / "expert.jsonl"
+    n, slip = args.teacher_rollouts, args.teacher_slip
     write_rows(
-        script,
-        claw_bench.families.expert_script(tasks, slip=args.teacher_slip, seed=args.seed, samples=n),
+        script, claw_bench.families.expert_script(tasks, slip=slip, seed=args.seed, samples=n)
     )
-    outcomes = play(
-        args, d, f"scripted:{script}", str(start), secret, tasks, harnesses, n, "teacher"
-    )
+    engine = f"scripted:{script}"
+    outcomes = play(args, d, engine, str(start), secret, tasks, harnesses, n, "teacher")
     forest = claw_tree.build_forest(claw_tree.read_calls(d / "calls.jsonl").records)
-    keep = dict(passed_only=args.sft_keep == "passed", pack=args.pack)
+    group, passed_only = args.pack == "group", args.sft_keep == "passed"
+    max_tokens = args.sft_max_tokens if group else None  # group: sessions merged up to this
     batch = claw_tree.build_sft_samples(
-        forest, outcomes=outcomes, max_tokens=args.sft_max_tokens if group else None, **keep
+        forest, outcomes=outcomes, passed_only=passed_only, pack=args.pack, max_tokens=max_tokens
     )
     if not batch.samples:
         raise SystemExit(f"{d}: no teacher rollout passed, nothing to fine-tune on")
     passed, kept = sum(bool(o["passed"]) for o in outcomes), len(outcomes) - len(batch.excluded)
-    which = "them" if keep["passed_only"] else "all of them"
+    which = "them" if passed_only else "all of them"
     log(f"teacher: {passed} of {len(outcomes)} rollouts passed; SFT on {which} ({kept} sessions)")
     per_step = 1 if group else args.sft_batch  # samples per optimizer step
     mb = max(1, len(batch.samples) // per_step)
     decay = args.sft_epochs * mb if args.sft_schedule == "linear" else 0
-    sched = dict(lr=args.sft_lr, decay_steps=decay, epochs=args.sft_epochs, minibatches=mb)
-    cfg = claw_rl.SFTConfig(name="policy", micro_batch_size=per_step, seed=args.seed, **sched)
+    cfg = claw_rl.SFTConfig(
+        name="policy", lr=args.sft_lr, decay_steps=decay, epochs=args.sft_epochs, minibatches=mb,
+        micro_batch_size=per_step, seed=args.seed,
+    )  # fmt: skip
     learner = claw_rl.Learner.sft(cfg, start)
     metrics = learner.step(batch.samples)
     shutil.rmtree(run / "policy" / "sft", ignore_errors=True)
     claw_rl.save_policy(learner, run / "policy" / "sft")
     stats = claw_tree.forest_stats(forest)
-    summary = {"teacher_rollouts": len(outcomes), "teacher_passed": passed, "sft_sessions": kept}
-    summary |= {"teacher_calls": stats["calls"], "dedup_factor": stats["dedup_factor"]}
-    summary |= {"sft_samples": len(batch.samples), "loss": metrics["loss"]}
-    summary |= {"sft_tokens": sum(len(x["input_ids"]) for x in batch.samples)}
-    summary["seconds"] = round(time.monotonic() - t0, 2)
+    summary = {
+        "teacher_rollouts": len(outcomes), "teacher_passed": passed, "sft_sessions": kept,
+        "teacher_calls": stats["calls"], "dedup_factor": stats["dedup_factor"],
+        "sft_samples": len(batch.samples), "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples),
+        "loss": metrics["loss"], "seconds": round(time.monotonic() - t0, 2),
+    }  # fmt: skip
     (d / "sft.json").write_text(json.dumps(summary) + "\n")  # the stage is done once this exists
     return summary
 
@@ -266,18 +256,18 @@ def teacher_sft(args, run: Path, start: Path, secret: str, tasks, harnesses, log
 def evaluate(args, run, secret, stage, policy: Path, tasks, harnesses, log, steps=None) -> None:
     """Held-out Pass@1 of `policy` (eval/<stage>/; a rollout that did not finish counts as not
     passed), appended to eval.jsonl with the number of RL steps before it."""
-    engine, n = f"transformers:{policy}", args.eval_rollouts
-    outcomes = play(
-        args, run / "eval" / stage, engine, None, secret, tasks, harnesses, n, f"eval-{stage}"
-    )
+    d, engine, n = run / "eval" / stage, f"transformers:{policy}", args.eval_rollouts
+    outcomes = play(args, d, engine, None, secret, tasks, harnesses, n, f"eval-{stage}")
     per: dict[str, list[bool]] = {}
     for o in outcomes:
         per.setdefault(o["harness"], []).append(bool(o["passed"]))
     s = claw_bench.outcome_summary(outcomes)
-    row = {"stage": stage, "steps": steps, "policy": str(policy)}
-    row |= {"pass@1": {h: sum(v) / len(v) for h, v in sorted(per.items())}}
-    row |= {"pass@1_mean": s["passed"] / max(1, s["rollouts"]), "rollouts": s["rollouts"]}
-    row |= {"infra_errors": s["infra_errors"], "not_scorable": s["not_scorable"]}
+    row = {
+        "stage": stage, "steps": steps, "policy": str(policy),
+        "pass@1": {h: sum(v) / len(v) for h, v in sorted(per.items())},
+        "pass@1_mean": s["passed"] / max(1, s["rollouts"]), "rollouts": s["rollouts"],
+        "infra_errors": s["infra_errors"], "not_scorable": s["not_scorable"],
+    }  # fmt: skip
     append_rows(run / "eval.jsonl", [row])
     log(f"held-out Pass@1 {stage}: {row['pass@1_mean']:.3f} {row['pass@1']}")
 
@@ -371,19 +361,38 @@ def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], ver
 def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
     """The example's fields of the step's metrics row; claw_rl.loop adds the learner's."""
     s = claw_bench.outcome_summary(outcomes)  # infra errors and not scorable kept apart
-    row = {k: s[k] for k in ("rollouts", "infra_errors", "not_scorable", "reward", "pass@1")}
-    row["rollouts_failed"] = s["rollouts"] - s["scored"]
-    # call-level over all the step's calls (the learner's tree_ratio is that of the samples)
-    row |= {k: trained["stats"].get(k) for k in ("tree_token_ratio", "dedup_factor")}
-    row["staleness"] = trained["staleness"]  # {versions behind: calls}
-    # from the rollouts' launch to the last one's end (asynchronous: not one of the step's phases)
-    row["rollout_s"] = round(times["rollout_s"], 3)
-    row["rollout_tokens_per_s"] = round(trained["tokens"] / max(times["rollout_s"], 1e-9), 2)
-    row["time"] = {k: round(v, 3) for k, v in times.items() if k != "rollout_s"}
-    return row
+    return {
+        **{k: s[k] for k in ("rollouts", "infra_errors", "not_scorable", "reward", "pass@1")},
+        "rollouts_failed": s["rollouts"] - s["scored"],
+        # over all the step's calls (the learner's tree_ratio is that of the samples trained)
+        "tree_token_ratio": trained["stats"].get("tree_token_ratio"),
+        "dedup_factor": trained["stats"].get("dedup_factor"),
+        "staleness": trained["staleness"],  # {versions behind: calls}
+        # from the launch to the last rollout's end (asynchronous: not one of the step's phases)
+        "rollout_s": round(times["rollout_s"], 3),
+        "rollout_tokens_per_s": round(trained["tokens"] / max(times["rollout_s"], 1e-9), 2),
+        "time": {k: round(v, 3) for k, v in times.items() if k != "rollout_s"},
+    }
 
 
 # --- the loop ------------------------------------------------------------------------------------
+
+
+def warm_start(args, run: Path, secret: str, start: Path, tasks, harnesses, held_out, log) -> Path:
+    """Held-out Pass@1 of the start policy, then (--sft-teacher) SFT on the scripted expert and
+    the SFT policy's Pass@1; each stage once, a resumed run skips those done. Returns the policy
+    RL starts from."""
+    evals = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
+    if held_out and ("start", None) not in evals:
+        evaluate(args, run, secret, "start", start, held_out, harnesses, log)
+    if not args.sft_teacher:
+        return start
+    if not (run / "teacher" / "sft.json").exists():
+        taught = tasks[: args.sft_tasks or None]
+        log(f"SFT: {teacher_sft(args, run, start, secret, taught, harnesses, log)}")
+    if held_out and ("sft", None) not in evals:
+        evaluate(args, run, secret, "sft", run / "policy" / "sft", held_out, harnesses, log)
+    return run / "policy" / "sft"
 
 
 def main(argv: list[str] | None = None, log=None) -> list[dict]:
@@ -397,40 +406,29 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     if args.model is None and not (start / "config.json").exists():
         shutil.rmtree(start, ignore_errors=True)
         claw_rl.init_tiny(start, claw_rl.TinySpec(split_digits=args.split_digits))
-
     suite = claw_bench.load_suite(args.suite)
     tasks = [t for t in suite.select(tags=args.tag).tasks if not args.task or t.id in args.task]
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
-    held_out = list(suite.select(tags=args.eval_tag).tasks)[: args.eval_tasks or None] if args.eval_tag else []  # fmt: skip
+    held_out = list(suite.select(tags=args.eval_tag).tasks) if args.eval_tag else []
+    held_out = held_out[: args.eval_tasks or None]
     if (args.eval_tag or args.sft_teacher) and args.engine != "transformers":
         raise SystemExit("--eval-tag and --sft-teacher run the transformers engine only")
     if args.eval_tag and not held_out:
         raise SystemExit(f"no task of {args.suite} has all the tags {args.eval_tag}")
-    evals = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
-    held = (args, run, secret)
-    if held_out and ("start", None) not in evals:
-        evaluate(*held, "start", start, held_out, harnesses, log)
-    if args.sft_teacher:
-        if not (run / "teacher" / "sft.json").exists():
-            taught = tasks[: args.sft_tasks or None]
-            log(f"SFT: {teacher_sft(args, run, start, secret, taught, harnesses, log)}")
-        start = run / "policy" / "sft"
-        if held_out and ("sft", None) not in evals:
-            evaluate(*held, "sft", start, held_out, harnesses, log)
+    start = warm_start(args, run, secret, start, tasks, harnesses, held_out, log)
 
     history = claw_rl.loop.completed_steps(run)
     learner = make_learner(args, run, start, len(history))
-    serving = claw_rl.loop.latest_policy(run)
-    serving = serving or {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}  # fmt: skip
-    engine = f"transformers:{serving['path']}" if args.engine == "transformers" else args.engine
+    policy = claw_rl.loop.latest_policy(run)
+    policy = policy or {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}  # fmt: skip
+    engine = f"transformers:{policy['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start)
-    record = run / "calls.jsonl"
-    with (
-        serve(args, secret, engine, record, tokenizer, admin) as proxy,
-        contextlib.ExitStack() as stack,
-    ):
-        admin_api = stack.enter_context(claw_proxy.AdminClient(proxy.url, admin))
-        admin_api.reload(serving)
+    with contextlib.ExitStack() as stack:
+        proxy = stack.enter_context(
+            serve(args, secret, engine, run / "calls.jsonl", tokenizer, admin)
+        )
+        proxy_admin = stack.enter_context(claw_proxy.AdminClient(proxy.url, admin))
+        proxy_admin.reload(policy)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
         board = None
@@ -447,30 +445,30 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             planned = len(tasks_for_step(args, tasks, k)) * len(harnesses) * args.rollouts
             return planned - len(read_rows(run / "steps" / f"{k:04d}" / "runs.jsonl"))
 
-        t0 = time.monotonic()
-        steps = range(len(history), args.steps)
-        for step, launched, outcomes, ahead in claw_rl.loop.schedule(
-            steps, args.max_staleness, launch
-        ):
+        t0, steps = time.monotonic(), range(len(history), args.steps)
+        for step, launched, outcomes, ahead in schedule(steps, args.max_staleness, launch):
             running = sum(unfinished(k) for k in ahead)
             for session in sorted({o["session"] for o in outcomes}):  # finished: free its cache
-                admin_api.close_session(session, missing_ok=True)  # missing: no call reached us
+                proxy_admin.close_session(session, missing_ok=True)  # missing: no call reached us
             t1 = time.monotonic()
-            trained = train_samples(args, learner, run, step, outcomes, serving["version"])
+            trained = train_samples(args, learner, run, step, outcomes, policy["version"])
             log(f"step {step}: {trained['batch'].summary()}")
             times = {"wait_s": t1 - t0, "rollout_s": t1 - launched, "data_s": time.monotonic() - t1}
             extra = {**summarise(outcomes, trained, times), "rollouts_running": running}
             # claw-rl's step: update, policy/v<N>, checkpoint, then the rows that mark it done
-            row, serving = claw_rl.loop.train_step(learner, trained["samples"], run, step, extra=extra, current=serving)  # fmt: skip
+            row, policy = claw_rl.loop.train_step(
+                learner, trained["samples"], run, step, extra=extra, current=policy
+            )
             history.append(row)
             if board is not None:
                 board.log(row)
-            admin_api.reload(serving)
-            log(step_line(row, serving, running))
+            proxy_admin.reload(policy)
+            log(step_line(row, policy, running))
             t0 = time.monotonic()
+    evals = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
     if held_out and history and ("rl", len(history)) not in evals:
         last = Path(claw_rl.loop.latest_policy(run)["path"])
-        evaluate(*held, "rl", last, held_out, harnesses, log, steps=len(history))
+        evaluate(args, run, secret, "rl", last, held_out, harnesses, log, steps=len(history))
     return history
 
 
