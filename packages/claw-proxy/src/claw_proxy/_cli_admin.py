@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import click
 
 from claw_proxy.errors import ClawError
+
+if TYPE_CHECKING:
+    from claw_proxy.admin import AdminClient
 
 URL_ENV = "CLAW_PROXY_URL"
 TOKEN_ENV = "CLAW_PROXY_ADMIN_TOKEN_FILE"
@@ -31,21 +36,31 @@ def _connection(fn):
     )(fn)
 
 
-def _client(url: str, token_file: str):
+def parse_tags(tags: tuple[str, ...], option: str = "--tag") -> dict[str, str]:
+    """`KEY=VALUE` options as a dict; another shape is a usage error of `option`."""
+    parsed = {}
+    for t in tags:
+        k, sep, v = t.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{t!r} is not KEY=VALUE", param_hint=option)
+        parsed[k] = v
+    return parsed
+
+
+def _run(url: str, token_file: str, call: Callable[[AdminClient], Iterable[dict | None]]) -> None:
+    """Print each answer `call` gets from the proxy's admin API as one JSON line; a refusal
+    (or an unreadable token or policy file) is one error with a hint."""
     from claw_proxy.admin import AdminClient
     from claw_proxy.tokens import read_secret
 
-    return AdminClient(url, read_secret(token_file))
-
-
-def _echo(data: dict | None) -> None:
-    click.echo(json.dumps(data, separators=(",", ":"), ensure_ascii=False))
-
-
-def _fail(e: ClawError) -> click.ClickException:
-    return click.ClickException(
-        f"{e}\nhint: check --url and --admin-token-file (the proxy's own --admin-token-file)"
-    )
+    try:
+        with AdminClient(url, read_secret(token_file)) as client:
+            for answer in call(client):
+                click.echo(json.dumps(answer, separators=(",", ":"), ensure_ascii=False))
+    except ClawError as e:
+        raise click.ClickException(
+            f"{e}\nhint: check --url and --admin-token-file (the proxy's own --admin-token-file)"
+        ) from e
 
 
 @click.group()
@@ -61,8 +76,8 @@ def admin() -> None:
 @click.argument("policy", type=click.Path(dir_okay=False, allow_dash=True))
 @_connection
 def reload(policy, url, admin_token_file):
-    """Serve a new policy: a claw.policy/v1 JSON file, or a JSONL file of them (the last one:
-    claw-rl's policies.jsonl or its `train` output), `-` for stdin.
+    """Serve a new policy: a JSONL file of claw.policy/v1 records (the last one: claw-rl's
+    policies.jsonl or its `train` output) or one JSON object, `-` for stdin.
 
     Example:
 
@@ -70,14 +85,12 @@ def reload(policy, url, admin_token_file):
     """
     from claw_proxy.admin import policy_from_text, read_policy
 
-    try:
-        record = (
-            policy_from_text(sys.stdin.read(), "<stdin>") if policy == "-" else read_policy(policy)
-        )
-        with _client(url, admin_token_file) as client:
-            _echo(client.reload(record))
-    except ClawError as e:
-        raise _fail(e) from e
+    def load(client: AdminClient) -> list[dict]:
+        text = sys.stdin.read() if policy == "-" else None
+        record = read_policy(policy) if text is None else policy_from_text(text, "<stdin>")
+        return [client.reload(record)]
+
+    _run(url, admin_token_file, load)
 
 
 @admin.command()
@@ -89,11 +102,7 @@ def rotate(url, admin_token_file):
 
         claw-proxy admin rotate --admin-token-file admin.txt | jq -r '.closed[]' | xargs claw-tree build
     """
-    try:
-        with _client(url, admin_token_file) as client:
-            _echo(client.rotate())
-    except ClawError as e:
-        raise _fail(e) from e
+    _run(url, admin_token_file, lambda client: [client.rotate()])
 
 
 @admin.command()
@@ -105,11 +114,7 @@ def stats(url, admin_token_file):
 
         claw-proxy admin stats --url http://127.0.0.1:8765 --admin-token-file admin.txt
     """
-    try:
-        with _client(url, admin_token_file) as client:
-            _echo(client.stats())
-    except ClawError as e:
-        raise _fail(e) from e
+    _run(url, admin_token_file, lambda client: [client.stats()])
 
 
 @admin.command()
@@ -128,12 +133,11 @@ def close(sessions, missing_ok, url, admin_token_file):
 
         claw-proxy admin close run1-task3 run1-task4 --missing-ok --admin-token-file admin.txt
     """
-    try:
-        with _client(url, admin_token_file) as client:
-            for session in sessions:
-                _echo(client.close_session(session, missing_ok=missing_ok))
-    except ClawError as e:
-        raise _fail(e) from e
+    _run(
+        url,
+        admin_token_file,
+        lambda client: (client.close_session(s, missing_ok=missing_ok) for s in sessions),
+    )
 
 
 @admin.command()
@@ -153,14 +157,9 @@ def session(session_id, tags, url, admin_token_file):
 
         claw-proxy admin session run1-task3 --tag task=t3 --admin-token-file admin.txt
     """
-    parsed = {}
-    for t in tags:
-        k, sep, v = t.partition("=")
-        if not sep or not k:
-            raise click.BadParameter(f"{t!r} is not KEY=VALUE", param_hint="--tag")
-        parsed[k] = v
-    try:
-        with _client(url, admin_token_file) as client:
-            _echo(client.tag_session(session_id, parsed) if parsed else client.session(session_id))
-    except ClawError as e:
-        raise _fail(e) from e
+    parsed = parse_tags(tags)
+
+    def show(client: AdminClient) -> list[dict]:
+        return [client.tag_session(session_id, parsed) if parsed else client.session(session_id)]
+
+    _run(url, admin_token_file, show)

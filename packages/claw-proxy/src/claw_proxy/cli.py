@@ -8,7 +8,7 @@ import sys
 import click
 
 from claw_proxy import __version__
-from claw_proxy._cli_admin import admin
+from claw_proxy._cli_admin import admin, parse_tags
 from claw_proxy._serve_options import config_options
 from claw_proxy.errors import ClawError
 
@@ -111,12 +111,7 @@ def token(session, secret_file, tags):
     """
     from claw_proxy.tokens import mint_token, read_secret
 
-    parsed = {}
-    for t in tags:
-        k, sep, v = t.partition("=")
-        if not sep or not k:
-            raise click.BadParameter(f"{t!r} is not KEY=VALUE", param_hint="--tag")
-        parsed[k] = v
+    parsed = parse_tags(tags)
     try:
         click.echo(mint_token(session, read_secret(secret_file), parsed or None))
     except ClawError as e:
