@@ -78,6 +78,26 @@ def check_tasks(
         )
         job["job_id"] = f"check-{m}-{t.id}"
         jobs.append(job)
+    runs, stderr = _run_in_sandbox(jobs, backend, keep, timeout_s)
+    results = []
+    for (t, m), job in zip(wanted, jobs, strict=True):
+        run = runs.get(job["job_id"])
+        if run is None:
+            raise TaskError(f"task {t.id}: claw-sandbox recorded no run for {m}: {stderr}")
+        out = score_run(run)
+        if out["status"] not in ("ok",):
+            raise TaskError(
+                f"task {t.id} ({m}): the sandbox run ended {out['status']}: {out.get('error')}"
+            )
+        results.append(_result(t, m, run, out))
+    return results
+
+
+def _run_in_sandbox(
+    jobs: list[dict[str, Any]], backend: str, keep: Path | None, timeout_s: float | None
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """({job id: run} of `claw-sandbox run --backend` over the jobs, the tail of its stderr);
+    ``keep`` keeps jobs.jsonl and runs.jsonl there."""
     with tempfile.TemporaryDirectory(prefix="claw-check-") as tmp:
         root = Path(keep) if keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -102,41 +122,31 @@ def check_tasks(
         if not runs_path.is_file():
             raise TaskError(f"claw-sandbox run failed ({p.returncode}): {p.stderr.strip()[-500:]}")
         runs = {r["job_id"]: r for r in map(json.loads, runs_path.read_text().splitlines()) if r}
-    results = []
-    for (t, m), job in zip(wanted, jobs, strict=True):
-        run = runs.get(job["job_id"])
-        if run is None:
-            raise TaskError(
-                f"task {t.id}: claw-sandbox recorded no run for {m}: {p.stderr.strip()[-500:]}"
-            )
-        out = score_run(run)
-        if out["status"] not in ("ok",):
-            raise TaskError(
-                f"task {t.id} ({m}): the sandbox run ended {out['status']}: {out.get('error')}"
-            )
-        verify = run.get("verify") or {}
-        r: dict[str, Any] = {
-            "task": t.id,
-            "mode": m,
-            "passed": bool(out["passed"]),
-            "reward": float(out["reward"]),
-            "scores": {
-                k: v
-                for k, v in (verify.get("details") or {}).items()
-                if isinstance(v, int | float) and not isinstance(v, bool)
-            },
-            "verify_exit_code": verify.get("exit_code"),
-            "output": (verify.get("output") or "")[-4000:],
-            "backend": run.get("backend"),
-        }
-        if m == "solution":
-            r["solution_exit_code"] = run.get("exit_code")
-            if run.get("exit_code") != 0:
-                r["solution_output"] = (run.get("stdout_tail", "") + run.get("stderr_tail", ""))[
-                    -4000:
-                ]
-        results.append(r)
-    return results
+    return runs, p.stderr.strip()[-500:]
+
+
+def _result(t: Task, m: str, run: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """The result dict of one (task, mode) from its run and outcome (see :func:`check_tasks`)."""
+    verify = run.get("verify") or {}
+    r: dict[str, Any] = {
+        "task": t.id,
+        "mode": m,
+        "passed": bool(out["passed"]),
+        "reward": float(out["reward"]),
+        "scores": {
+            k: v
+            for k, v in (verify.get("details") or {}).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        },
+        "verify_exit_code": verify.get("exit_code"),
+        "output": (verify.get("output") or "")[-4000:],
+        "backend": run.get("backend"),
+    }
+    if m == "solution":
+        r["solution_exit_code"] = run.get("exit_code")
+        if run.get("exit_code") != 0:
+            r["solution_output"] = (run.get("stdout_tail", "") + run.get("stderr_tail", ""))[-4000:]
+    return r
 
 
 def check_task(

@@ -51,6 +51,86 @@ def check_outcome(o: Any, where: str = "outcome") -> None:
         )
 
 
+def _tally(
+    outcomes: Iterable[dict[str, Any]],
+) -> tuple[dict[tuple[str, str], list[dict[str, Any]]], dict[str, int], dict[str, int]]:
+    """(scored outcomes per (harness, task), infra errors per harness, not scorable per harness);
+    each outcome is checked first (`check_outcome`)."""
+    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    errors: dict[str, int] = defaultdict(int)
+    unscorable: dict[str, int] = defaultdict(int)
+    for i, o in enumerate(outcomes, start=1):
+        check_outcome(o, f"outcome #{i}")
+        if o.get("status") == "ok" and isinstance(o.get("passed"), bool):
+            by_pair[(o["harness"], o["task"])].append(o)
+        elif o.get("status") == "not_scorable":
+            unscorable[o["harness"]] += 1
+        else:
+            errors[o["harness"]] += 1
+    return by_pair, errors, unscorable
+
+
+def _task_row(
+    h: str,
+    t: str,
+    rows: list[dict[str, Any]],
+    ks: list[int],
+    thresholds: list[float],
+    boot: dict[str, Any],
+) -> tuple[dict[str, Any], dict[int, float], list[float]]:
+    """(the row of one (harness, task), its Pass@k per k it has samples for, its rewards)."""
+    res = np.array([bool(r["passed"]) for r in rows], dtype=int)
+    rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
+    n, c = int(res.size), int(res.sum())
+    row: dict[str, Any] = {
+        "harness": h,
+        "task": t,
+        "n": n,
+        "passed": c,
+        "pass_rate": c / n,
+        "mean_reward": float(np.mean(rewards)) if rewards else None,
+    }
+    for thr in thresholds:
+        row[f"pass_rate@{thr:g}"] = float(np.mean([x >= thr for x in rewards])) if rewards else None
+    values = {}
+    for k in ks:
+        if k <= n:
+            values[k] = v = pass_at_k(n, c, k)
+            row[f"pass@{k}"] = _cell(v, *bootstrap_task_ci(res, k, **boot))
+    return row, values, rewards
+
+
+def _harness_row(
+    h: str,
+    d: dict[str, Any],
+    tasks: int,
+    counts: dict[str, int],
+    ks: list[int],
+    thresholds: list[float],
+    boot: dict[str, Any],
+) -> dict[str, Any]:
+    """One harness's row: its samples, infra errors and not scorable counts, pass rate, mean
+    reward, and Pass@k as the mean over its tasks with a CI resampling them."""
+    hrow: dict[str, Any] = {
+        "harness": h,
+        "tasks": tasks,
+        "samples": d["n"],
+        **counts,
+        "pass_rate": d["c"] / d["n"] if d["n"] else None,
+        "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None,
+    }
+    for thr in thresholds:
+        hrow[f"pass_rate@{thr:g}"] = (
+            float(np.mean([x >= thr for x in d["rewards"]])) if d["rewards"] else None
+        )
+    for k in ks:
+        vals = np.array(d["values"].get(k, []))
+        if vals.size:
+            hrow[f"pass@{k}"] = _cell(float(vals.mean()), *bootstrap_mean_ci(vals, **boot))
+            hrow[f"pass@{k}"]["tasks"] = int(vals.size)
+    return hrow
+
+
 def report(
     outcomes: Iterable[dict[str, Any]],
     *,
@@ -69,79 +149,38 @@ def report(
     ``thresholds`` adds, per harness and task, the pass rate re-judged from the continuous
     reward as ``reward >= t`` (``pass_rate@t``), beside the recorded ``passed`` rate.
     """
-    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    errors: dict[str, int] = defaultdict(int)
-    unscorable: dict[str, int] = defaultdict(int)
-    for i, o in enumerate(outcomes, start=1):
-        check_outcome(o, f"outcome #{i}")
-        if o.get("status") == "ok" and isinstance(o.get("passed"), bool):
-            by_pair[(o["harness"], o["task"])].append(o)
-        elif o.get("status") == "not_scorable":
-            unscorable[o["harness"]] += 1
-        else:
-            errors[o["harness"]] += 1
+    by_pair, errors, unscorable = _tally(outcomes)
     if not by_pair and not errors and not unscorable:
         raise ClawError("no outcomes to report")
     nmax = max((len(v) for v in by_pair.values()), default=1)
     ks = sorted(set(ks or ([1, nmax] if nmax > 1 else [1])))
     if any(k < 1 for k in ks):
         raise ClawError(f"k must be >= 1, got {ks}")
+    boot = {"rounds": rounds, "confidence": confidence, "seed": seed}
     tasks_rows = []
     per_h: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"values": defaultdict(list), "rewards": [], "n": 0, "c": 0}
     )
     for (h, t), rows in sorted(by_pair.items()):
-        res = np.array([bool(r["passed"]) for r in rows], dtype=int)
-        rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), int | float)]
-        n, c = int(res.size), int(res.sum())
-        row: dict[str, Any] = {
-            "harness": h,
-            "task": t,
-            "n": n,
-            "passed": c,
-            "pass_rate": c / n,
-            "mean_reward": float(np.mean(rewards)) if rewards else None,
-        }
-        for thr in thresholds or []:
-            row[f"pass_rate@{thr:g}"] = (
-                float(np.mean([x >= thr for x in rewards])) if rewards else None
-            )
-        for k in ks:
-            if k <= n:
-                v = pass_at_k(n, c, k)
-                row[f"pass@{k}"] = _cell(
-                    v, *bootstrap_task_ci(res, k, rounds=rounds, confidence=confidence, seed=seed)
-                )
-                per_h[h]["values"][k].append(v)
+        row, values, rewards = _task_row(h, t, rows, ks, thresholds or [], boot)
+        for k, v in values.items():
+            per_h[h]["values"][k].append(v)
         per_h[h]["rewards"].extend(rewards)
-        per_h[h]["n"] += n
-        per_h[h]["c"] += c
+        per_h[h]["n"] += row["n"]
+        per_h[h]["c"] += row["passed"]
         tasks_rows.append(row)
-    harness_rows = []
-    for h in sorted(set(per_h) | set(errors) | set(unscorable)):
-        d = per_h[h]
-        hrow: dict[str, Any] = {
-            "harness": h,
-            "tasks": sum(1 for (hh, _) in by_pair if hh == h),
-            "samples": d["n"],
-            "infra_errors": errors.get(h, 0),
-            "not_scorable": unscorable.get(h, 0),
-            "pass_rate": d["c"] / d["n"] if d["n"] else None,
-            "mean_reward": float(np.mean(d["rewards"])) if d["rewards"] else None,
-        }
-        for thr in thresholds or []:
-            hrow[f"pass_rate@{thr:g}"] = (
-                float(np.mean([x >= thr for x in d["rewards"]])) if d["rewards"] else None
-            )
-        for k in ks:
-            vals = np.array(d["values"].get(k, []))
-            if vals.size:
-                hrow[f"pass@{k}"] = _cell(
-                    float(vals.mean()),
-                    *bootstrap_mean_ci(vals, rounds=rounds, confidence=confidence, seed=seed),
-                )
-                hrow[f"pass@{k}"]["tasks"] = int(vals.size)
-        harness_rows.append(hrow)
+    harness_rows = [
+        _harness_row(
+            h,
+            per_h[h],
+            sum(1 for (hh, _) in by_pair if hh == h),
+            {"infra_errors": errors.get(h, 0), "not_scorable": unscorable.get(h, 0)},
+            ks,
+            thresholds or [],
+            boot,
+        )
+        for h in sorted(set(per_h) | set(errors) | set(unscorable))
+    ]
     return {
         "ks": ks,
         "confidence": confidence,
