@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from claw_bench import (
     rollouts,
     sandbox_cli,
 )
+from claw_bench._sandbox import sandbox_executable
 from claw_bench.cli import main
 from click.testing import CliRunner
 
@@ -195,10 +195,14 @@ def test_sandbox_cli_pipes_jobs_through_claw_sandbox_run(tmp_path, monkeypatch):
 
 
 def test_sandbox_cli_without_claw_sandbox_says_so(tmp_path, monkeypatch):
-    """No claw-sandbox on PATH: a ClawError that says what to install, before anything runs."""
+    """No such program on PATH or next to the interpreter: a ClawError that says what to
+    install, before anything runs."""
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ClawError, match="claw-sandbox is not on PATH"):
-        rollouts(_tasks(), _harnesses()[:1], sandbox_cli(), samples=1)
+    run = sandbox_cli(program="claw-sandbox-not-here")
+    with pytest.raises(
+        ClawError, match="claw-sandbox-not-here is not on PATH .*install claw-sandbox"
+    ):
+        rollouts(_tasks(), _harnesses()[:1], run, samples=1)
 
 
 def _cli_rollouts(tmp_path, extra):
@@ -239,7 +243,7 @@ def test_cli_rollouts_chains_plan_run_score(tmp_path, monkeypatch):
 
 
 @pytest.mark.other_clis
-@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+@pytest.mark.skipif(sandbox_executable() is None, reason="claw-sandbox CLI not installed")
 def test_cli_rollouts_through_real_claw_sandbox(tmp_path):
     """The same through the real claw-sandbox CLI (process backend)."""
     r, outcomes = _cli_rollouts(tmp_path, ["-b", "process"])

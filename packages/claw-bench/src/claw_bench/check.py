@@ -9,14 +9,12 @@ must fail and the reference solution must pass. Task scripts are untrusted (real
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from claw_bench._sandbox import sandbox_executable
 from claw_bench.errors import TaskError
 from claw_bench.harnesses import load_harness
 from claw_bench.plan import plan_jobs
@@ -39,8 +37,8 @@ _HARNESS = {"untouched": "nothing", "solution": "oracle"}
 
 def sandbox_command() -> list[str]:
     """The ``claw-sandbox`` command (on PATH, or next to this interpreter); TaskError without it."""
-    exe = shutil.which("claw-sandbox") or str(Path(sys.executable).parent / "claw-sandbox")
-    if not os.access(exe, os.X_OK):
+    exe = sandbox_executable()
+    if exe is None:
         raise TaskError(
             "claw-bench check runs tasks in claw-sandbox, never on the host: install claw-sandbox "
             "(its `claw-sandbox` command is not on PATH)"

@@ -10,8 +10,8 @@ callable from a list of claw.job/v1 dicts to their claw.run/v1 dicts: in Python,
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
+import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from claw_bench._sandbox import sandbox_executable
 from claw_bench.errors import ClawError, RecordError
 from claw_bench.harnesses import Harness
 from claw_bench.loaders.judge import Judge
@@ -129,7 +130,8 @@ def sandbox_cli(
     args: Iterable[str] = (),
     program: str = "claw-sandbox",
 ) -> Runner:
-    """A runner that pipes the jobs into ``claw-sandbox run`` (found on PATH) and reads back
+    """A runner that pipes the jobs into ``claw-sandbox run`` (on PATH, or next to this
+    interpreter) and reads back
     their runs. ``executor``: ``local`` or ``ray`` (``claw-sandbox run --executor``). ``output``
     keeps the runs file (appended to and resumed from, as ``claw-sandbox run -o``); without it
     a temporary one is used. ``args``: more ``claw-sandbox run`` options (``--ro-path DIR``, ...).
@@ -139,10 +141,11 @@ def sandbox_cli(
     extra = list(args)
 
     def run(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        exe = shutil.which(program)
+        exe = sandbox_executable(program)
         if exe is None:
             raise ClawError(
-                f"{program} is not on PATH: install claw-sandbox, or pass a runner of your own"
+                f"{program} is not on PATH (nor next to {sys.executable}): install claw-sandbox, "
+                "or pass a runner of your own"
             )
         with tempfile.TemporaryDirectory(prefix="claw-bench-rollouts-") as tmp:
             out = Path(output) if output is not None else Path(tmp) / "runs.jsonl"
