@@ -13,6 +13,9 @@ files; what already lies in the sandbox's system view is filtered by the caller.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import functools
 import os
 import re
 import shlex
@@ -93,16 +96,45 @@ def program_paths(exe: str, search_path: str, depth: int = 0) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def venv_closure(prefix: str) -> tuple[str, ...]:
+    """A venv, its base Python (`home` in pyvenv.cfg) and its editable sources (.pth, finders)."""
+    root = Path(prefix)
+    out = [str(root)]
+    cfg = root / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                out.append(str(Path(value.strip()).parent))
+    for site in root.glob("lib/python*/site-packages"):
+        for pth in site.glob("*.pth"):
+            for line in pth.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if line.startswith("/") and os.path.isdir(line):
+                    out.append(line)
+        for finder in site.glob("__editable__*finder.py"):
+            match = re.search(
+                r"^MAPPING\s*(?::[^=]*)?=\s*(\{.*?\})\s*$",
+                finder.read_text(errors="replace"),
+                re.M | re.S,
+            )
+            if match:
+                with contextlib.suppress(ValueError, SyntaxError):
+                    out += [
+                        v for v in ast.literal_eval(match.group(1)).values() if isinstance(v, str)
+                    ]
+    return tuple(out)
+
+
 def installation_of(real: str) -> list[str]:
     """The directories a program's real file belongs with: its venv (and what the venv needs),
     the outermost ``node_modules`` above it (the package and its dependencies), else its own
     directory."""
-    from claw_sandbox.backends.base import _venv_closure
-
     path = Path(real)
     for parent in path.parents:
         if (parent / "pyvenv.cfg").is_file():
-            return list(_venv_closure(str(parent)))
+            return list(venv_closure(str(parent)))
     modules = [p for p in path.parents if p.name == "node_modules"]
     if modules:
         return [str(modules[-1])]
@@ -142,67 +174,3 @@ def _shebang(path: str) -> str | None:
         return None
     line = head[2:].split(b"\n", 1)[0].decode(errors="replace").strip()
     return line or None
-
-
-# `claw-sandbox doctor PROGRAM`: the program as a harness job would find it, inside the sandbox
-_CHECK = r"""p=$(command -v {name}) || {{ echo "not found on PATH inside the sandbox"; exit 1; }}
-f=$(readlink -f "$p")
-[ -r "$f" ] && [ -x "$f" ] || {{ echo "$f is not readable and executable inside"; exit 1; }}
-IFS= read -r line < "$f" 2>/dev/null
-case "$line" in '#!'*)
-  set -- ${{line#??}}
-  if [ "${{1##*/}}" = env ]; then
-    shift; while [ "${{1#-}}" != "$1" ]; do shift; done
-    i=$(command -v "$1") || {{ echo "its interpreter $1 ($f) is not on PATH inside"; exit 1; }}
-  else i=$1; fi
-  [ -x "$(readlink -f "$i")" ] || {{ echo "its interpreter $i ($f) is missing inside"; exit 1; }};;
-esac
-echo "$p"
-"""
-
-
-def check_programs(backend, names: list[str]) -> list[dict]:
-    """For each program name: whether it is on PATH here and runs in a `backend` sandbox, as a
-    job's command would find it (found on PATH inside, its real file and its ``#!`` interpreter
-    there). One doctor row per name: name, kind "program", works, why."""
-    import asyncio
-
-    from claw_sandbox.records import JOB_SCHEMA, Job
-    from claw_sandbox.scheduler import Scheduler
-
-    rows: dict[str, str | None] = {}
-    jobs: list[Job] = []
-    for name in names:
-        host = shutil.which(name)
-        if host is None:
-            rows[name] = f"not on PATH here ({os.environ.get('PATH', '')})"
-            continue
-        row = {"schema": JOB_SCHEMA, "job_id": f"doctor-{len(jobs)}", "timeout_s": 60.0,
-               "command": _CHECK.format(name=shlex.quote(name)), "meta": {"program": name}}  # fmt: skip
-        jobs.append(Job.from_dict(row, "doctor"))
-    sched = Scheduler(backend, 4, 0, None, lambda msg: None)
-
-    async def run() -> list[dict]:
-        return [r async for r in sched.stream(jobs)]
-
-    for run_row in asyncio.run(run()) if jobs else []:
-        name = run_row["meta"]["program"]
-        host = shutil.which(name) or name
-        inside = (run_row["stdout_tail"] or run_row["error"] or "").strip().splitlines()
-        if run_row["status"] == "ok" and run_row["exit_code"] == 0:
-            rows[name] = None
-        else:
-            why = inside[-1] if inside else f"status {run_row['status']}"
-            rows[name] = (
-                f"{host} is on PATH here but does not run in the {backend.name} sandbox: {why} "
-                f"(show its installation with --ro-path DIR or CLAW_SANDBOX_RO_PATHS)"
-            )
-    return [
-        {
-            "name": name,
-            "kind": "program",
-            "works": rows[name] is None,
-            "why": rows[name] or f"{shutil.which(name)} runs in the {backend.name} sandbox",
-        }
-        for name in names
-    ]

@@ -393,7 +393,7 @@ def doctor_(as_json, backend, ro_paths, programs) -> None:
         claw-sandbox doctor
         claw-sandbox doctor --backend bwrap claude mini
     """
-    from claw_sandbox._hostpaths import check_programs
+    from claw_sandbox._doctor import check_programs
 
     rows = doctor()
     if programs:

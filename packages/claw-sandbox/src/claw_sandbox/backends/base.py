@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import abc
-import ast
 import contextlib
 import functools
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -17,6 +15,7 @@ from typing import ClassVar
 import attrs
 
 from claw_sandbox import _fsat, _leftovers, _reward, _tmpfs
+from claw_sandbox._hostpaths import venv_closure
 from claw_sandbox._proc import StepResult
 from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits, Mount, Step, Verify
@@ -289,11 +288,11 @@ def venv_paths(command: Command) -> list[str]:
         first = words[0] if words else ""
     else:
         first = command[0]
-    paths = [*_venv_closure(sys.prefix), sys.base_prefix, _runner_bin_dir()]
+    paths = [*venv_closure(sys.prefix), sys.base_prefix, _runner_bin_dir()]
     if first.startswith("/"):
         for parent in Path(first).parents:
             if (parent / "pyvenv.cfg").is_file():
-                paths += _venv_closure(str(parent))
+                paths += venv_closure(str(parent))
                 break
         paths.append(os.path.dirname(os.path.realpath(first)))
     return paths
@@ -302,34 +301,3 @@ def venv_paths(command: Command) -> list[str]:
 @functools.cache
 def _runner_bin_dir() -> str:
     return os.path.dirname(os.path.realpath(sys.executable))
-
-
-@functools.lru_cache(maxsize=64)
-def _venv_closure(prefix: str) -> tuple[str, ...]:
-    """A venv, its base Python (`home` in pyvenv.cfg) and its editable sources (.pth, finders)."""
-    root = Path(prefix)
-    out = [str(root)]
-    cfg = root / "pyvenv.cfg"
-    if cfg.is_file():
-        for line in cfg.read_text(errors="replace").splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                out.append(str(Path(value.strip()).parent))
-    for site in root.glob("lib/python*/site-packages"):
-        for pth in site.glob("*.pth"):
-            for line in pth.read_text(errors="replace").splitlines():
-                line = line.strip()
-                if line.startswith("/") and os.path.isdir(line):
-                    out.append(line)
-        for finder in site.glob("__editable__*finder.py"):
-            match = re.search(
-                r"^MAPPING\s*(?::[^=]*)?=\s*(\{.*?\})\s*$",
-                finder.read_text(errors="replace"),
-                re.M | re.S,
-            )
-            if match:
-                with contextlib.suppress(ValueError, SyntaxError):
-                    out += [
-                        v for v in ast.literal_eval(match.group(1)).values() if isinstance(v, str)
-                    ]
-    return tuple(out)
