@@ -1,5 +1,4 @@
-"""Input and output paths checked while the command line is parsed, before any work is done
-(before a model loads: a mistyped path is reported in a second, not after the model's load)."""
+"""Output paths checked while the command line is parsed, before any work is done."""
 
 from __future__ import annotations
 
@@ -27,6 +26,10 @@ def output_path(
         why = "is not a directory" if parent.exists() else "does not exist"
         raise click.BadParameter(f"{value}: its directory {parent} {why}", ctx=ctx, param=param)
     return value
+
+
+# claw-rl's own additions (the lines above are claw-tree's copy, byte for byte): input files and
+# run directories, checked before a model loads, so a mistyped path is reported in a second.
 
 
 def input_path(
