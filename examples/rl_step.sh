@@ -73,7 +73,7 @@ log() { echo "rl_step: $*" >&2; }
 for name in secret admin-token; do  # proxy credentials: session tokens are HMAC-signed with secret
     [[ -s $run/$name ]] || od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$run/$name"
 done
-admin=(-H "Authorization: Bearer $(cat "$run/admin-token")")
+export CLAW_PROXY_URL=$url CLAW_PROXY_ADMIN_TOKEN_FILE=$run/admin-token  # for claw-proxy admin
 
 # --- proxy up: serves the start policy as version 0 and records every call ----------------------
 claw-proxy serve --engine "transformers:$model" --port "$port" --seed "$seed" \
@@ -81,12 +81,13 @@ claw-proxy serve --engine "transformers:$model" --port "$port" --seed "$seed" \
     --max-tokens-cap "$max_new" --default-max-tokens "$max_new" 2>"$run/proxy.log" &
 proxy=$!
 trap 'kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-    curl -sf "$url/healthz" >/dev/null && break
+up=0
+for _ in $(seq 300); do  # up once its admin API answers
+    claw-proxy admin stats >/dev/null 2>&1 && { up=1; break; }
     kill -0 "$proxy" 2>/dev/null || { cat "$run/proxy.log" >&2; exit 1; }
-    sleep 0.2
+    sleep 0.5
 done
-curl -sf "$url/healthz" >/dev/null || { log "the proxy did not come up on $url"; exit 1; }
+((up)) || { log "the proxy did not come up on $url (see $run/proxy.log)"; exit 1; }
 log "proxy up on $url, serving $model"
 
 # --- plan -> run -> score: one claw.job/v1 per rollout, sandboxed, verified -----------------------
@@ -110,7 +111,6 @@ claw-rl train "${train[@]}" --samples "$run/samples.jsonl" >"$run/policy.jsonl"
 log "trained: $(cat "$run/policy.jsonl")"
 
 # --- reload: the proxy serves the new policy to the next step's rollouts -------------------------
-curl -sf -X POST "${admin[@]}" -H "Content-Type: application/json" \
-    --data-binary @"$run/policy.jsonl" "$url/admin/policy" >"$run/reload.json"
-curl -sf "${admin[@]}" "$url/admin/stats" >"$run/stats.json"
+claw-proxy admin reload "$run/policy.jsonl" >"$run/reload.json"
+claw-proxy admin stats >"$run/stats.json"
 log "reloaded: $(cat "$run/reload.json")"

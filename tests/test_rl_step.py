@@ -3,7 +3,6 @@ written only for this test (tests/fixtures/rl-step/) and the tiny model."""
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -64,10 +63,6 @@ def test_one_rl_step_through_the_clis_with_a_harness_and_task_of_our_own(tmp_pat
     the test-only script harness, runs and scores them, builds samples, trains one GRPO step and
     reloads the proxy: every record is there, the new policy's weights moved, and the proxy
     serves version 1 after the reload."""
-    if shutil.which("curl") is None:
-        pytest.skip(
-            "examples/rl_step.sh talks to the proxy's admin routes with curl; not installed"
-        )
     run = tmp_path / "step"
     r = _script(
         *("--suite", str(FIXTURES / "tasks"), "--harness", str(FIXTURES / "one-shot-chat.toml")),
