@@ -1,29 +1,26 @@
 """Mix-harness RL, the full loop: several harnesses, one policy, one run directory.
 
-Each step: claw-bench plans a batch of rollouts for every harness, claw-sandbox runs them against
-the proxy (claw-proxy records every call) and claw-bench scores the final workspaces; claw-tree
-packs the calls into prefix trees with advantages, claw-rl updates the policy with GRPO or PPO,
-and the proxy loads the new weights. A killed run resumes at its last completed step with no
-rollout lost or counted twice. The same step through the CLIs only: examples/rl_step.sh.
+Each step: claw-bench plans rollouts of every (task, harness), claw-sandbox runs them against the
+proxy (claw-proxy records every call) and claw-bench scores the final workspaces; claw-tree packs
+the calls into prefix trees with advantages, claw-rl updates the policy with GRPO or PPO, and the
+proxy loads the new weights. A killed run resumes at its last completed step with no rollout lost
+or counted twice. The same step through the CLIs only: examples/rl_step.sh; an SFT warm start on
+a teacher with held-out Pass@1 before and after: examples/quickstart.py.
 
     uv run python examples/mix_harness_rl.py --run-dir runs/mix --steps 8 \
         --harness claw-agent-text --harness claw-agent-text-anthropic --suite claw-toy
 
---sft-teacher first records the scripted expert (claw-bench expert) through the same proxy and
-harnesses and fine-tunes the start policy on its calls; --eval-tag measures held-out Pass@1 before
-SFT, after SFT and after RL (eval.jsonl). examples/quickstart.py runs the toy-steps recipe.
-
 Run directory: config.json (the options; a resumed run must give the same), secret, admin-token,
 calls.jsonl (every call), steps/<k>/ (jobs-a<attempt>.jsonl, runs.jsonl, outcomes.jsonl,
-samples.jsonl, calls-offset.json: the byte range of calls.jsonl the step read), claw-rl's run
-directory (metrics.jsonl: a step is done once its row is there, policies.jsonl, policy/v<N>/,
-checkpoints/<k>/), expert.jsonl, teacher/, policy/sft/ and eval/<stage>/, eval.jsonl.
+samples.jsonl, calls-offset.json: the byte range of calls.jsonl the step read), and claw-rl's run
+directory: metrics.jsonl (a step is done once its row is there), policies.jsonl, policy/v<N>/,
+checkpoints/<k>/.
 
 --max-staleness S runs the rollouts of the next S steps while the learner trains, on the policy in
-force: step k's rollouts start once step k - S - 1's update is loaded, and the learner drops a
-session older than S versions (metrics: staleness, dropped_stale). A fixed --seed gives the same
-rollouts and rewards on one machine in the synchronous loop: each call samples with a seed of its
-own, from --seed, its session id and its place in the session (claw-proxy serve --seed).
+force (claw_rl.loop.schedule); the learner drops a session older than S versions (metrics:
+staleness, dropped_stale). A fixed --seed gives the same rollouts and rewards on one machine in
+the synchronous loop: each call samples with a seed of its own, from --seed, its session id and
+its place in the session (claw-proxy serve --seed).
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ import claw_rl.tensorboard
 import claw_sandbox
 import claw_tree
 import transformers
-from claw_rl.loop import append_rows, read_rows, schedule
+from claw_rl.loop import read_rows, schedule
 
 HARNESSES = ["claw-agent-text", "claw-agent-text-anthropic"]
 OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: the choices), help
@@ -60,17 +57,6 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--group-by", ["task", "task+harness"], "GRPO groups: a task over all harnesses, or each"),
     ("--suite", "claw-toy", "built-in suite name or a directory of task dirs"),
     ("--tasks-per-step", 0, "tasks drawn per step, seeded by --seed and the step (0: all)"),
-    ("--eval-rollouts", 1, "rollouts per held-out (task, harness)"),
-    ("--eval-tasks", 0, "only the first N held-out tasks (0: all)"),
-    ("--sft-tasks", 0, "the expert plays the first N tasks (0: all)"),
-    ("--teacher-slip", 0.0, "the expert skips its last tool call on this share of the tasks"),
-    ("--teacher-rollouts", 1, "teacher rollouts per task and harness (claw-bench expert -n)"),
-    ("--sft-keep", ["passed", "all"], "SFT on the teacher rollouts that passed, or on all"),
-    ("--sft-lr", 3e-3, "SFT learning rate"),
-    ("--sft-schedule", ["constant", "linear"], "SFT lr: constant, or decayed linearly to 0"),
-    ("--sft-epochs", 40, "passes over the teacher samples"),
-    ("--sft-batch", 16, "teacher sessions per SFT optimizer step (--pack session)"),
-    ("--sft-max-tokens", 1024, "--pack group: teacher sessions merged up to this many tokens"),
     ("--pack", ["session", "group"], "one tree per rollout, or per group (prompt stored once)"),
     ("--rollouts", 4, "rollouts per (task, harness) per step"),
     ("--steps", 8, "RL steps"),
@@ -83,8 +69,8 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--max-new-tokens", 24, "proxy cap on tokens per model call"),
     ("--lr", 1e-2, "RL learning rate (PPO's critic: 3x)"),
     ("--adam-eps", 1e-8, "AdamW epsilon of the RL learner"),
-    ("--kl-coef", 0.0, "GRPO: KL penalty to the start (after SFT: the SFT) policy"),
-    ("--warmup", 0, "RL learning-rate warmup over the first N optimizer steps"),
+    ("--kl-coef", 0.0, "GRPO: KL penalty to the start policy"),
+    ("--warmup", 0, "learning-rate warmup over the first N optimizer steps"),
     ("--ppo-whiten", ["scale", "center"], "PPO advantage whitening: by the std, or also centred"),
     ("--epochs", 2, "passes over each step's batch"),
     ("--minibatches", 2, "optimizer steps per epoch"),
@@ -92,9 +78,7 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--harness", "append", f"harness adapter name, repeatable (default: {HARNESSES})"),
     ("--task", "append", "only these task ids (default: the whole suite)"),
     ("--tag", "append", "only tasks with all these tags, e.g. train"),
-    ("--eval-tag", "append", "held-out tasks (all these tags): their Pass@1 goes to eval.jsonl"),
     ("--split-digits", "store_true", "the new tiny model tokenizes numbers digit by digit"),
-    ("--sft-teacher", "store_true", "first SFT the start policy on the scripted expert"),
     ("--tensorboard", "store_true", "also log the metrics to RUN/tensorboard"),
 ]
 
@@ -107,22 +91,16 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         elif isinstance(default, list):
             p.add_argument(flag, choices=default, default=default[0], help=text)
         else:
-            p.add_argument(
-                flag, type=Path if default is None else type(default), default=default, help=text
-            )
-    a = p.parse_args(argv)
-    if not 0.0 <= a.teacher_slip <= 1.0:
-        p.error(f"--teacher-slip must be a fraction in [0, 1], got {a.teacher_slip}")
-    for name in ("teacher_rollouts", "sft_max_tokens"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if a.kl_coef and a.algo != "grpo":
+            kind = Path if default is None else type(default)
+            p.add_argument(flag, type=kind, default=default, help=text)
+    args = p.parse_args(argv)
+    if args.kl_coef and args.algo != "grpo":
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
-    a.harness = a.harness or list(HARNESSES)
-    return a
+    args.harness = args.harness or list(HARNESSES)
+    return args
 
 
-# --- the run directory, the learner, the proxy ---------------------------------------------------
+# --- the run directory, the learner, the proxy and the sandboxes ---------------------------------
 
 
 def prepare_run_dir(args: argparse.Namespace) -> None:
@@ -132,31 +110,33 @@ def prepare_run_dir(args: argparse.Namespace) -> None:
     run.mkdir(parents=True, exist_ok=True)
     resolved = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     resolved = {k: v for k, v in resolved.items() if k not in ("steps", "tensorboard")}
-    if path.exists():
-        before = json.loads(path.read_text())
-        if changed := sorted(k for k in resolved if before.get(k) != resolved[k]):
-            raise SystemExit(
-                f"{path}: this run was started with other options ({', '.join(changed)}); "
-                "use a new --run-dir or the same options"
-            )
+    before = json.loads(path.read_text()) if path.exists() else resolved
+    if changed := ", ".join(sorted(k for k in resolved if before.get(k) != resolved[k])):
+        raise SystemExit(
+            f"{path}: this run was started with other options ({changed}); "
+            "use a new --run-dir or the same options"
+        )
     path.write_text(json.dumps(resolved, indent=2) + "\n")
     for name in ("secret", "admin-token"):
         if not (run / name).exists():
             (run / name).write_text(secrets.token_hex(16) + "\n")
 
 
-def make_learner(args, run: Path, start_model: Path, done: int):
-    """The learner after `done` completed steps: from their checkpoint, or new on the start model."""
+def make_learner(args, run: Path, start: Path, done: int):
+    """The learner after `done` completed steps: from their checkpoint, or new on `start`."""
     if done:
         return claw_rl.loop.resume(run, algo=args.algo)
-    common = dict(name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps)
-    common |= dict(epochs=args.epochs, minibatches=args.minibatches, seed=args.seed)
-    common |= dict(max_staleness=args.max_staleness, drop_stale=True)
+    common = dict(
+        name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps,
+        epochs=args.epochs, minibatches=args.minibatches, seed=args.seed,
+        max_staleness=args.max_staleness, drop_stale=True,
+    )  # fmt: skip
     if args.algo == "grpo":
-        return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**common, kl_coef=args.kl_coef), start_model)
-    whiten_center = args.ppo_whiten == "center"
-    cfg = claw_rl.PPOConfig(**common, critic_lr=args.lr * 3, whiten_center=whiten_center)
-    return claw_rl.Learner.ppo(cfg, start_model)
+        return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**common, kl_coef=args.kl_coef), start)
+    center = args.ppo_whiten == "center"
+    return claw_rl.Learner.ppo(
+        claw_rl.PPOConfig(**common, critic_lr=args.lr * 3, whiten_center=center), start
+    )
 
 
 def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=None):
@@ -186,92 +166,6 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def write_mark(path: Path, mark: dict) -> None:
-    """Replace a small JSON file in one step: it is the old one or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(mark) + "\n")
-    tmp.replace(path)
-
-
-# --- teacher, SFT and held-out evaluation --------------------------------------------------------
-
-
-def play(args, d: Path, engine: str, tokenizer, secret: str, tasks, harnesses, samples: int, label):
-    """Rollouts of tasks x harnesses on a proxy of their own over `engine`, recorded in `d`
-    (calls, runs, outcomes; a stage cut off midway is redone whole). Returns the outcomes."""
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    with serve(args, secret, engine, d / "calls.jsonl", tokenizer) as proxy:
-        plan = dict(proxy_url=proxy.url, secret=secret.encode(), group_by=args.group_by)
-        plan |= dict(samples=samples, run_id=f"seed{args.seed}-{label}")
-        batch = claw_bench.rollouts(tasks, harnesses, sandbox(args, d / "runs.jsonl"), **plan)
-    write_rows(d / "outcomes.jsonl", batch.outcomes)
-    return batch.outcomes
-
-
-def teacher_sft(args, run: Path, start: Path, secret: str, tasks, harnesses, log) -> dict:
-    """Record the scripted expert through the proxy (the student's chat template renders its tool
-    calls), then SFT the start policy on its rollouts (all of them, or --sft-keep passed: those
-    that passed). Writes teacher/ and policy/sft/; returns teacher/sft.json's summary."""
-    t0, d, script = time.monotonic(), run / "teacher", run / "expert.jsonl"
-    n, slip = args.teacher_rollouts, args.teacher_slip
-    write_rows(
-        script, claw_bench.families.expert_script(tasks, slip=slip, seed=args.seed, samples=n)
-    )
-    engine = f"scripted:{script}"
-    outcomes = play(args, d, engine, str(start), secret, tasks, harnesses, n, "teacher")
-    forest = claw_tree.build_forest(claw_tree.read_calls(d / "calls.jsonl").records)
-    group, passed_only = args.pack == "group", args.sft_keep == "passed"
-    max_tokens = args.sft_max_tokens if group else None  # group: sessions merged up to this
-    batch = claw_tree.build_sft_samples(
-        forest, outcomes=outcomes, passed_only=passed_only, pack=args.pack, max_tokens=max_tokens
-    )
-    if not batch.samples:
-        raise SystemExit(f"{d}: no teacher rollout passed, nothing to fine-tune on")
-    passed, kept = sum(bool(o["passed"]) for o in outcomes), len(outcomes) - len(batch.excluded)
-    which = "them" if passed_only else "all of them"
-    log(f"teacher: {passed} of {len(outcomes)} rollouts passed; SFT on {which} ({kept} sessions)")
-    per_step = 1 if group else args.sft_batch  # samples per optimizer step
-    mb = max(1, len(batch.samples) // per_step)
-    decay = args.sft_epochs * mb if args.sft_schedule == "linear" else 0
-    cfg = claw_rl.SFTConfig(
-        name="policy", lr=args.sft_lr, decay_steps=decay, epochs=args.sft_epochs, minibatches=mb,
-        micro_batch_size=per_step, seed=args.seed,
-    )  # fmt: skip
-    learner = claw_rl.Learner.sft(cfg, start)
-    metrics = learner.step(batch.samples)
-    shutil.rmtree(run / "policy" / "sft", ignore_errors=True)
-    claw_rl.save_policy(learner, run / "policy" / "sft")
-    stats = claw_tree.forest_stats(forest)
-    summary = {
-        "teacher_rollouts": len(outcomes), "teacher_passed": passed, "sft_sessions": kept,
-        "teacher_calls": stats["calls"], "dedup_factor": stats["dedup_factor"],
-        "sft_samples": len(batch.samples), "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples),
-        "loss": metrics["loss"], "seconds": round(time.monotonic() - t0, 2),
-    }  # fmt: skip
-    (d / "sft.json").write_text(json.dumps(summary) + "\n")  # the stage is done once this exists
-    return summary
-
-
-def evaluate(args, run, secret, stage, policy: Path, tasks, harnesses, log, steps=None) -> None:
-    """Held-out Pass@1 of `policy` (eval/<stage>/; a rollout that did not finish counts as not
-    passed), appended to eval.jsonl with the number of RL steps before it."""
-    d, engine, n = run / "eval" / stage, f"transformers:{policy}", args.eval_rollouts
-    outcomes = play(args, d, engine, None, secret, tasks, harnesses, n, f"eval-{stage}")
-    per: dict[str, list[bool]] = {}
-    for o in outcomes:
-        per.setdefault(o["harness"], []).append(bool(o["passed"]))
-    s = claw_bench.outcome_summary(outcomes)
-    row = {
-        "stage": stage, "steps": steps, "policy": str(policy),
-        "pass@1": {h: sum(v) / len(v) for h, v in sorted(per.items())},
-        "pass@1_mean": s["passed"] / max(1, s["rollouts"]), "rollouts": s["rollouts"],
-        "infra_errors": s["infra_errors"], "not_scorable": s["not_scorable"],
-    }  # fmt: skip
-    append_rows(run / "eval.jsonl", [row])
-    log(f"held-out Pass@1 {stage}: {row['pass@1_mean']:.3f} {row['pass@1']}")
-
-
 # --- one step ------------------------------------------------------------------------------------
 
 
@@ -290,54 +184,56 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
     each call's sampling seed from the session id, so a --seed samples the same tokens anywhere."""
     d = run / "steps" / f"{step:04d}"
     d.mkdir(parents=True, exist_ok=True)
-    attempt, runner = (
-        len(list(d.glob("jobs-a*.jsonl"))),
-        sandbox(args, d / "runs.jsonl", log, f"step {step}"),
-    )
+    attempt = len(list(d.glob("jobs-a*.jsonl")))
+    runner = sandbox(args, d / "runs.jsonl", log, f"step {step}")
 
     def run_jobs(jobs: list[dict]) -> list[dict]:
         write_rows(d / f"jobs-a{attempt}.jsonl", jobs)
         return runner(jobs)
 
-    plan = dict(proxy_url=proxy_url, secret=secret, group_by=args.group_by)
-    plan |= dict(run_id=f"seed{args.seed}-s{step}-a{attempt}", done=read_rows(d / "runs.jsonl"))
-    batch = claw_bench.rollouts(tasks, harnesses, run_jobs, samples=args.rollouts, **plan)
+    batch = claw_bench.rollouts(
+        tasks, harnesses, run_jobs, samples=args.rollouts, done=read_rows(d / "runs.jsonl"),
+        proxy_url=proxy_url, secret=secret, run_id=f"seed{args.seed}-s{step}-a{attempt}",
+        group_by=args.group_by,
+    )  # fmt: skip
     write_rows(d / "outcomes.jsonl", batch.outcomes)  # sorted: concurrency decides no order
     return batch.outcomes
 
 
+def calls_offset(run: Path, step: int, mark: dict | None = None) -> dict:
+    """steps/<k>/calls-offset.json: the byte range of calls.jsonl that step k reads (written
+    whole or not at all); {} when there is none."""
+    path = run / "steps" / f"{step:04d}" / "calls-offset.json"
+    if mark is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_name(path.name + ".tmp").write_text(json.dumps(mark) + "\n")
+        path.with_name(path.name + ".tmp").replace(path)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def mark_step_start(run: Path, step: int) -> None:
-    """Before the step's first rollout: remember where calls.jsonl ends (after its last whole
-    line), since every call of the step is recorded after that. Kept once written."""
-    mark, calls = run / "steps" / f"{step:04d}" / "calls-offset.json", run / "calls.jsonl"
-    if mark.exists():
+    """Before the step's first rollout: every call of the step is recorded after the current end
+    of calls.jsonl (after its last whole line). Kept once written."""
+    if calls_offset(run, step):
         return
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    start = 0
-    if calls.exists():
-        with calls.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - (1 << 20)))
-            tail = f.read()
-        start = size - len(tail) + tail.rfind(b"\n") + 1
-    write_mark(mark, {"start": start})
+    size, tail = 0, b""
+    with contextlib.suppress(FileNotFoundError), (run / "calls.jsonl").open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    calls_offset(run, step, {"start": size - len(tail) + tail.rfind(b"\n") + 1})
 
 
 def step_calls(run: Path, step: int, sessions: set[str]) -> list:
     """The recorded calls of `sessions`, read from the step's start in calls.jsonl to its last
-    whole line, so the per-step cost does not grow with the run; the byte range goes to
-    steps/<k>/calls-offset.json (a rerun of the step reads from the same start)."""
-    mark = run / "steps" / f"{step:04d}" / "calls-offset.json"
-    prev = run / "steps" / f"{step - 1:04d}" / "calls-offset.json"
-    if mark.exists():
-        start = json.loads(mark.read_text())["start"]
-    else:  # the previous step's end (0 for the first step, or a run from before the marks)
-        start = json.loads(prev.read_text())["end"] if step and prev.exists() else 0
+    whole line, so the per-step cost does not grow with the run (a step without a mark starts
+    where the previous one ended); the range read is kept for a rerun of the step."""
+    start = calls_offset(run, step).get("start", calls_offset(run, step - 1).get("end", 0))
     with (run / "calls.jsonl").open("rb") as f:
         f.seek(start)
         data = f.read()
     data = data[: data.rfind(b"\n") + 1]  # a call still being written is not read
-    write_mark(mark, {"start": start, "end": start + len(data)})
+    calls_offset(run, step, {"start": start, "end": start + len(data)})
     calls = claw_tree.read_calls(io.StringIO(data.decode()), skip_invalid=True).records
     return [c for c in calls if c.session in sessions]
 
@@ -352,10 +248,11 @@ def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], ver
     if args.algo == "ppo":
         samples = claw_tree.gae_for_samples(samples, learner.values(samples))
     write_rows(run / "steps" / f"{step:04d}" / "samples.jsonl", samples)
-    staleness = dict(collections.Counter(str(version - c.policy_version) for c in calls))
-    tokens = sum(len(c.completion_ids) for c in calls)
-    stats = claw_tree.forest_stats(forest)
-    return dict(batch=batch, stats=stats, samples=samples, tokens=tokens, staleness=staleness)
+    return {
+        "batch": batch, "samples": samples, "stats": claw_tree.forest_stats(forest),
+        "tokens": sum(len(c.completion_ids) for c in calls),
+        "staleness": dict(collections.Counter(str(version - c.policy_version) for c in calls)),
+    }  # fmt: skip
 
 
 def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
@@ -378,23 +275,6 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def warm_start(args, run: Path, secret: str, start: Path, tasks, harnesses, held_out, log) -> Path:
-    """Held-out Pass@1 of the start policy, then (--sft-teacher) SFT on the scripted expert and
-    the SFT policy's Pass@1; each stage once, a resumed run skips those done. Returns the policy
-    RL starts from."""
-    evals = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
-    if held_out and ("start", None) not in evals:
-        evaluate(args, run, secret, "start", start, held_out, harnesses, log)
-    if not args.sft_teacher:
-        return start
-    if not (run / "teacher" / "sft.json").exists():
-        taught = tasks[: args.sft_tasks or None]
-        log(f"SFT: {teacher_sft(args, run, start, secret, taught, harnesses, log)}")
-    if held_out and ("sft", None) not in evals:
-        evaluate(args, run, secret, "sft", run / "policy" / "sft", held_out, harnesses, log)
-    return run / "policy" / "sft"
-
-
 def main(argv: list[str] | None = None, log=None) -> list[dict]:
     args = options(argv)
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -409,24 +289,16 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     suite = claw_bench.load_suite(args.suite)
     tasks = [t for t in suite.select(tags=args.tag).tasks if not args.task or t.id in args.task]
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
-    held_out = list(suite.select(tags=args.eval_tag).tasks) if args.eval_tag else []
-    held_out = held_out[: args.eval_tasks or None]
-    if (args.eval_tag or args.sft_teacher) and args.engine != "transformers":
-        raise SystemExit("--eval-tag and --sft-teacher run the transformers engine only")
-    if args.eval_tag and not held_out:
-        raise SystemExit(f"no task of {args.suite} has all the tags {args.eval_tag}")
-    start = warm_start(args, run, secret, start, tasks, harnesses, held_out, log)
 
     history = claw_rl.loop.completed_steps(run)
     learner = make_learner(args, run, start, len(history))
-    policy = claw_rl.loop.latest_policy(run)
-    policy = policy or {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}  # fmt: skip
+    v0 = {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}
+    policy = claw_rl.loop.latest_policy(run) or v0
     engine = f"transformers:{policy['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start)
     with contextlib.ExitStack() as stack:
-        proxy = stack.enter_context(
-            serve(args, secret, engine, run / "calls.jsonl", tokenizer, admin)
-        )
+        proxy = serve(args, secret, engine, run / "calls.jsonl", tokenizer, admin)
+        stack.enter_context(proxy)
         proxy_admin = stack.enter_context(claw_proxy.AdminClient(proxy.url, admin))
         proxy_admin.reload(policy)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
@@ -463,28 +335,16 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             if board is not None:
                 board.log(row)
             proxy_admin.reload(policy)
-            log(step_line(row, policy, running))
+            failed, dropped = row["rollouts_failed"], row.get("dropped_stale", 0)
+            log(
+                f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy "
+                f"v{policy['version']} | rollouts {row['rollouts'] - failed} ok, {failed} failed, "
+                f"{running} running | staleness {row['staleness']} (dropped {dropped}) | "
+                + " ".join(f"{k[:-2]} {v:.1f}s" for k, v in row["time"].items())
+                + (" | NO LEARNING SIGNAL" if row.get("no_signal") else "")
+            )
             t0 = time.monotonic()
-    evals = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
-    if held_out and history and ("rl", len(history)) not in evals:
-        last = Path(claw_rl.loop.latest_policy(run)["path"])
-        evaluate(args, run, secret, "rl", last, held_out, harnesses, log, steps=len(history))
     return history
-
-
-def step_line(row: dict, policy: dict, running: int) -> str:
-    """The step's log line."""
-    ok, t = row["rollouts"] - row["rollouts_failed"], row["time"]
-    no_signal = row["learner"]["no_signal_reason"] if row.get("no_signal") else None
-    return (
-        f"step {row['step']}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy "
-        f"v{policy['version']} | rollouts {ok} ok, {row['rollouts_failed']} failed, {running} "
-        f"running | staleness {row['staleness']} (dropped {row.get('dropped_stale', 0)}) | "
-        f"tokens/s rollout {row['rollout_tokens_per_s']:.0f} train {row.get('tokens_per_s', 0):.0f}"
-        f" | tree ratio {row.get('tree_ratio') or 0:.2f} (call dedup {row['dedup_factor']:.2f}) | "
-        + " ".join(f"{k[:-2]} {v:.1f}s" for k, v in t.items())
-        + (f" | NO LEARNING SIGNAL: {no_signal}" if no_signal else "")
-    )
 
 
 if __name__ == "__main__":

@@ -37,14 +37,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
+import shutil
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import claw_bench  # noqa: E402
+import claw_rl  # noqa: E402
+import claw_rl.loop  # noqa: E402
+import claw_tree  # noqa: E402
 import mix_harness_rl  # noqa: E402
-from claw_rl.loop import read_rows  # noqa: E402
+from claw_rl.loop import append_rows, read_rows  # noqa: E402
 
 HARNESSES = ["claw-agent-steps", "claw-agent-steps-anthropic"]
 
@@ -77,24 +83,130 @@ p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per held-o
 p.add_argument("--lr", type=float, default=1.5e-4, help="RL learning rate")
 p.add_argument("--backend", default="auto", help="claw-sandbox backend")
 args = p.parse_args()
-
-t0 = time.monotonic()
+if not 0.0 <= args.teacher_slip <= 1.0:
+    p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
+for name in ("teacher_rollouts", "eval_rollouts", "sft_epochs"):
+    if getattr(args, name) < 1:
+        p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+run = args.out.resolve()
+# the loop's options; the teacher and the held-out rollouts below use the same proxy settings
 loop_args = [
-    *("--run-dir", str(args.out), "--seed", str(args.seed), "--backend", args.backend),
-    *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train", "--split-digits"),
-    *("--sft-teacher", "--sft-tasks", str(args.sft_tasks), "--sft-epochs", str(args.sft_epochs)),
-    *("--teacher-rollouts", str(args.teacher_rollouts), "--teacher-slip", str(args.teacher_slip)),
-    *("--sft-keep", "all", "--sft-schedule", "linear", "--sft-lr", "1.5e-3"),
-    *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", str(args.eval_tasks)),
-    *("--eval-rollouts", str(args.eval_rollouts), "--max-new-tokens", "48", "--pack", "group"),
+    *("--run-dir", str(run), "--seed", str(args.seed), "--backend", args.backend),
+    *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train"),
+    *("--model", str(run / "policy" / "sft"), "--max-new-tokens", "48", "--pack", "group"),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
     *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr), "--adam-eps", "1e-5"),
 ]
 for h in HARNESSES:
     loop_args += ["--harness", h]
+opts = mix_harness_rl.options(loop_args)
+
+
+# --- teacher, SFT and held-out Pass@1 -------------------------------------------------------------
+
+
+def play(d: Path, engine: str, tokenizer, tasks, samples: int, label: str) -> list[dict]:
+    """Rollouts of tasks x both harnesses on a proxy of their own over `engine`, recorded in `d`
+    (calls, runs, outcomes; a stage cut off midway is redone whole)."""
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    with mix_harness_rl.serve(opts, secret, engine, d / "calls.jsonl", tokenizer) as proxy:
+        batch = claw_bench.rollouts(
+            tasks, harnesses, mix_harness_rl.sandbox(opts, d / "runs.jsonl"), samples=samples,
+            proxy_url=proxy.url, secret=secret.encode(), run_id=f"seed{args.seed}-{label}",
+            group_by=opts.group_by,
+        )  # fmt: skip
+    mix_harness_rl.write_rows(d / "outcomes.jsonl", batch.outcomes)
+    return batch.outcomes
+
+
+def teacher_sft(start: Path, tasks) -> dict:
+    """Record the scripted expert through the proxy (the student's chat template renders its tool
+    calls), then SFT the start policy on all its rollouts, slips included (claw-tree SFT samples,
+    teacher sessions merged up to 1024 tokens, one sample per optimizer step; claw-rl's SFT
+    learner, lr 1.5e-3 decayed linearly to 0). Writes teacher/ and policy/sft/."""
+    t0, d, script, n = (
+        time.monotonic(),
+        run / "teacher",
+        run / "expert.jsonl",
+        args.teacher_rollouts,
+    )
+    lines = claw_bench.families.expert_script(
+        tasks, slip=args.teacher_slip, seed=args.seed, samples=n
+    )
+    mix_harness_rl.write_rows(script, lines)
+    outcomes = play(d, f"scripted:{script}", str(start), tasks, n, "teacher")
+    forest = claw_tree.build_forest(claw_tree.read_calls(d / "calls.jsonl").records)
+    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, pack="group", max_tokens=1024)
+    passed = sum(bool(o["passed"]) for o in outcomes)
+    print(
+        f"teacher: {passed} of {len(outcomes)} rollouts passed; SFT on all of them", file=sys.stderr
+    )
+    if not batch.samples:
+        raise SystemExit(f"{d}: the teacher left no call to fine-tune on")
+    steps = len(batch.samples)  # one optimizer step per sample, per epoch
+    cfg = claw_rl.SFTConfig(
+        name="policy", lr=1.5e-3, decay_steps=args.sft_epochs * steps, epochs=args.sft_epochs,
+        minibatches=steps, micro_batch_size=1, seed=args.seed,
+    )  # fmt: skip
+    learner = claw_rl.Learner.sft(cfg, start)
+    metrics = learner.step(batch.samples)
+    shutil.rmtree(run / "policy" / "sft", ignore_errors=True)
+    claw_rl.save_policy(learner, run / "policy" / "sft")
+    stats = claw_tree.forest_stats(forest)
+    summary = {
+        "teacher_rollouts": len(outcomes), "teacher_passed": passed,
+        "sft_sessions": len(outcomes) - len(batch.excluded), "teacher_calls": stats["calls"],
+        "dedup_factor": stats["dedup_factor"], "sft_samples": len(batch.samples),
+        "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples), "loss": metrics["loss"],
+        "seconds": round(time.monotonic() - t0, 2),
+    }  # fmt: skip
+    (d / "sft.json").write_text(json.dumps(summary) + "\n")  # the stage is done once this exists
+    return summary
+
+
+def evaluate(stage: str, policy: Path, steps: int | None = None) -> None:
+    """Held-out Pass@1 of `policy` (eval/<stage>/; a rollout that did not finish counts as not
+    passed), appended to eval.jsonl with the number of RL steps before it."""
+    n, label = args.eval_rollouts, f"eval-{stage}"
+    outcomes = play(run / "eval" / stage, f"transformers:{policy}", None, held_out, n, label)
+    s = claw_bench.outcome_summary(outcomes)
+    per = {h: [bool(o["passed"]) for o in outcomes if o["harness"] == h] for h in HARNESSES}
+    row = {
+        "stage": stage, "steps": steps, "policy": str(policy),
+        "pass@1": {h: sum(v) / len(v) for h, v in per.items() if v},
+        "pass@1_mean": s["passed"] / max(1, s["rollouts"]), "rollouts": s["rollouts"],
+        "infra_errors": s["infra_errors"], "not_scorable": s["not_scorable"],
+    }  # fmt: skip
+    append_rows(run / "eval.jsonl", [row])
+    print(f"held-out Pass@1 {stage}: {row['pass@1_mean']:.3f} {row['pass@1']}", file=sys.stderr)
+
+
+t0 = time.monotonic()
+run.mkdir(parents=True, exist_ok=True)
+if not (run / "secret").exists():  # the loop keeps it (its session tokens are signed with it)
+    (run / "secret").write_text(secrets.token_hex(16) + "\n")
+secret = (run / "secret").read_text().strip()
+suite = claw_bench.load_suite("claw-toy")
+harnesses = [claw_bench.load_harness(h) for h in HARNESSES]
+held_out = suite.select(tags=["toy-steps", "heldout"]).tasks[: args.eval_tasks or None]
+start = run / "policy" / "v0"
+if not (start / "config.json").exists():  # a tiny random policy, one token per digit
+    shutil.rmtree(start, ignore_errors=True)
+    claw_rl.init_tiny(start, claw_rl.TinySpec(split_digits=True))
+done = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
+if ("start", None) not in done:
+    evaluate("start", start)
+if not (run / "teacher" / "sft.json").exists():
+    taught = suite.select(tags=["toy-steps", "train"]).tasks[: args.sft_tasks or None]
+    print(f"SFT: {teacher_sft(start, taught)}", file=sys.stderr)
+if ("sft", None) not in done:
+    evaluate("sft", run / "policy" / "sft")
 history = mix_harness_rl.main(loop_args)
+if history and ("rl", len(history)) not in done:
+    evaluate("rl", Path(claw_rl.loop.latest_policy(run)["path"]), steps=len(history))
 elapsed = time.monotonic() - t0
-evals = {e["stage"]: e for e in read_rows(args.out / "eval.jsonl")}
+evals = {e["stage"]: e for e in read_rows(run / "eval.jsonl")}
 
 # --- the tables ---------------------------------------------------------------------------------
 

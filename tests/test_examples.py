@@ -66,14 +66,12 @@ def test_kl_coef_with_ppo_is_refused_before_anything_runs(tmp_path):
     assert not run.exists()
 
 
-@pytest.mark.parametrize(
-    "flag", ["--teacher-rollouts", "--sft-max-tokens"], ids=["teacher-rollouts", "sft-max-tokens"]
-)
+@pytest.mark.parametrize("flag", ["--teacher-rollouts", "--eval-rollouts", "--sft-epochs"])
 def test_counts_below_one_are_refused_before_anything_runs(tmp_path, flag):
-    """A teacher rollout count or an SFT sample budget below 1 is a clear usage error naming the
-    option, before any run directory exists."""
+    """A quickstart teacher rollout count, held-out rollout count or SFT epoch count below 1 is a
+    clear usage error naming the option, before any run directory exists."""
     run = tmp_path / "r"
-    r = _run("mix_harness_rl.py", "--run-dir", str(run), flag, "0")
+    r = _run("quickstart.py", "--output", str(run), flag, "0")
     assert r.returncode == 2 and f"{flag} must be >= 1, got 0" in r.stderr, r.stderr[-2000:]
     assert not run.exists()
 
@@ -254,18 +252,17 @@ def test_fixed_seed_reruns_draw_the_same_rollouts(tmp_path):
 
 @pytest.mark.slow
 def test_teacher_sft_then_rl_on_multi_step_tasks_with_held_out_pass_rates(tmp_path):
-    """--sft-teacher records the scripted expert through the proxy and harnesses (every rollout
-    passes; three calls a session sharing prefixes), fine-tunes the start policy on them, runs RL
-    on the multi-step family and reports held-out Pass@1 at start, after SFT and after RL."""
+    """The quickstart with a perfect teacher (--teacher-slip 0) records the scripted expert
+    through the proxy and harnesses (every rollout passes; three calls a session sharing
+    prefixes), fine-tunes the start policy on them, runs RL on the multi-step family through
+    examples/mix_harness_rl.py and reports held-out Pass@1 at start, after SFT and after RL."""
     out = tmp_path / "steps"
     r = _run(
-        "mix_harness_rl.py",
-        *("--run-dir", str(out), "--steps", "1", "--rollouts", "2", "--seed", "0"),
-        *("--tag", "toy-steps", "--tag", "train", "--tasks-per-step", "2"),
-        *("--sft-teacher", "--sft-tasks", "2", "--sft-epochs", "2"),
-        *("--eval-tag", "toy-steps", "--eval-tag", "heldout", "--eval-tasks", "2"),
-        *("--harness", "claw-agent-steps", "--harness", "claw-agent-steps-anthropic"),
-        *("--max-new-tokens", "48", "--pack", "group"),
+        "quickstart.py",
+        *("--output", str(out), "--steps", "1", "--rollouts", "2", "--seed", "0"),
+        *("--tasks-per-step", "2", "--sft-tasks", "2", "--sft-epochs", "2"),
+        *("--teacher-slip", "0", "--teacher-rollouts", "1"),
+        *("--eval-tasks", "2", "--eval-rollouts", "1"),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     teacher = _rows(out / "teacher" / "outcomes.jsonl")
@@ -281,6 +278,10 @@ def test_teacher_sft_then_rl_on_multi_step_tasks_with_held_out_pass_rates(tmp_pa
     assert evals[-1]["policy"].endswith("v1")
     (step,) = _rows(out / "metrics.jsonl")
     assert step["rollouts"] == 2 * 2 * 2 and step["infra_errors"] == 0
+    # the loop started from the SFT policy: its config names it, and policy v1 trained from it
+    assert json.loads((out / "config.json").read_text())["model"] == str(
+        (out / "policy" / "sft").resolve()
+    )
 
 
 @pytest.mark.slow
