@@ -2,6 +2,7 @@
 
 import http.server
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -148,6 +149,20 @@ def test_network_none_and_host(bwrap, tmp_path, servers):
     assert "FAIL" in none["stdout_tail"]
     host = _one(bwrap, job("h", command=py(PROBE) + [url], network={"policy": "host"}), tmp_path)
     assert f"OK hello from {servers[0]}" in host["stdout_tail"]
+
+
+def test_verify_network_host_reaches_only_at_verify_time(bwrap, tmp_path, servers):
+    """verify.network host: the verify step reaches the host's loopback, the command (network
+    none) and a verify step without it do not."""
+    url = f"http://127.0.0.1:{servers[0]}/"
+    probe = shlex.join([sys.executable, "-c", PROBE, url])
+    verify = {"command": f"{probe} > /workspace/verify.txt", "network": {"policy": "host"}}
+    row = job("vn", command=py(PROBE) + [url], verify=verify, collect=["verify.txt"])
+    run = _one(bwrap, row, tmp_path)
+    assert "FAIL" in run["stdout_tail"], run
+    assert f"OK hello from {servers[0]}" in run["collected"]["verify.txt"], run
+    plain = job("vp", command="true", verify={"command": verify["command"]}, collect=["verify.txt"])
+    assert "FAIL" in _one(bwrap, plain, tmp_path)["collected"]["verify.txt"]
 
 
 def test_process_backend_relays_the_proxy_port_without_blocking(process, tmp_path, servers):

@@ -141,3 +141,17 @@ def test_bad_binary_file_entry_names_the_field(entry, expected):
     """A malformed binary entry is a JobError naming the file's field."""
     with pytest.raises(JobError, match=re.escape(expected)):
         Job.from_dict(job("b", workspace={"files": {"a.bin": entry}}))
+
+
+def test_verify_network_round_trips_and_bad_values_name_the_field():
+    """verify.network {"policy": "host"} parses, validates and writes back; another value is a
+    JobError naming verify/network."""
+    schema = json.loads((FORMATS / "claw.job.v1.schema.json").read_text())
+    row = job("vn", verify={"command": "true", "network": {"policy": "host"}})
+    parsed = Job.from_dict(row)
+    assert parsed.verify.network == "host"
+    jsonschema.validate(parsed.to_dict(), schema)
+    assert parsed.to_dict()["verify"]["network"] == {"policy": "host"}
+    assert Job.from_dict(job("vp", verify={"command": "true"})).verify.network is None
+    with pytest.raises(JobError, match="verify/network"):
+        Job.from_dict(job("vb", verify={"command": "true", "network": {"policy": "proxy"}}))

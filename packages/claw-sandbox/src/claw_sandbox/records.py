@@ -256,6 +256,8 @@ class Verify:
     mounts: tuple[Mount, ...] = ()  # emptied and filled only at verify time
     #: directories the verifier owns: emptied by the runner before the verify step
     reset: tuple[str, ...] = ()
+    #: the verify step's own network policy (``none`` or ``host``); None: the job's
+    network: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "job") -> Verify:
@@ -285,7 +287,22 @@ class Verify:
             reward_file=reward_file,
             mounts=Mount.list_from(d.get("mounts"), where, "verify/mounts"),
             reset=tuple(reset),
+            network=_verify_network(d, where),
         )
+
+
+def _verify_network(d: dict, where: str) -> str | None:
+    """verify.network: ``{"policy": "none" | "host"}`` or absent (the job's network)."""
+    net = _get(d, "network", dict, where, "verify/network")
+    if net is None:
+        return None
+    if net.get("policy") not in ("none", "host") or set(net) != {"policy"}:
+        raise _fail(
+            where,
+            "verify/network",
+            f'expected {{"policy": "none"}} or {{"policy": "host"}}, got {net!r}',
+        )
+    return str(net["policy"])
 
 
 def _min_reward(value: Any, where: str, field: str) -> float | dict[str, float] | None:
@@ -371,7 +388,7 @@ def _verify_out(verify: Verify) -> dict:
     v = {
         k: val
         for k, val in attrs.asdict(verify).items()
-        if val not in (None, {}, (), []) and k not in ("mounts", "reset")
+        if val not in (None, {}, (), []) and k not in ("mounts", "reset", "network")
     }
     if isinstance(verify.command, tuple):
         v["command"] = list(verify.command)
@@ -381,6 +398,8 @@ def _verify_out(verify: Verify) -> dict:
         v["mounts"] = [m.to_dict() for m in verify.mounts]
     if verify.reset:
         v["reset"] = list(verify.reset)
+    if verify.network is not None:
+        v["network"] = {"policy": verify.network}
     return v
 
 

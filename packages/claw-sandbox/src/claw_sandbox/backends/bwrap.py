@@ -1,7 +1,8 @@
 """The `bwrap` backend: bubblewrap namespaces around each step.
 
 Each step runs as ``bwrap ... -- [setpriv] [forwarder] COMMAND`` with
-- new pid, ipc, uts, cgroup and (unless policy `host`) network namespaces;
+- new pid, ipc, uts, cgroup and (unless policy `host`, the job's or a verify step's own
+  `verify.network`) network namespaces;
 - an allow-list view of the host: /usr, /bin, /sbin, /lib*, /etc and /sys read-only, fresh
   /dev and /proc, empty /root, /home, /run, /var (/var/tmp -> /tmp); nothing else of the host
   exists inside (no stray secret or unix socket under /srv, /opt, /var, /mnt ...), except the
@@ -149,6 +150,8 @@ class BwrapSandbox(Sandbox):
         self.relay: _forward.Relay | None = None
         self._status, self._status_fd = b"", -1
         self.verifying = False
+        #: the running verify step's own network policy (verify.network), else None
+        self.verify_network: str | None = None
         #: the root of a harbor verify step that holds copies of `copied_targets` (see place)
         self.verify_root = jobdir / "verify-root-0"
         self._verify_roots = 0
@@ -161,6 +164,8 @@ class BwrapSandbox(Sandbox):
     def place_verify_files(self, verify: Verify | None = None) -> None:
         super().place_verify_files(verify)
         self.verifying = True
+        v = verify or self.job.verify
+        self.verify_network = v.network if v is not None else None
         copied = self.copied_targets()
         shutil.rmtree(self.verify_root, ignore_errors=True)
         if not copied:
@@ -176,7 +181,7 @@ class BwrapSandbox(Sandbox):
             chown_tree(self.verify_root, *self.owner)
 
     def end_verify(self) -> None:
-        self.verifying = False
+        self.verifying, self.verify_network = False, None
         shutil.rmtree(self.verify_root, ignore_errors=True)
 
     def copied_targets(self) -> list[str]:
@@ -243,11 +248,16 @@ class BwrapSandbox(Sandbox):
                 inner = [*drop, *inner]
         return args, inner
 
+    def policy(self) -> str:
+        """The network policy of what runs now: a verify step's own (verify.network), else the
+        job's."""
+        return (self.verifying and self.verify_network) or self.job.network.policy
+
     def _namespace_args(self) -> list[str]:
         """bwrap itself and the namespaces: pid, ipc, uts, cgroup, net (unless host), user."""
         args = [self.backend.bwrap, "--die-with-parent", "--new-session", "--unshare-pid",
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
-        if self.job.network.policy != "host":
+        if self.policy() != "host":
             args.append("--unshare-net")
         if (
             self.job.profile == "harbor"
@@ -284,9 +294,9 @@ class BwrapSandbox(Sandbox):
         args: list[str] = []
         for src, dest in binds:
             args += ["--bind", str(src), dest]
-        if self.relay is not None:
+        if self.relay is not None and self.policy() == "proxy":
             args += ["--bind", str(self.jobdir / "run"), "/run/claw"]
-        if job.network.policy == "host":
+        if self.policy() == "host":
             for f in ("/run/systemd/resolve",):
                 args += ["--ro-bind-try", f, f]
         return args
@@ -328,7 +338,7 @@ class BwrapSandbox(Sandbox):
                 for d in ("bin", "usr/bin")
             )
             inner = ["/bin/bash" if has_bash else "/bin/sh", "-c", command]
-        if self.relay is not None:
+        if self.relay is not None and self.policy() == "proxy":
             inner = (
                 _forward.inner_command(
                     self.job.network.port or 0, self.backend.socat, sys.executable

@@ -602,6 +602,13 @@ class DockerBackend(Backend):
             raise JobError(
                 f"job {job.job_id!r}: image: the docker backend needs an image (or CLAW_SANDBOX_IMAGE)"
             )
+        for v in job.verifies():  # one container, one network namespace for the whole job
+            if v.network is not None and v.network != job.network.policy:
+                raise JobError(
+                    f"job {job.job_id!r}: verify/network: {v.network} differs from the job's "
+                    f"network ({job.network.policy}); the docker backend gives a job's steps one "
+                    "network (use bwrap, or give the job that network)"
+                )
         if job.profile == "harbor":
             for v in job.verifies():
                 for p in (*v.reset, *([v.reward_file] if v.reward_file else [])):
