@@ -275,3 +275,33 @@ def test_custom_family_directory_as_a_suite(tmp_path):
         "toy-steps-test-0001",
     ]
     assert [t.workspace for t in s.tasks[:4]] != [t.workspace for t in TRAIN[:4]]
+
+
+def test_expert_speaks_each_harness_tool_dialect():
+    """Through Claude Code the expert calls Read / Write (file_path), through OpenClaw read /
+    write (path), keyed to that harness's sessions; claw-agent keeps read_file / write_file."""
+    task = TRAIN[0]
+    src = task.meta["expert"][0]["arguments"]["path"]
+    dst, value = (task.meta["expert"][1]["arguments"][k] for k in ("path", "content"))
+    claude = expert_script([task], harness="claude-code")
+    assert [line.get("tool_calls") for line in claude] == [
+        [{"name": "Read", "arguments": {"file_path": src}}],
+        [{"name": "Write", "arguments": {"file_path": dst, "content": value}}],
+        None,
+    ]
+    assert all(line["tags"] == {"task": task.id, "harness": "claude-code"} for line in claude)
+    claw = expert_script([task], harness="openclaw-chat")
+    assert [c["name"] for line in claw for c in line.get("tool_calls", [])] == ["read", "write"]
+    assert claw[1]["tool_calls"][0]["arguments"] == {"path": dst, "content": value}
+    agent = expert_script([task], harness="claw-agent-steps")
+    assert [c["name"] for line in agent for c in line.get("tool_calls", [])] == [
+        "read_file",
+        "write_file",
+    ]
+    assert expert_script([task]) == [line | {"tags": {"task": task.id}} for line in agent]
+
+
+def test_expert_refuses_a_harness_without_a_dialect():
+    """A harness whose tools the expert does not know is an error that names the known ones."""
+    with pytest.raises(TaskError, match=r"harness 'codex'.*claude-code"):
+        expert_script(TRAIN[:1], harness="codex")

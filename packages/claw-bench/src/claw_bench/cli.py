@@ -506,6 +506,11 @@ def rollouts(
     help="rollouts per (task, harness) the script is for (plan -n): above 1 the slips are "
     "spread evenly over each task's rollouts (session tag `sample`)",
 )
+@click.option(
+    "--harness",
+    help="the harness the script is played through: its own tools (claude-code: Read / Write; "
+    "openclaw-*: read / write) and its sessions only (default: claw-agent's tools, any harness)",
+)
 @_errors
 def expert(
     suite: str,
@@ -515,6 +520,7 @@ def expert(
     slip: float,
     seed: int,
     samples: int,
+    harness: str | None,
 ) -> None:
     """Write a teacher script: each task's expert solution as claw-proxy scripted-engine answers.
 
@@ -526,7 +532,8 @@ def expert(
     and the calls are recorded in the student's tokenization, ready for SFT. --slip P makes a
     weaker teacher that stops one tool call early on a seeded fraction P of the tasks; with -n
     S > 1 (plan the jobs with the same -n) each task is played S times and its slips spread over
-    them, so the same prompt is seen both finished and abandoned.
+    them, so the same prompt is seen both finished and abandoned. --harness claude-code (or
+    openclaw-chat, ...) plays the expert through that real harness, with its own tool names.
 
     Example: claw-bench expert -s claw-toy --tag toy-steps --tag train -o expert.jsonl
     """
@@ -534,7 +541,7 @@ def expert(
     from claw_bench.records import write_records
 
     s = _suite(suite).select(list(task_ids) or None, list(tags) or None)
-    lines = expert_script(list(s.tasks), slip=slip, seed=seed, samples=samples)
+    lines = expert_script(list(s.tasks), slip=slip, seed=seed, samples=samples, harness=harness)
     n = write_records(output, lines)
     _log(f"wrote {n} scripted answers for {len(s.tasks)} tasks")
 

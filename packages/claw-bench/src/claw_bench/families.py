@@ -227,8 +227,46 @@ def load_family(path: str | Path) -> list[Task]:
     return tasks
 
 
+def _claude_code_tool(name: str, a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    if name == "read_file":
+        return "Read", {"file_path": a["path"]}
+    return "Write", {"file_path": a["path"], "content": a["content"]}
+
+
+def _openclaw_tool(name: str, a: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    if name == "read_file":
+        return "read", {"path": a["path"]}
+    return "write", {"path": a["path"], "content": a["content"]}
+
+
+#: harness -> the expert's tool calls (claw-agent's read_file / write_file) in that harness's
+#: own tool names and arguments: Claude Code's Read / Write, OpenClaw's read / write. Harnesses
+#: not listed here (claw-agent's) take claw-agent's names as they are.
+TOOL_DIALECTS: dict[str, Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+    "claude-code": _claude_code_tool,
+    "openclaw-chat": _openclaw_tool,
+    "openclaw-anthropic": _openclaw_tool,
+    "openclaw-responses": _openclaw_tool,
+}
+
+
+def _tool_line(tool: str, arguments: dict[str, Any], harness: str | None) -> dict[str, Any]:
+    """A tool step as a script line's tool call, in `harness`'s dialect (None: claw-agent's)."""
+    dialect = TOOL_DIALECTS.get(harness) if harness else None
+    if harness and dialect is None and not harness.startswith("claw-agent"):
+        known = ", ".join(["claw-agent-*", *sorted(TOOL_DIALECTS)])
+        raise TaskError(f"the expert cannot play through harness {harness!r}: known are {known}")
+    name, args = dialect(tool, arguments) if dialect else (tool, arguments)
+    return {"name": name, "arguments": args}
+
+
 def expert_script(
-    tasks: list[Task], *, slip: float = 0.0, seed: int = 0, samples: int = 1
+    tasks: list[Task],
+    *,
+    slip: float = 0.0,
+    seed: int = 0,
+    samples: int = 1,
+    harness: str | None = None,
 ) -> list[dict[str, Any]]:
     """claw-proxy scripted-engine lines that play each task's expert steps as model answers.
 
@@ -247,11 +285,18 @@ def expert_script(
     rollouts slip floor(slip x S) or one more times, so the same prompt is seen both finished
     and abandoned, and the habit cannot be tied to the task (slip 0.5, S = 2: exactly one
     rollout of every task slips).
+
+    ``harness`` names the harness the script is played through: its tool calls then use that
+    harness's own tools (`TOOL_DIALECTS`: Claude Code's Read / Write, OpenClaw's read /
+    write) and its lines are keyed to that harness's sessions too (session tag ``harness``), so
+    the scripts of several harnesses concatenate into one; None or a claw-agent harness keeps
+    claw-agent's read_file / write_file. Any other harness raises TaskError.
     """
     if not 0.0 <= slip <= 1.0:
         raise TaskError(f"expert slip must be a fraction in [0, 1], got {slip!r}")
     if samples < 1:
         raise TaskError(f"expert samples must be >= 1, got {samples!r}")
+    _tool_line("read_file", {"path": ""}, harness)  # an unknown harness fails before any task
     ids = sorted(t.id for t in tasks)
     rng = random.Random(f"slip:{seed}")
     per_task = int(slip * samples)  # every task slips this often; some once more
@@ -272,10 +317,12 @@ def expert_script(
                 if tools:
                     played = steps[: tools[-1]] + steps[tools[-1] + 1 :]
             tags = {"task": t.id} if samples == 1 else {"task": t.id, "sample": str(k)}
+            if harness:  # one script may then hold the lines of several harnesses
+                tags["harness"] = harness
             for step in played:
                 line: dict[str, Any] = {"tags": dict(tags)}
                 if "tool" in step:
-                    line["tool_calls"] = [{"name": step["tool"], "arguments": step["arguments"]}]
+                    line["tool_calls"] = [_tool_line(step["tool"], step["arguments"], harness)]
                 else:
                     line["text"] = step["text"]
                 lines.append(line)
