@@ -4,23 +4,21 @@ Each step: claw-bench plans rollouts of every (task, harness), claw-sandbox runs
 proxy (claw-proxy records every call) and claw-bench scores the final workspaces; claw-tree packs
 the calls into prefix trees with advantages, claw-rl updates the policy with GRPO or PPO, and the
 proxy loads the new weights. A killed run resumes at its last completed step with no rollout lost
-or counted twice. The same step through the CLIs only: examples/rl_step.sh; an SFT warm start on
-a teacher with held-out Pass@1 before and after: examples/quickstart.py.
+or counted twice. One step through the CLIs only: examples/rl_step.sh; an SFT warm start on a
+teacher with held-out Pass@1 before and after: examples/quickstart.py.
 
     uv run python examples/mix_harness_rl.py --run-dir runs/mix --steps 8 \
         --harness claw-agent-text --harness claw-agent-text-anthropic --suite claw-toy
 
 Run directory: config.json (the options; a resumed run must give the same), secret, admin-token,
-calls.jsonl (every call), steps/<k>/ (jobs-a<attempt>.jsonl, runs.jsonl, outcomes.jsonl,
-samples.jsonl, calls-offset.json: the byte range of calls.jsonl the step read), and claw-rl's run
-directory: metrics.jsonl (a step is done once its row is there), policies.jsonl, policy/v<N>/,
-checkpoints/<k>/.
+calls.jsonl (every call), steps/<k>/ (jobs-a<attempt>.jsonl, runs, outcomes, samples and
+calls-offset.json: the byte range of calls.jsonl the step read), and claw-rl's run directory
+(metrics.jsonl: a step is done once its row is there; policies.jsonl, policy/v<N>/, checkpoints/).
 
 --max-staleness S runs the rollouts of the next S steps while the learner trains, on the policy in
-force (claw_rl.loop.schedule); the learner drops a session older than S versions (metrics:
-staleness, dropped_stale). A fixed --seed gives the same rollouts and rewards on one machine in
-the synchronous loop: each call samples with a seed of its own, from --seed, its session id and
-its place in the session (claw-proxy serve --seed).
+force (claw_rl.loop.schedule); the learner drops sessions older than S versions. A fixed --seed
+gives the same rollouts and rewards on one machine in the synchronous loop: each call samples
+with a seed of its own, from --seed, its session id and its place in it (claw-proxy --seed).
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ import concurrent.futures
 import contextlib
 import io
 import json
-import os
 import random
 import secrets
 import shutil
@@ -126,17 +123,16 @@ def make_learner(args, run: Path, start: Path, done: int):
     """The learner after `done` completed steps: from their checkpoint, or new on `start`."""
     if done:
         return claw_rl.loop.resume(run, algo=args.algo)
-    common = dict(
+    cfg = dict(
         name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps,
         epochs=args.epochs, minibatches=args.minibatches, seed=args.seed,
         max_staleness=args.max_staleness, drop_stale=True,
     )  # fmt: skip
     if args.algo == "grpo":
-        return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**common, kl_coef=args.kl_coef), start)
-    center = args.ppo_whiten == "center"
-    return claw_rl.Learner.ppo(
-        claw_rl.PPOConfig(**common, critic_lr=args.lr * 3, whiten_center=center), start
-    )
+        return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**cfg, kl_coef=args.kl_coef), start)
+    center = args.ppo_whiten == "center"  # PPO's critic learns 3x as fast as the policy
+    ppo = claw_rl.PPOConfig(**cfg, critic_lr=args.lr * 3, whiten_center=center)
+    return claw_rl.Learner.ppo(ppo, start)
 
 
 def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=None):
@@ -200,41 +196,11 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
     return batch.outcomes
 
 
-def calls_offset(run: Path, step: int, mark: dict | None = None) -> dict:
-    """steps/<k>/calls-offset.json: the byte range of calls.jsonl that step k reads (written
-    whole or not at all); {} when there is none."""
-    path = run / "steps" / f"{step:04d}" / "calls-offset.json"
-    if mark is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.with_name(path.name + ".tmp").write_text(json.dumps(mark) + "\n")
-        path.with_name(path.name + ".tmp").replace(path)
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def mark_step_start(run: Path, step: int) -> None:
-    """Before the step's first rollout: every call of the step is recorded after the current end
-    of calls.jsonl (after its last whole line). Kept once written."""
-    if calls_offset(run, step):
-        return
-    size, tail = 0, b""
-    with contextlib.suppress(FileNotFoundError), (run / "calls.jsonl").open("rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - (1 << 20)))
-        tail = f.read()
-    calls_offset(run, step, {"start": size - len(tail) + tail.rfind(b"\n") + 1})
-
-
 def step_calls(run: Path, step: int, sessions: set[str]) -> list:
-    """The recorded calls of `sessions`, read from the step's start in calls.jsonl to its last
-    whole line, so the per-step cost does not grow with the run (a step without a mark starts
-    where the previous one ended); the range read is kept for a rerun of the step."""
-    start = calls_offset(run, step).get("start", calls_offset(run, step - 1).get("end", 0))
-    with (run / "calls.jsonl").open("rb") as f:
-        f.seek(start)
-        data = f.read()
-    data = data[: data.rfind(b"\n") + 1]  # a call still being written is not read
-    calls_offset(run, step, {"start": start, "end": start + len(data)})
-    calls = claw_tree.read_calls(io.StringIO(data.decode()), skip_invalid=True).records
+    """The calls of `sessions` among those recorded since the step began (claw_rl.loop keeps the
+    byte range of calls.jsonl each step reads, so the per-step cost does not grow with the run)."""
+    text = claw_rl.loop.step_records(run, step, "calls.jsonl")
+    calls = claw_tree.read_calls(io.StringIO(text), skip_invalid=True).records
     return [c for c in calls if c.session in sessions]
 
 
@@ -309,7 +275,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             stack.callback(board.close)
 
         def launch(k: int) -> concurrent.futures.Future:
-            mark_step_start(run, k)  # before any call of step k is recorded
+            claw_rl.loop.mark_step_start(run, k, "calls.jsonl")  # before step k's first call
             job = (args, run, k, proxy.url, secret.encode(), tasks_for_step(args, tasks, k))
             return pool.submit(rollouts, *job, harnesses, log)
 

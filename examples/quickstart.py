@@ -8,7 +8,7 @@ decoys), write it to another file, say "done" -- at least two tool calls, scored
 verifier; 128 training and 32 held-out instances; held-out instructions are worded unlike any
 training one, and no held-out number (answer or decoy) occurs in training.
 The harnesses are claw-bench's tool-calling reference agent over OpenAI chat and over Anthropic
-Messages. The script, through examples/mix_harness_rl.py (the loop with every knob):
+Messages. The script (step 3 is examples/mix_harness_rl.py, the RL loop):
 
 1. makes a tiny random policy (Qwen3 architecture, 2 layers, hidden 128, numbers one token per
    digit) and measures its held-out Pass@1;

@@ -115,3 +115,26 @@ def test_schedule_cancels_pending_launches_when_the_loop_stops():
     for _ in loop.schedule(range(3), 2, launch):
         break
     assert futures[1].cancelled() and futures[2].cancelled()
+
+
+def test_each_step_reads_only_the_whole_lines_appended_since_its_start(tmp_path):
+    """mark_step_start remembers where the file's last whole line ends (0 without a file, kept
+    once written); step_records reads from there to the last whole line (a line cut off is read
+    by the next step), a step without a mark starts where the previous one ended, and a rerun of
+    a step reads the same lines again."""
+    path = tmp_path / "calls.jsonl"
+    assert loop.mark_step_start(tmp_path, 0) == 0
+    path.write_text('{"a": 0}\n{"a": 1}\n{"a": 2')  # a line still being written
+    assert loop.mark_step_start(tmp_path, 0) == 0  # kept
+    assert loop.step_records(tmp_path, 0) == '{"a": 0}\n{"a": 1}\n'
+    assert loop.mark_step_start(tmp_path, 1) == len('{"a": 0}\n{"a": 1}\n')
+    with path.open("a") as f:
+        f.write('}\n{"a": 3}\n')
+    assert loop.step_records(tmp_path, 1) == '{"a": 2}\n{"a": 3}\n'
+    assert loop.step_records(tmp_path, 1) == '{"a": 2}\n{"a": 3}\n'  # a rerun: the same
+    mark = json.loads((tmp_path / "steps" / "0001" / "calls-offset.json").read_text())
+    assert mark == {"start": 18, "end": path.stat().st_size}
+    with path.open("a") as f:
+        f.write('{"a": 4}\n')
+    assert loop.step_records(tmp_path, 2) == '{"a": 4}\n'  # no mark: from step 1's end
+    assert loop.step_records(tmp_path, 0, "calls.jsonl").startswith('{"a": 0}')

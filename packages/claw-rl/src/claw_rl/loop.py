@@ -6,7 +6,9 @@ and ``examples/mix_harness_rl.py``.
         row, policy = train_step(learner, samples_of(k), run, k, extra={"reward": ...})
 
 Asynchronous rollouts: :func:`schedule` starts the rollouts of the next S steps before step k
-trains, so they run while the learner works (on the policy in force).
+trains, so they run while the learner works (on the policy in force). :func:`mark_step_start` and
+:func:`step_records` let each step read only what it appended to a growing record file (the
+proxy's calls.jsonl), so the per-step cost does not grow with the run.
 
 The run directory (every writer of a training run uses this layout):
 
@@ -28,6 +30,7 @@ writes the rows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -227,3 +230,54 @@ def schedule(
     finally:
         for _, future in pending.values():
             future.cancel()
+
+
+def _offset_path(run: str | Path, step: int, name: str) -> Path:
+    return Path(run) / "steps" / f"{step:04d}" / f"{Path(name).stem}-offset.json"
+
+
+def _read_offset(run: str | Path, step: int, name: str) -> dict:
+    path = _offset_path(run, step, name)
+    return json.loads(path.read_text()) if step >= 0 and path.exists() else {}
+
+
+def _write_offset(run: str | Path, step: int, name: str, offset: dict) -> None:
+    path = _offset_path(run, step, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(offset) + "\n")
+    tmp.replace(path)  # whole or not at all
+
+
+def mark_step_start(run: str | Path, step: int, name: str = "calls.jsonl") -> int:
+    """Before step ``step``'s first record is appended to ``run/name``: remember where the file's
+    last whole line ends (``steps/<k>/<stem>-offset.json``, ``{"start": byte}``; 0 when there is
+    no file yet), since every record of the step comes after it. A mark already there is kept
+    (a resumed step reads from where it first began). Returns the start."""
+    start = _read_offset(run, step, name).get("start")
+    if start is not None:
+        return start
+    size, tail = 0, b""
+    with contextlib.suppress(FileNotFoundError), (Path(run) / name).open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - (1 << 20)))  # a record line is far shorter than 1 MiB
+        tail = f.read()
+    start = size - len(tail) + tail.rfind(b"\n") + 1
+    _write_offset(run, step, name, {"start": start})
+    return start
+
+
+def step_records(run: str | Path, step: int, name: str = "calls.jsonl") -> str:
+    """The whole lines of ``run/name`` from step ``step``'s start (its mark; without one, the end
+    the previous step read, or 0) to the file's last whole line: a line still being written is
+    not read. The range read is kept in the mark (``{"start", "end"}``), so a rerun of the step
+    reads from the same start."""
+    start = _read_offset(run, step, name).get("start")
+    if start is None:
+        start = _read_offset(run, step - 1, name).get("end", 0)
+    with (Path(run) / name).open("rb") as f:
+        f.seek(start)
+        data = f.read()
+    data = data[: data.rfind(b"\n") + 1]
+    _write_offset(run, step, name, {"start": start, "end": start + len(data)})
+    return data.decode()
