@@ -28,6 +28,7 @@ from typing import Any
 from claw_bench.errors import RecordError
 from claw_bench.loaders._common import checker_details
 from claw_bench.loaders.judge import Judge, apply_judge
+from claw_bench.loaders.rubric import apply_rubric_chain
 from claw_bench.records import OUTCOME
 from claw_bench.reward import parse_reward
 
@@ -95,6 +96,7 @@ RUN_READS = (
     "collected",
     "error",
     "meta",
+    "stdout_tail",
 )
 
 
@@ -204,7 +206,8 @@ def score_run(
     """The claw.outcome/v1 dict of one claw.run/v1 dict (see the module docstring for the rules).
 
     Runs whose meta carries a ``judge`` rubric (PinchBench llm_judge / hybrid, ClawGym hybrid)
-    go through ``judge`` (claw_bench.loaders.judge): without one they are ``not_scorable``.
+    go through ``judge`` (claw_bench.loaders.judge), criterion by criterion when the rubric is a
+    chain of criteria (claw_bench.loaders.rubric): without a judge they are ``not_scorable``.
     The fields read are checked first (`check_run`).
     """
     check_run(run, where)
@@ -221,7 +224,9 @@ def score_run(
         return _score_steps(out, run, meta, threshold, where)
     out = _score_verified(out, run, meta, threshold)
     if out["status"] == "ok" and isinstance(meta.get("judge"), dict):
-        out = apply_judge(out, run, meta["judge"], judge, threshold)
+        spec = meta["judge"]
+        grade = apply_rubric_chain if "criteria" in spec else apply_judge
+        out = grade(out, run, spec, judge, threshold)
     return out
 
 

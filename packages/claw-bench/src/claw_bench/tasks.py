@@ -8,6 +8,8 @@ Layout of a claw task directory (see the package README for a complete example):
       workspace/         initial files (text or binary), copied into the agent's workspace
       verify.py          the verifier (or verify.sh, or `verify` with a shebang)
       hidden/            optional files only the verifier sees (expected outputs, tests)
+      rubric.json        optional rubric chain judged by a model, criterion by criterion
+                         (claw_bench.loaders.rubric)
       setup.sh           optional, runs in the workspace before the agent
       solution.sh        optional reference solution (or solution.py), never shown to the agent
 
@@ -200,6 +202,21 @@ def _number(
     return float(v)
 
 
+def _rubric_chain(task_dir: Path, instruction: str) -> dict[str, Any]:
+    """The meta of a task graded by a rubric chain (``rubric.json``): its judge spec, and its
+    evidence globs collected with the run; {} without one."""
+    path = task_dir / "rubric.json"
+    if not path.is_file():
+        return {}
+    from claw_bench.loaders.rubric import RubricError, load_rubric_file  # loaders import tasks
+
+    try:
+        spec = load_rubric_file(path, instruction)
+    except RubricError as exc:
+        raise TaskError(str(exc)) from exc
+    return {"judge": spec, "collect": spec["evidence"]}
+
+
 def load_task(task_dir: str | Path) -> Task:
     """Load and validate one claw task directory; errors name the task, file and field."""
     task_dir = Path(task_dir)
@@ -249,6 +266,9 @@ def load_task(task_dir: str | Path) -> Task:
     extra = meta.get("meta", {})
     if not isinstance(extra, dict):
         raise TaskError(f"{where}: field 'meta' must be a table")
+    chain = _rubric_chain(task_dir, instruction)
+    if chain:
+        extra = {**extra, **chain, "collect": [*extra.get("collect", []), *chain["collect"]]}
     try:
         verify = _script(task_dir, "verify", required=True)
         assert verify is not None

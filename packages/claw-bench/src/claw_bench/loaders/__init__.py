@@ -19,7 +19,9 @@ from claw_bench.harbor import is_harbor_multistep, is_harbor_task
 from claw_bench.loaders._common import LoadOptions
 from claw_bench.loaders.clawgym import is_clawgym_task, load_clawgym_jsonl, load_clawgym_task
 from claw_bench.loaders.harbor_tb import load_harbor_tb_task
+from claw_bench.loaders._judge_cache import JudgeCache
 from claw_bench.loaders.judge import Judge, JudgeError, apply_judge
+from claw_bench.loaders.rubric import RubricError, apply_rubric_chain
 from claw_bench.loaders.pinchbench import is_pinchbench_file, load_pinchbench_task
 from claw_bench.tasks import Task
 
@@ -87,9 +89,12 @@ def load_public_dir(path: str | Path, opts: LoadOptions | None = None) -> list[T
 __all__ = [
     "LAYOUTS",
     "Judge",
+    "JudgeCache",
     "JudgeError",
     "LoadOptions",
+    "RubricError",
     "apply_judge",
+    "apply_rubric_chain",
     "detect_layout",
     "load_clawgym_jsonl",
     "load_clawgym_task",

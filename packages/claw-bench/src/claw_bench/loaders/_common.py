@@ -62,15 +62,25 @@ def runner_config(**cfg: Any) -> str:
 
 
 def judge_spec(
-    *, rubric: str, instruction: str, automated: float, llm_judge: float, grading: str
+    *,
+    rubric: str,
+    instruction: str,
+    automated: float,
+    llm_judge: float,
+    grading: str,
+    criteria: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The ``judge`` entry of a task's meta (carried in job and run meta to ``claw-bench score``)."""
-    return {
+    """The ``judge`` entry of a task's meta (carried in job and run meta to ``claw-bench score``);
+    with ``criteria`` the rubric is judged criterion by criterion (claw_bench.loaders.rubric)."""
+    spec: dict[str, Any] = {
         "rubric": rubric,
         "instruction": instruction,
         "grading": grading,
         "weights": {"automated": float(automated), "llm_judge": float(llm_judge)},
     }
+    if criteria is not None:
+        spec["criteria"] = criteria
+    return spec
 
 
 def checker_details(run: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import httpx
 from claw_bench._choices import JUDGE_APIS as APIS
 from claw_bench.errors import ClawError
 from claw_bench.loaders._common import JUDGE_FILES
+from claw_bench.loaders._judge_cache import JudgeCache
 
 HIDDEN_PREFIXES = (".claw_verify/", ".claw_harness/", ".claw_setup/")
 MAX_FILE_CHARS = 20_000
@@ -34,11 +35,27 @@ SYSTEM = (
     "what the files show. Answer with one JSON object and nothing after it: "
     '{"score": <number from 0 to 1>, "reasoning": "<one short paragraph>"}.'
 )
+#: the response header claw-proxy names a call's claw.call/v1 ``call_id`` in
+CALL_ID_HEADER = "x-claw-call-id"
 _SCORE_RE = re.compile(r'"?score"?\s*[:=]\s*"?(-?\d+(?:\.\d+)?)\s*(/\s*(\d+(?:\.\d+)?))?', re.I)
 
 
 class JudgeError(ClawError):
-    """The judge could not be asked or its answer holds no score in [0, 1]."""
+    """The judge could not be asked or its answer holds no score in [0, 1]; ``retryable`` when
+    asking again may help (network error, HTTP 5xx / 429, a reply of the wrong shape)."""
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@attrs.frozen(kw_only=True)
+class JudgeAnswer:
+    """One judge reply: its text and call id (claw-proxy's ``x-claw-call-id`` header, which names
+    the claw.call/v1 record, else the response's ``id``; None when it has neither)."""
+
+    text: str
+    call_id: str | None
 
 
 def parse_score(text: str) -> float:
@@ -128,6 +145,11 @@ class Judge:
     timeout_s: float = 120.0
     max_tokens: int = 1024
     transport: httpx.BaseTransport | None = attrs.field(default=None, repr=False)
+    #: rubric chains: times a criterion is asked again after an infrastructure error or an
+    #: unparsable answer, the first wait between tries (doubling), and the answers cache
+    retries: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    backoff_s: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
+    cache: JudgeCache | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.api not in APIS:
@@ -137,6 +159,11 @@ class Judge:
 
     def ask(self, prompt: str) -> str:
         """The judge's raw text answer to ``prompt`` (JudgeError naming the request on failure)."""
+        return self.call(prompt).text
+
+    def call(self, prompt: str, system: str = SYSTEM) -> JudgeAnswer:
+        """One request: the answer's text and call id (JudgeError naming the request on failure;
+        ``retryable`` when the network, a 5xx / 429 or the reply's shape failed)."""
         base = self.base_url.rstrip("/")
         if self.api == "openai":
             url = f"{base}/chat/completions"
@@ -145,7 +172,7 @@ class Judge:
                 "temperature": 0,
                 "max_tokens": self.max_tokens,
                 "messages": [
-                    {"role": "system", "content": SYSTEM},
+                    {"role": "system", "content": system},
                     {"role": "user", "content": prompt},
                 ],
             }
@@ -156,7 +183,7 @@ class Judge:
                 "model": self.model,
                 "max_tokens": self.max_tokens,
                 "temperature": 0,
-                "system": SYSTEM,
+                "system": system,
                 "messages": [{"role": "user", "content": prompt}],
             }
             headers = {"x-api-key": self.api_key or "none", "anthropic-version": "2023-06-01"}
@@ -165,24 +192,73 @@ class Judge:
                 r = client.post(url, json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise JudgeError(
-                f"judge request POST {url} failed: {type(exc).__name__}: {exc}"
+                f"judge request POST {url} failed: {type(exc).__name__}: {exc}", retryable=True
             ) from exc
         if r.status_code != 200:
-            raise JudgeError(f"judge request POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+            raise JudgeError(
+                f"judge request POST {url}: HTTP {r.status_code}: {r.text[:300]}",
+                retryable=r.status_code >= 500 or r.status_code == 429,
+            )
         try:
             data = r.json()
             if self.api == "openai":
-                return str(data["choices"][0]["message"]["content"] or "")
-            return "".join(b.get("text", "") for b in data["content"] if b.get("type") == "text")
+                text = str(data["choices"][0]["message"]["content"] or "")
+            else:
+                text = "".join(
+                    b.get("text", "") for b in data["content"] if b.get("type") == "text"
+                )
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise JudgeError(
-                f"judge response of POST {url} is not a {self.api} reply: {r.text[:300]}"
+                f"judge response of POST {url} is not a {self.api} reply: {r.text[:300]}",
+                retryable=True,
             ) from exc
+        call_id = r.headers.get(CALL_ID_HEADER) or (
+            str(data["id"]) if isinstance(data, dict) and data.get("id") else None
+        )
+        return JudgeAnswer(text=text, call_id=call_id)
 
     def grade(self, *, instruction: str, rubric: str, files: dict[str, str]) -> tuple[float, str]:
         """(score in [0, 1], raw answer) for one rollout's final workspace."""
         raw = self.ask(judge_prompt(instruction, rubric, files))
         return parse_score(raw), raw
+
+
+def no_judge(out: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A judge-graded outcome scored without a judge: not_scorable (never failed), with the hint."""
+    grading = spec.get("grading", "hybrid")
+    out.setdefault("details", {})["grading"] = grading
+    out.update(
+        status="not_scorable",
+        reward=None,
+        passed=None,
+        error=f"task needs an LLM judge (grading {grading}) and none is configured "
+        "(claw-bench score --judge-url URL --judge-model NAME)",
+    )
+    return out
+
+
+def finish_judged(
+    out: dict[str, Any],
+    run: dict[str, Any],
+    spec: dict[str, Any],
+    score: float,
+    threshold: float | None,
+    *,
+    key: str = "judge_score",
+) -> dict[str, Any]:
+    """The reward of a judged outcome: w_auto x automated + w_judge x ``score`` (recorded in
+    ``details[key]``); passed = reward >= the threshold when one applies, else reward >= 1."""
+    details = out.setdefault("details", {})
+    weights = spec.get("weights") or {}
+    w_auto, w_judge = float(weights.get("automated", 0.0)), float(weights.get("llm_judge", 1.0))
+    automated = details.get("automated_score", out.get("reward"))
+    details[key] = score
+    auto = float(automated) if isinstance(automated, int | float) and w_auto > 0 else 0.0
+    reward = min(1.0, max(0.0, w_auto * auto + w_judge * score))
+    out["reward"] = reward
+    thr = threshold if threshold is not None else (run.get("meta") or {}).get("pass_threshold")
+    out["passed"] = bool(reward >= thr) if isinstance(thr, int | float) else reward >= 1.0
+    return out
 
 
 def apply_judge(
@@ -195,21 +271,10 @@ def apply_judge(
     """Fold the judge into a scored claw.outcome/v1 dict (see the module docstring); returns it."""
     if out.get("status") != "ok":
         return out
-    details = out.setdefault("details", {})
-    grading = spec.get("grading", "hybrid")
-    weights = spec.get("weights") or {}
-    w_auto, w_judge = float(weights.get("automated", 0.0)), float(weights.get("llm_judge", 1.0))
-    automated = details.get("automated_score", out.get("reward"))
-    details["grading"] = grading
     if judge is None:
-        out.update(
-            status="not_scorable",
-            reward=None,
-            passed=None,
-            error=f"task needs an LLM judge (grading {grading}) and none is configured "
-            "(claw-bench score --judge-url URL --judge-model NAME)",
-        )
-        return out
+        return no_judge(out, spec)
+    details = out.setdefault("details", {})
+    details["grading"] = spec.get("grading", "hybrid")
     try:
         score, raw = judge.grade(
             instruction=str(spec.get("instruction", "")),
@@ -219,10 +284,5 @@ def apply_judge(
     except JudgeError as exc:
         out.update(status="infra_error", reward=None, passed=None, error=str(exc))
         return out
-    details.update(judge_score=score, judge_raw=raw[-4000:], judge_model=judge.model)
-    auto = float(automated) if isinstance(automated, int | float) and w_auto > 0 else 0.0
-    reward = min(1.0, max(0.0, w_auto * auto + w_judge * score))
-    out["reward"] = reward
-    thr = threshold if threshold is not None else (run.get("meta") or {}).get("pass_threshold")
-    out["passed"] = bool(reward >= thr) if isinstance(thr, int | float) else reward >= 1.0
-    return out
+    details.update(judge_raw=raw[-4000:], judge_model=judge.model)
+    return finish_judged(out, run, spec, score, threshold)

@@ -9,7 +9,10 @@ Behavior``, ``## Grading Criteria``, ``## Automated Checks`` (a fenced python bl
 ``grade(transcript, workspace_path) -> dict``) and ``## LLM Judge Rubric``.
 
 The automated score is the mean of grade()'s values; hybrid = weighted mean with the judge
-(0.5 / 0.5 unless grading_weights says otherwise); llm_judge = the judge alone. grade() runs in
+(0.5 / 0.5 unless grading_weights says otherwise); llm_judge = the judge alone. A rubric written
+as ``### Criterion N: Name (Weight: W%)`` sections, as PinchBench's are, is judged criterion by
+criterion (claw_bench.loaders.rubric: one graded question each, weighted W); any other rubric
+is judged whole (claw_bench.loaders.judge). grade() runs in
 the verify step (hidden from the agent); it gets the session transcript when the verify step
 finds one (``$CLAW_TRANSCRIPT_FILE`` or ``.claw_verify/transcript.json``), else ``[]``; the
 runner snapshots the workspace so ``claw-bench regrade`` can re-run grade() with the transcript
@@ -34,6 +37,7 @@ from claw_bench.loaders._common import (
     runner_config,
     runner_script,
 )
+from claw_bench.loaders.rubric import pinchbench_criteria
 from claw_bench.tasks import TASK_ID, FileContent, Task
 
 GRADING_TYPES = ("automated", "llm_judge", "hybrid")
@@ -189,6 +193,7 @@ def _judge(
         automated=a / (a + j),
         llm_judge=j / (a + j),
         grading=grading,
+        criteria=pinchbench_criteria(str(rubric)),
     )
 
 
