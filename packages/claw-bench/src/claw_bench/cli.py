@@ -199,7 +199,32 @@ def harnesses(as_json: bool, in_sandbox: bool, backend: str) -> None:
 
 #: plan's options, which rollouts shares (the arguments of `_planned`)
 _PLAN_OPTIONS = [
-    click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks"),
+    click.option("--suite", "-s", help="built-in suite name or directory of tasks"),
+    click.option(
+        "--dataset",
+        "-d",
+        help="a dataset NAME@VERSION from --registry (in place of --suite), e.g. terminal-bench@2.0",
+    ),
+    click.option(
+        "--registry",
+        envvar="CLAW_BENCH_REGISTRY",
+        help="registry of -d in Harbor's registry.json format: a path or an http(s) URL "
+        "[env CLAW_BENCH_REGISTRY]; datasets are cached under $CLAW_BENCH_CACHE "
+        "(default $XDG_CACHE_HOME/claw-bench)",
+    ),
+    click.option(
+        "--timeout-multiplier",
+        type=click.FloatRange(0, min_open=True),
+        default=1.0,
+        show_default=True,
+        help="multiply every timeout of the jobs (agent, steps, verifier), as Harbor's flag does",
+    ),
+    click.option(
+        "--verify-network",
+        is_flag=True,
+        help="the verify step of a task whose allow_internet is true gets the host's network "
+        "(its test.sh may install tools); the agent keeps --network",
+    ),
     click.option(
         "--harness",
         "-H",
@@ -276,8 +301,28 @@ def _plan_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _suite_or_dataset(suite: str | None, dataset: str | None, registry: str | None) -> str:
+    """The suite to load: --suite, or the cached folder of -d NAME@VERSION from --registry."""
+    if (suite is None) == (dataset is None):
+        raise click.UsageError("give one of --suite and -d/--dataset")
+    if dataset is None:
+        assert suite is not None
+        return suite
+    if not registry:
+        raise click.UsageError("-d/--dataset needs --registry (or CLAW_BENCH_REGISTRY)")
+    from claw_bench.datasets import resolve_dataset
+
+    path = resolve_dataset(dataset, registry)
+    _log(f"dataset {dataset}: {path}")
+    return str(path)
+
+
 def _planned(
-    suite: str,
+    suite: str | None,
+    dataset: str | None,
+    registry: str | None,
+    timeout_multiplier: float,
+    verify_network: bool,
     harness_names: tuple[str, ...],
     samples: int,
     network: str | None,
@@ -311,6 +356,7 @@ def _planned(
         workspace_dir=workspace_dir,
         checker_timeout_s=checker_timeout,
     )
+    suite = _suite_or_dataset(suite, dataset, registry)
     s = _suite(suite, options, strict).select(list(task_ids) or None, list(tags) or None)
     hs = [load_harness(h) for h in harness_names]
     needs = [h.name for h in hs if h.needs_model]
@@ -335,6 +381,8 @@ def _planned(
         "install": install,
         "group_by": group_by,
         "limits": {k: v for k, v in limits.items() if v is not None},
+        "timeout_multiplier": timeout_multiplier,
+        "verify_network": verify_network,
     }
     return list(s.tasks), hs, kwargs
 

@@ -114,6 +114,8 @@ class _Planner:
     python: str
     limits: dict[str, Any] | None
     network: str | None
+    timeout_multiplier: float = 1.0
+    verify_network: bool = False
 
     @property
     def port(self) -> int | None:
@@ -173,6 +175,10 @@ class _Planner:
         task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
         if self.limits or task_limits:  # plan's flags override the task's
             spec = attrs.evolve(spec, limits={**task_limits, **(self.limits or {})})
+        if self.verify_network and task.meta.get("allow_internet") is True:
+            spec = _verify_network(spec)
+        if self.timeout_multiplier != 1.0:
+            spec = scale_timeouts(spec, self.timeout_multiplier)
         return spec.to_dict()
 
     def _model_command(
@@ -233,6 +239,34 @@ class _Planner:
         return rec
 
 
+def _verify_steps(spec: JobSpec, change: Callable[[dict[str, Any]], dict[str, Any]]) -> JobSpec:
+    """``spec`` with ``change`` applied to its verify step and each step's."""
+    verify = change(spec.verify) if spec.verify is not None else None
+    steps = None
+    if spec.steps is not None:
+        steps = [
+            {**st, "verify": change(st["verify"])} if st.get("verify") else st for st in spec.steps
+        ]
+    return attrs.evolve(spec, verify=verify, steps=steps)
+
+
+def _verify_network(spec: JobSpec) -> JobSpec:
+    """``plan --verify-network``: the job's verify steps get the host's network (the task allows
+    the internet), whatever the agent's steps get."""
+    return _verify_steps(spec, lambda v: {**v, "network": {"policy": "host"}})
+
+
+def scale_timeouts(spec: JobSpec, factor: float) -> JobSpec:
+    """Harbor's ``--timeout-multiplier``: every timeout of the job (the agent's command, each
+    step's, each verify step's) times ``factor``; ``meta.timeout_multiplier`` records it."""
+    spec = _verify_steps(spec, lambda v: {**v, "timeout_s": v["timeout_s"] * factor})
+    steps = spec.steps
+    if steps is not None:
+        steps = [{**st, "timeout_s": st["timeout_s"] * factor} for st in steps]
+    meta = {**spec.meta, "timeout_multiplier": factor}
+    return attrs.evolve(spec, timeout_s=spec.timeout_s * factor, steps=steps, meta=meta)
+
+
 def _verify(task: Task) -> dict[str, Any]:
     """The job's verify step: the verifier and hidden files placed in the workspace at verify
     time only."""
@@ -288,6 +322,8 @@ def plan_jobs(
     python: str | None = None,
     limits: dict[str, Any] | None = None,
     network: str | None = None,
+    timeout_multiplier: float = 1.0,
+    verify_network: bool = False,
 ) -> list[dict[str, Any]]:
     """claw.job/v1 dicts, one per (task, harness, sample), in task-major order.
 
@@ -300,8 +336,13 @@ def plan_jobs(
     install commands as job setup. ``group_by`` picks the group key: the task (GRPO over all
     harnesses) or ``task+harness`` (key ``<task>+<harness>``, the key claw-tree computes for
     ``--group-by task+harness``). The oracle of a task without a reference solution is planned
-    as a no-op job whose meta says why it is ``not_scorable``.
+    as a no-op job whose meta says why it is ``not_scorable``. ``timeout_multiplier`` scales
+    every timeout of every job (Harbor's ``--timeout-multiplier``); ``verify_network`` gives the
+    verify steps of tasks whose ``allow_internet`` is true the host's network
+    (claw.job/v1 ``verify.network``; Harbor's verifier runs with the task's network).
     """
+    if not timeout_multiplier > 0:
+        raise PlanError(f"--timeout-multiplier must be > 0, got {timeout_multiplier}")
     _check_plan(harnesses, samples, tasks, group_by, network, proxy_url, secret)
     planner = _Planner(
         proxy_url=proxy_url,
@@ -313,6 +354,8 @@ def plan_jobs(
         python=python or sys.executable,
         limits=limits,
         network=network,
+        timeout_multiplier=timeout_multiplier,
+        verify_network=verify_network,
     )
     jobs: list[dict[str, Any]] = []
     for task in tasks:
