@@ -326,3 +326,34 @@ def test_no_judge_means_not_scorable_and_chain_reward_of_nothing():
     )
     assert out["status"] == "not_scorable" and "needs an LLM judge" in out["error"]
     assert chain_reward([]) == 0.0
+
+
+def test_cli_score_asks_a_real_endpoint_once_per_criterion_and_caches_next_to_the_runs(tmp_path):
+    """`claw-bench score RUNS --judge-url` over loopback HTTP: one request per criterion, the
+    verdicts in the outcome, the cache at RUNS.judge-cache.jsonl; scoring again asks nothing."""
+    from bench_testlib import SECRET, ModelServer
+    from claw_bench.cli import main
+    from claw_bench.token import mint_token
+    from click.testing import CliRunner
+
+    asked: list[str] = []
+
+    def policy(tags, turn, body):
+        cid = _CRIT.search(json.dumps(body).replace("\\n", "\n")).group(1)
+        asked.append(cid)
+        return {"text": "NO" if cid == "a" else "YES"}
+
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps(_run()) + "\n")
+    with ModelServer(policy) as srv:
+        args = ["score", str(runs), "--judge-url", f"{srv.url}/v1", "--judge-model", "j"]
+        args += ["--judge-key-env", "JUDGE_KEY"]
+        env = {"JUDGE_KEY": mint_token("judge", SECRET, {})}
+        first = CliRunner().invoke(main, args, env=env)
+        assert first.exit_code == 0, first.output
+        second = CliRunner().invoke(main, args, env=env)
+    assert asked == ["a", "c"]  # b requires a, which failed; the second scoring asked nothing
+    out = json.loads(second.stdout.splitlines()[0])
+    assert [v["verdict"] for v in out["details"]["criteria"]] == ["fail", "skipped", "pass"]
+    assert out["reward"] == pytest.approx(0.25)
+    assert len((tmp_path / "runs.jsonl.judge-cache.jsonl").read_text().splitlines()) == 2

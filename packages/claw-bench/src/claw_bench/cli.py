@@ -625,6 +625,20 @@ def expert(
 @click.option(
     "--judge-key-env", metavar="VAR", help="environment variable holding the judge's API key"
 )
+@click.option(
+    "--judge-cache",
+    metavar="PATH",
+    help="JSONL cache of rubric-chain verdicts (default: RUNS.judge-cache.jsonl next to a runs "
+    "file; none for stdin)",
+)
+@click.option(
+    "--judge-retries",
+    type=click.IntRange(0),
+    default=2,
+    show_default=True,
+    help="times a criterion is asked again after a network error, HTTP 5xx / 429 or an "
+    "unparsable answer (then the outcome is infra_error)",
+)
 @_errors
 def score(
     runs: str,
@@ -634,17 +648,21 @@ def score(
     judge_model: str | None,
     judge_api: str,
     judge_key_env: str | None,
+    judge_cache: str | None,
+    judge_retries: int,
 ) -> None:
     """Score claw.run/v1 records into claw.outcome/v1 records (infra errors stay infra_error).
 
-    Tasks graded by an LLM rubric (PinchBench llm_judge / hybrid, ClawGym hybrid) are scored
-    with --judge-url; without it they are not_scorable.
+    Tasks graded by an LLM rubric (PinchBench llm_judge / hybrid, ClawGym hybrid, rubric.json
+    chains) are scored with --judge-url; without it they are not_scorable. Rubric chains ask one
+    question per criterion and keep the answers in --judge-cache, so scoring again asks nothing
+    twice.
     Example: claw-sandbox run jobs.jsonl | claw-bench score > outcomes.jsonl
 
     Example: claw-bench score runs.jsonl --judge-url http://127.0.0.1:8000/v1 --judge-model gpt-4o-mini
     --judge-key-env OPENAI_API_KEY > outcomes.jsonl
     """
-    from claw_bench.loaders import Judge
+    from claw_bench.loaders import Judge, JudgeCache
     from claw_bench.records import RUN, iter_records, write_records
     from claw_bench.score import check_run, score_run
 
@@ -655,7 +673,15 @@ def score(
         key = os.environ.get(judge_key_env) if judge_key_env else None
         if judge_key_env and key is None:
             raise click.UsageError(f"--judge-key-env {judge_key_env}: the variable is not set")
-        judge = Judge(base_url=judge_url, model=judge_model, api=judge_api, api_key=key)
+        cache = judge_cache or (None if runs == "-" else f"{runs}.judge-cache.jsonl")
+        judge = Judge(
+            base_url=judge_url,
+            model=judge_model,
+            api=judge_api,
+            api_key=key,
+            retries=judge_retries,
+            cache=JudgeCache(cache) if cache else None,
+        )
 
     def gen():
         for i, r in enumerate(iter_records(runs, RUN, check=check_run), start=1):
