@@ -48,6 +48,8 @@ from claw_proxy.tokens import token_from_headers, verify_token
 
 _BIG_BODY = 1 << 20
 # the id prefix of an answer, by API (as the real APIs spell theirs)
+#: the response header naming the call's claw.call/v1 ``call_id`` (a judge or client links to it)
+CALL_ID_HEADER = "x-claw-call-id"
 _ID_PREFIX = {"anthropic.messages": "msg_", "openai.chat": "chatcmpl-", "openai.responses": "resp_"}
 _big_request: contextvars.ContextVar[bool] = contextvars.ContextVar("big_request", default=False)
 
@@ -438,7 +440,7 @@ class Proxy:
             self._stream(run, stream, first, chunks),
             on_close=run.close,
             media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
+            headers={"cache-control": "no-cache", CALL_ID_HEADER: call_id},
         )
 
     async def _whole(self, run: Run, resp_id: str, first, chunks) -> Response:
@@ -452,7 +454,7 @@ class Proxy:
             answer = run.answer()
             body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
             run.record(answer, body)
-            return JSONResponse(body)
+            return JSONResponse(body, headers={CALL_ID_HEADER: run.call_id})
         finally:
             run.close()
 
