@@ -15,9 +15,11 @@ the reward path after the verify step was written during it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from claw_sandbox import _fsat
@@ -32,20 +34,27 @@ def _parts(rel: str) -> list[str]:
     return [p for p in path.parts if p not in ("", ".")]
 
 
-def reset_file(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
-    """Remove whatever stands at root/rel, and make root and every directory on the way to rel a
-    real directory owned by `owner` (None: left as it is) with mode 0755. OSError when it cannot."""
-    parts = _parts(rel)
+@contextlib.contextmanager
+def _parent_of(root: Path, parts: list[str], owner: tuple[int, int] | None) -> Iterator[int]:
+    """fd of root/parts[:-1], each directory on the way made real, owned and mode 0755."""
     root_fd = _fsat.open_root(root)
     try:
         dfd = _open_way(root_fd, parts[:-1], owner)
         try:
-            if parts:
-                _remove(dfd, parts[-1])
+            yield dfd
         finally:
             os.close(dfd)
     finally:
         os.close(root_fd)
+
+
+def reset_file(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
+    """Remove whatever stands at root/rel, and make root and every directory on the way to rel a
+    real directory owned by `owner` (None: left as it is) with mode 0755. OSError when it cannot."""
+    parts = _parts(rel)
+    with _parent_of(root, parts, owner) as dfd:
+        if parts:
+            _remove(dfd, parts[-1])
 
 
 def reset_dir(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
@@ -53,25 +62,18 @@ def reset_dir(root: Path, rel: str, owner: tuple[int, int] | None) -> None:
     a file, a link, a tree), its parents as in :func:`reset_file`. With rel empty, root itself is
     emptied (it stays: it is mounted where the sandbox sees it)."""
     parts = _parts(rel)
-    root_fd = _fsat.open_root(root)
-    try:
-        dfd = _open_way(root_fd, parts[:-1], owner)
+    with _parent_of(root, parts, owner) as dfd:
+        if parts:
+            _remove(dfd, parts[-1])
+            sub = _open_dir(dfd, parts[-1])
+        else:
+            sub = os.dup(dfd)
         try:
-            if parts:
-                _remove(dfd, parts[-1])
-                sub = _open_dir(dfd, parts[-1])
-            else:
-                sub = os.dup(dfd)
-            try:
-                _claim(sub, owner)
-                for name in os.listdir(sub):
-                    _remove(sub, name)
-            finally:
-                os.close(sub)
+            _claim(sub, owner)
+            for name in os.listdir(sub):
+                _remove(sub, name)
         finally:
-            os.close(dfd)
-    finally:
-        os.close(root_fd)
+            os.close(sub)
 
 
 def _claim(fd: int, owner: tuple[int, int] | None) -> None:
