@@ -7,6 +7,10 @@ every path keeps its tokens and positions, so the learner's loss and gradient mu
 of the per-session samples. The merge (rl_testlib.merge_group) is a reference written from that
 definition (a dict keyed by the token prefix), independent of claw-tree's.
 
+Batch packing (claw-tree samples --pack batch) merges the groups of several tasks of one
+harness the same way: the system prompt once per sample, each task's instruction once per group,
+every rollout keeping its group-relative advantage; it must train like per-session samples too.
+
 Tolerance as in test_packed_gradients.py: packing changes only the fp32 summation order.
 """
 
@@ -126,3 +130,50 @@ def test_a_stale_session_leaves_its_group_siblings_training(tiny):
     assert m_group["loss"] == pytest.approx(m_fresh["loss"], abs=1e-6)
     # the stale rollout's own tokens left the sample; the shared system prompt stayed
     assert m_group["tokens"] == len(merge_group(fresh)["input_ids"])
+
+
+@pytest.mark.parametrize(("algo", "agg", "correction"), CASES)
+def test_batch_packed_gradient_equals_session_packed(tiny, algo, agg, correction):
+    """Two groups of three (one system prompt, each task its own instruction and advantages) in
+    one batch-packed sample: the loss and gradient of the six per-session samples."""
+    ppo = algo == "ppo"
+    if ppo:
+        make = Learner.ppo
+        cfg = PPOConfig(
+            lr=1e-3, max_grad_norm=0.0, is_correction=correction, epochs=1, minibatches=1
+        )
+    else:
+        make = Learner.grpo
+        cfg = GRPOConfig(
+            lr=1e-3, max_grad_norm=0.0, is_correction=correction, loss_agg=agg, constant_len=8
+        )
+    learner = make(cfg, tiny)
+    vocab = learner.policy.config.vocab_size
+    rng = random.Random(7)
+    system = [rng.randrange(3, vocab) for _ in range(12)]
+    tasks = [[rng.randrange(3, vocab) for _ in range(4)] for _ in range(2)]
+    sessions = [
+        group_rollout(rng, 3 * t + k, system + tasks[t], vocab, ppo)
+        for t in (0, 1)
+        for k in range(3)
+    ]
+    for s in sessions:  # six rollouts vote: per-session loss weights 1/(R U), R = 6
+        s["loss_weights"] = (np.asarray(s["loss_weights"]) / 2).tolist()
+    noise = np.random.default_rng(1)
+    for s, lp in zip(sessions, learner.logprobs(sessions), strict=True):
+        bump = np.where(noise.random(len(lp)) < 0.2, noise.choice([-0.9, 0.9], len(lp)), 0.0)
+        s["logprobs"] = np.where(s["trainable"], np.asarray(lp) - bump, 0.0).tolist()
+    batch = merge_group(sessions)
+    groups = [merge_group(sessions[:3]), merge_group(sessions[3:])]
+    n_groups = sum(len(g["input_ids"]) for g in groups)
+    # the system prompt (and the sub-agent's branch point inside it) once, not once per group
+    assert len(batch["input_ids"]) == n_groups - len(system)
+    g_batch, m_batch = _grads(learner, [batch])
+    g_sessions, m_sessions = _grads(make(cfg, tiny), sessions)
+    assert set(g_batch) == set(g_sessions) and g_batch
+    worst = max(float((g_batch[n] - g_sessions[n]).abs().max()) for n in g_batch)
+    assert max(float(g.abs().max()) for g in g_sessions.values()) > 1e-3
+    assert worst <= TOL, f"{algo} {agg} {correction}: max |g_batch - g_sessions| = {worst:.3g}"
+    assert m_batch["loss"] == pytest.approx(m_sessions["loss"], abs=1e-6)
+    assert m_batch["flat_tokens"] == m_sessions["flat_tokens"]
+    assert m_batch["tokens"] < sum(len(g["input_ids"]) for g in groups) < m_sessions["tokens"]

@@ -59,7 +59,7 @@ def _packed(samples, loss):
     corpora(),
     st.sampled_from(["token", "path"]),
     st.sampled_from([None, 3, 8, 50]),
-    st.sampled_from(["session", "group"]),
+    st.sampled_from(["session", "group", "batch"]),
 )
 def test_packed_sft_loss_equals_the_flat_loss(data, weighting, budget, pack):
     """sum_i w_i l_i equals the token-mean loss over every call's generated tokens (token) or over
@@ -206,3 +206,6 @@ def test_group_packing_shares_the_context_prefix_of_sessions():
     ]
     assert sorted(targets) == sorted(merged_targets)
     assert len(build_sft_samples(forest, pack="group", max_tokens=12).samples) == 2
+    (batch,) = build_sft_samples(forest, pack="batch").samples  # no groups: batch = group
+    assert (batch["input_ids"], batch["parent"]) == (merged["input_ids"], merged["parent"])
+    assert batch["loss_weights"] == merged["loss_weights"] and batch["tags"]["pack"] == "batch"

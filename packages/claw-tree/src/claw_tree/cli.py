@@ -211,7 +211,9 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
     default="session",
     show_default=True,
     help="session: one tree per rollout; group: the rollouts of a group (--group-by) in one tree "
-    "whose shared context prefix (system prompt, tools, instruction) appears once. Same loss.",
+    "whose shared context prefix (system prompt, tools, instruction) appears once; batch: every "
+    "group of one harness in one tree (the harness's prompt once per sample; use --max-tokens). "
+    "Same advantages, same loss.",
 )
 @click.option(
     "--values",
@@ -282,6 +284,8 @@ def samples(
         claw-tree samples --algo ppo --values v.jsonl calls.jsonl outcomes.jsonl > ppo.jsonl
 
         claw-tree samples --pack group calls.jsonl outcomes.jsonl > grouped.jsonl
+
+        claw-tree samples --pack batch --max-tokens 65536 calls.jsonl outcomes.jsonl > batch.jsonl
     """
     if (outcomes_arg is None) == (outcomes is None):
         raise click.UsageError(
@@ -354,8 +358,9 @@ def samples(
     type=click.Choice(SFT_PACKS),
     default="session",
     show_default=True,
-    help="session: one tree per rollout; group: rollouts share trees of at most --max-tokens "
-    "tokens in which their common context prefix (system prompt, tools) appears once. Same loss.",
+    help="session: one tree per rollout; group (or batch, the same here): rollouts share trees "
+    "of at most --max-tokens tokens in which their common context prefix (system prompt, tools) "
+    "appears once. Same loss.",
 )
 @click.option(
     "--id-prefix",

@@ -18,7 +18,7 @@ ALGOS = ("grpo", "ppo", "rloo", "reinforce")
 GROUP_BY = ("group", "task", "task+harness")
 PATH_WEIGHTING = ("token", "rollout", "path")
 GAE_LEVELS = ("token", "turn")
-PACKS = ("session", "group")
+PACKS = ("session", "group", "batch")
 SFT_WEIGHTING = ("token", "path")
 SFT_PACKS = PACKS
 
@@ -34,8 +34,11 @@ class SampleOptions:
 
     Packing, shared by RL and SFT:
 
-    * ``pack``: ``"session"`` (one tree per session) or ``"group"`` (the sessions of a group in
-      one tree whose shared context prefix appears once; SFT: all sessions are one group).
+    * ``pack``: ``"session"`` (one tree per session), ``"group"`` (the sessions of a group in
+      one tree whose shared context prefix appears once) or ``"batch"`` (the sessions of every
+      group and task of one harness in one tree: the harness's system prompt and tools appear
+      once per sample, not once per group). SFT has no groups: ``"group"`` and ``"batch"`` both
+      put every session in one tree.
     * ``max_tokens``: samples of at most this many tokens (sessions packed together, a larger
       session split into whole root-to-leaf paths); ``None``: one sample per session or group.
     * ``id_prefix``: sample ids are ``f"{id_prefix}-{k}"``; ``None`` (or empty): the algo name.

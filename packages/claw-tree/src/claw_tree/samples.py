@@ -67,7 +67,7 @@ from claw_tree.advantages import (
 from claw_tree.errors import ClawError, ValuesError
 from claw_tree.options import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, SampleOptions
 from claw_tree.records import SAMPLE_SCHEMA, Outcome
-from claw_tree.tree import Forest
+from claw_tree.tree import Forest, SessionTree
 
 log = logging.getLogger("claw_tree")
 
@@ -240,14 +240,22 @@ def _plan(
     forest: Forest, kept: list[Kept], votes: _Votes, opts: SampleOptions
 ) -> list[list[Piece]]:
     """Stage 4: pieces (node ids + paths) -> samples (lists of pieces)."""
+    if opts.pack == "session":
+        return plan_sessions(forest, kept, opts.max_tokens)
+
+    def group(tree: SessionTree) -> str:
+        return _group_key(votes.by_session[tree.name], opts.group_by)
+
     if opts.pack == "group":
-        return plan_groups(
-            forest,
-            kept,
-            lambda tree: _group_key(votes.by_session[tree.name], opts.group_by),
-            opts.max_tokens,
-        )
-    return plan_sessions(forest, kept, opts.max_tokens)
+        return plan_groups(forest, kept, group, opts.max_tokens)
+    # batch: one bucket per harness, its groups one after the other (their instructions merge)
+    first: dict[str, int] = {}
+    for k in kept:
+        first.setdefault(group(k.tree), len(first))
+    in_groups = sorted(kept, key=lambda k: first[group(k.tree)])
+    return plan_groups(
+        forest, in_groups, lambda tree: votes.by_session[tree.name].harness, opts.max_tokens
+    )
 
 
 def _token_advantages(
@@ -321,8 +329,8 @@ def _sample_row(
         "session_offsets": offsets,
         "path_weighting": opts.weighting,
     }
-    if opts.pack == "group":
-        row["tags"]["pack"] = "group"
+    if opts.pack != "session":
+        row["tags"]["pack"] = opts.pack
     return row
 
 
@@ -357,7 +365,12 @@ def build_samples(
     (:func:`merge_context_prefixes`). Trainable tokens are never merged, so every loss weight,
     advantage and return is that of ``"session"`` packing and the loss is the same. With
     ``max_tokens`` a group larger than the budget spans several samples (whole sessions, or
-    pieces of one), and small groups share a sample.
+    pieces of one), and small groups share a sample. ``"batch"``: the rollouts of every group
+    and task of one harness (the outcome's ``harness``) go into one sample, group after group,
+    so the harness's system prompt and tools appear once per sample rather than once per group
+    (and a group's instruction once per group); advantages are still computed per group
+    (``group_by``), only the layout changes. Use it with ``max_tokens``: without, a harness's
+    whole batch is one sample.
 
     The stages: votes (who is excluded, group statistics, rollout advantages), kept sessions
     and their trainable paths, path weights u_{p,v}, the plan, the layout of each sample,
@@ -372,7 +385,7 @@ def build_samples(
     kept, excluded = trainable_sessions(forest, votes.excluded)
     weights = _weights(forest, kept, opts.weighting)
     packed = lay_out(
-        forest, _plan(forest, kept, votes, opts), opts.prefix, merge=opts.pack == "group"
+        forest, _plan(forest, kept, votes, opts), opts.prefix, merge=opts.pack != "session"
     )
     tokens = (
         _token_advantages(forest, kept, votes, packed, values, opts) if opts.algo == "ppo" else None

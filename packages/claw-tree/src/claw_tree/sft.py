@@ -148,8 +148,8 @@ def _sft_row(
         "session_offsets": offsets,
         "sft_weighting": opts.weighting,
     }
-    if opts.pack == "group":
-        row["tags"]["pack"] = "group"
+    if opts.pack != "session":
+        row["tags"]["pack"] = opts.pack
     return row
 
 
@@ -178,7 +178,8 @@ def build_sft_samples(
     prefix they share (system prompt, tools: root to first trainable token, leaves excluded)
     appears once per sample (:func:`~claw_tree.samples.merge_context_prefixes`). Only context
     is merged, so the loss weights and paths are those of ``"session"`` packing. Without
-    ``max_tokens`` all sessions go into one sample.
+    ``max_tokens`` all sessions go into one sample. ``pack="batch"`` is the same as ``"group"``
+    (there are no groups to cross), so one flag serves the RL and the SFT samples of a run.
     """
     opts = SampleOptions.resolve(options, fields, algo="sft")
     if opts.algo != "sft":
@@ -188,11 +189,11 @@ def build_sft_samples(
     by_session = None if outcomes is None else outcomes_by_session(outcomes)
     kept, excluded = trainable_sessions(forest, _sft_excluded(forest, by_session, opts.passed_only))
     weights = _sft_weights(forest, kept, opts.weighting)
-    if opts.pack == "group":  # one group: every kept session
-        plans = plan_groups(forest, kept, lambda tree: "", opts.max_tokens)
-    else:
+    if opts.pack == "session":
         plans = plan_sessions(forest, kept, opts.max_tokens)
-    packed = lay_out(forest, plans, opts.prefix, merge=opts.pack == "group")
+    else:  # group or batch: one group, every kept session
+        plans = plan_groups(forest, kept, lambda tree: "", opts.max_tokens)
+    packed = lay_out(forest, plans, opts.prefix, merge=opts.pack != "session")
     return SampleBatch(
         samples=[_sft_row(forest, p, weights, by_session, opts) for p in packed],
         excluded=excluded,
