@@ -5,7 +5,8 @@ Run: .venvs/workspace/bin/python -m pytest bench/test_loop_per_step.py -s -p no:
 A synthetic run directory whose calls.jsonl grows by one step's calls per step (8 rollouts of 3
 calls each, prompts of ~300-400 tokens, as the proxy writes them). At step 2 and at step 200 it
 times what the example does with a step's records before the learner: read this step's calls
-(`step_calls`: from the byte offset where the step began) and build the step's trees. Next to
+(claw_rl.loop.step_records: from the byte offset where the step began, as the example does) and
+build the step's trees. Next to
 it, in the same run, the old way: re-read the whole calls.jsonl and keep the step's sessions.
 Printed: seconds at both steps and the ratios (step 200 / step 2). Goal: the example's ratio is
 1 within noise (asserted < 1.5); the old way grows with the run.
@@ -13,17 +14,22 @@ Printed: seconds at both steps and the ratios (step 200 / step 2). Goal: the exa
 
 from __future__ import annotations
 
+import io
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import claw_tree
+from claw_rl import loop
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-import mix_harness_rl  # noqa: E402
+
+def step_calls(run: Path, step: int, sessions: set[str]) -> list:
+    """The example's read of a step's calls: what was recorded since the step began."""
+    text = loop.step_records(run, step, "calls.jsonl")
+    records = claw_tree.read_calls(io.StringIO(text), skip_invalid=True).records
+    return [c for c in records if c.session in sessions]
+
 
 ROLLOUTS, CALLS, STEPS = 8, 3, 200
 
@@ -86,7 +92,7 @@ def test_per_step_data_handling_is_flat_over_the_run(tmp_path):
 
                 def new_way(step=step, sessions=sessions, mark=mark):
                     mark.unlink(missing_ok=True)  # each repeat reads as the step's first read
-                    got = mix_harness_rl.step_calls(run, step, sessions)
+                    got = step_calls(run, step, sessions)
                     assert len(got) == ROLLOUTS * CALLS
                     claw_tree.build_forest(got)
 
@@ -102,7 +108,7 @@ def test_per_step_data_handling_is_flat_over_the_run(tmp_path):
                 timed["offset"][step] = _best(new_way)
                 timed["whole file"][step] = _best(old_way, repeat=2)
             else:  # the step reads its calls (it leaves the offset the next step starts from)
-                mix_harness_rl.step_calls(run, step, sessions)
+                step_calls(run, step, sessions)
     size = calls.stat().st_size
     print(f"\ncalls.jsonl at step {STEPS}: {size / 1e6:.1f} MB, {ROLLOUTS * CALLS} calls per step")
     ratios = {}

@@ -4,21 +4,18 @@ Each step: claw-bench plans rollouts of every (task, harness), claw-sandbox runs
 proxy (claw-proxy records every call) and claw-bench scores the final workspaces; claw-tree packs
 the calls into prefix trees with advantages, claw-rl updates the policy with GRPO or PPO, and the
 proxy loads the new weights. A killed run resumes at its last completed step with no rollout lost
-or counted twice. One step through the CLIs only: examples/rl_step.sh; an SFT warm start on a
-teacher with held-out Pass@1 before and after: examples/quickstart.py.
+or counted twice. One step through the CLIs only: examples/rl_step.sh; an SFT warm start with
+held-out Pass@1: examples/quickstart.py.
 
     uv run python examples/mix_harness_rl.py --run-dir runs/mix --steps 8 \
         --harness claw-agent-text --harness claw-agent-text-anthropic --suite claw-toy
 
 Run directory: config.json (the options; a resumed run must give the same), secret, admin-token,
-calls.jsonl (every call), steps/<k>/ (jobs-a<attempt>.jsonl, runs, outcomes, samples and
-calls-offset.json: the byte range of calls.jsonl the step read), and claw-rl's run directory
-(metrics.jsonl: a step is done once its row is there; policies.jsonl, policy/v<N>/, checkpoints/).
-
---max-staleness S runs the rollouts of the next S steps while the learner trains, on the policy in
-force (claw_rl.loop.schedule); the learner drops sessions older than S versions. A fixed --seed
-gives the same rollouts and rewards on one machine in the synchronous loop: each call samples
-with a seed of its own, from --seed, its session id and its place in it (claw-proxy --seed).
+calls.jsonl, steps/<k>/ (jobs-a<attempt>, runs, outcomes, samples, calls-offset.json) and
+claw-rl's run directory (metrics.jsonl: a step is done once its row is there; policies.jsonl,
+policy/v<N>/, checkpoints/). --max-staleness S: the rollouts of the next S steps run while the
+learner trains (claw_rl.loop.schedule). A fixed --seed gives the same rollouts and rewards on one
+machine in the synchronous loop (claw-proxy serve --seed: a seed per call).
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import io
 import json
 import random
@@ -39,14 +37,12 @@ from pathlib import Path
 import claw_bench
 import claw_proxy
 import claw_rl
-import claw_rl.loop
 import claw_rl.tensorboard
 import claw_sandbox
 import claw_tree
 import transformers
-from claw_rl.loop import read_rows, schedule
+from claw_rl import loop
 
-HARNESSES = ["claw-agent-text", "claw-agent-text-anthropic"]
 OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: the choices), help
     ("--run-dir", Path("runs/mix"), "the run directory"),
     ("--model", None, "HF model directory to start from (default: a new tiny model)"),
@@ -72,10 +68,9 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--epochs", 2, "passes over each step's batch"),
     ("--minibatches", 2, "optimizer steps per epoch"),
     ("--seed", 0, "seeds sampling, the task draws and the learner"),
-    ("--harness", "append", f"harness adapter name, repeatable (default: {HARNESSES})"),
+    ("--harness", "append", "harness adapter, repeatable (default: claw-agent-text, -anthropic)"),
     ("--task", "append", "only these task ids (default: the whole suite)"),
     ("--tag", "append", "only tasks with all these tags, e.g. train"),
-    ("--split-digits", "store_true", "the new tiny model tokenizes numbers digit by digit"),
     ("--tensorboard", "store_true", "also log the metrics to RUN/tensorboard"),
 ]
 
@@ -93,7 +88,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.kl_coef and args.algo != "grpo":
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
-    args.harness = args.harness or list(HARNESSES)
+    args.harness = args.harness or ["claw-agent-text", "claw-agent-text-anthropic"]
     return args
 
 
@@ -122,7 +117,7 @@ def prepare_run_dir(args: argparse.Namespace) -> None:
 def make_learner(args, run: Path, start: Path, done: int):
     """The learner after `done` completed steps: from their checkpoint, or new on `start`."""
     if done:
-        return claw_rl.loop.resume(run, algo=args.algo)
+        return loop.resume(run, algo=args.algo)
     cfg = dict(
         name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps,
         epochs=args.epochs, minibatches=args.minibatches, seed=args.seed,
@@ -130,9 +125,8 @@ def make_learner(args, run: Path, start: Path, done: int):
     )  # fmt: skip
     if args.algo == "grpo":
         return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**cfg, kl_coef=args.kl_coef), start)
-    center = args.ppo_whiten == "center"  # PPO's critic learns 3x as fast as the policy
-    ppo = claw_rl.PPOConfig(**cfg, critic_lr=args.lr * 3, whiten_center=center)
-    return claw_rl.Learner.ppo(ppo, start)
+    ppo = dict(critic_lr=args.lr * 3, whiten_center=args.ppo_whiten == "center")
+    return claw_rl.Learner.ppo(claw_rl.PPOConfig(**cfg, **ppo), start)
 
 
 def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=None):
@@ -147,15 +141,11 @@ def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=No
     return claw_proxy.ProxyServer(cfg)
 
 
-def sandbox(args, runs: Path, log=None, label: str = ""):
+def sandbox(args, runs: Path):
     """claw-bench's runner: claw-sandbox runs the jobs, appending to (and resuming from) `runs`."""
-
-    def run(jobs: list[dict]) -> list[dict]:
-        if log:
-            log(f"{label}: running {len(jobs)} rollouts ({len(read_rows(runs))} already done)")
-        return claw_sandbox.run_jobs(jobs, backend=args.backend, parallel=args.parallel, out=runs)
-
-    return run
+    return functools.partial(
+        claw_sandbox.run_jobs, backend=args.backend, parallel=args.parallel, out=runs
+    )
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -174,21 +164,20 @@ def tasks_for_step(args, tasks: list, step: int) -> list:
 
 
 def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, harnesses, log):
-    """Plan, run and score the step's rollouts. Those with a run record are not run again; a
-    retry plans the rest under new session ids (attempt a<N>), so the calls of a rollout cut off
-    never mix with its rerun. The ids hold the seed, not the run directory: the proxy derives
-    each call's sampling seed from the session id, so a --seed samples the same tokens anywhere."""
+    """Plan, run and score the step's rollouts; those with a run record are not run again, and a
+    retry plans the rest under new session ids (attempt a<N>): a cut-off rollout's calls never mix
+    with its rerun. The ids hold the seed, not the run directory: the same tokens anywhere."""
     d = run / "steps" / f"{step:04d}"
     d.mkdir(parents=True, exist_ok=True)
-    attempt = len(list(d.glob("jobs-a*.jsonl")))
-    runner = sandbox(args, d / "runs.jsonl", log, f"step {step}")
+    attempt, done = len(list(d.glob("jobs-a*.jsonl"))), loop.read_rows(d / "runs.jsonl")
 
     def run_jobs(jobs: list[dict]) -> list[dict]:
         write_rows(d / f"jobs-a{attempt}.jsonl", jobs)
-        return runner(jobs)
+        log(f"step {step}: running {len(jobs)} rollouts ({len(done)} already done)")
+        return sandbox(args, d / "runs.jsonl")(jobs)
 
     batch = claw_bench.rollouts(
-        tasks, harnesses, run_jobs, samples=args.rollouts, done=read_rows(d / "runs.jsonl"),
+        tasks, harnesses, run_jobs, samples=args.rollouts, done=done,
         proxy_url=proxy_url, secret=secret, run_id=f"seed{args.seed}-s{step}-a{attempt}",
         group_by=args.group_by,
     )  # fmt: skip
@@ -196,18 +185,13 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
     return batch.outcomes
 
 
-def step_calls(run: Path, step: int, sessions: set[str]) -> list:
-    """The calls of `sessions` among those recorded since the step began (claw_rl.loop keeps the
-    byte range of calls.jsonl each step reads, so the per-step cost does not grow with the run)."""
-    text = claw_rl.loop.step_records(run, step, "calls.jsonl")
-    calls = claw_tree.read_calls(io.StringIO(text), skip_invalid=True).records
-    return [c for c in calls if c.session in sessions]
-
-
 def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], version: int) -> dict:
     """Trees and advantages of the step's rollouts (PPO: GAE with the critic's values), the
     forest's statistics, and the calls' staleness (versions behind the learner: calls)."""
-    calls = step_calls(run, step, {o["session"] for o in outcomes})
+    # only the calls recorded since the step began: the per-step cost does not grow with the run
+    text, sessions = loop.step_records(run, step, "calls.jsonl"), {o["session"] for o in outcomes}
+    records = claw_tree.read_calls(io.StringIO(text), skip_invalid=True).records
+    calls = [c for c in records if c.session in sessions]
     forest = claw_tree.build_forest(calls)
     batch = claw_tree.build_samples(forest, outcomes, algo=args.algo, pack=args.pack)
     samples = batch.samples
@@ -228,8 +212,7 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
         **{k: s[k] for k in ("rollouts", "infra_errors", "not_scorable", "reward", "pass@1")},
         "rollouts_failed": s["rollouts"] - s["scored"],
         # over all the step's calls (the learner's tree_ratio is that of the samples trained)
-        "tree_token_ratio": trained["stats"].get("tree_token_ratio"),
-        "dedup_factor": trained["stats"].get("dedup_factor"),
+        **{k: trained["stats"].get(k) for k in ("tree_token_ratio", "dedup_factor")},
         "staleness": trained["staleness"],  # {versions behind: calls}
         # from the launch to the last rollout's end (asynchronous: not one of the step's phases)
         "rollout_s": round(times["rollout_s"], 3),
@@ -251,15 +234,15 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     start = args.model or run / "policy" / "v0"
     if args.model is None and not (start / "config.json").exists():
         shutil.rmtree(start, ignore_errors=True)
-        claw_rl.init_tiny(start, claw_rl.TinySpec(split_digits=args.split_digits))
+        claw_rl.init_tiny(start, claw_rl.TinySpec())
     suite = claw_bench.load_suite(args.suite)
     tasks = [t for t in suite.select(tags=args.tag).tasks if not args.task or t.id in args.task]
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
 
-    history = claw_rl.loop.completed_steps(run)
+    history = loop.completed_steps(run)
     learner = make_learner(args, run, start, len(history))
     v0 = {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}
-    policy = claw_rl.loop.latest_policy(run) or v0
+    policy = loop.latest_policy(run) or v0
     engine = f"transformers:{policy['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start)
     with contextlib.ExitStack() as stack:
@@ -275,16 +258,16 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             stack.callback(board.close)
 
         def launch(k: int) -> concurrent.futures.Future:
-            claw_rl.loop.mark_step_start(run, k, "calls.jsonl")  # before step k's first call
+            loop.mark_step_start(run, k, "calls.jsonl")  # before step k's first call
             job = (args, run, k, proxy.url, secret.encode(), tasks_for_step(args, tasks, k))
             return pool.submit(rollouts, *job, harnesses, log)
 
         def unfinished(k: int) -> int:
             planned = len(tasks_for_step(args, tasks, k)) * len(harnesses) * args.rollouts
-            return planned - len(read_rows(run / "steps" / f"{k:04d}" / "runs.jsonl"))
+            return planned - len(loop.read_rows(run / "steps" / f"{k:04d}" / "runs.jsonl"))
 
         t0, steps = time.monotonic(), range(len(history), args.steps)
-        for step, launched, outcomes, ahead in schedule(steps, args.max_staleness, launch):
+        for step, launched, outcomes, ahead in loop.schedule(steps, args.max_staleness, launch):
             running = sum(unfinished(k) for k in ahead)
             for session in sorted({o["session"] for o in outcomes}):  # finished: free its cache
                 proxy_admin.close_session(session, missing_ok=True)  # missing: no call reached us
@@ -294,7 +277,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             times = {"wait_s": t1 - t0, "rollout_s": t1 - launched, "data_s": time.monotonic() - t1}
             extra = {**summarise(outcomes, trained, times), "rollouts_running": running}
             # claw-rl's step: update, policy/v<N>, checkpoint, then the rows that mark it done
-            row, policy = claw_rl.loop.train_step(
+            row, policy = loop.train_step(
                 learner, trained["samples"], run, step, extra=extra, current=policy
             )
             history.append(row)
