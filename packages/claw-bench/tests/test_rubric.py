@@ -129,7 +129,11 @@ def test_all_criteria_pass_through_the_anthropic_api():
     sj = ScriptedJudge({"a": ["YES"], "b": ["yes."], "c": ['```json\n{"verdict": "YES"}\n```']})
     out = score_run(_run(), judge=sj.judge(api="anthropic"))
     assert (out["reward"], out["passed"]) == (1.0, True)
-    assert [v["call_id"] for v in out["details"]["criteria"]] == ["call-a-0", "call-b-0", "call-c-0"]
+    assert [v["call_id"] for v in out["details"]["criteria"]] == [
+        "call-a-0",
+        "call-b-0",
+        "call-c-0",
+    ]
 
 
 def test_infra_errors_are_retried_and_then_infra_error_never_a_failed_criterion():
@@ -163,7 +167,11 @@ def test_cached_answers_are_not_asked_again_until_the_evidence_changes(tmp_path)
     assert len(sj.asked) == 3  # nothing asked
     assert again["reward"] == first["reward"] == pytest.approx(3 / 4)
     assert all(v["cached"] for v in again["details"]["criteria"])
-    assert [v["call_id"] for v in again["details"]["criteria"]] == ["call-a-0", "call-b-0", "call-c-0"]
+    assert [v["call_id"] for v in again["details"]["criteria"]] == [
+        "call-a-0",
+        "call-b-0",
+        "call-c-0",
+    ]
     score_run(_run(message="other final message"), judge=sj.judge(cache=JudgeCache(path)))
     assert len(sj.asked) == 6
 
@@ -229,11 +237,17 @@ def test_parse_verdict_refuses_loose_answers(text, scale):
         ([{"id": "a", "text": "t", "requires": ["z"]}], "'z' is not another criterion's id"),
         ([{"id": "a", "text": "t", "weight": 0}], r"criteria\[0\]\.weight: must be a positive"),
         (
-            [{"id": "a", "text": "t", "requires": ["b"]}, {"id": "b", "text": "u", "requires": ["a"]}],
+            [
+                {"id": "a", "text": "t", "requires": ["b"]},
+                {"id": "b", "text": "u", "requires": ["a"]},
+            ],
             r"form a cycle among \['a', 'b'\]",
         ),
         (
-            [{"id": "a", "text": "t", "scale": "graded"}, {"id": "b", "text": "u", "requires": ["a"]}],
+            [
+                {"id": "a", "text": "t", "scale": "graded"},
+                {"id": "b", "text": "u", "requires": ["a"]},
+            ],
             "'a' is graded; only binary criteria can be required",
         ),
     ],
@@ -283,9 +297,7 @@ def test_claw_task_rubric_chain_end_to_end(tmp_path):
         seen.append(json.loads(request.content)["messages"][-1]["content"])
         return sj(request)
 
-    judge = Judge(
-        base_url="http://judge.test/v1", model="m", transport=httpx.MockTransport(spy)
-    )
+    judge = Judge(base_url="http://judge.test/v1", model="m", transport=httpx.MockTransport(spy))
     out = run_task(task, tmp_path, task.solution.text, judge=judge)
     assert out["status"] == "ok" and out["reward"] == pytest.approx(0.75)
     assert "=== memo.md ===\n# Memo" in seen[0] and "memo.md written" in seen[0]

@@ -202,19 +202,19 @@ def _number(
     return float(v)
 
 
-def _rubric_chain(task_dir: Path, instruction: str) -> dict[str, Any]:
-    """The meta of a task graded by a rubric chain (``rubric.json``): its judge spec, and its
-    evidence globs collected with the run; {} without one."""
+def _rubric_chain(task_dir: Path, instruction: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with the task's rubric chain (``rubric.json``), if any: its judge spec, and its
+    evidence globs added to what the run collects."""
     path = task_dir / "rubric.json"
     if not path.is_file():
-        return {}
+        return dict(meta)
     from claw_bench.loaders.rubric import RubricError, load_rubric_file  # loaders import tasks
 
     try:
         spec = load_rubric_file(path, instruction)
     except RubricError as exc:
         raise TaskError(str(exc)) from exc
-    return {"judge": spec, "collect": spec["evidence"]}
+    return {**meta, "judge": spec, "collect": [*meta.get("collect", []), *spec["evidence"]]}
 
 
 def load_task(task_dir: str | Path) -> Task:
@@ -266,9 +266,7 @@ def load_task(task_dir: str | Path) -> Task:
     extra = meta.get("meta", {})
     if not isinstance(extra, dict):
         raise TaskError(f"{where}: field 'meta' must be a table")
-    chain = _rubric_chain(task_dir, instruction)
-    if chain:
-        extra = {**extra, **chain, "collect": [*extra.get("collect", []), *chain["collect"]]}
+    extra = _rubric_chain(task_dir, instruction, extra)
     try:
         verify = _script(task_dir, "verify", required=True)
         assert verify is not None

@@ -17,12 +17,12 @@ from pathlib import Path
 from claw_bench.errors import TaskError
 from claw_bench.harbor import is_harbor_multistep, is_harbor_task
 from claw_bench.loaders._common import LoadOptions
+from claw_bench.loaders._judge_cache import JudgeCache
 from claw_bench.loaders.clawgym import is_clawgym_task, load_clawgym_jsonl, load_clawgym_task
 from claw_bench.loaders.harbor_tb import load_harbor_tb_task
-from claw_bench.loaders._judge_cache import JudgeCache
 from claw_bench.loaders.judge import Judge, JudgeError, apply_judge
-from claw_bench.loaders.rubric import RubricError, apply_rubric_chain
 from claw_bench.loaders.pinchbench import is_pinchbench_file, load_pinchbench_task
+from claw_bench.loaders.rubric import RubricError, apply_rubric_chain
 from claw_bench.tasks import Task
 
 LAYOUTS = ("clawgym", "clawgym-jsonl", "pinchbench", "harbor")

@@ -43,7 +43,9 @@ class JudgeCache:
                         try:
                             row = json.loads(line)
                         except json.JSONDecodeError as exc:
-                            raise ClawError(f"{self.path}:{n}: judge cache line is not JSON: {exc}")
+                            raise ClawError(
+                                f"{self.path}:{n}: judge cache line is not JSON: {exc}"
+                            ) from exc
                         if not isinstance(row, dict) or not isinstance(row.get("key"), str):
                             raise ClawError(
                                 f"{self.path}:{n}: judge cache line needs a string 'key'"

@@ -169,9 +169,9 @@ def parse_verdict(text: str, scale: str) -> tuple[float, str]:
         obj = None
     reason = str(obj.get("reason") or "") if isinstance(obj, dict) else ""
     if scale == "binary" and isinstance(obj, dict):
-        v = str(obj.get("verdict", "")).strip().upper()
-        if v in ("YES", "NO"):
-            return (1.0 if v == "YES" else 0.0), reason
+        said = str(obj.get("verdict", "")).strip().upper()
+        if said in ("YES", "NO"):
+            return (1.0 if said == "YES" else 0.0), reason
     if scale == "graded":
         v = obj.get("score") if isinstance(obj, dict) else obj
         if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1:
@@ -354,15 +354,19 @@ def load_rubric_file(path: Path, instruction: str) -> dict[str, Any]:
         raise RubricError(f"{where}: unknown field(s) {unknown}; allowed: {list(RUBRIC_KEYS)}")
     criteria = [c.to_dict() for c in parse_criteria(data.get("criteria"), where)]
     evidence = data.get("evidence", ["**"])
-    if not isinstance(evidence, list) or not evidence or not all(
-        isinstance(g, str) and g and not g.startswith("/") for g in evidence
+    if (
+        not isinstance(evidence, list)
+        or not evidence
+        or not all(isinstance(g, str) and g and not g.startswith("/") for g in evidence)
     ):
         raise RubricError(
             f"{where}: field 'evidence' must be a non-empty list of workspace globs, got {evidence!r}"
         )
     w = data.get("automated_weight", 0.0)
     if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w <= 1:
-        raise RubricError(f"{where}: field 'automated_weight' must be a number in [0, 1], got {w!r}")
+        raise RubricError(
+            f"{where}: field 'automated_weight' must be a number in [0, 1], got {w!r}"
+        )
     return {
         "rubric": "\n".join(f"- [{c['id']}] {c['text']}" for c in criteria),
         "instruction": instruction,
