@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from claw_rl import _dist
+from claw_rl import _dist, _lora
 from claw_rl.errors import CheckpointError, ClawError
 from claw_rl.learner import Learner
 from claw_rl.records import Policy
@@ -44,7 +44,12 @@ def _write_model_dir(learner: Learner, out: Path, states: dict[str, dict]) -> No
     in ``out/critic/``."""
     out.mkdir(parents=True, exist_ok=True)
     copy_tokenizer_files(learner.model_dir, out)
-    learner.policy.save_pretrained(out, safe_serialization=True, state_dict=states.get("policy"))
+    if learner.adapter is not None:  # LoRA: the adapter alone, as a PEFT directory
+        _lora.save(learner.adapter, out)
+    else:
+        learner.policy.save_pretrained(
+            out, safe_serialization=True, state_dict=states.get("policy")
+        )
     if learner.critic is not None:
         learner.critic.save(out, states.get("critic_model"))
 

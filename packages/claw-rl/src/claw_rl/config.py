@@ -67,8 +67,29 @@ class TrainConfig:
         "gradients and optimizer state sharded with FSDP2)",
         ("ddp", "fsdp"),
     )
+    lora_rank: int = _f(
+        0,
+        "train a LoRA adapter of this rank (peft; pip install 'claw-rl[lora]') on the frozen "
+        "model instead of every weight; policies are then PEFT adapter directories (0 = full "
+        "fine-tuning)",
+    )
+    lora_alpha: int = _f(
+        16, "LoRA scaling numerator: the adapter's update is scaled by alpha / rank"
+    )
+    lora_targets: str = _f(
+        "all-linear",
+        "modules that get an adapter: all-linear (every linear layer but the LM head) or "
+        "comma-separated module names (q_proj,v_proj)",
+    )
 
     def __attrs_post_init__(self) -> None:
+        if self.lora_rank < 0 or self.lora_alpha <= 0:
+            raise ConfigError(
+                f"lora_rank = {self.lora_rank!r} must be >= 0 and lora_alpha = "
+                f"{self.lora_alpha!r} > 0"
+            )
+        if self.lora_rank and not self.lora_targets.strip(" ,"):
+            raise ConfigError("lora_targets is empty; name the modules or use all-linear")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype = {self.dtype!r}; choose float32, bfloat16 or float16")
         for name in ("lr", "micro_batch_size", "epochs", "minibatches"):

@@ -27,12 +27,13 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
-from claw_rl import _dist, _metrics, losses
+from claw_rl import _dist, _lora, _metrics, losses
 from claw_rl.config import GRPOConfig, PPOConfig, TrainConfig
 from claw_rl.consistency import finish_mismatch, mismatch_stats
 from claw_rl.critic import Critic
@@ -130,8 +131,10 @@ class Learner:
         max_staleness: int | None = None,
         drop_stale: bool = False,
         version: int = 0,
+        adapter: Any = None,
     ) -> None:
         self.config = config
+        self.adapter = adapter  # the peft.PeftModel around policy (LoRA), or None
         self.algo = algo
         self.policy = policy
         self.objective = objective
@@ -156,6 +159,11 @@ class Learner:
         self.dirty = False  # weights changed since the last save (the next save takes a version)
         self.last_metrics: dict = {}
         self.generator = torch.Generator().manual_seed(config.seed)
+        if self.fsdp and adapter is not None:
+            raise ClawError(
+                "LoRA (lora_rank > 0) runs under torchrun with parallelism = ddp; fsdp is not "
+                "supported with an adapter (the adapter is small: ddp holds it on every rank)"
+            )
         if self.fsdp:
             for module in self.sharded_modules():
                 _dist.fully_shard_model(module)
@@ -185,7 +193,7 @@ class Learner:
         """Critic-free (GRPO and relatives): the samples' advantages as given, optional KL."""
         if not isinstance(config, GRPOConfig):
             raise ClawError(f"Learner.grpo needs a GRPOConfig, got {type(config).__name__}")
-        policy, dtype, dev, origin = _load(config, model_dir, device, origin_dir)
+        policy, adapter, dtype, dev, origin = _load(config, model_dir, device, origin_dir)
         reference = None
         if config.kl_coef > 0:
             ref = load_policy(config.ref_model or origin, dtype).to(dev)
@@ -205,6 +213,7 @@ class Learner:
             model_dir=model_dir,
             origin_dir=origin,
             version=version,
+            adapter=adapter,
         )
 
     @classmethod
@@ -221,7 +230,7 @@ class Learner:
         returns. The critic is saved in ``<policy dir>/critic/`` and loaded from there."""
         if not isinstance(config, PPOConfig):
             raise ClawError(f"Learner.ppo needs a PPOConfig, got {type(config).__name__}")
-        policy, dtype, dev, origin = _load(config, model_dir, device, origin_dir)
+        policy, adapter, dtype, dev, origin = _load(config, model_dir, device, origin_dir)
         critic = Critic.load(
             config.critic,
             Path(model_dir),
@@ -247,6 +256,7 @@ class Learner:
             model_dir=model_dir,
             origin_dir=origin,
             version=version,
+            adapter=adapter,
         )
 
     @classmethod
@@ -262,7 +272,7 @@ class Learner:
         """Supervised fine-tuning on ``algo: sft`` samples (claw-tree sft-samples): the
         loss-weighted mean NLL of the trainable tokens at temperature 1
         (:class:`~claw_rl.parts.WeightedNLL`); no advantages, correction or staleness check."""
-        policy, _, _, origin = _load(config, model_dir, device, origin_dir)
+        policy, adapter, _, _, origin = _load(config, model_dir, device, origin_dir)
         return cls(
             config,
             policy,
@@ -272,6 +282,7 @@ class Learner:
             model_dir=model_dir,
             origin_dir=origin,
             version=version,
+            adapter=adapter,
         )
 
     @classmethod
@@ -669,16 +680,32 @@ def _load(
     model_dir: str | Path,
     device: str | None,
     origin_dir: str | Path | None,
-) -> tuple[torch.nn.Module, torch.dtype, torch.device, Path]:
-    """The policy on its device, seeded: ``(policy, dtype, device, origin_dir)``; the origin
-    (the run's initial model: default reference and critic backbone) defaults to ``model_dir``."""
+) -> tuple[torch.nn.Module, Any, torch.dtype, torch.device, Path]:
+    """The policy on its device, seeded: ``(policy, adapter, dtype, device, origin_dir)``; the
+    origin (the run's initial model: default reference and critic backbone) defaults to
+    ``model_dir``. With ``config.lora_rank`` the policy carries a LoRA adapter (new, or
+    ``model_dir``'s when it is an adapter directory) and ``adapter`` is its ``PeftModel``."""
     dev = torch.device(device) if device else _default_device(_dist.world()[1])
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dtype = _DTYPES[config.dtype]
     torch.manual_seed(config.seed)
-    policy = load_policy(model_dir, dtype).to(dev)
-    return policy, dtype, dev, Path(origin_dir) if origin_dir else Path(model_dir)
+    origin = Path(origin_dir) if origin_dir else Path(model_dir)
+    if not _lora.is_adapter(model_dir):
+        # absolute: a new adapter records it as its base (base_model_name_or_path)
+        policy = load_policy(Path(model_dir).resolve(), dtype).to(dev)
+        if not config.lora_rank:
+            return policy, None, dtype, dev, origin
+        adapter = _lora.attach(policy, config)
+    elif not config.lora_rank:
+        raise ClawError(
+            f"{model_dir} is a LoRA adapter directory: train it with lora_rank > 0 "
+            "(--lora-rank, its rank), or merge it into its base model first"
+        )
+    else:
+        base = load_policy(_lora.base_of(model_dir), dtype).to(dev)
+        adapter = _lora.load(model_dir, base)
+    return adapter.get_base_model().to(dev), adapter, dtype, dev, origin
 
 
 __all__ = ["Learner", "load_policy"]

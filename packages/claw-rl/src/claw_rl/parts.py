@@ -33,9 +33,13 @@ Tokens = dict[str, torch.Tensor]
 
 def load_policy(model_dir: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     """An HF causal LM in eval mode (dropout off: pi_old and pi_theta are the same function at
-    epoch 1)."""
+    epoch 1). A PEFT adapter directory gives its base model with the adapter merged in."""
     from transformers import AutoModelForCausalLM
 
+    from claw_rl import _lora
+
+    if _lora.is_adapter(model_dir):
+        return _lora.merged(model_dir, load_policy(_lora.base_of(model_dir), dtype)).eval()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(model_dir), dtype=dtype, attn_implementation="sdpa"
