@@ -116,6 +116,8 @@ def check_run(run: Any, where: str = "run") -> None:
         raise _bad(where, "exit_code", "an integer or null", code)
     if run.get("error") is not None and not isinstance(run["error"], str):
         raise _bad(where, "error", "a string or null", run["error"])
+    if "stdout_tail" in run and not isinstance(run["stdout_tail"], str):
+        raise _bad(where, "stdout_tail", "a string", run["stdout_tail"])
     collected = run.get("collected", {})
     if not isinstance(collected, dict) or not all(isinstance(v, str) for v in collected.values()):
         raise _bad(where, "collected", "an object of path -> text", collected)
