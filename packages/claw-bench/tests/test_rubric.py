@@ -124,8 +124,8 @@ def test_chain_scores_weighted_fraction_and_skips_what_a_failed_criterion_requir
 
 
 def test_all_criteria_pass_through_the_anthropic_api():
-    """Every criterion YES: reward 1 and passed; the call id falls back to nothing but the
-    header here, which the scripted judge always sends."""
+    """Every criterion YES (bare, with a full stop, or fenced JSON): reward 1 and passed; the
+    call ids come from claw-proxy's x-claw-call-id header."""
     sj = ScriptedJudge({"a": ["YES"], "b": ["yes."], "c": ['```json\n{"verdict": "YES"}\n```']})
     out = score_run(_run(), judge=sj.judge(api="anthropic"))
     assert (out["reward"], out["passed"]) == (1.0, True)
@@ -369,3 +369,16 @@ def test_cli_score_asks_a_real_endpoint_once_per_criterion_and_caches_next_to_th
     assert [v["verdict"] for v in out["details"]["criteria"]] == ["fail", "skipped", "pass"]
     assert out["reward"] == pytest.approx(0.25)
     assert len((tmp_path / "runs.jsonl.judge-cache.jsonl").read_text().splitlines()) == 2
+
+
+def test_without_the_proxy_header_the_call_id_is_the_response_id():
+    """A judge that is no claw-proxy (no x-claw-call-id) is linked by its response's id."""
+
+    def plain(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, json={"id": "chatcmpl-42", "choices": [{"message": {"content": "YES"}}]}
+        )
+
+    judge = Judge(base_url="http://judge.test/v1", model="m", transport=httpx.MockTransport(plain))
+    out = score_run(_run(), judge=judge)
+    assert [v["call_id"] for v in out["details"]["criteria"]] == ["chatcmpl-42"] * 3
