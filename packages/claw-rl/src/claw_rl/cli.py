@@ -156,6 +156,17 @@ def _run_options(algos: tuple[str, ...], *, samples: str, config: str, batch: st
             show_default=True,
             help="Policy version of --model (the next saved policy is this + 1).",
         ),
+        click.option(
+            "--tensorboard",
+            is_flag=True,
+            help="Also log each metrics row to OUT/tensorboard (the tensorboard extra).",
+        ),
+        click.option(
+            "--wandb",
+            is_flag=True,
+            help="Also log each metrics row to a W&B run in OUT/wandb (the wandb extra; "
+            "WANDB_MODE=offline: no network, `wandb sync` it later).",
+        ),
         _config_options(algos),
     ]
 
@@ -192,6 +203,19 @@ def _checkpoint_of(path: Path) -> Path:
     return loop.checkpoint_dir(path, len(loop.completed_steps(path)))
 
 
+def _progress(n_steps: int, rank: int, algo: str):
+    """The step indices, with a progress bar on a terminal (rank 0, more than one step)."""
+    steps = range(n_steps)
+    if rank != 0 or not sys.stderr.isatty() or n_steps < 2:
+        return steps
+    try:
+        from tqdm import tqdm  # comes with transformers; no bar without it
+    except ImportError:
+        return steps
+    desc = f"claw-rl {'sft' if algo == 'sft' else 'train'}"
+    return tqdm(steps, desc=desc, unit="step", file=sys.stderr)
+
+
 def _run(
     algo: str,
     model_dir: Path | None,
@@ -211,8 +235,11 @@ def _run(
     from claw_rl.config import dump_toml
     from claw_rl.learner import Learner
     from claw_rl.records import read_samples, write_jsonl
+    from claw_rl.tracking import close_trackers, open_trackers
 
     rank, _ = init_from_env()  # a no-op outside torchrun
+    track = {key: flags.pop(key) for key in ("tensorboard", "wandb")}
+    trackers: list = []
     try:
         samples = read_samples(samples_path)  # a bad file is reported before a model loads
         if not samples:
@@ -237,22 +264,12 @@ def _run(
                 (out_dir / "config.toml").write_text(dump_toml(learner.config, algo))
             except OSError as exc:  # e.g. made unwritable since the command line was checked
                 raise click.ClickException(f"--output {out_dir}: {exc.strerror}") from None
-        steps = range(n_steps)
-        if rank == 0 and sys.stderr.isatty() and n_steps > 1:
-            try:
-                from tqdm import tqdm  # comes with transformers; no bar without it
-            except ImportError:
-                pass
-            else:
-                steps = tqdm(
-                    steps,
-                    desc=f"claw-rl {'sft' if algo == 'sft' else 'train'}",
-                    unit="step",
-                    file=sys.stderr,
-                )
+        steps = _progress(n_steps, rank, algo)
         if rank == 0:
             loop.drop_incomplete(out_dir)  # a policies.jsonl row of a step cut off in OUT
         first = len(loop.completed_steps(out_dir))
+        if rank == 0:
+            trackers = open_trackers(out_dir, **track, config=learner.config.to_dict())
         for k in steps:
             row, policy = loop.train_step(
                 learner,
@@ -263,6 +280,8 @@ def _run(
                 extra={"samples_file": samples_path, "batch": k},
             )
             if rank == 0:
+                for tracker in trackers:
+                    tracker.log(row)
                 write_jsonl([policy], sys.stdout)
                 metrics = row["learner"]
                 click.echo(
@@ -272,6 +291,8 @@ def _run(
                 )
     except ClawError as exc:
         raise _fail(exc) from exc
+    finally:
+        close_trackers(trackers)
     shutdown()
 
 
