@@ -427,6 +427,12 @@ def jobs() -> list[dict]:
             ("image_run", ["RUN apt-get install -y jq"], "a list"),
             ("image_env", {"PATH": "/opt/x/bin:/usr/bin:/bin"}, "strings"),
             ("verify.reset", [".verify"], "a directory the verifier owns"),
+            ("services", [{"name": "db", "image": "postgres:16"}], "a sidecar"),
+            (
+                "services",
+                [{"name": "web", "image": "srv:1", "healthcheck": {"command": ["true"]}}],
+                "a sidecar with a healthcheck",
+            ),
         ],
     )
     out.append(case("bare job (schema, job_id, command)", line(bare), "accept"))
@@ -476,6 +482,14 @@ def jobs() -> list[dict]:
             ("mounts", {"target": "/x"}, "an object"),
             ("image_run", "RUN true", "a string"),
             ("image_env", {"PATH": 1}, "with a number"),
+            ("services", {"name": "db", "image": "x"}, "an object"),
+            ("services", [{"name": "db"}], "without an image"),
+            ("services", [{"name": "Bad Name", "image": "x"}], "with a bad name"),
+            (
+                "services",
+                [{"name": "db", "image": "x", "healthcheck": {}}],
+                "a healthcheck without a command",
+            ),
         ],
     )
     return out

@@ -223,3 +223,86 @@ def test_steps_on_docker(docker_backend, tmp_path):
     runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, workdir=tmp_path)}
     check_steps_run(runs["s3d"])
     check_gated_run(runs["gatedd"])
+
+
+#: a sidecar that serves "blue" over HTTP on port 8080, ready (its healthcheck passes) only after
+#: a second: a job started before it is ready finds nothing there
+SERVE = (
+    "sleep 1; touch /tmp/ready; "
+    "while true; do printf 'HTTP/1.0 200 OK\\r\\n\\r\\nblue\\n' | nc -l -p 8080; done"
+)
+WEB = {"name": "web", "image": IMAGE, "command": SERVE, "env": {"COLOR": "blue"},
+       "healthcheck": {"command": "test -e /tmp/ready", "interval_s": 0.2, "retries": 100}}  # fmt: skip
+
+
+def _job_leftovers(client, job_id: str) -> list[str]:
+    label = {"label": f"claw-sandbox.job={job_id}"}
+    return [c.name for c in client.containers.list(all=True, filters=label)] + [
+        n.name for n in client.networks.list(filters=label)
+    ]
+
+
+def test_services_on_docker(docker_backend, tmp_path):
+    """A job with a service reaches it by name once it is healthy (claw and harbor profiles); the
+    service and the job's network are gone after the job; a service whose healthcheck never
+    passes is an infra error naming it; policy host is refused."""
+    get = "wget -q -O- http://web:8080/ > /logs/verifier/got; cat /logs/verifier/got"
+    hb = job(
+        "svc-hb", image=IMAGE, profile="harbor", workdir="/app", command=get, services=[WEB],
+        mounts=[{"target": "/logs/verifier"}], collect=["/logs/verifier/got"],
+    )  # fmt: skip
+    sick = {
+        **WEB,
+        "name": "db",
+        "healthcheck": {"command": "false", "interval_s": 0.2, "retries": 2},
+    }
+    jobs = [
+        job("svc", image=IMAGE, command="wget -q -O- http://web:8080/", services=[WEB]),
+        hb,
+        job("svc-sick", image=IMAGE, command="echo never", services=[sick]),
+        job("svc-host", image=IMAGE, command="true", services=[WEB], network={"policy": "host"}),
+    ]
+    runs = {r["job_id"]: r for r in run_jobs(jobs, backend=docker_backend, workdir=tmp_path)}
+    assert runs["svc"]["status"] == "ok" and runs["svc"]["stdout_tail"] == "blue\n", runs["svc"]
+    assert runs[hb["job_id"]]["collected"]["/logs/verifier/got"] == "blue\n", runs[hb["job_id"]]
+    assert runs["svc-sick"]["status"] == "infra_error", runs["svc-sick"]
+    assert "service db is unhealthy" in runs["svc-sick"]["error"]
+    assert "never" not in runs["svc-sick"]["stdout_tail"]
+    assert runs["svc-host"]["status"] == "error" and "policy host" in runs["svc-host"]["error"]
+    client = docker_backend.client()
+    for j in jobs:
+        assert _job_leftovers(client, j["job_id"]) == [], j["job_id"]
+
+
+def test_services_without_the_sidecar_fail(docker_backend, tmp_path):
+    """The same job without its service cannot reach `web` (the sidecar is what it checks)."""
+    (run,) = run_jobs(
+        [job("nosvc", image=IMAGE, command="wget -q -O- http://web:8080/ || echo unreachable")],
+        backend=docker_backend, workdir=tmp_path,
+    )  # fmt: skip
+    assert run["stdout_tail"] == "unreachable\n", run
+
+
+def test_sweep_removes_what_a_killed_runner_left(docker_backend):
+    """A service container and network labelled with a runner pid that no longer runs are removed
+    by the sweep; a live runner's are kept."""
+    from claw_sandbox.backends._docker_services import RUNNER_LABEL, runner_id, sweep_services
+
+    client = docker_backend.client()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = runner_id().rpartition(":")[0]
+    made = []
+    for who in (f"{host}:{dead.pid}", runner_id()):
+        labels = {RUNNER_LABEL: who, "claw-sandbox.job": "sweep-test"}
+        net = client.networks.create(f"claw-sweep-{len(made)}-{os.getpid()}", labels=labels,
+                                     internal=True)  # fmt: skip
+        c = client.containers.create(IMAGE, ["sleep", "30"], labels=labels, network=net.name)
+        made.append((net, c))
+    try:
+        assert sweep_services(client) >= 2
+        left = _job_leftovers(client, "sweep-test")
+        assert sorted(left) == sorted([made[1][0].name, made[1][1].name]), left
+    finally:
+        made[1][1].remove(force=True)
+        made[1][0].remove()

@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -403,10 +404,108 @@ def _verify_out(verify: Verify) -> dict:
     return v
 
 
+_SERVICE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+@attrs.frozen(kw_only=True)
+class Healthcheck:
+    """A service's readiness probe: ``command`` run inside the service until it exits 0, every
+    ``interval_s``, at most ``retries`` times (Compose's healthcheck)."""
+
+    command: Command
+    interval_s: float = 1.0
+    timeout_s: float = 30.0
+    retries: int = 30
+    start_period_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, field: str) -> Healthcheck:
+        if not isinstance(d, dict):
+            raise _fail(where, field, "expected an object")
+        if "command" not in d:
+            raise _fail(where, f"{field}/command", "missing required field")
+        out: dict[str, Any] = {"command": _command(d["command"], where, f"{field}/command")}
+        for key in ("interval_s", "timeout_s", "start_period_s"):
+            v = _get(d, key, (int, float), where, f"{field}/{key}")
+            if v is not None:
+                if v < 0 or (v == 0 and key != "start_period_s"):
+                    raise _fail(where, f"{field}/{key}", f"must be positive, got {v}")
+                out[key] = float(v)
+        retries = _get(d, "retries", int, where, f"{field}/retries")
+        if retries is not None:
+            if retries < 1:
+                raise _fail(where, f"{field}/retries", f"must be at least 1, got {retries}")
+            out["retries"] = retries
+        return cls(**out)
+
+    def to_dict(self) -> dict:
+        d = attrs.asdict(self)
+        d["command"] = list(self.command) if isinstance(self.command, tuple) else self.command
+        return d
+
+
+@attrs.frozen(kw_only=True)
+class Service:
+    """A sidecar container started next to the job (Compose's services): reachable from the job
+    by ``name``; started in order, each healthy (when it has a healthcheck) before the next."""
+
+    name: str
+    image: str
+    env: dict[str, str] = attrs.field(factory=dict)
+    command: Command | None = None  # None: the image's own CMD
+    healthcheck: Healthcheck | None = None
+
+    @classmethod
+    def list_from(cls, value: Any, where: str) -> tuple[Service, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise _fail(where, "services", "expected a list of service objects")
+        out = tuple(cls.from_dict(s, where, f"services/{i}") for i, s in enumerate(value))
+        names = [s.name for s in out]
+        if len(set(names)) != len(names):
+            raise _fail(where, "services", f"service names repeat: {names}")
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, field: str) -> Service:
+        if not isinstance(d, dict):
+            raise _fail(where, field, "expected an object")
+        name = d.get("name")
+        if not isinstance(name, str) or not _SERVICE_NAME.match(name):
+            raise _fail(where, f"{field}/name", f"expected a host name ([a-z0-9_.-]), got {name!r}")
+        image = d.get("image")
+        if not isinstance(image, str) or not image:
+            raise _fail(where, f"{field}/image", "missing required field (a non-empty string)")
+        env = _get(d, "env", dict, where, f"{field}/env", {})
+        for k, v in env.items():
+            if not isinstance(v, str):
+                raise _fail(where, f"{field}/env/{k}", "environment values must be strings")
+        command, hc = d.get("command"), d.get("healthcheck")
+        health = None if hc is None else Healthcheck.from_dict(hc, where, f"{field}/healthcheck")
+        return cls(
+            name=name,
+            image=image,
+            env=dict(env),
+            command=None if command is None else _command(command, where, f"{field}/command"),
+            healthcheck=health,
+        )
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"name": self.name, "image": self.image}
+        if self.env:
+            d["env"] = dict(self.env)
+        if self.command is not None:
+            d["command"] = list(self.command) if isinstance(self.command, tuple) else self.command
+        if self.healthcheck is not None:
+            d["healthcheck"] = self.healthcheck.to_dict()
+        return d
+
+
 _JOB_FIELDS = {
     "schema", "job_id", "workspace", "image", "setup", "command", "env", "timeout_s",
     "limits", "network", "verify", "collect", "keep", "meta", "workdir", "profile", "mounts",
-    "image_run", "image_env", "steps",
+    "image_run", "image_env", "steps", "services",
 }  # fmt: skip
 
 
@@ -442,6 +541,8 @@ class Job:
 
     #: run in order in place of `command` (after `setup`); `verify` then runs after the last
     steps: tuple[Step, ...] = ()
+    #: sidecar containers reachable by name while the job runs (docker backend only)
+    services: tuple[Service, ...] = ()
 
     def verifies(self) -> tuple[Verify, ...]:
         """Every verify of the job: each step's, then the job's own."""
@@ -530,6 +631,7 @@ class Job:
             image_run=tuple(image_run),
             image_env=dict(image_env),
             steps=steps,
+            services=Service.list_from(d.get("services"), where),
         )._check_places(where)
 
     def _check_places(self, where: str) -> Job:
@@ -587,6 +689,8 @@ class Job:
             d["image_env"] = dict(self.image_env)
         if self.steps:
             d["steps"] = [s.to_dict() for s in self.steps]
+        if self.services:
+            d["services"] = [s.to_dict() for s in self.services]
         return d
 
 

@@ -264,6 +264,7 @@ class Backend(abc.ABC):
     isolates: ClassVar[bool]
     warning: ClassVar[str] = ""
     builds_images: ClassVar[bool] = False  # runs jobs in their `image` (else image_run is skipped)
+    runs_services: ClassVar[bool] = False  # starts a job's `services` (sidecar containers)
 
     @abc.abstractmethod
     def unavailable(self) -> str | None: ...
@@ -275,6 +276,12 @@ class Backend(abc.ABC):
         """Reject what this backend cannot do for a job (JobError, reported per job)."""
         if job.network.policy == "proxy" and job.network.port is None:
             raise JobError(f"job {job.job_id!r}: network/port: policy proxy needs a port")
+        if job.services and not self.runs_services:
+            names = ", ".join(s.name for s in job.services)
+            raise JobError(
+                f"job {job.job_id!r}: services: the {self.name} backend cannot start sidecar "
+                f"containers ({names}); run the job on the docker backend"
+            )
 
 
 def venv_paths(command: Command) -> list[str]:

@@ -34,6 +34,7 @@ from typing import Any
 
 from claw_sandbox import _forward, _tmpfs
 from claw_sandbox._proc import StepResult
+from claw_sandbox.backends._docker_services import JobServices, sweep_services
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, Step, Verify, is_under, parse_http_url
@@ -85,6 +86,7 @@ class DockerSandbox(Sandbox):
         self.placed: set[str] = set()  # verify-only mount targets now copied into the container
         self.forwarder: subprocess.Popen | None = None
         self.trial_pids = "1"  # the trial container's own processes (in its pid namespace)
+        self.services: JobServices | None = None  # the job's sidecars and their network
         if job.profile == "harbor":
             self.owner = None  # root (or the image's USER) inside owns what it writes
         self.limits = effective_limits(
@@ -98,8 +100,16 @@ class DockerSandbox(Sandbox):
             host, port = parse_http_url(self.job.network.proxy_url or "")
             self.relay = _forward.Relay(host, port)
             await self.relay.start_unix(self.jobdir / "run" / "proxy.sock")
+        if self.job.services:
+            await asyncio.to_thread(self._start_services)
         if self.job.profile == "harbor":
             await asyncio.to_thread(self._start_trial)
+
+    def _start_services(self) -> None:
+        """The job's network and sidecars, ready within the job's timeout (their start counts)."""
+        self.backend.sweep_services()
+        self.services = JobServices(self.backend.client(), self.job)
+        self.services.start(time.monotonic() + self.job.timeout_s)
 
     def _harbor_config(self) -> dict:
         """The trial container: docker's defaults (capabilities, writable filesystem, the image's
@@ -345,6 +355,9 @@ class DockerSandbox(Sandbox):
             "network_mode": "host" if self.job.network.policy == "host" else "none",
             "labels": {"claw-sandbox.job": self.job.job_id[:200]},
         }  # fmt: skip
+        if self.services is not None:  # the job's own network, where its services are
+            config["network_mode"] = self.services.network_name
+            config["labels"] = self.services.labels
         if self.owner:
             config["user"] = f"{self.owner[0]}:{self.owner[1]}"
         if limits.memory_mb:
@@ -478,6 +491,9 @@ class DockerSandbox(Sandbox):
             self.forwarder = None
         if self.container is not None:
             await asyncio.to_thread(self._remove_container)
+        if self.services is not None:  # after the trial container, which is on their network
+            await asyncio.to_thread(self.services.remove)
+            self.services = None
         if self.relay is not None:
             await self.relay.close()
             self.relay = None
@@ -557,6 +573,7 @@ class DockerBackend(Backend):
     name = "docker"
     isolates = True
     builds_images = True
+    runs_services = True
 
     def __init__(
         self, *, default_image: str | None = None, uid: int = 65534, gid: int = 65534,
@@ -567,6 +584,15 @@ class DockerBackend(Backend):
         self.owner = (uid, gid) if os.geteuid() == 0 else None
         self.socat = shutil.which("socat")
         self._client = None
+        self._swept = False
+        self._sweep_lock = threading.Lock()
+
+    def sweep_services(self) -> None:
+        """Once per backend: remove the services and networks killed runners left behind."""
+        with self._sweep_lock:
+            if not self._swept:
+                self._swept = True
+                sweep_services(self.client())
 
     def client(self):
         if self._client is None:
@@ -609,6 +635,11 @@ class DockerBackend(Backend):
                     f"network ({job.network.policy}); the docker backend gives a job's steps one "
                     "network (use bwrap, or give the job that network)"
                 )
+        if job.services and job.network.policy == "host":
+            raise JobError(
+                f"job {job.job_id!r}: services: a job with services runs on their network; "
+                "network policy host cannot reach them (use none or proxy)"
+            )
         if job.profile == "harbor":
             for v in job.verifies():
                 for p in (*v.reset, *([v.reward_file] if v.reward_file else [])):

@@ -1,0 +1,184 @@
+"""A job's sidecar containers on docker (claw.job/v1 ``services``, Compose's services).
+
+The job gets a network of its own (``internal``: it reaches nothing outside, like policy
+``none``); each service runs on it with its name as host name and network alias, so the job's
+containers, which join the same network, reach ``db:5432`` as they would under Compose. Services
+start in order; one with a healthcheck (Docker's own, run by the engine) must be healthy before
+the next starts, one without must be running. Everything is labelled with the runner that made
+it (``claw-sandbox.runner``: host name and pid), so a later runner removes what a killed one left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from claw_sandbox.errors import InfraError, JobError
+from claw_sandbox.records import Healthcheck, Job, Service
+
+#: label on every service container and job network: ``<host name>:<runner pid>``
+RUNNER_LABEL = "claw-sandbox.runner"
+JOB_LABEL = "claw-sandbox.job"
+POLL_S = 0.2
+
+
+def runner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _health(hc: Healthcheck) -> dict[str, Any]:
+    """The engine's healthcheck config (durations in nanoseconds)."""
+    test = ["CMD-SHELL", hc.command] if isinstance(hc.command, str) else ["CMD", *hc.command]
+    return {
+        "test": test,
+        "interval": int(hc.interval_s * 1e9),
+        "timeout": int(hc.timeout_s * 1e9),
+        "retries": hc.retries,
+        "start_period": int(hc.start_period_s * 1e9),
+    }
+
+
+def _argv(command: Any) -> list[str] | None:
+    if command is None:
+        return None
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+class JobServices:
+    """The network and service containers of one job; :meth:`remove` takes them all down."""
+
+    def __init__(self, client: Any, job: Job) -> None:
+        self.client = client
+        self.job = job
+        self.labels = {RUNNER_LABEL: runner_id(), JOB_LABEL: job.job_id[:200]}
+        self.network: Any = None
+        self.containers: list[Any] = []
+
+    @property
+    def network_name(self) -> str:
+        assert self.network is not None
+        return self.network.name
+
+    def start(self, deadline: float) -> None:
+        """Create the network, then start each service and wait until it is ready (healthy, or
+        running when it has no healthcheck), all before ``deadline`` (time.monotonic)."""
+        import docker.errors
+
+        name = f"claw-{uuid.uuid4().hex[:16]}"
+        try:
+            self.network = self.client.networks.create(
+                name, driver="bridge", internal=True, labels=self.labels
+            )
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker could not create the job's network: {exc}") from exc
+        for svc in self.job.services:
+            self._ready(self._start_one(svc), svc, deadline)
+
+    def _start_one(self, svc: Service) -> Any:
+        import docker.errors
+
+        api = self.client.api
+        config: dict[str, Any] = {
+            "image": svc.image, "command": _argv(svc.command), "environment": dict(svc.env),
+            "hostname": svc.name, "labels": self.labels,
+            "network": self.network_name,
+            "networking_config": {
+                self.network_name: api.create_endpoint_config(aliases=[svc.name])
+            },
+        }  # fmt: skip
+        if svc.healthcheck is not None:
+            config["healthcheck"] = _health(svc.healthcheck)
+        try:
+            container = self.client.containers.create(**config)  # create never pulls
+        except docker.errors.ImageNotFound:
+            raise JobError(
+                f"job {self.job.job_id!r}: services: {svc.name}: image {svc.image!r} not found "
+                "(build or pull it first)"
+            ) from None
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker could not create service {svc.name}: {exc}") from exc
+        self.containers.append(container)
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker could not start service {svc.name}: {exc}") from exc
+        return container
+
+    def _ready(self, container: Any, svc: Service, deadline: float) -> None:
+        from claw_sandbox.backends.docker import _not_running
+
+        while True:
+            container.reload()
+            state = container.attrs.get("State", {})
+            if state.get("Status") != "running":
+                raise InfraError(_not_running(container, dict(svc.env), f"service {svc.name}"))
+            health = (state.get("Health") or {}).get("Status")
+            if svc.healthcheck is None or health == "healthy":
+                return
+            if health == "unhealthy":
+                log = (state.get("Health") or {}).get("Log") or [{}]
+                out = str(log[-1].get("Output", "")).strip()[-300:]
+                raise InfraError(
+                    f"service {svc.name} is unhealthy: its healthcheck failed "
+                    f"{svc.healthcheck.retries} times (last output: {out!r})"
+                )
+            if time.monotonic() > deadline:
+                raise InfraError(
+                    f"service {svc.name} was not healthy within the job's timeout "
+                    f"({self.job.timeout_s:g}s)"
+                )
+            time.sleep(POLL_S)
+
+    def remove(self) -> None:
+        """Remove every service container (killed) and the network; errors are ignored (what is
+        left carries the runner's label for the next sweep)."""
+        import docker.errors
+
+        for c in reversed(self.containers):
+            with contextlib.suppress(docker.errors.APIError):
+                c.remove(force=True)
+        self.containers.clear()
+        if self.network is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                self.network.remove()
+            self.network = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _dead_runner(labels: dict[str, str] | None) -> bool:
+    """True when the label names a runner on this host that no longer runs."""
+    host, _, pid = (labels or {}).get(RUNNER_LABEL, "").rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+
+
+def sweep_services(client: Any) -> int:
+    """Remove the service containers and job networks that runners on this host left when they
+    were killed; returns how many containers and networks were removed."""
+    import docker.errors
+
+    removed = 0
+    found = client.containers.list(all=True, filters={"label": RUNNER_LABEL})
+    for c in found:
+        if _dead_runner(c.labels):
+            with contextlib.suppress(docker.errors.APIError):
+                c.remove(force=True)
+                removed += 1
+    for n in client.networks.list(filters={"label": RUNNER_LABEL}):
+        if _dead_runner(n.attrs.get("Labels")):
+            with contextlib.suppress(docker.errors.APIError):
+                n.remove()
+                removed += 1
+    return removed
