@@ -30,6 +30,7 @@ OUTPUT_COMMANDS = {
     "claw-bench rollouts",
     "claw-bench score",
     "claw-bench regrade",
+    "claw-bench trials",
     "claw-bench expert",
 }
 

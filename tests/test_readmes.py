@@ -2,11 +2,12 @@
 
 The commands run in a scratch directory that holds what the READMEs assume is at hand: the
 golden records of formats/ as calls.jsonl / outcomes.jsonl, a secret file, the tiny model at
-runs/tiny, claw-bench's ClawGym fixture tasks as ClawGym-Bench/, and links to tests/ and formats/. Lines that start a server in the background or
+runs/tiny, claw-bench's ClawGym fixture tasks as ClawGym-Bench/, a Harbor registry.json over its Harbor fixtures, and links to tests/ and formats/. Lines that start a server in the background or
 need a real harness (claude) are left out; the examples and harness tests cover those. A Python
 block whose fence names a file (```python file=verify.py) shows a file, not a snippet to run.
 """
 
+import json
 import os
 import re
 import shutil
@@ -57,6 +58,11 @@ def scratch(tmp_path_factory):
         ROOT / "packages" / "claw-bench" / "tests" / "fixtures" / "issue16" / "harbor",
         d / "harbor-tasks",
     )
+    # ... and a registry in Harbor's format naming two of them, for `plan -d NAME@VERSION`
+    tasks = [{"name": n, "git_url": None, "path": f"harbor-tasks/{n}"}
+             for n in ("hb-workdir-app", "hb-checksum")]  # fmt: skip
+    registry = [{"name": "terminal-bench", "version": "2.0", "tasks": tasks}]
+    (d / "registry.json").write_text(json.dumps(registry))
     return d
 
 

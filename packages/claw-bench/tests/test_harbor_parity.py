@@ -211,3 +211,44 @@ def test_verify_network_follows_allow_internet(tmp_path):
     assert task.meta["allow_internet"] is False
     (job,) = plan_jobs([task], [load_harness("oracle")], samples=1, verify_network=True)
     assert "network" not in job["verify"]
+
+
+def test_trials_write_harbors_job_directory_and_report_lists_them(tmp_path):
+    """claw-bench trials: one folder per trial (agent/, verifier/ with reward.txt and
+    test-stdout.txt, result.json with Harbor's fields); the outcomes gain meta.trial_dir and
+    claw-bench report --trials prints each trial's folder. An infra error's result.json carries
+    exception_info."""
+    from bench_testlib import run_job
+    from claw_bench import score_run
+
+    (job,) = _plan()
+    run = run_job(job, tmp_path / "work")
+    broken = {**run, "job_id": "broken", "status": "infra_error", "verify": None,
+              "error": "bwrap: no user namespaces", "meta": {**run["meta"], "session": "s-broken"}}  # fmt: skip
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in (run, broken)))
+    outcomes = "".join(json.dumps(score_run(r)) + "\n" for r in (run, broken))
+    jobs_dir = tmp_path / "jobs"
+    args = ["trials", "--runs", str(runs), "--jobs-dir", str(jobs_dir)]
+    res = CliRunner().invoke(main, args, input=outcomes)
+    assert res.exit_code == 0, res.output
+    ok, bad = [json.loads(line) for line in res.stdout.splitlines()]
+    trial = Path(ok["meta"]["trial_dir"])
+    assert trial.parent == jobs_dir.resolve() and trial.name.startswith("hello-harbor__")
+    assert (trial / "verifier" / "reward.txt").read_text().strip() == "1"
+    assert (trial / "verifier" / "test-stdout.txt").is_file() and (trial / "agent").is_dir()
+    result = json.loads((trial / "result.json").read_text())
+    assert result["task_name"] == "hello-harbor" and result["trial_name"] == trial.name
+    assert result["verifier_result"] == {"rewards": {"reward": 1.0}}
+    assert result["exception_info"] is None and result["agent_info"]["name"] == "oracle"
+    err = json.loads((Path(bad["meta"]["trial_dir"]) / "result.json").read_text())
+    assert err["exception_info"]["exception_message"] == "bwrap: no user namespaces"
+    assert err["verifier_result"] is None
+    out = tmp_path / "outcomes.jsonl"
+    out.write_text(res.stdout)
+    rep = CliRunner().invoke(main, ["report", str(out), "--trials"])
+    assert rep.exit_code == 0, rep.output
+    assert str(trial) in rep.stdout and bad["meta"]["trial_dir"] in rep.stdout
+    stray = json.dumps({**ok, "job_id": "nope", "session": "nope"}) + "\n"
+    res = CliRunner().invoke(main, args, input=stray)
+    assert res.exit_code != 0 and "no run with job_id 'nope'" in res.output

@@ -57,16 +57,20 @@ _STRICT_HELP = (
 )
 
 
-def _suite(suite: str, options: LoadOptions | None = None, strict: bool = False) -> Suite:
-    """load_suite, with one warning line per skipped task (its path and the reason)."""
+def _suite(
+    suite: str, options: LoadOptions | None = None, strict: bool = False, backend: str | None = None
+) -> Suite:
+    """load_suite, with one warning line per skipped task (its path and the reason) and per task
+    that cannot run on `backend`."""
+    from claw_bench.harbor import unsupported_reason
     from claw_bench.suites import load_suite
 
-    s = load_suite(suite, options, strict=strict)
+    s = load_suite(suite, options, strict=strict, backend=backend)
     for path, reason in s.skipped:
         _log(f"warning: skipped {path}: {' '.join(reason.split())}")
     for t in s.tasks:
-        if isinstance(t.meta.get("unsupported"), str):
-            _log(f"warning: task {t.id} will not run (not_scorable): {t.meta['unsupported']}")
+        if (why := unsupported_reason(t.meta, backend)) is not None:
+            _log(f"warning: task {t.id} will not run (not_scorable): {why}")
     return s
 
 
@@ -341,6 +345,7 @@ def _planned(
     pass_threshold: float,
     workspace_dir: str | None,
     checker_timeout: float | None,
+    backend: str | None = None,
 ) -> tuple[list[Task], list[Harness], dict[str, Any]]:
     """The tasks, the harnesses and `plan_jobs`'s other arguments, from plan's options."""
     from claw_bench.harnesses import load_harness
@@ -357,7 +362,7 @@ def _planned(
         checker_timeout_s=checker_timeout,
     )
     suite = _suite_or_dataset(suite, dataset, registry)
-    s = _suite(suite, options, strict).select(list(task_ids) or None, list(tags) or None)
+    s = _suite(suite, options, strict, backend).select(list(task_ids) or None, list(tags) or None)
     hs = [load_harness(h) for h in harness_names]
     needs = [h.name for h in hs if h.needs_model]
     if needs and not (proxy_url and proxy_secret_file):
@@ -383,6 +388,7 @@ def _planned(
         "limits": {k: v for k, v in limits.items() if v is not None},
         "timeout_multiplier": timeout_multiplier,
         "verify_network": verify_network,
+        "backend": backend,
     }
     return list(s.tasks), hs, kwargs
 
@@ -393,6 +399,15 @@ def _planned_line(tasks: list[Task], hs: list[Harness], samples: int) -> str:
 
 @main.command()
 @_plan_options
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice(["auto", "bwrap", "docker", "process"]),
+    default="auto",
+    show_default=True,
+    help="claw-sandbox backend the jobs will run on: with docker, a Harbor task's compose "
+    "sidecars become the job's services; elsewhere such a task is a not_scorable job",
+)
 @click.option(
     "-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file"
 )
@@ -501,7 +516,7 @@ def rollouts(
     from claw_bench.rollouts import rollouts as run_rollouts
     from claw_bench.rollouts import sandbox_cli
 
-    tasks, hs, kwargs = _planned(**options)
+    tasks, hs, kwargs = _planned(backend=backend, **options)
     sandbox = sandbox_cli(
         backend=backend, parallel=parallel, executor=executor, output=runs_output, args=sandbox_args
     )
@@ -749,6 +764,49 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     _log(f"regraded {n} runs with their transcripts")
 
 
+@main.command()
+@click.argument("outcomes", default="-")
+@click.option(
+    "--runs",
+    "runs_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="the claw.run/v1 records the outcomes were scored from",
+)
+@click.option(
+    "--jobs-dir",
+    "-j",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="the job directory: one folder per trial is written in it",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    show_default=True,
+    callback=output_path,
+    help="outcomes JSONL file (with meta.trial_dir)",
+)
+@_errors
+def trials(outcomes: str, runs_path: str, jobs_dir: str, output: str) -> None:
+    """Write Harbor's per-trial job directory: JOBS_DIR/<task>__<id>/ with agent/, verifier/,
+    artifacts/ and result.json, from the runs and their outcomes; the outcomes pass through with
+    meta.trial_dir, for claw-bench report --trials.
+
+    Example: claw-sandbox run jobs.jsonl > runs.jsonl; claw-bench score runs.jsonl
+    | claw-bench trials --runs runs.jsonl --jobs-dir jobs/tb2 > outcomes.jsonl
+    """
+    from pathlib import Path
+
+    from claw_bench.records import OUTCOME, RUN, iter_records, read_records, write_records
+    from claw_bench.trials import export_trials
+
+    runs = read_records(runs_path, RUN)
+    n = write_records(output, export_trials(iter_records(outcomes, OUTCOME), runs, Path(jobs_dir)))
+    _log(f"wrote {n} trial folders under {jobs_dir}")
+
+
 @main.command(name="report")
 @click.argument("outcomes", default="-")
 @click.option(
@@ -792,6 +850,12 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     help="bootstrap rounds",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap random seed")
+@click.option(
+    "--trials",
+    "list_trials",
+    is_flag=True,
+    help="also list each trial's folder (meta.trial_dir, written by claw-bench trials)",
+)
 @_errors
 def report_(
     outcomes: str,
@@ -804,10 +868,13 @@ def report_(
     confidence: float,
     rounds: int,
     seed: int,
+    list_trials: bool,
 ) -> None:
     """Pass@1 and unbiased Pass@k per harness and per task, with bootstrap confidence intervals.
 
     Example: claw-bench report outcomes.jsonl -k 1 -k 4 --compare baseline.jsonl --plot passk.png
+
+    Example: claw-bench report outcomes.jsonl --trials  (each trial's Harbor-style folder)
 
     Example: claw-bench report outcomes.jsonl --reward-cutoff 0.5 --reward-cutoff 1.0
     """
@@ -827,9 +894,12 @@ def report_(
         "rounds": rounds,
         "seed": seed,
     }
-    rep = report(
-        read_records(outcomes, OUTCOME, check_outcome), **opts, thresholds=list(thresholds) or None
-    )
+    rows = read_records(outcomes, OUTCOME, check_outcome)
+    rep = report(rows, **opts, thresholds=list(thresholds) or None)
+    if list_trials:
+        from claw_bench.trials import trial_rows
+
+        rep["trials"] = trial_rows(rows)
     base = None
     if other:
         base = report(read_records(other, OUTCOME, check_outcome), **{**opts, "ks": rep["ks"]})
@@ -841,6 +911,10 @@ def report_(
         click.echo(
             json.dumps(rep) if as_json else render_text(rep, per_task=not no_tasks), nl=as_json
         )
+    if list_trials and not as_json:
+        from claw_bench.trials import render_trials
+
+        click.echo(render_trials(rep["trials"]), nl=False)
     if plot_path:
         _log(f"wrote {plot_report(rep, plot_path, other=base)}")
 
