@@ -155,3 +155,18 @@ def test_verify_network_round_trips_and_bad_values_name_the_field():
     assert Job.from_dict(job("vp", verify={"command": "true"})).verify.network is None
     with pytest.raises(JobError, match="verify/network"):
         Job.from_dict(job("vb", verify={"command": "true", "network": {"policy": "proxy"}}))
+
+
+def test_docker_refuses_a_verify_network_other_than_the_jobs():
+    """The docker backend runs a job's steps in one container (one network): a verify step that
+    asks for another network is a JobError naming verify/network, checked without a daemon."""
+    from claw_sandbox.backends.docker import DockerBackend
+
+    backend = DockerBackend(default_image="img")
+    backend.check_job(
+        Job.from_dict(job("same", verify={"command": "true", "network": {"policy": "none"}}))
+    )
+    with pytest.raises(JobError, match="verify/network: host differs"):
+        backend.check_job(
+            Job.from_dict(job("vh", verify={"command": "true", "network": {"policy": "host"}}))
+        )
