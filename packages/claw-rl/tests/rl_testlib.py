@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -164,3 +165,31 @@ def torchrun_cmd(nproc: int, *target: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
             "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
             "--master_port", str(port), *target]  # fmt: skip
+
+
+def sft_chain_rows() -> list[dict]:
+    """Two SFT chain samples: a prompt of 4 tokens, a completion of 6."""
+    rows = []
+    for k in range(2):
+        ids = [(37 * k + 11 * i) % 900 + 3 for i in range(10)]
+        rows.append(
+            {
+                "schema": "claw.sample/v1",
+                "sample_id": f"s{k}",
+                "algo": "sft",
+                "input_ids": ids,
+                "position_ids": list(range(10)),
+                "parent": list(range(-1, 9)),
+                "trainable": [0] * 4 + [1] * 6,
+                "logprobs": [0.0] * 10,
+                "advantages": [0.0] * 10,
+                "loss_weights": [0.0] * 4 + [1 / 12] * 6,
+            }
+        )
+    return rows
+
+
+def write_rows(path, rows):
+    """`rows` as a JSONL file at `path`."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -12,40 +12,15 @@ from claw_rl.checkpoint import save_policy
 from claw_rl.cli import main
 from claw_rl.errors import ClawError
 from click.testing import CliRunner
+from rl_testlib import sft_chain_rows as _rows
+from rl_testlib import write_rows as _write
 
 pytest.importorskip("peft", reason="the lora extra is not installed")
-
-
-def _rows() -> list[dict]:
-    """Two SFT chain samples: a prompt of 4 tokens, a completion of 6."""
-    rows = []
-    for k in range(2):
-        ids = [(37 * k + 11 * i) % 900 + 3 for i in range(10)]
-        rows.append(
-            {
-                "schema": "claw.sample/v1",
-                "sample_id": f"s{k}",
-                "algo": "sft",
-                "input_ids": ids,
-                "position_ids": list(range(10)),
-                "parent": list(range(-1, 9)),
-                "trainable": [0] * 4 + [1] * 6,
-                "logprobs": [0.0] * 10,
-                "advantages": [0.0] * 10,
-                "loss_weights": [0.0] * 4 + [1 / 12] * 6,
-            }
-        )
-    return rows
 
 
 def _gap(x: list[list[float]], y: list[list[float]]) -> float:
     """The largest |difference| of two per-sample logprob lists."""
     return max(abs(a - b) for u, v in zip(x, y, strict=True) for a, b in zip(u, v, strict=True))
-
-
-def _write(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_cli_sft_lora_saves_adapter_dirs_and_resumes(tiny, tmp_path):
