@@ -101,10 +101,11 @@ def _host_path(job: dict[str, Any], ws: Path, path: str) -> Path:
     raise AssertionError(f"{path} is in no place of job {job['job_id']}")
 
 
-def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
+def run_job(job: dict[str, Any], root: Path, *, collect: bool = False) -> dict[str, Any]:
     """Execute a claw.job/v1 dict with plain subprocesses under ``root``; a claw.run/v1 dict.
 
-    A ``profile: "harbor"`` job runs each step in bwrap (see ``_harbor_argv``), skipping without it."""
+    A ``profile: "harbor"`` job runs each step in bwrap (see ``_harbor_argv``), skipping without it.
+    Its ``collect`` files come back for Harbor jobs, and for any job with ``collect=True``."""
     started = time.time()
     ws = root / job["job_id"]
     ws.mkdir(parents=True)
@@ -183,7 +184,7 @@ def run_job(job: dict[str, Any], root: Path) -> dict[str, Any]:
         "ended_at": time.time(),
         "duration_s": time.time() - started,
         "meta": job.get("meta", {}),
-        "collected": _collect(job, ws) if harbor else {},
+        "collected": _collect(job, ws) if harbor or collect else {},
     }
 
 

@@ -158,6 +158,8 @@ class _Planner:
             meta["pass_threshold"] = task.pass_threshold
         if isinstance(task.meta.get("judge"), dict):
             meta["judge"] = task.meta["judge"]  # the rubric, for claw-bench score's judge step
+        if isinstance(task.meta.get("officeqa"), dict):
+            meta["officeqa"] = task.meta["officeqa"]  # the true answer, for claw-bench score
         spec = JobSpec(
             job_id=session,
             workspace=job_files(files),

@@ -28,6 +28,7 @@ from typing import Any
 from claw_bench.errors import RecordError
 from claw_bench.loaders._common import checker_details
 from claw_bench.loaders.judge import Judge, apply_judge
+from claw_bench.loaders.officeqa import apply_officeqa
 from claw_bench.loaders.rubric import apply_rubric_chain
 from claw_bench.records import OUTCOME
 from claw_bench.reward import parse_reward
@@ -229,6 +230,8 @@ def score_run(
         spec = meta["judge"]
         grade = apply_rubric_chain if "criteria" in spec else apply_judge
         out = grade(out, run, spec, judge, threshold)
+    if out["status"] == "ok" and isinstance(meta.get("officeqa"), dict):
+        out = apply_officeqa(out, run, meta["officeqa"], threshold)
     return out
 
 

@@ -4,6 +4,7 @@
   (:mod:`claw_bench.loaders.clawgym`),
 - PinchBench task Markdown files (:mod:`claw_bench.loaders.pinchbench`),
 - Harbor / Terminal-Bench 2 task directories (:mod:`claw_bench.loaders.harbor_tb`),
+- OfficeQA's questions CSV, scored as its ``reward.py`` scores (:mod:`claw_bench.loaders.officeqa`),
 
 plus the optional LLM judge (:mod:`claw_bench.loaders.judge`) and transcripts for checkers built
 from claw-proxy's call records (:mod:`claw_bench.loaders.transcript`).
@@ -21,11 +22,12 @@ from claw_bench.loaders._judge_cache import JudgeCache
 from claw_bench.loaders.clawgym import is_clawgym_task, load_clawgym_jsonl, load_clawgym_task
 from claw_bench.loaders.harbor_tb import load_harbor_tb_task
 from claw_bench.loaders.judge import Judge, JudgeError, apply_judge
+from claw_bench.loaders.officeqa import is_officeqa_csv, load_officeqa_csv
 from claw_bench.loaders.pinchbench import is_pinchbench_file, load_pinchbench_task
 from claw_bench.loaders.rubric import RubricError, apply_rubric_chain
 from claw_bench.tasks import Task
 
-LAYOUTS = ("clawgym", "clawgym-jsonl", "pinchbench", "harbor")
+LAYOUTS = ("clawgym", "clawgym-jsonl", "pinchbench", "harbor", "officeqa")
 
 
 def detect_layout(path: str | Path) -> str | None:
@@ -34,6 +36,8 @@ def detect_layout(path: str | Path) -> str | None:
     if path.is_file():
         if path.suffix == ".jsonl":
             return "clawgym-jsonl" if _looks_like_clawgym_jsonl(path) else None
+        if is_officeqa_csv(path):
+            return "officeqa"
         return "pinchbench" if is_pinchbench_file(path) else None
     if is_clawgym_task(path):
         return "clawgym"
@@ -64,9 +68,11 @@ def load_public(path: str | Path, opts: LoadOptions | None = None) -> list[Task]
         return [load_pinchbench_task(path, opts)]
     if layout == "harbor":
         return [load_harbor_tb_task(path, opts)]
+    if layout == "officeqa":
+        return load_officeqa_csv(path, opts)
     raise TaskError(
         f"{path}: not a public task (expected data_entry.json, instruction.md + tests/, "
-        "a PinchBench .md with front matter, or a ClawGym .jsonl)"
+        "a PinchBench .md with front matter, a ClawGym .jsonl or an OfficeQA .csv)"
     )
 
 
@@ -99,6 +105,7 @@ __all__ = [
     "load_clawgym_jsonl",
     "load_clawgym_task",
     "load_harbor_tb_task",
+    "load_officeqa_csv",
     "load_pinchbench_task",
     "load_public",
     "load_public_dir",
