@@ -35,6 +35,8 @@ def test_fixture_suite_loads_with_expanded_env_and_the_compose_reason():
         "file": "environment/docker-compose.yaml",
         "services": ["cache", "main"],
         "sidecars": ["cache"],
+        "docker_reason": "environment/docker-compose.yaml: services.cache.build is not supported: "
+        "the docker backend cannot run this compose file",
     }
     assert "sidecar services (cache)" in compose["unsupported"]
     assert all("unsupported" not in s.get(t).meta for t in TASKS[1:])

@@ -36,6 +36,7 @@ class JobSpec:
     image_run: list[str] | None = None
     image_env: dict[str, str] | None = None
     limits: dict[str, Any] | None = None
+    services: list[dict[str, Any]] | None = None  # sidecars (Harbor compose, docker backend)
 
     def to_dict(self) -> dict[str, Any]:
         """The claw.job/v1 dict."""
@@ -61,6 +62,7 @@ class JobSpec:
             ("image_run", self.image_run),
             ("image_env", self.image_env),
             ("limits", self.limits),
+            ("services", self.services),
         )
         job.update((k, v) for k, v in optional if v is not None)
         return job

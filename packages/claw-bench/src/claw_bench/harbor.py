@@ -22,9 +22,12 @@ image's own PATH is never replaced by a guess); its ``RUN`` lines (and copies el
 listed in ``meta["harbor"]["image_run"]``.
 
 A task whose ``environment/`` holds a compose file (``docker-compose.yaml``, ``compose.yaml``:
-sidecar services, overrides of the main one) cannot run as Harbor runs it: it loads with the
-reason in ``meta["unsupported"]``, ``plan`` gives it a ``not_scorable`` placeholder job that says
-so (and so does its outcome), and ``load_suite(strict=True)`` (``--strict``) refuses it.
+sidecar services, overrides of the main one) runs as Harbor runs it only on the docker backend,
+which starts its sidecars (claw.job/v1 ``services``, read by claw_bench._compose); elsewhere, or
+when the file uses what docker cannot carry out, it loads with the reason in
+``meta["unsupported"]`` (``meta["compose"]["docker_reason"]`` for docker), ``plan`` gives it a
+``not_scorable`` placeholder job that says so (and so does its outcome), and
+``load_suite(strict=True)`` (``--strict``) refuses it.
 
 The task's image is ``[environment] docker_image`` when set; else, when ``environment/Dockerfile``
 exists, a tag derived from the content of ``environment/`` (``claw-harbor/<task>:<sha12>``, so an
@@ -42,6 +45,7 @@ from pathlib import Path
 
 import yaml
 
+from claw_bench._compose import ComposeUnsupported, compose_services
 from claw_bench._dockerfile import DockerfileError, read_image
 from claw_bench.errors import TaskError
 from claw_bench.tasks import FileContent, Script, Task, read_text_tree
@@ -158,10 +162,12 @@ COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "c
 
 
 def read_compose(context: Path) -> tuple[dict, str] | None:
-    """``({"file", "services", "sidecars"}, reason)`` when ``environment/`` holds a compose file,
-    else None. claw-sandbox runs one container per trial and applies no compose file, so such a
-    task cannot run as Harbor runs it: the reason says which services it would lack (or which
-    ``main`` settings it would ignore). TaskError when the file is not a compose mapping."""
+    """``({"file", "services", "sidecars", ...}, reason)`` when ``environment/`` holds a compose
+    file, else None. Only claw-sandbox's docker backend starts sidecars: the reason says which
+    services another backend would lack (or which ``main`` settings it would ignore). The info's
+    ``job_services`` are the sidecars as claw.job/v1 ``services`` (claw_bench._compose) when the
+    docker backend can carry the whole file out, else ``docker_reason`` names the key it cannot.
+    TaskError when the file is not a compose mapping."""
     found = [context / n for n in COMPOSE_FILES if (context / n).is_file()]
     if not found:
         return None
@@ -175,17 +181,33 @@ def read_compose(context: Path) -> tuple[dict, str] | None:
     if not isinstance(services, dict):
         raise TaskError(f"{path}: field services must be a mapping of service names")
     sidecars = sorted(str(k) for k in services if k != "main")
-    info = {"file": rel, "services": sorted(str(k) for k in services), "sidecars": sidecars}
+    info: dict = {"file": rel, "services": sorted(str(k) for k in services), "sidecars": sidecars}
     if sidecars:
         reason = (
             f"{rel} starts sidecar services ({', '.join(sidecars)}) next to the task's container; "
-            "claw-sandbox runs one container per trial and does not start them"
+            "only claw-sandbox's docker backend starts them (plan --backend docker)"
         )
     else:
         main = services.get("main")
         keys = ", ".join(sorted(map(str, main))) if isinstance(main, dict) and main else "empty"
         reason = f"{rel} overrides the main service ({keys}); claw-sandbox applies no compose file"
+    try:
+        info["job_services"] = compose_services(data, rel) if sidecars else []
+    except ComposeUnsupported as exc:
+        info["docker_reason"] = f"{exc}: the docker backend cannot run this compose file"
+    if not sidecars:
+        info["docker_reason"] = reason
     return info, reason
+
+
+def unsupported_reason(meta: dict, backend: str | None) -> str | None:
+    """Why a task cannot run on ``backend`` (None: it can): on ``docker`` a compose task runs
+    unless its file uses what docker cannot carry out; elsewhere ``meta["unsupported"]``."""
+    compose = meta.get("compose")
+    if backend == "docker" and isinstance(compose, dict):
+        return compose.get("docker_reason")
+    reason = meta.get("unsupported")
+    return reason if isinstance(reason, str) else None
 
 
 def _is_text(path: Path) -> bool:

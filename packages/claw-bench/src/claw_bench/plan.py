@@ -17,6 +17,7 @@ from claw_bench._choices import GROUP_BY, NETWORKS
 from claw_bench._job import JobSpec
 from claw_bench._profiles import Profile, Render, profile_for
 from claw_bench.errors import PlanError
+from claw_bench.harbor import unsupported_reason
 from claw_bench.harnesses import Harness
 from claw_bench.tasks import VERIFY_DIR, FileContent, Task, job_files
 from claw_bench.token import mint_token
@@ -116,6 +117,7 @@ class _Planner:
     network: str | None
     timeout_multiplier: float = 1.0
     verify_network: bool = False
+    backend: str | None = None  # the claw-sandbox backend the jobs will run on, when known
 
     @property
     def port(self) -> int | None:
@@ -151,9 +153,10 @@ class _Planner:
         else:  # nothing, or an adapter with api = "none"
             command = h.command if not h.builtin else "true"
         setup = self._setup(task, h, files)
-        if isinstance(task.meta.get("unsupported"), str):  # e.g. compose sidecars
+        unsupported = unsupported_reason(task.meta, self.backend)
+        if unsupported is not None:  # e.g. compose sidecars, off docker
             command, verify, setup = "true", None, []
-            meta["not_scorable"] = f"task {task.id} skipped: {task.meta['unsupported']}"
+            meta["not_scorable"] = f"task {task.id} skipped: {unsupported}"
         if task.pass_threshold is not None:
             meta["pass_threshold"] = task.pass_threshold
         if isinstance(task.meta.get("judge"), dict):
@@ -174,6 +177,9 @@ class _Planner:
             image=task.image or None,
         )
         spec = profile.job(spec, task, h, render)
+        compose = task.meta.get("compose")
+        if unsupported is None and isinstance(compose, dict) and compose.get("job_services"):
+            spec = attrs.evolve(spec, services=compose["job_services"])  # started by docker
         task_limits = t if isinstance(t := task.meta.get("limits"), dict) else {}
         if self.limits or task_limits:  # plan's flags override the task's
             spec = attrs.evolve(spec, limits={**task_limits, **(self.limits or {})})
@@ -326,6 +332,7 @@ def plan_jobs(
     network: str | None = None,
     timeout_multiplier: float = 1.0,
     verify_network: bool = False,
+    backend: str | None = None,
 ) -> list[dict[str, Any]]:
     """claw.job/v1 dicts, one per (task, harness, sample), in task-major order.
 
@@ -342,6 +349,9 @@ def plan_jobs(
     every timeout of every job (Harbor's ``--timeout-multiplier``); ``verify_network`` gives the
     verify steps of tasks whose ``allow_internet`` is true the host's network
     (claw.job/v1 ``verify.network``; Harbor's verifier runs with the task's network).
+    ``backend`` is the claw-sandbox backend the jobs will run on: with ``"docker"`` a Harbor task's
+    compose sidecars become the job's ``services``; elsewhere (or unknown) such a task is planned
+    as ``not_scorable`` no-op jobs with the reason.
     """
     if not timeout_multiplier > 0:
         raise PlanError(f"--timeout-multiplier must be > 0, got {timeout_multiplier}")
@@ -358,6 +368,7 @@ def plan_jobs(
         network=network,
         timeout_multiplier=timeout_multiplier,
         verify_network=verify_network,
+        backend=backend,
     )
     jobs: list[dict[str, Any]] = []
     for task in tasks:

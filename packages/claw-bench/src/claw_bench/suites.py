@@ -10,7 +10,12 @@ import yaml
 
 from claw_bench.errors import TaskError
 from claw_bench.families import is_family_dir, load_family
-from claw_bench.harbor import is_harbor_multistep, is_harbor_task, load_harbor_task
+from claw_bench.harbor import (
+    is_harbor_multistep,
+    is_harbor_task,
+    load_harbor_task,
+    unsupported_reason,
+)
 from claw_bench.loaders import LoadOptions, detect_layout, load_harbor_tb_task, load_public
 from claw_bench.tasks import Task, load_task
 
@@ -161,7 +166,12 @@ def _is_one_task(path: Path) -> bool:
 
 
 def _check_suite(
-    s: str, path: Path, tasks: list[Task], skipped: list[tuple[str, str]], strict: bool
+    s: str,
+    path: Path,
+    tasks: list[Task],
+    skipped: list[tuple[str, str]],
+    strict: bool,
+    backend: str | None = None,
 ) -> None:
     """TaskError for a suite without tasks, with a duplicate id, or (``strict``) with a task that
     cannot run."""
@@ -172,8 +182,9 @@ def _check_suite(
             + (f" ({len(skipped)} skipped){why}" if skipped else "")
         )
     for t in tasks if strict else ():
-        if isinstance(t.meta.get("unsupported"), str):  # planned as not_scorable without strict
-            raise TaskError(f"{t.path}: task {t.id} cannot run: {t.meta['unsupported']}")
+        reason = unsupported_reason(t.meta, backend)  # planned as not_scorable without strict
+        if reason is not None:
+            raise TaskError(f"{t.path}: task {t.id} cannot run: {reason}")
     seen: dict[str, str] = {}
     for t in tasks:
         if t.id in seen:
@@ -182,7 +193,11 @@ def _check_suite(
 
 
 def load_suite(
-    name_or_path: str | Path, options: LoadOptions | None = None, *, strict: bool = False
+    name_or_path: str | Path,
+    options: LoadOptions | None = None,
+    *,
+    strict: bool = False,
+    backend: str | None = None,
 ) -> Suite:
     """Load a built-in suite by name (``claw-mini``, ``claw-toy``) or a directory of tasks.
 
@@ -196,7 +211,8 @@ def load_suite(
 
     A task of a collection that does not load is skipped and named with the reason in
     ``Suite.skipped`` (``strict``: the first such task is a TaskError, as is a task that loads
-    but cannot run, ``meta["unsupported"]``, e.g. a Harbor task with compose sidecars). A path
+    but cannot run on ``backend``, e.g. a Harbor task with compose sidecars off docker: see
+    claw_bench.harbor.unsupported_reason). A path
     that is one task must load. Task ids must be unique; every task is validated.
     """
     s = str(name_or_path)
@@ -231,5 +247,5 @@ def load_suite(
             strict,
             skipped,
         )
-    _check_suite(s, path, tasks, skipped, strict)
+    _check_suite(s, path, tasks, skipped, strict, backend)
     return Suite(name=path.name, tasks=tuple(tasks), skipped=tuple(skipped))
