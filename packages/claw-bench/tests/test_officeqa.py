@@ -79,15 +79,15 @@ def test_frozen_table_discriminates():
 @pytest.mark.parametrize(
     ("truth", "response", "tol", "want"),
     [
-        ("2,602", "Looking...\n<FINAL_ANSWER>2602</FINAL_ANSWER>", 0.0, 1.0),
+        ("3,417", "Looking...\n<FINAL_ANSWER>3417</FINAL_ANSWER>", 0.0, 1.0),
         (
-            "2,602",
-            "<FINAL_ANSWER>1</FINAL_ANSWER> no: <final_answer>2,602</final_answer>",
+            "3,417",
+            "<FINAL_ANSWER>1</FINAL_ANSWER> no: <final_answer>3,417</final_answer>",
             0.0,
             1.0,
         ),
-        ("2,602", "The total was 2,602 and 7.", 0.0, 0.0),  # two numbers for one
-        ("2,602", "The total was 2,602 in 1940.", 0.0, 1.0),  # the year is not counted
+        ("3,417", "The total was 3,417 and 7.", 0.0, 0.0),  # two numbers for one
+        ("3,417", "The total was 3,417 in 1940.", 0.0, 1.0),  # the year is not counted
         ("5.3 billion", "5.3 million", 0.0, 0.0),  # units disagree
         ("-1299", "(1,299)", 0.0, 1.0),  # accounting negative
         ("100", "101", 0.01, 1.0),
@@ -118,7 +118,7 @@ def test_loader_source_files_scope():
     )
     assert "<FINAL_ANSWER>" in t.instruction and t.instruction.startswith("What was the change")
     assert t.meta["officeqa"] == {
-        "answer": "-156.11",
+        "answer": "-243.07",
         "tolerance": 0.0,
         "source_files": ["bulletin_1971_07.txt", "bulletin_1971_08.txt"],
     }
