@@ -11,7 +11,9 @@ it (continuous batching: their prompts are prefilled and their KV caches left-pa
 running one), as long as the weights have not changed since the batch started.
 
 `load_policy` loads new weights beside the old ones and swaps them between batches: a batch
-in flight finishes on the weights it started with and reports that version.
+in flight finishes on the weights it started with and reports that version. A LoRA adapter
+directory (a `claw-rl --lora-rank` policy) is merged into the model the engine started with
+(needs peft: the `lora` extra).
 
 The worker runs its torch ops on `threads` intra-op threads (default 1), leaving the process
 default to the rest of the process (a learner in the same process keeps its threads). A decode
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from pathlib import Path
 from typing import Any
 
 from claw_proxy.engines import Engine, Generation, GenRequest
@@ -41,6 +44,29 @@ def _load(directory: str, dtype: str):
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot load a model from {directory}: {e}") from e
+    model.eval()
+    return model
+
+
+def _load_adapter(base_dir: str, adapter_dir: str, dtype: str):
+    """The engine's base model with a PEFT LoRA adapter directory merged in (what vLLM serves
+    as base + adapter): a policy of a `claw-rl --lora-rank` run."""
+    import warnings
+
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise ConfigError(
+            f"{adapter_dir} is a LoRA adapter directory: the transformers engine loads it with "
+            f"peft ({e}); pip install 'claw-proxy[lora]'"
+        ) from e
+    base = _load(base_dir, dtype)
+    try:
+        with warnings.catch_warnings():  # peft asks transformers' deprecated checkpointing flag
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+            model = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(f"cannot load the LoRA adapter {adapter_dir} on {base_dir}: {e}") from e
     model.eval()
     return model
 
@@ -134,7 +160,14 @@ class TransformersEngine(Engine):
         return gen
 
     async def load_policy(self, policy: Policy) -> None:
-        model = await asyncio.to_thread(_load, policy.path, self.dtype)
+        """New weights: an HF directory, or a LoRA adapter directory (``adapter_config.json``)
+        on the model this engine started with, merged."""
+        if (Path(policy.path) / "adapter_config.json").is_file():
+            model = await asyncio.to_thread(
+                _load_adapter, self.tokenizer_dir, policy.path, self.dtype
+            )
+        else:
+            model = await asyncio.to_thread(_load, policy.path, self.dtype)
         new = {"name": policy.name, "version": policy.version}
         self._current = (model, new)  # atomic swap: the next batch uses it
         self.policy = new
