@@ -58,6 +58,11 @@ def scratch(tmp_path_factory):
         ROOT / "packages" / "claw-bench" / "tests" / "fixtures" / "issue16" / "harbor",
         d / "harbor-tasks",
     )
+    # ... and an OfficeQA questions CSV with its corpus (invented fixture questions)
+    shutil.copytree(
+        ROOT / "packages" / "claw-bench" / "tests" / "data" / "officeqa", d / "officeqa"
+    )
+    (d / "officeqa" / "officeqa_fixture.csv").rename(d / "officeqa" / "officeqa.csv")
     # ... and a registry in Harbor's format naming two of them, for `plan -d NAME@VERSION`
     tasks = [{"name": n, "git_url": None, "path": f"harbor-tasks/{n}"}
              for n in ("hb-workdir-app", "hb-checksum")]  # fmt: skip
