@@ -110,6 +110,10 @@ def test_dataset_head_commit_and_errors(tmp_path, repo):
     )
     with pytest.raises(TaskError, match="leaves the repository"):
         resolve_dataset("x@1", str(bad), tmp_path / "cache")
+    twice = [{"name": "t", "git_url": str(r), "path": "tasks/hello-harbor"}] * 2
+    bad.write_text(json.dumps([{"name": "x", "version": "1", "tasks": twice}]))
+    with pytest.raises(TaskError, match="'t' appears more than once"):
+        resolve_dataset("x@1", str(bad), tmp_path / "cache")
 
 
 def test_plan_dataset_from_a_registry_url(tmp_path, repo, monkeypatch):

@@ -161,6 +161,10 @@ def resolve_dataset(spec: str, registry: str, root: Path | None = None) -> Path:
     ds = find_dataset(datasets, spec, registry)
     where = f"registry {registry}: dataset {ds.get('name')}@{ds.get('version')}"
     tasks = _task_entries(ds, where)
+    links = [_link_name(t["name"]) for t in tasks]
+    if len(set(links)) != len(links):
+        dup = next(n for n in links if links.count(n) > 1)
+        raise TaskError(f"{where}: task name {dup!r} appears more than once")
     resolved = []
     for t in tasks:
         url = t.get("git_url")
