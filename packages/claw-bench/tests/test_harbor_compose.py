@@ -71,6 +71,7 @@ services:
         ("services: {db: {image: x, ports: ['5432:5432']}}", "services.db.ports"),
         ("services: {db: {image: x, profiles: [debug]}}", "services.db.profiles"),
         ("services: {db: {build: ./db}}", "services.db.build"),
+        ("services: {db: {image: x, build: ./db}}", "services.db.build"),
         ("services: {db: {image: x}}\nnetworks: {back: {}}", "top-level key 'networks'"),
         ("services: {db: {image: x}, main: {environment: [A=1]}}", "services.main.environment"),
         ("services: {db: {image: 'x:${TAG}'}}", "variable interpolation"),
@@ -93,10 +94,22 @@ def test_what_docker_cannot_carry_out_is_named(text, named):
         _services(text)
 
 
-def test_plan_for_docker_gives_the_job_its_services():
+BUILD_ELSEWHERE = "services:\n  cache:\n    build: {context: ./cache, dockerfile: Other}\n"
+
+
+def _with_compose(tmp_path: Path, text: str):
+    """The hb-compose task with another compose file."""
+    d = tmp_path / "hb-compose"
+    shutil.copytree(OLD, d)
+    (d / "environment" / "docker-compose.yaml").write_text(text)
+    return load_suite(d).tasks[0]
+
+
+def test_plan_for_docker_gives_the_job_its_services(tmp_path):
     """With backend docker the oracle job runs the solution with the sidecar as a service (schema
     valid); with another or no backend it is the not_scorable no-op saying docker runs it; a
-    compose file with a build is not_scorable on docker too, naming the key."""
+    sidecar built from a folder gets that folder's image tag; a build with a Dockerfile elsewhere
+    is not_scorable on docker too, naming the key."""
     task = load_suite(FIX).get("hb-sidecar")
     oracle = load_harness("oracle")
     (job,) = plan_jobs([task], [oracle], samples=1, backend="docker")
@@ -110,10 +123,11 @@ def test_plan_for_docker_gives_the_job_its_services():
         assert "services" not in j and j["command"] == "true"
         assert "only claw-sandbox's docker backend starts them" in j["meta"]["not_scorable"]
     (j,) = plan_jobs([load_suite(OLD).tasks[0]], [oracle], samples=1, backend="docker")
-    assert (
-        "services" not in j
-        and "services.cache.build is not supported" in (j["meta"]["not_scorable"])
-    )
+    assert j["services"][0]["image"].startswith("claw-harbor/hb-compose-cache:")
+    task = _with_compose(tmp_path, BUILD_ELSEWHERE)
+    (j,) = plan_jobs([task], [oracle], samples=1, backend="docker")
+    assert "services" not in j
+    assert "services.cache.build.dockerfile is not supported" in j["meta"]["not_scorable"]
 
 
 def test_strict_and_warnings_follow_the_backend(tmp_path):
@@ -126,8 +140,9 @@ def test_strict_and_warnings_follow_the_backend(tmp_path):
     assert r.exit_code == 0 and "warning" not in r.output, r.output
     (job,) = map(json.loads, out.read_text().splitlines())
     assert job["services"][0]["name"] == "colors"
-    with pytest.raises(TaskError, match="services.cache.build"):
-        load_suite(OLD, strict=True, backend="docker")
+    _with_compose(tmp_path, BUILD_ELSEWHERE)
+    with pytest.raises(TaskError, match="services.cache.build.dockerfile"):
+        load_suite(tmp_path / "hb-compose", strict=True, backend="docker")
 
 
 def _run_docker(jobs: list[dict], tmp_path: Path) -> dict:
@@ -158,14 +173,17 @@ def test_sidecar_task_on_docker(tmp_path):
     why = ensure_base_image()
     if why:
         pytest.skip(f"no local base image for the fixtures: {why}")
-    r = CliRunner().invoke(main, ["images", "--suite", str(FIX), "--build"])
-    assert r.exit_code == 0, r.output
+    for suite in (FIX, OLD):  # OLD's sidecar is built from its environment/cache/ folder
+        r = CliRunner().invoke(main, ["images", "--suite", str(suite), "--build"])
+        assert r.exit_code == 0 and "missing" not in r.output, r.output
     hs = [load_harness("oracle"), load_harness("nothing")]
-    jobs = plan_jobs(list(load_suite(FIX).tasks), hs, samples=1, backend="docker", run_id="r")
+    tasks = [*load_suite(FIX).tasks, *load_suite(OLD).tasks]
+    jobs = plan_jobs(tasks, hs, samples=1, backend="docker", run_id="r")
     alone = {k: v for k, v in jobs[0].items() if k != "services"}
     alone["job_id"] += "-alone"
     got = _run_docker([*jobs, alone], tmp_path)
-    oracle, nothing = (got[j["job_id"]] for j in jobs)
+    oracle, nothing, built_oracle, _ = (got[j["job_id"]] for j in jobs)
     assert (oracle["status"], oracle["reward"]) == ("ok", 1.0), oracle
     assert (nothing["status"], nothing["reward"]) == ("ok", 0.0), nothing
+    assert (built_oracle["status"], built_oracle["reward"]) == ("ok", 1.0), built_oracle
     assert got[alone["job_id"]]["reward"] == 0.0, got[alone["job_id"]]

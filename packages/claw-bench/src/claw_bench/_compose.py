@@ -3,18 +3,20 @@
 What the docker backend can give a sidecar: its image, environment, command, healthcheck, the
 order its ``depends_on`` implies, and a network shared with the task's container where it is
 reached by its name (so ``expose`` needs nothing more). Anything else (volumes, ports, networks,
-profiles, a build, settings of the ``main`` service but ``depends_on``...) is a reason naming the
-key: such a task is not planned on docker either, never run with the key silently dropped.
+profiles, a build with a Dockerfile elsewhere or arguments, settings of the ``main`` service but
+``depends_on``...) is a reason naming the key: such a task is not planned on docker either, never run with the key silently dropped.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-#: a sidecar's keys the docker backend carries out
-SERVICE_KEYS = {"image", "environment", "command", "healthcheck", "depends_on", "expose"}
+#: a sidecar's keys the docker backend carries out (``build``: by ``claw-bench images --build``)
+SERVICE_KEYS = {"image", "build", "environment", "command", "healthcheck", "depends_on", "expose"}
 #: top-level keys that change nothing the job runs (``x-*`` extension fields too)
 TOP_KEYS = {"services", "version", "name"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
@@ -115,8 +117,28 @@ def _depends_on(value: Any, where: str) -> list[str]:
     return [str(x) for x in value]
 
 
-def _service(name: str, spec: Any, where: str) -> tuple[dict[str, Any], list[str]]:
-    """(the job's service, the services it depends on)."""
+def build_context(spec: Any, env_dir: Path, where: str) -> Path:
+    """The folder a service's ``build`` (a path, or ``{context}``) builds from, with the default
+    Dockerfile, inside the task's ``environment/``."""
+    if isinstance(spec, dict):
+        extra = sorted(set(spec) - {"context"})
+        if extra:
+            raise ComposeUnsupported(f"{where}.{extra[0]} is not supported")
+        spec = spec.get("context", ".")
+    if not isinstance(spec, str):
+        raise ComposeUnsupported(f"{where}: expected a path or {{context: path}}")
+    ctx = (env_dir / spec).resolve()
+    if not ctx.is_relative_to(env_dir.resolve()) or not (ctx / "Dockerfile").is_file():
+        raise ComposeUnsupported(
+            f"{where}: {spec!r} is not a folder with a Dockerfile in environment/"
+        )
+    return ctx
+
+
+def _service(
+    name: str, spec: Any, where: str, tag: Callable[[str, Any, str], str] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """(the job's service, the services it depends on); ``tag`` names the image a ``build`` makes."""
     if not isinstance(spec, dict):
         raise ComposeUnsupported(f"{where}: expected a mapping")
     if not _NAME.match(name):
@@ -125,6 +147,10 @@ def _service(name: str, spec: Any, where: str) -> tuple[dict[str, Any], list[str
     if extra:
         raise ComposeUnsupported(f"{where}.{extra[0]} is not supported")
     image = spec.get("image")
+    if "build" in spec:
+        if image is not None or tag is None:
+            raise ComposeUnsupported(f"{where}.build is not supported (with an image, or here)")
+        image = tag(name, spec["build"], f"{where}.build")
     if not isinstance(image, str) or not image:
         raise ComposeUnsupported(f"{where}: needs an image")
     out: dict[str, Any] = {"name": name, "image": image}
@@ -159,9 +185,12 @@ def _ordered(services: dict[str, tuple[dict, list[str]]], rel: str) -> list[dict
     return [services[n][0] for n in done]
 
 
-def compose_services(data: dict[str, Any], rel: str) -> list[dict[str, Any]]:
+def compose_services(
+    data: dict[str, Any], rel: str, tag: Callable[[str, Any, str], str] | None = None
+) -> list[dict[str, Any]]:
     """The sidecars of a compose mapping as claw.job/v1 ``services``, in start order;
-    ComposeUnsupported naming the first key the docker backend cannot carry out."""
+    ComposeUnsupported naming the first key the docker backend cannot carry out. ``tag(name,
+    build, where)`` gives the image of a service with a ``build`` (none: builds are refused)."""
     extra = sorted(k for k in set(data) - TOP_KEYS if not str(k).startswith("x-"))
     if extra:
         raise ComposeUnsupported(f"{rel}: top-level key {extra[0]!r} is not supported")
@@ -172,7 +201,7 @@ def compose_services(data: dict[str, Any], rel: str) -> list[dict[str, Any]]:
         raise ComposeUnsupported(f"{rel}: services.main.{keys[0]} is not supported")
     _depends_on(main.get("depends_on", []), f"{rel}: services.main.depends_on")
     side = {
-        str(n): _service(str(n), spec, f"{rel}: services.{n}")
+        str(n): _service(str(n), spec, f"{rel}: services.{n}", tag)
         for n, spec in services.items()
         if n != "main"
     }

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 
-from claw_bench._compose import ComposeUnsupported, compose_services
+from claw_bench._compose import ComposeUnsupported, build_context, compose_services
 from claw_bench._dockerfile import DockerfileError, read_image
 from claw_bench.errors import TaskError
 from claw_bench.tasks import FileContent, Script, Task, read_text_tree
@@ -161,12 +161,14 @@ def read_dockerfile(
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
 
-def read_compose(context: Path) -> tuple[dict, str] | None:
+def read_compose(context: Path, task_id: str = "task") -> tuple[dict, str] | None:
     """``({"file", "services", "sidecars", ...}, reason)`` when ``environment/`` holds a compose
     file, else None. Only claw-sandbox's docker backend starts sidecars: the reason says which
     services another backend would lack (or which ``main`` settings it would ignore). The info's
     ``job_services`` are the sidecars as claw.job/v1 ``services`` (claw_bench._compose) when the
     docker backend can carry the whole file out, else ``docker_reason`` names the key it cannot.
+    A sidecar with a ``build`` gets the image ``claw-harbor/<task>-<service>:<sha12>`` of its
+    folder, listed in ``builds`` (``{image, context}``) for ``claw-bench images --build``.
     TaskError when the file is not a compose mapping."""
     found = [context / n for n in COMPOSE_FILES if (context / n).is_file()]
     if not found:
@@ -191,8 +193,18 @@ def read_compose(context: Path) -> tuple[dict, str] | None:
         main = services.get("main")
         keys = ", ".join(sorted(map(str, main))) if isinstance(main, dict) and main else "empty"
         reason = f"{rel} overrides the main service ({keys}); claw-sandbox applies no compose file"
+    builds: list[dict[str, str]] = []
+
+    def tag(name: str, build: object, where: str) -> str:
+        folder = build_context(build, context, where)
+        image = context_tag(f"{task_id}-{name}", folder)
+        builds.append({"image": image, "context": str(folder)})
+        return image
+
     try:
-        info["job_services"] = compose_services(data, rel) if sidecars else []
+        info["job_services"] = compose_services(data, rel, tag) if sidecars else []
+        if builds:
+            info["builds"] = builds
     except ComposeUnsupported as exc:
         info["docker_reason"] = f"{exc}: the docker backend cannot run this compose file"
     if not sidecars:
@@ -380,7 +392,7 @@ def load_harbor_task(task_dir: str | Path) -> Task:
         task_meta["build_timeout_s"] = build_timeout
     task_meta.update(_envs(meta, tpath))
     workspace, harbor, image = _image(context, name, image, task_meta)
-    compose = read_compose(context)
+    compose = read_compose(context, name)
     if compose is not None:  # plan: a not_scorable placeholder job; load_suite(strict): an error
         task_meta["compose"], task_meta["unsupported"] = compose
     artifacts = parse_artifacts(meta.get("artifacts"), f"{tpath}: field artifacts")

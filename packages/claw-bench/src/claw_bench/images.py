@@ -1,6 +1,7 @@
 """Docker images of a suite's tasks: which are here, and building the missing ones from their Dockerfile.
 
-A task runs in ``task.image``; none means the backend's default image. A Harbor task with
+A task runs in ``task.image``; none means the backend's default image. A Harbor task's compose
+sidecars with a ``build`` add rows of their own (``meta["compose"]["builds"]``), built the same way. A Harbor task with
 ``environment/Dockerfile`` and no ``[environment] docker_image`` gets a tag derived from the
 content of ``environment/`` and ``task.meta["docker_context"]`` (see claw_bench.harbor): that image
 is built here with ``docker build -t TAG CONTEXT``. Images named by ``docker_image`` are published
@@ -87,18 +88,27 @@ def _present(exe: str, image: str) -> bool:
     return p.returncode == 0
 
 
+def _sidecar_rows(task: Task) -> list[ImageRow]:
+    """The images of a Harbor task's compose sidecars built from a folder (claw_bench.harbor)."""
+    compose = c if isinstance(c := task.meta.get("compose"), dict) else {}
+    return [
+        ImageRow(task=task.id, image=b["image"], context=b["context"], status="missing")
+        for b in compose.get("builds", [])
+    ]
+
+
 def _list(tasks: list[Task], docker: str) -> tuple[list[ImageRow], str | None]:
-    if not any(t.image for t in tasks):
-        return [_row(t) for t in tasks], None
+    wanted = [r for t in tasks for r in (_row(t), *_sidecar_rows(t))]
+    if not any(r.image for r in wanted):
+        return wanted, None
     exe = check_docker(docker)
     seen: dict[str, bool] = {}
     rows = []
-    for t in tasks:
-        if t.image and t.image not in seen:
-            seen[t.image] = _present(exe, t.image)
-        rows.append(
-            _row(t, "default" if not t.image else "present" if seen[t.image] else "missing")
-        )
+    for r in wanted:
+        if r.image and r.image not in seen:
+            seen[r.image] = _present(exe, r.image)
+        status = "default" if not r.image else "present" if seen[r.image] else "missing"
+        rows.append(attrs.evolve(r, status=status))
     return rows, exe
 
 
