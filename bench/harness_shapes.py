@@ -111,6 +111,18 @@ def _call(session: str, seq: int, prompt: list[int], completion: list[int], mode
     }
 
 
+def _shared(prof: Profile, scale: float, vocab: int) -> dict[str, list[int]]:
+    """What every rollout of the harness sends alike (the same ids for every call here)."""
+    size = lambda n: max(1, round(n * scale))  # noqa: E731
+    common = _Ids(random.Random(f"shared-{prof.harness}-{vocab}"), vocab)
+    return {
+        "system_tools": common(size(prof.system_tools)),
+        "first_messages": common(size(prof.first_messages)),
+        "subagent_system": common(size(0.4 * prof.system_tools)),
+        "side_system": common(size(250)),
+    }
+
+
 def rollout(
     session: str,
     prof: Profile,
@@ -131,12 +143,8 @@ def rollout(
     rng = random.Random(seed)
     ids = _Ids(rng, vocab)
     size = lambda n: max(1, round(n * scale))  # noqa: E731
-    common = _Ids(random.Random(f"shared-{prof.harness}-{vocab}"), vocab)
     if "system_tools" not in shared:
-        shared["system_tools"] = common(size(prof.system_tools))
-        shared["first_messages"] = common(size(prof.first_messages))
-        shared["subagent_system"] = common(size(0.4 * prof.system_tools))
-        shared["side_system"] = common(size(250))
+        shared.update(_shared(prof, scale, vocab))
     main_budget = max(trajectory_tokens - prof.prefix, 2 * prof.turn)
     calls: list[dict] = []
 
@@ -170,10 +178,18 @@ def rollout(
 
 
 def group(
-    task: str, n: int, prof: Profile, *, scale: float = 1.0, seed: int = 0, **shape
+    task: str,
+    n: int,
+    prof: Profile,
+    *,
+    scale: float = 1.0,
+    seed: int = 0,
+    shared: dict[str, list[int]] | None = None,
+    **shape,
 ) -> tuple[list[dict], list[dict]]:
-    """(calls, outcomes) of ``n`` rollouts of one task (one GRPO group), rewards 0/1."""
-    shared: dict[str, list[int]] = {}
+    """(calls, outcomes) of ``n`` rollouts of one task (one GRPO group), rewards 0/1;
+    ``shared`` as for :func:`rollout` (default: the harness's, first messages included)."""
+    shared = {} if shared is None else shared
     calls, outcomes = [], []
     for r in range(n):
         name = f"{task}-r{r}"
@@ -190,4 +206,22 @@ def group(
                 "status": "ok",
             }
         )
+    return calls, outcomes
+
+
+def batch(
+    tasks: int, n: int, prof: Profile, *, scale: float = 1.0, vocab: int = 4000, **shape
+) -> tuple[list[dict], list[dict]]:
+    """(calls, outcomes) of one optimizer batch: ``tasks`` groups of ``n`` rollouts of one
+    harness. The system prompt, tools, sub-agent and side-call prompts are the harness's, the
+    same in every group; the first messages (instruction, reminders, environment) are each
+    task's own, so only the system prompt and tools are shared across groups."""
+    base = _shared(prof, scale, vocab)
+    calls, outcomes = [], []
+    for t in range(tasks):
+        own = _Ids(random.Random(f"task-{t}-{vocab}"), vocab)(len(base["first_messages"]))
+        shared = {**base, "first_messages": own}
+        c, o = group(f"task{t}", n, prof, scale=scale, seed=t, shared=shared, vocab=vocab, **shape)
+        calls += c
+        outcomes += o
     return calls, outcomes
