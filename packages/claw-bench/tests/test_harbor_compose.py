@@ -42,7 +42,8 @@ services:
   db:
     image: db:2
     environment: {POSTGRES_PASSWORD: x, EMPTY: null}
-    healthcheck: {test: [CMD-SHELL, pg_isready], interval: 1m30s, timeout: 500ms, retries: 5}
+    healthcheck: {test: [CMD-SHELL, pg_isready], interval: 1m30s, timeout: 500ms, retries: 5,
+                  start_period: 30s}
 """
     )
     assert got == [
@@ -52,6 +53,7 @@ services:
             "env": {"POSTGRES_PASSWORD": "x", "EMPTY": ""},
             "healthcheck": {
                 "command": "pg_isready", "interval_s": 90.0, "timeout_s": 0.5, "retries": 5,
+                "start_period_s": 30.0,
             },
         },
         {
@@ -75,6 +77,7 @@ services:
         ("services: {db: {image: x}}\nnetworks: {back: {}}", "top-level key 'networks'"),
         ("services: {db: {image: x}, main: {environment: [A=1]}}", "services.main.environment"),
         ("services: {db: {image: 'x:${TAG}'}}", "variable interpolation"),
+        ("services: {db: {image: x, environment: [API_KEY]}}", "API_KEY without a value"),
         ("services: {db: {image: x, healthcheck: {test: [CMD, x], foo: 1}}}", "healthcheck.foo"),
         ("services: {db: {image: x, healthcheck: {test: [CMD], interval: soon}}}", "test"),
         ("services: {a: {image: x, depends_on: [b]}, b: {image: x, depends_on: [a]}}", "cycle"),

@@ -61,7 +61,12 @@ def duration_s(value: Any, where: str) -> float:
 def _environment(value: Any, where: str) -> dict[str, str]:
     if isinstance(value, dict):
         return {str(k): "" if v is None else str(v) for k, v in value.items()}
-    if isinstance(value, list) and all(isinstance(x, str) and "=" in x for x in value):
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        bare = [x for x in value if "=" not in x]
+        if bare:  # compose passes the host's value through: a job takes nothing from the host
+            raise ComposeUnsupported(
+                f"{where}: {bare[0]} without a value (the host's) is not supported"
+            )
         return dict(x.split("=", 1) for x in value)
     raise ComposeUnsupported(f"{where}: expected a mapping or a list of KEY=VALUE")
 
