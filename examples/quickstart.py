@@ -50,6 +50,7 @@ import claw_rl  # noqa: E402
 import claw_rl.loop  # noqa: E402
 import claw_tree  # noqa: E402
 import mix_harness_rl  # noqa: E402
+import transformers  # noqa: E402
 from claw_rl.loop import append_rows, read_rows  # noqa: E402
 
 HARNESSES = ["claw-agent-steps", "claw-agent-steps-anthropic"]
@@ -183,6 +184,7 @@ def evaluate(stage: str, policy: Path, steps: int | None = None) -> None:
 
 
 t0 = time.monotonic()
+transformers.utils.logging.disable_progress_bar()  # loading/saving bars at every stage are noise
 run.mkdir(parents=True, exist_ok=True)
 if not (run / "secret").exists():  # the loop keeps it (its session tokens are signed with it)
     (run / "secret").write_text(secrets.token_hex(16) + "\n")
