@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -213,3 +215,42 @@ def test_plan_run_score_report_pass_at_1(tmp_path, secret_file):
     }
     rep = json.loads(_cli(["report", str(outs_path), "--json"]).output)
     assert rep["harnesses"][0]["pass@1"]["value"] == 0.5
+
+
+@pytest.mark.other_clis
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed")
+def test_whole_corpus_read_only_through_claw_sandbox(tmp_path, secret_file, monkeypatch):
+    """Whole-corpus tasks through claw-sandbox's bwrap backend with --ro-path: the agent reads a
+    bulletin at the corpus's own path but cannot write there, and every right answer passes."""
+    monkeypatch.setenv("CLAW_BENCH_OFFICEQA_SCOPE", "corpus")
+    corpus = str(CORPUS.resolve())
+    truth = {r["uid"]: r for r in _rows()}
+    denied: list[bool] = []
+
+    def policy(tags, turn, body):
+        row = truth[tags["task"]]
+        if turn == 0:
+            first = row["source_files"].splitlines()[0]
+            cmd = f"head -1 {corpus}/{first} && touch {corpus}/planted"
+            return {"text": "reading", "tool_calls": [("bash", {"command": cmd})]}
+        denied.append("Read-only file system" in json.dumps(body))
+        return {"text": f"<FINAL_ANSWER>{row['answer']}</FINAL_ANSWER>"}
+
+    jobs_path, runs_path, outs_path = (tmp_path / f for f in ("j.jsonl", "r.jsonl", "o.jsonl"))
+    with ModelServer(policy) as srv:
+        _cli(
+            ["plan", "--suite", str(CSV), "--harness", "claw-agent-chat", "--proxy", srv.url]
+            + ["--proxy-secret-file", str(secret_file), "-o", str(jobs_path)]
+            + ["--task", "Q001", "--task", "Q009", "--network", "proxy"]
+        )
+        subprocess.run(
+            ["claw-sandbox", "run", str(jobs_path), "-o", str(runs_path), "--backend", "bwrap"]
+            + ["--ro-path", corpus],
+            check=True,
+            timeout=600,
+        )
+    assert denied == [True, True] and not (CORPUS / "planted").exists()
+    _cli(["score", str(runs_path), "-o", str(outs_path)])
+    rep = json.loads(_cli(["report", str(outs_path), "--json"]).output)
+    assert rep["harnesses"][0]["pass@1"]["value"] == 1.0
