@@ -23,3 +23,12 @@ class PlanError(ClawError):
 
 class DockerError(ClawError):
     """The docker CLI is missing or no Docker engine answers it (listing and building task images)."""
+
+
+class JudgeError(ClawError):
+    """The judge could not be asked or its answer holds no score in [0, 1]; ``retryable`` when
+    asking again may help (network error, HTTP 5xx / 429, a reply of the wrong shape)."""
+
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable

@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from claw_bench._rubric_spec import RubricError, load_rubric_file
 from claw_bench.errors import TaskError
 
 #: a task file's content: UTF-8 text, or exact bytes for anything else (binary files)
@@ -208,8 +209,6 @@ def _rubric_chain(task_dir: Path, instruction: str, meta: dict[str, Any]) -> dic
     path = task_dir / "rubric.json"
     if not path.is_file():
         return dict(meta)
-    from claw_bench.loaders.rubric import RubricError, load_rubric_file  # loaders import tasks
-
     try:
         spec = load_rubric_file(path, instruction)
     except RubricError as exc:

@@ -22,7 +22,7 @@ import attrs
 import httpx
 
 from claw_bench._choices import JUDGE_APIS as APIS
-from claw_bench.errors import ClawError
+from claw_bench.errors import JudgeError
 from claw_bench.loaders._common import JUDGE_FILES
 from claw_bench.loaders._judge_cache import JudgeCache
 
@@ -38,15 +38,6 @@ SYSTEM = (
 #: the response header claw-proxy names a call's claw.call/v1 ``call_id`` in
 CALL_ID_HEADER = "x-claw-call-id"
 _SCORE_RE = re.compile(r'"?score"?\s*[:=]\s*"?(-?\d+(?:\.\d+)?)\s*(/\s*(\d+(?:\.\d+)?))?', re.I)
-
-
-class JudgeError(ClawError):
-    """The judge could not be asked or its answer holds no score in [0, 1]; ``retryable`` when
-    asking again may help (network error, HTTP 5xx / 429, a reply of the wrong shape)."""
-
-    def __init__(self, message: str, *, retryable: bool = False):
-        super().__init__(message)
-        self.retryable = retryable
 
 
 @attrs.frozen(kw_only=True)
