@@ -109,13 +109,11 @@ class JobServices:
         return container
 
     def _ready(self, container: Any, svc: Service, deadline: float) -> None:
-        from claw_sandbox.backends.docker import _not_running
-
         while True:
             container.reload()
             state = container.attrs.get("State", {})
             if state.get("Status") != "running":
-                raise InfraError(_not_running(container, dict(svc.env), f"service {svc.name}"))
+                raise InfraError(not_running(container, dict(svc.env), f"service {svc.name}"))
             health = (state.get("Health") or {}).get("Status")
             if svc.healthcheck is None or health == "healthy":
                 return
@@ -182,3 +180,26 @@ def sweep_services(client: Any) -> int:
                 n.remove()
                 removed += 1
     return removed
+
+
+#: how many of a container's last log lines an error about it quotes
+LOG_TAIL_LINES = 5
+
+
+def not_running(container: Any, env: dict[str, str], what: str) -> str:
+    """Why a container that should run is not: its state, exit code, error and last log lines
+    (an exit code of 126/127 also names the PATH its command was looked up in)."""
+    state = container.attrs.get("State", {})
+    code, error = state.get("ExitCode"), state.get("Error") or ""
+    msg = f"{what} ({container.attrs.get('Config', {}).get('Image', '?')}) is not running "
+    msg += f"(state {state.get('Status', '?')}, exit code {code}"
+    msg += (f", {error}" if error else "") + (", out of memory" if state.get("OOMKilled") else "")
+    msg += ")"
+    if code in (126, 127):
+        msg += f"; its command was not found or not executable with PATH={env.get('PATH', '')!r}"
+    try:
+        raw = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES)
+    except Exception as exc:  # the SDK's and requests' errors alike: the message still stands
+        return msg + f"; its log could not be read: {exc}"
+    lines = raw.decode("utf-8", errors="replace").strip().splitlines()
+    return msg + ("; its last log lines: " + " | ".join(lines) if lines else "; its log is empty")

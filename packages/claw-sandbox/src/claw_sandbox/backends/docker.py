@@ -34,7 +34,7 @@ from typing import Any
 
 from claw_sandbox import _forward, _tmpfs
 from claw_sandbox._proc import StepResult
-from claw_sandbox.backends._docker_services import JobServices, sweep_services
+from claw_sandbox.backends._docker_services import JobServices, not_running, sweep_services
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, Step, Verify, is_under, parse_http_url
@@ -145,7 +145,7 @@ class DockerSandbox(Sandbox):
             ) from exc
         self.container.reload()
         if self.container.status != "running":
-            raise InfraError(_not_running(self.container, self.env(), "the trial container"))
+            raise InfraError(not_running(self.container, self.env(), "the trial container"))
         if self.relay is not None:
             self.forwarder = self._start_forwarder(self.container)
         listed = self._exec(("/bin/sh", "-c", LIST_PIDS), 60.0, True, user="0:0")
@@ -305,7 +305,7 @@ class DockerSandbox(Sandbox):
                 self.container.reload()
                 if self.container.status != "running":  # it died since the last step
                     raise InfraError(
-                        _not_running(self.container, self.env(), "the trial container")
+                        not_running(self.container, self.env(), "the trial container")
                     ) from exc
             raise InfraError(f"docker exec failed: {exc.explanation or exc}") from exc
         out, err = bytearray(), bytearray()
@@ -452,7 +452,7 @@ class DockerSandbox(Sandbox):
         sock = "proxy.sock"  # relative to the forwarder's cwd: AF_UNIX paths end at 107 bytes
         nsenter = shutil.which("nsenter")
         if not pid:  # the container is not running: say why, not what the forwarder needs
-            raise InfraError(_not_running(container, self.env(), "the container"))
+            raise InfraError(not_running(container, self.env(), "the container"))
         if not nsenter:
             raise InfraError("network proxy on docker needs nsenter (util-linux) on the host")
         if os.geteuid() != 0:
@@ -505,29 +505,6 @@ class DockerSandbox(Sandbox):
             assert self.container is not None
             self.container.remove(force=True)
         self.container = None
-
-
-#: how many of a container's last log lines an error about it quotes
-LOG_TAIL_LINES = 5
-
-
-def _not_running(container: Any, env: dict[str, str], what: str) -> str:
-    """Why a container that should run is not: its state, exit code, error and last log lines
-    (an exit code of 126/127 also names the PATH its command was looked up in)."""
-    state = container.attrs.get("State", {})
-    code, error = state.get("ExitCode"), state.get("Error") or ""
-    msg = f"{what} ({container.attrs.get('Config', {}).get('Image', '?')}) is not running "
-    msg += f"(state {state.get('Status', '?')}, exit code {code}"
-    msg += (f", {error}" if error else "") + (", out of memory" if state.get("OOMKilled") else "")
-    msg += ")"
-    if code in (126, 127):
-        msg += f"; its command was not found or not executable with PATH={env.get('PATH', '')!r}"
-    try:
-        raw = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES)
-    except Exception as exc:  # the SDK's and requests' errors alike: the message still stands
-        return msg + f"; its log could not be read: {exc}"
-    lines = raw.decode("utf-8", errors="replace").strip().splitlines()
-    return msg + ("; its last log lines: " + " | ".join(lines) if lines else "; its log is empty")
 
 
 def _kill_tree(pid: int) -> None:
