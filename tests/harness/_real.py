@@ -23,6 +23,7 @@ from _servers import BIN, ROOT
 REAL = {"claude-code": "claude", "openclaw-chat": "openclaw"}
 SECRET = "real-harness-secret"
 ADMIN = "real-harness-admin"
+JOB_TIMEOUT_S = 900
 
 
 def missing(harness: str) -> str | None:
@@ -55,20 +56,28 @@ def proxy(engine: str, record: Path, tokenizer: str | None, max_tokens: int, see
     return claw_proxy.ProxyServer(cfg)
 
 
-def play(tasks, harnesses: list[str], url: str, runs: Path, run_id: str, samples: int = 1):
+def play(tasks, harnesses: list, url: str, runs: Path, run_id: str, samples: int = 1):
     """`samples` rollouts of every (task, harness) against the proxy at `url`, run by
-    `claw-sandbox run` in bwrap, 2 at a time; returns claw_bench's Rollouts."""
-    runner = claw_bench.sandbox_cli(
+    `claw-sandbox run` in bwrap, 2 at a time; returns claw_bench's Rollouts. A harness is a
+    name or a loaded claw_bench.Harness."""
+    cli = claw_bench.sandbox_cli(
         backend="bwrap", parallel=2, output=runs, args=["--ro-path", str(ROOT), "--retries", "0"]
     )
+
+    def runner(jobs: list[dict]) -> list[dict]:
+        for job in jobs:  # a 25K-token prefill takes seconds on a loaded CPU: no task deadline
+            job["timeout_s"] = JOB_TIMEOUT_S
+        return cli(jobs)
+
     return claw_bench.rollouts(
         list(tasks),
-        [claw_bench.load_harness(h) for h in harnesses],
+        [h if isinstance(h, claw_bench.Harness) else claw_bench.load_harness(h) for h in harnesses],
         runner,
         samples=samples,
         proxy_url=url,
         secret=SECRET.encode(),
         run_id=run_id,
+        group_by="task+harness",  # a group's sessions share the harness's prompt
     )
 
 
