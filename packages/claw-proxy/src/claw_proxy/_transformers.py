@@ -135,6 +135,7 @@ class TransformersEngine(Engine):
             ) from e
         self.spec = f"transformers:{directory}"
         self.tokenizer_dir = directory
+        self.base_dir = directory  # what a LoRA adapter policy is served on
         self.dtype = dtype
         self.max_batch = max_batch
         self.batch_wait = batch_wait
@@ -163,9 +164,7 @@ class TransformersEngine(Engine):
         """New weights: an HF directory, or a LoRA adapter directory (``adapter_config.json``)
         on the model this engine started with, merged."""
         if (Path(policy.path) / "adapter_config.json").is_file():
-            model = await asyncio.to_thread(
-                _load_adapter, self.tokenizer_dir, policy.path, self.dtype
-            )
+            model = await asyncio.to_thread(_load_adapter, self.base_dir, policy.path, self.dtype)
         else:
             model = await asyncio.to_thread(_load, policy.path, self.dtype)
         new = {"name": policy.name, "version": policy.version}
