@@ -18,7 +18,7 @@ Cost, measured on 2 cores shared with other jobs (load about 20), seed 0, step 0
 24.8K-25.2K prompt tokens a call, 21-39 s a model call (the transformers engine prefills the
 whole prompt each time), rollouts 43-171 s; OpenClaw 19.1K prompt tokens, one call of 26-28 s,
 rollouts about 155 s, most of it its start-up (SQLite state set-up); the update on the step's
-group-packed samples took over 7 minutes. The whole test did not finish in 25 minutes there:
+group-packed samples took 539 s (89,839 tokens; that run grouped by task, across harnesses). The whole test did not finish in 25 minutes there:
 it is far from the 5-minute goal until the engine reuses the prompt's prefix (vLLM) or the
 machine is idle.
 """
