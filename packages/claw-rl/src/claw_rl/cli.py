@@ -241,19 +241,22 @@ def _run(
     track = {key: flags.pop(key) for key in ("tensorboard", "wandb")}
     trackers: list = []
     try:
-        samples = read_samples(samples_path)  # a bad file is reported before a model loads
-        if not samples:
-            raise click.ClickException(f"{samples_path}: no samples")
+        # the command line first, then the samples file, then the model: the cheapest check first
         if resume_dir is not None:
-            learner = load_checkpoint(_checkpoint_of(resume_dir), algo=algo)
             if any(v is not None for v in flags.values()) or config_path:
                 raise click.UsageError(
                     "--resume continues with the checkpoint's config; drop the config flags"
                 )
+        elif model_dir is None:
+            raise click.UsageError("--model is required (or --resume a checkpoint)")
+        config = None if resume_dir is not None else resolve_config(algo, config_path, flags)
+        samples = read_samples(samples_path)  # a bad file is reported before a model loads
+        if not samples:
+            raise click.ClickException(f"{samples_path}: no samples")
+        if config is None or model_dir is None:  # --resume (checked above)
+            assert resume_dir is not None
+            learner = load_checkpoint(_checkpoint_of(resume_dir), algo=algo)
         else:
-            if model_dir is None:
-                raise click.UsageError("--model is required (or --resume a checkpoint)")
-            config = resolve_config(algo, config_path, flags)
             learner = Learner.from_config(config, model_dir, version=start_version)
         size = batch_size if batch_size > 0 else len(samples)
         n_steps = (len(samples) + size - 1) // size
