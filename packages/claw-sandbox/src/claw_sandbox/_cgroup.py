@@ -18,6 +18,7 @@ from pathlib import Path
 
 import attrs
 
+from claw_sandbox._proc import pid_alive
 from claw_sandbox.records import Limits
 
 ROOT = Path("/sys/fs/cgroup")
@@ -139,16 +140,6 @@ def _swept(support: CgroupSupport) -> CgroupSupport:
     return support
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(support: CgroupSupport) -> int:
     """Remove job groups left by runners that died (killed with SIGKILL); returns how many."""
     removed = 0
@@ -158,7 +149,7 @@ def sweep_stale(support: CgroupSupport) -> int:
                 parts = entry.name.rsplit("-", 2)
                 if not entry.is_dir() or len(parts) != 3 or not parts[1].isdigit():
                     continue
-                if _pid_alive(int(parts[1])):
+                if pid_alive(int(parts[1])):
                     continue
                 group = JobCgroup(support, [Path(entry.path)])
                 group.kill_all(deadline_s=1.0)

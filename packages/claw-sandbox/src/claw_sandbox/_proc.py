@@ -211,3 +211,14 @@ def find_marked(marker: bytes) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

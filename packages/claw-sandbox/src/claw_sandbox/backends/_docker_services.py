@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any
 
+from claw_sandbox._proc import pid_alive
 from claw_sandbox.errors import InfraError, JobError
 from claw_sandbox.records import Healthcheck, Job, Service
 
@@ -146,20 +147,10 @@ class JobServices:
             self.network = None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _dead_runner(labels: dict[str, str] | None) -> bool:
     """True when the label names a runner on this host that no longer runs."""
     host, _, pid = (labels or {}).get(RUNNER_LABEL, "").rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not _alive(int(pid))
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
 def sweep_services(client: Any) -> int:
