@@ -5,8 +5,16 @@ Reads `claw.job/v1` records and writes `claw.run/v1` records; see the package RE
 
 from importlib.metadata import version as _version
 
+from claw_sandbox._oci import unpack as unpack_image
 from claw_sandbox.backends import BACKENDS, Backend, doctor, get_backend
-from claw_sandbox.errors import BackendUnavailable, ClawError, InfraError, JobError, JobsFileError
+from claw_sandbox.errors import (
+    BackendUnavailable,
+    ClawError,
+    ImageError,
+    InfraError,
+    JobError,
+    JobsFileError,
+)
 from claw_sandbox.executor import execute_job
 from claw_sandbox.records import Job, Run, VerifyResult, read_jobs, read_runs
 from claw_sandbox.scheduler import Scheduler, arun_jobs, iter_runs, run_jobs
@@ -17,6 +25,7 @@ __all__ = [
     "Backend",
     "BackendUnavailable",
     "ClawError",
+    "ImageError",
     "InfraError",
     "Job",
     "JobError",
@@ -33,4 +42,5 @@ __all__ = [
     "read_jobs",
     "read_runs",
     "run_jobs",
+    "unpack_image",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from claw_sandbox import __version__
+from claw_sandbox import __version__, _oci
 from claw_sandbox.backends import BACKENDS, doctor, get_backend
 from claw_sandbox.errors import ClawError
 from claw_sandbox.records import JOB_SCHEMA, Job, read_jobs
@@ -25,14 +25,20 @@ def _log(msg: str) -> None:
 
 
 def _backend(
-    name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None
-):
+    name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None,
+    oci: str | None = None,
+):  # fmt: skip
     options: dict = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
     if rootfs and name in ("auto", "bwrap"):
         options["rootfs"] = rootfs
     if name == "docker" and image:
         options["default_image"] = image
     try:
+        if oci:  # only bwrap runs an unpacked image: no fallback to the host's root
+            if name not in ("auto", "bwrap") or rootfs:
+                raise click.UsageError("--oci needs the bwrap backend and no --rootfs")
+            name, options["image"] = "bwrap", _oci.unpack(oci)
+            _log(f"image {options['image'].digest[:19]}: {options['image'].rootfs}")
         return get_backend(name, **options)
     except ClawError as exc:
         raise click.ClickException(
@@ -130,6 +136,14 @@ def main() -> None:
     "(else CLAW_SANDBOX_ROOTFS)",
 )
 @click.option(
+    "--oci",
+    type=click.Path(exists=True),
+    default=None,
+    metavar="PATH",
+    help="bwrap: run the jobs in this image, an OCI image layout directory or a `docker save` tar "
+    "(unpacked once, cached by digest; its ENV, WORKDIR and USER apply)",
+)
+@click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
     default="local",
@@ -139,8 +153,8 @@ def main() -> None:
 @click.option(
     "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)"
 )
-def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, image, rootfs, executor,
-        ray_address) -> None:  # fmt: skip
+def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, image, rootfs, oci,
+        executor, ray_address) -> None:  # fmt: skip
     """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
 
     A bad line becomes a `status: error` run naming file, line and field; the other jobs run.
@@ -156,7 +170,7 @@ def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, 
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
     _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=image, rootfs=rootfs)  # fmt: skip
+         ray_address, image=image, rootfs=rootfs, oci=oci)  # fmt: skip
     if not any(isinstance(i, Job) for i in items):
         bad = len(items)
         raise click.ClickException(
@@ -184,8 +198,10 @@ def _check_out(out: str) -> None:
 
 
 def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=None, rootfs=None) -> None:  # fmt: skip
+         ray_address, image=None, rootfs=None, oci=None) -> None:  # fmt: skip
     if executor == "ray":
+        if oci:
+            raise click.UsageError("--oci runs with the local executor only")
         from claw_sandbox.ray_executor import run_on_ray
 
         started = time.monotonic()
@@ -211,7 +227,7 @@ def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro
         )
         return
     sched = Scheduler(
-        _backend(backend, ro_paths, image, rootfs),
+        _backend(backend, ro_paths, image, rootfs, oci),
         parallel,
         retries,
         Path(workdir) if workdir else None,

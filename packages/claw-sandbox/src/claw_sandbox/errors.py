@@ -22,3 +22,7 @@ class BackendUnavailable(ClawError):
 
 class JobsFileError(ClawError):
     """The jobs file as a whole cannot be used (unreadable, duplicate job ids)."""
+
+
+class ImageError(ClawError):
+    """An OCI image (layout directory or `docker save` archive) cannot be unpacked safely."""

@@ -17,6 +17,9 @@ Each step runs as ``bwrap ... -- [setpriv] [forwarder] COMMAND`` with
   calls;
 - as root: the step drops to a separate unprivileged host uid (default 65534) without
   capabilities and with no_new_privs; as another user: a user namespace (uid 1000 inside);
+- with an OCI image (`image=`, `run --oci`; `_oci`): the image's unpacked root instead of the
+  host's, its ENV under the job's env, its WORKDIR as the workspace, its USER as the uid of a
+  user namespace;
 - limits (the job's, else the backend's defaults) from a per-job cgroup below the runner's own
   when the tree is writable, else the job's own limits as rlimits; at the timeout the bwrap
   monitor is killed, which kills the pid namespace and so every process of the step.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import posixpath
 import re
 import select
 import shutil
@@ -35,7 +39,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from claw_sandbox import _cgroup, _forward, _seccomp, _tmpfs
+from claw_sandbox import _cgroup, _forward, _oci, _seccomp, _tmpfs
 from claw_sandbox._hostpaths import command_paths
 from claw_sandbox._proc import StepResult, killpg, run_step
 from claw_sandbox.backends.base import (
@@ -47,7 +51,7 @@ from claw_sandbox.backends.base import (
     rlimit_wrap,
     venv_paths,
 )
-from claw_sandbox.errors import InfraError, JobError
+from claw_sandbox.errors import BackendUnavailable, InfraError, JobError
 from claw_sandbox.records import Command, Job, Limits, Verify, parse_http_url
 from claw_sandbox.workspace import chown_tree
 
@@ -155,6 +159,13 @@ class BwrapSandbox(Sandbox):
         #: the root of a harbor verify step that holds copies of `copied_targets` (see place)
         self.verify_root = jobdir / "verify-root-0"
         self._verify_roots = 0
+        image = backend.image
+        if image is not None and not job.workdir and image.workdir.strip("/"):
+            self.inside_workspace = "/" + posixpath.normpath(image.workdir).strip(
+                "/"
+            )  # the image's WORKDIR
+        #: bwrap itself runs as the dropped uid (root runner; a user namespace of the job's own)
+        self.drop_first = self.owner is not None and (job.profile == "harbor" or image is not None)
         self.limits = effective_limits(
             job.limits, backend.default_limits, cgroup=backend.cgroups.version is not None,
             # a kept job directory must outlive the run: no tmpfs (and so no disk bound) for it
@@ -203,6 +214,10 @@ class BwrapSandbox(Sandbox):
             env["HOME"] = "/root"
             env.update(self.job.image_env)  # the Dockerfile's ENV HOME, say, over /root
             env.update(self.job.env)
+        if self.backend.image is not None:  # the image's ENV, under the job's own
+            env.update(self.backend.image.env)
+            env.update(self.job.image_env)
+            env.update(self.job.env)
         return env
 
     async def start(self) -> None:
@@ -221,7 +236,6 @@ class BwrapSandbox(Sandbox):
     def _argv(self, command: Command) -> tuple[list[str], list[str]]:
         """bwrap's argv and the command to run inside: namespaces, the root (copied verify
         targets), binds, what the command's programs need, hidden paths, the inner command."""
-        harbor = self.job.profile == "harbor"
         copied = set(self.copied_targets()) if self.verifying else set()
         args = self._namespace_args()
         if copied:  # the verify step's own writable root holds the copies (place_verify_files)
@@ -242,8 +256,8 @@ class BwrapSandbox(Sandbox):
             # leaving uid 0 clears every capability; no_new_privs stops setuid/file-cap binaries
             drop = [self.backend.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
                     "--no-new-privs"]  # fmt: skip
-            if harbor:  # drop before bwrap: the user namespace's uid 0 is the unprivileged uid
-                args = [*drop, *args]
+            if self.drop_first:  # drop before bwrap: the user namespace's uid 0 (or the image's
+                args = [*drop, *args]  # USER) is the unprivileged uid
             else:
                 inner = [*drop, *inner]
         return args, inner
@@ -259,7 +273,10 @@ class BwrapSandbox(Sandbox):
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
         if self.policy() != "host":
             args.append("--unshare-net")
-        if (
+        if self.backend.image_user is not None:  # the image's USER, in a user namespace
+            uid, gid = self.backend.image_user
+            args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
+        elif (
             self.job.profile == "harbor"
         ):  # uid 0 in a user namespace of its own (as the dropped host uid, when root)
             args += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
@@ -282,12 +299,13 @@ class BwrapSandbox(Sandbox):
             if target not in verify_only or self.verifying:  # verify mounts: verify steps only
                 binds.append((self.mount_dir(i), target))
         if (
-            harbor
+            self.drop_first
             and self.owner is not None
             and not _others_reach(str(self.jobdir.parent), read=False)
         ):
+            why = "profile harbor" if harbor else "an image"
             raise JobError(
-                f"job {job.job_id!r}: profile harbor: bwrap runs as uid {self.owner[0]}, "
+                f"job {job.job_id!r}: {why}: bwrap runs as uid {self.owner[0]}, "
                 f"which cannot reach the job directories under {self.jobdir.parent} "
                 "(give --workdir a directory whose parents all have mode o+x)"
             )
@@ -304,7 +322,6 @@ class BwrapSandbox(Sandbox):
     def _program_args(self, command: Command) -> tuple[set[str], list[str]]:
         """Read-only binds of what the programs the command names need (e.g. a harness in a
         venv under the checkout) and of --ro-path: (the bound paths, the args)."""
-        harbor = self.job.profile == "harbor"
         args: list[str] = []
         bound: set[str] = set()
         made: set[str] = {"/", "/root", "/home", "/run", "/var", "/tmp"}
@@ -317,7 +334,7 @@ class BwrapSandbox(Sandbox):
         for p in wanted:
             if p == "/" or _under(p, VISIBLE_ROOTS) or not os.path.exists(p):
                 continue
-            if harbor and self.owner is not None and not _others_reach(p):
+            if self.drop_first and not _others_reach(p):
                 continue  # bwrap runs as the dropped uid: it could not bind this path
             if _under(p, bound):
                 continue  # already visible through a bound parent
@@ -441,7 +458,8 @@ class BwrapBackend(Backend):
 
     def __init__(self, *, uid: int = 65534, gid: int = 65534, ro_paths: tuple[str, ...] = (),
                  hide: tuple[str, ...] = (), default_limits: Limits = DEFAULT_LIMITS,
-                 seccomp: bool = True, rootfs: str | None = None) -> None:  # fmt: skip
+                 seccomp: bool = True, rootfs: str | None = None,
+                 image: _oci.Image | None = None) -> None:  # fmt: skip
         self.bwrap = shutil.which("bwrap") or ""
         self.setpriv = shutil.which("setpriv") or ""
         self.socat = shutil.which("socat")
@@ -451,6 +469,14 @@ class BwrapBackend(Backend):
         self.ro_paths = (*ro_paths, *env_paths)
         #: a directory to use as the root filesystem (e.g. an exported image) instead of the host's
         self.rootfs = rootfs or os.environ.get("CLAW_SANDBOX_ROOTFS") or None
+        #: an unpacked OCI image (`_oci.unpack`): its rootfs as the root, its ENV, WORKDIR, USER
+        self.image = image
+        self.image_user: tuple[int, int] | None = None
+        if image is not None:
+            if rootfs:
+                raise BackendUnavailable("bwrap: give an image or a rootfs, not both")
+            self.rootfs = str(image.rootfs)
+            self.image_user = _oci.resolve_user(image.rootfs, image.user)
         self.base_args = rootfs_binds(self.rootfs) if self.rootfs else root_binds()
         self.default_limits = default_limits
         self.seccomp = seccomp and _seccomp.program() is not None

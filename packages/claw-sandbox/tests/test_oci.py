@@ -1,0 +1,229 @@
+"""OCI images without a daemon: unpacking layouts and `docker save` archives (layers, whiteouts,
+hostile tars, the cache) and running a job in an image's root on bwrap."""
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from claw_sandbox import _oci, run_jobs
+from claw_sandbox.backends import make_backend
+from claw_sandbox.errors import ImageError
+from oci_testlib import config, docker_save, layer, oci_layout
+from sandbox_testlib import job
+
+
+def _base():
+    return layer(("etc", "dir"), ("etc/passwd", "file", "root:x:0:0::/root:/bin/sh\n"),
+                 ("etc/os", "file", "lower\n"), ("data", "dir"), ("data/old", "file", "old\n"))  # fmt: skip
+
+
+def test_layers_apply_in_order_with_whiteouts(tmp_path):
+    """A later layer replaces a file, `.wh.NAME` removes one, `.wh..wh..opq` empties a directory
+    of what lower layers put there but keeps what its own layer adds; gzip and plain tars mix."""
+    top = layer(("etc/os", "file", "upper\n"), ("etc/.wh.passwd", "file", ""),
+                ("data/.wh..wh..opq", "file", ""), ("data/new", "file", "new\n"), gz=True)  # fmt: skip
+    cfg = config(env=["PATH=/opt/tool/bin:/bin", "A=x=y"], workdir="/work", user="1234")
+    image = _oci.unpack(oci_layout(tmp_path / "img", [_base(), top], cfg), tmp_path / "cache")
+    root = image.rootfs
+    assert (root / "etc/os").read_text() == "upper\n" and not (root / "etc/passwd").exists()
+    assert sorted(os.listdir(root / "data")) == ["new"]
+    assert image.env == {"PATH": "/opt/tool/bin:/bin", "A": "x=y"}
+    assert (image.workdir, image.user) == ("/work", "1234")
+    assert image.digest == "sha256:" + __import__("hashlib").sha256(cfg).hexdigest()
+    assert root.parent.parent == tmp_path / "cache" and root.name == "rootfs"
+
+
+def test_cached_by_digest_and_unpacked_once(tmp_path):
+    """A second unpack of the same image (here as a `docker save` archive too) reuses the
+    cached rootfs; nothing but the finished image is left in the cache."""
+    cfg = config(layers=[_base()])  # diff_ids: the config digest alone is the key
+    first = _oci.unpack(oci_layout(tmp_path / "img", [_base()], cfg), tmp_path / "cache")
+    (first.rootfs / "marker").write_text("kept")
+    second = _oci.unpack(docker_save(tmp_path / "img.tar", [_base()], cfg), tmp_path / "cache")
+    assert second.rootfs == first.rootfs and (second.rootfs / "marker").read_text() == "kept"
+    assert os.listdir(tmp_path / "cache") == [first.rootfs.parent.name]
+
+
+def test_docker_save_archive(tmp_path):
+    """A hand-made `docker save` tar (manifest.json with Config and Layers) unpacks the same."""
+    top = layer(("opt/tool/bin/hello", "file", "#!/bin/sh\necho hi\n", 0o755))
+    tar = docker_save(tmp_path / "img.tar", [_base(), top], config(workdir="/app"))
+    image = _oci.unpack(tar, tmp_path / "cache")
+    hello = image.rootfs / "opt/tool/bin/hello"
+    assert hello.read_text().endswith("echo hi\n") and os.access(hello, os.X_OK)
+    assert (image.rootfs / "data/old").exists() and image.workdir == "/app"
+
+
+def _refused(tmp_path, layers, match):
+    with pytest.raises(ImageError, match=match):
+        _oci.unpack(oci_layout(tmp_path / "img", layers, config()), tmp_path / "refused")
+    # nothing half-made is left: no image under its digest, no temporary directory
+    assert not (tmp_path / "refused").exists() or os.listdir(tmp_path / "refused") == []
+
+
+def test_dotdot_entry_is_refused(tmp_path):
+    """A member named ../escape (or a/../../escape) is refused; nothing is written outside."""
+    for name in ("../escape", "a/../../escape"):
+        _refused(tmp_path, [layer((name, "file", "pwned"))], "leaves the root")
+        shutil.rmtree(tmp_path / "img")
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "refused" / "escape").exists()
+
+
+def test_write_through_an_absolute_symlink_is_refused(tmp_path):
+    """A symlink to a host directory, then a file under it (same layer or the next): refused,
+    and the host directory stays empty."""
+    host = tmp_path / "host"
+    host.mkdir()
+    same = layer(("etc", "sym", str(host)), ("etc/pwned", "file", "x"))
+    _refused(tmp_path, [same], "through the symlink /etc")
+    shutil.rmtree(tmp_path / "img")
+    split = [layer(("etc", "sym", str(host))), layer(("etc/pwned", "file", "x"))]
+    _refused(tmp_path, split, "through the symlink")
+    shutil.rmtree(tmp_path / "img")
+    whiteout = [layer(("etc", "sym", str(host))), layer(("etc/.wh.x", "file", ""))]
+    _refused(tmp_path, whiteout, "through the symlink")
+    assert os.listdir(host) == []
+
+
+def test_whiteouts_remove_links_not_their_targets(tmp_path):
+    """`.wh.etc` removes the image's /etc (a symlink to a host directory here), never the host's;
+    an opaque marker under it cannot reach the host either."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "keep").write_text("host file")
+    layers = [layer(("etc", "sym", str(host)), ("lib", "dir"), ("lib/x", "file", "x")),
+              layer((".wh.etc", "file", ""), (".wh.lib", "file", ""))]  # fmt: skip
+    image = _oci.unpack(oci_layout(tmp_path / "img", layers, config()), tmp_path / "cache")
+    assert os.listdir(image.rootfs) == [] and (host / "keep").read_text() == "host file"
+    assert Path("/etc").is_dir()
+
+
+def test_hard_links_stay_inside_and_devices_are_skipped(tmp_path):
+    """A hard link to a file of the image works; one to a path outside or to a symlink is
+    refused; a device node is skipped with a note; setuid bits are dropped."""
+    (tmp_path / "secret").write_text("host")
+    ok = layer(("bin", "dir"), ("bin/su", "file", "x", 0o4755), ("bin/su2", "link", "bin/su"),
+               ("dev", "dir"), ("dev/null", "chr"))  # fmt: skip
+    image = _oci.unpack(oci_layout(tmp_path / "img", [ok], config()), tmp_path / "cache")
+    assert os.stat(image.rootfs / "bin/su").st_ino == os.stat(image.rootfs / "bin/su2").st_ino
+    assert not os.stat(image.rootfs / "bin/su").st_mode & stat.S_ISUID
+    assert not (image.rootfs / "dev/null").exists() and "skipped 1 device" in image.notes[0]
+    shutil.rmtree(tmp_path / "img")
+    out = os.path.relpath(tmp_path / "secret", tmp_path / "cache")
+    _refused(tmp_path, [layer(("s", "link", out))], "leaves the root")
+    shutil.rmtree(tmp_path / "img")
+    sym = layer(("p", "sym", str(tmp_path / "secret")), ("h", "link", "p"))
+    _refused(tmp_path, [sym], "not a file of the image")
+
+
+def test_bad_images_say_what_is_wrong(tmp_path):
+    """A layer whose content does not match its digest, a directory that is no image and a
+    file that is no tar are errors naming the problem."""
+    with pytest.raises(ImageError, match="does not match its digest"):
+        _oci.unpack(oci_layout(tmp_path / "img", [_base()], config(), bad_digest=True),
+                    tmp_path / "cache")  # fmt: skip
+    lie = config(layers=[layer(("x", "file", "other"))])  # a diff_id of another layer
+    with pytest.raises(ImageError, match="does not match its diff_id"):
+        _oci.unpack(docker_save(tmp_path / "lie.tar", [_base()], lie), tmp_path / "cache")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ImageError, match="no index.json"):
+        _oci.unpack(tmp_path / "empty", tmp_path / "cache")
+    (tmp_path / "x.tar").write_text("not a tar")
+    with pytest.raises(ImageError, match="neither an OCI image layout"):
+        _oci.unpack(tmp_path / "x.tar", tmp_path / "cache")
+
+
+def test_user_is_resolved_from_the_image(tmp_path):
+    """USER by name, uid, name:group; the image's own /etc/passwd, never a host file it links."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\ntool:x:1234:1300::/home/t:/bin/sh\n")
+    (etc / "group").write_text("root:x:0:\nstaff:x:50:tool,root\n")
+    assert _oci.resolve_user(tmp_path, "tool") == (1234, 1300)
+    assert _oci.resolve_user(tmp_path, "tool:staff") == (1234, 50)
+    assert _oci.resolve_user(tmp_path, "77:88") == (77, 88)
+    assert _oci.resolve_user(tmp_path, "") == (0, 0)
+    with pytest.raises(ImageError, match="no user 'nobody'"):
+        _oci.resolve_user(tmp_path, "nobody")
+    (etc / "passwd").unlink()
+    (etc / "passwd").symlink_to("/etc/passwd")  # the host's root would resolve: must not
+    with pytest.raises(ImageError, match="no user 'root'"):
+        _oci.resolve_user(tmp_path, "root")
+
+
+def _busybox() -> str:
+    busybox = shutil.which("busybox")
+    ldd = subprocess.run(["ldd", busybox], capture_output=True, text=True) if busybox else None
+    if ldd is None or "not a dynamic" not in ldd.stdout + ldd.stderr:
+        pytest.skip("a static busybox is needed to make an image (apt-get install busybox-static)")
+    return busybox  # type: ignore[return-value]
+
+
+def _tool_image(top: Path) -> list[bytes]:
+    """Layers: a busybox root with a user `tool` (1234), then /opt/tool/bin/hello."""
+    bb = Path(_busybox()).read_bytes()
+    tools = ("sh", "id", "pwd", "cat", "echo", "ls")
+    base = layer(("bin", "dir"), ("bin/busybox", "file-bytes", bb, 0o755),
+                 *((f"bin/{t}", "sym", "busybox") for t in tools), ("work", "dir"),
+                 ("etc", "dir"), ("etc/passwd", "file", "tool:x:1234:1234::/home/tool:/bin/sh\n"),
+                 gz=True)  # fmt: skip
+    hello = layer(("opt/tool/bin/hello", "file", "#!/bin/sh\necho hello from the image\n", 0o755))
+    return [base, hello]
+
+
+def test_a_job_runs_in_its_image_on_bwrap_without_a_daemon():
+    """`hello` exists only in the image: the job passes with it (ENV PATH, WORKDIR /work with the
+    job's files, USER tool = 1234, job env over image env) and fails on the host's root."""
+    # not under pytest's tmp_path (mode 0700): bwrap may run as the sandbox's unprivileged uid
+    top = Path(tempfile.mkdtemp(prefix="claw-sandbox-test-oci-"))
+    try:
+        os.chmod(top, 0o755)
+        cfg = config(env=["PATH=/opt/tool/bin:/bin", "A=img", "B=img"], workdir="/work",
+                     user="tool")  # fmt: skip
+        image = _oci.unpack(oci_layout(top / "img", _tool_image(top), cfg), top / "cache")
+        backend = make_backend("bwrap", image=image)
+        if backend.unavailable():
+            pytest.skip(f"bwrap unavailable: {backend.unavailable()}")
+        j = job("img", command='hello && echo "$PATH|$A|$B" && pwd && id -u && cat f.txt',
+                env={"B": "job"}, workspace={"files": {"f.txt": "job file\n"}})  # fmt: skip
+        (run,) = run_jobs([j], backend=backend, workdir=top / "jobs")
+        assert run["exit_code"] == 0, run
+        assert run["stdout_tail"] == (
+            "hello from the image\n/opt/tool/bin:/bin|img|job\n/work\n1234\njob file\n"
+        ), run
+        host = make_backend("bwrap")
+        (plain,) = run_jobs([j], backend=host, workdir=top / "jobs-host")
+        assert plain["exit_code"] != 0 and "hello from the image" not in plain["stdout_tail"]
+    finally:
+        shutil.rmtree(top)
+
+
+def test_cli_runs_jobs_in_a_docker_save_archive(monkeypatch):
+    """`claw-sandbox run --oci IMAGE.tar` unpacks the archive and runs the jobs in it."""
+    import json
+
+    from claw_sandbox.cli import main
+    from click.testing import CliRunner
+
+    top = Path(tempfile.mkdtemp(prefix="claw-sandbox-test-oci-cli-"))
+    try:
+        os.chmod(top, 0o755)
+        monkeypatch.setenv("CLAW_SANDBOX_IMAGE_CACHE", str(top / "cache"))
+        cfg = config(env=["PATH=/opt/tool/bin:/bin"], workdir="/work", user="1234")
+        tar = docker_save(top / "img.tar", _tool_image(top), cfg)
+        if make_backend("bwrap").unavailable():
+            pytest.skip(f"bwrap unavailable: {make_backend('bwrap').unavailable()}")
+        (top / "jobs.jsonl").write_text(json.dumps(job("c", command="hello; id -u")) + "\n")
+        args = ["run", str(top / "jobs.jsonl"), "--oci", str(tar), "--workdir", str(top / "w")]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        run = json.loads(result.stdout.splitlines()[-1])
+        assert run["stdout_tail"] == "hello from the image\n1234\n", run
+        bad = CliRunner().invoke(main, [*args, "--backend", "process"])
+        assert bad.exit_code != 0 and "--oci needs the bwrap backend" in bad.output
+    finally:
+        shutil.rmtree(top)
