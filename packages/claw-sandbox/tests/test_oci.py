@@ -227,3 +227,33 @@ def test_cli_runs_jobs_in_a_docker_save_archive(monkeypatch):
         assert bad.exit_code != 0 and "--oci needs the bwrap backend" in bad.output
     finally:
         shutil.rmtree(top)
+
+
+def test_cli_maps_image_names_to_archives(monkeypatch):
+    """`--oci NAME=PATH`: a job whose `image` is NAME runs in that image; a job naming another
+    image runs on the host's root as without --oci (there `hello` does not exist)."""
+    import json
+
+    from claw_sandbox.cli import main
+    from click.testing import CliRunner
+
+    top = Path(tempfile.mkdtemp(prefix="claw-sandbox-test-oci-map-"))
+    try:
+        os.chmod(top, 0o755)
+        monkeypatch.setenv("CLAW_SANDBOX_IMAGE_CACHE", str(top / "cache"))
+        cfg = config(env=["PATH=/opt/tool/bin:/bin"], workdir="/work", user="tool")
+        path = oci_layout(top / "img", _tool_image(top), cfg)
+        if make_backend("bwrap").unavailable():
+            pytest.skip(f"bwrap unavailable: {make_backend('bwrap').unavailable()}")
+        rows = [job("in", command="hello", image="example.org/tool:1"),
+                job("out", command="hello", image="example.org/other:1")]  # fmt: skip
+        (top / "jobs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        args = ["run", str(top / "jobs.jsonl"), "--oci", f"example.org/tool:1={path}",
+                "--workdir", str(top / "w")]  # fmt: skip
+        result = CliRunner().invoke(main, args)
+        runs = {r["job_id"]: r for r in map(json.loads, result.stdout.splitlines())}
+        assert runs["in"]["exit_code"] == 0, runs
+        assert runs["in"]["stdout_tail"] == "hello from the image\n"
+        assert runs["out"]["exit_code"] != 0, runs
+    finally:
+        shutil.rmtree(top)

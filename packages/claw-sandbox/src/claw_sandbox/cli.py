@@ -26,7 +26,7 @@ def _log(msg: str) -> None:
 
 def _backend(
     name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None,
-    oci: str | None = None,
+    oci: tuple[str, ...] = (),
 ):  # fmt: skip
     options: dict = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
     if rootfs and name in ("auto", "bwrap"):
@@ -37,13 +37,34 @@ def _backend(
         if oci:  # only bwrap runs an unpacked image: no fallback to the host's root
             if name not in ("auto", "bwrap") or rootfs:
                 raise click.UsageError("--oci needs the bwrap backend and no --rootfs")
-            name, options["image"] = "bwrap", _oci.unpack(oci)
-            _log(f"image {options['image'].digest[:19]}: {options['image'].rootfs}")
+            name = "bwrap"
+            options.update(_images(oci))
         return get_backend(name, **options)
     except ClawError as exc:
         raise click.ClickException(
             f"{exc}\nhint: `claw-sandbox doctor` shows what works here"
         ) from None
+
+
+def _images(values: tuple[str, ...]) -> dict:
+    """--oci values as bwrap's options: PATH (every job's image), NAME=PATH (the jobs whose
+    `image` is NAME), each unpacked (or found in the cache) now."""
+    options: dict = {"images": {}}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or os.path.exists(value):
+            name, path = "", value
+        if not os.path.exists(path):
+            raise click.BadParameter(f"{value}: no such file or directory", param_hint="--oci")
+        image = _oci.unpack(path)
+        _log(f"image {name or '(every job)'}: {image.digest[:19]}... unpacked at {image.rootfs}")
+        if name:
+            options["images"][name] = image
+        elif "image" in options:
+            raise click.BadParameter("give one --oci PATH without a NAME=", param_hint="--oci")
+        else:
+            options["image"] = image
+    return options
 
 
 def _workdir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -137,11 +158,11 @@ def main() -> None:
 )
 @click.option(
     "--oci",
-    type=click.Path(exists=True),
-    default=None,
-    metavar="PATH",
+    multiple=True,
+    metavar="[NAME=]PATH",
     help="bwrap: run the jobs in this image, an OCI image layout directory or a `docker save` tar "
-    "(unpacked once, cached by digest; its ENV, WORKDIR and USER apply)",
+    "(unpacked once, cached by digest; its ENV, WORKDIR and USER apply); NAME=PATH: only the jobs "
+    "whose `image` is NAME (repeatable)",
 )
 @click.option(
     "--executor",
@@ -198,7 +219,7 @@ def _check_out(out: str) -> None:
 
 
 def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=None, rootfs=None, oci=None) -> None:  # fmt: skip
+         ray_address, image=None, rootfs=None, oci=()) -> None:  # fmt: skip
     if executor == "ray":
         if oci:
             raise click.UsageError("--oci runs with the local executor only")

@@ -159,7 +159,11 @@ class BwrapSandbox(Sandbox):
         #: the root of a harbor verify step that holds copies of `copied_targets` (see place)
         self.verify_root = jobdir / "verify-root-0"
         self._verify_roots = 0
-        image = backend.image
+        #: the job's image (by its `image` name, else the backend's own), its root, bwrap's
+        #: arguments for that root and its USER as (uid, gid)
+        self.image = image = backend.image_for(job)
+        self.rootfs = str(image.rootfs) if image is not None else backend.rootfs
+        self.base_args, self.image_user = backend.root_of(image)
         if image is not None and not job.workdir and image.workdir.strip("/"):
             self.inside_workspace = "/" + posixpath.normpath(image.workdir).strip(
                 "/"
@@ -214,8 +218,8 @@ class BwrapSandbox(Sandbox):
             env["HOME"] = "/root"
             env.update(self.job.image_env)  # the Dockerfile's ENV HOME, say, over /root
             env.update(self.job.env)
-        if self.backend.image is not None:  # the image's ENV, under the job's own
-            env.update(self.backend.image.env)
+        if self.image is not None:  # the image's ENV, under the job's own
+            env.update(self.image.env)
             env.update(self.job.image_env)
             env.update(self.job.env)
         return env
@@ -240,7 +244,7 @@ class BwrapSandbox(Sandbox):
         args = self._namespace_args()
         if copied:  # the verify step's own writable root holds the copies (place_verify_files)
             args += ["--bind", str(self.verify_root), "/"]
-        args += _without_binds_at(self.backend.base_args, copied)
+        args += _without_binds_at(self.base_args, copied)
         args += self._bind_args(copied)
         bound, shown = self._program_args(command)
         args += shown
@@ -273,8 +277,8 @@ class BwrapSandbox(Sandbox):
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]  # fmt: skip
         if self.policy() != "host":
             args.append("--unshare-net")
-        if self.backend.image_user is not None:  # the image's USER, in a user namespace
-            uid, gid = self.backend.image_user
+        if self.image_user is not None:  # the image's USER, in a user namespace
+            uid, gid = self.image_user
             args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL"]
         elif (
             self.job.profile == "harbor"
@@ -349,10 +353,9 @@ class BwrapSandbox(Sandbox):
     def _inner(self, command: Command) -> list[str]:
         """The command inside: through the rootfs's shell, the proxy relay and the rlimits."""
         inner = argv_of(command)
-        if self.backend.rootfs and isinstance(command, str):  # the rootfs's shell, not the host's
+        if self.rootfs and isinstance(command, str):  # the rootfs's shell, not the host's
             has_bash = any(
-                os.path.exists(os.path.join(self.backend.rootfs, d, "bash"))
-                for d in ("bin", "usr/bin")
+                os.path.exists(os.path.join(self.rootfs, d, "bash")) for d in ("bin", "usr/bin")
             )
             inner = ["/bin/bash" if has_bash else "/bin/sh", "-c", command]
         if self.relay is not None and self.policy() == "proxy":
@@ -459,7 +462,8 @@ class BwrapBackend(Backend):
     def __init__(self, *, uid: int = 65534, gid: int = 65534, ro_paths: tuple[str, ...] = (),
                  hide: tuple[str, ...] = (), default_limits: Limits = DEFAULT_LIMITS,
                  seccomp: bool = True, rootfs: str | None = None,
-                 image: _oci.Image | None = None) -> None:  # fmt: skip
+                 image: _oci.Image | None = None,
+                 images: dict[str, _oci.Image] | None = None) -> None:  # fmt: skip
         self.bwrap = shutil.which("bwrap") or ""
         self.setpriv = shutil.which("setpriv") or ""
         self.socat = shutil.which("socat")
@@ -469,21 +473,36 @@ class BwrapBackend(Backend):
         self.ro_paths = (*ro_paths, *env_paths)
         #: a directory to use as the root filesystem (e.g. an exported image) instead of the host's
         self.rootfs = rootfs or os.environ.get("CLAW_SANDBOX_ROOTFS") or None
-        #: an unpacked OCI image (`_oci.unpack`): its rootfs as the root, its ENV, WORKDIR, USER
+        #: an unpacked OCI image (`_oci.unpack`) for every job: its rootfs as the root, its ENV,
+        #: WORKDIR, USER; `images`: one for the jobs whose `image` names it (over `image`)
         self.image = image
-        self.image_user: tuple[int, int] | None = None
+        self.images = dict(images or {})
+        if (image is not None or self.images) and rootfs:
+            raise BackendUnavailable("bwrap: give images or a rootfs, not both")
         if image is not None:
-            if rootfs:
-                raise BackendUnavailable("bwrap: give an image or a rootfs, not both")
             self.rootfs = str(image.rootfs)
-            self.image_user = _oci.resolve_user(image.rootfs, image.user)
         self.base_args = rootfs_binds(self.rootfs) if self.rootfs else root_binds()
+        self._roots = {  # USER resolved now: a bad one is an error before any job runs
+            str(im.rootfs): (rootfs_binds(str(im.rootfs)), _oci.resolve_user(im.rootfs, im.user))
+            for im in (image, *self.images.values())
+            if im is not None
+        }
         self.default_limits = default_limits
         self.seccomp = seccomp and _seccomp.program() is not None
         self.hidden: set[str] = set()
         for h in hide:
             self.hide(h)
         self._reason: str | None | bool = False
+
+    def image_for(self, job: Job) -> _oci.Image | None:
+        """The image a job runs in: the one its `image` names, else the backend's own, else none."""
+        return self.images.get(job.image or "", self.image)
+
+    def root_of(self, image: _oci.Image | None) -> tuple[list[str], tuple[int, int] | None]:
+        """bwrap's arguments for an image's root (else the backend's root) and its USER."""
+        if image is None:
+            return self.base_args, None
+        return self._roots[str(image.rootfs)]
 
     def hide(self, path: str) -> None:
         """Hide a host directory (e.g. the one holding every job directory) behind an empty tmpfs
