@@ -257,3 +257,48 @@ def test_cli_maps_image_names_to_archives(monkeypatch):
         assert runs["out"]["exit_code"] != 0, runs
     finally:
         shutil.rmtree(top)
+
+
+def test_a_killed_unpack_leaves_no_image_in_the_cache(tmp_path):
+    """An unpack SIGKILLed in its first layer leaves only its temporary directory: no image under
+    the key, so the next unpack does the whole work and gets every layer."""
+    import sys
+
+    img = oci_layout(tmp_path / "img", [_base(), layer(("late", "file", "x"))], config())
+    child = (
+        "import os, signal, sys\n"
+        "from claw_sandbox import _oci\n"
+        "def die(self, member, tar):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "_oci._Layer.apply = die\n"
+        "_oci.unpack(sys.argv[1], sys.argv[2])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child, str(img), str(tmp_path / "cache")])
+    assert proc.returncode == -9
+    left = os.listdir(tmp_path / "cache")
+    assert len(left) == 1 and left[0].startswith(".unpack-"), left
+    image = _oci.unpack(img, tmp_path / "cache")
+    assert (image.rootfs / "late").read_text() == "x" and (image.rootfs / "etc/os").exists()
+
+
+def test_a_harbor_job_runs_in_its_image():
+    """A `profile: "harbor"` job in an image: its workdir (over the image's WORKDIR), the
+    image's USER, hello from the image, and the verify step's /tests copy all work."""
+    top = Path(tempfile.mkdtemp(prefix="claw-sandbox-test-oci-harbor-"))
+    try:
+        os.chmod(top, 0o755)
+        cfg = config(env=["PATH=/opt/tool/bin:/bin"], workdir="/work", user="tool")
+        image = _oci.unpack(oci_layout(top / "img", _tool_image(top), cfg), top / "cache")
+        backend = make_backend("bwrap", images={"task:1": image})
+        if backend.unavailable():
+            pytest.skip(f"bwrap unavailable: {backend.unavailable()}")
+        j = job(
+            "hb", profile="harbor", image="task:1", workdir="/app",
+            command="hello && id -u && pwd", mounts=[{"target": "/logs/verifier"}],
+            verify={"command": "cat /tests/t", "mounts": [{"target": "/tests", "files": {"t": "v\n"}}]},
+        )  # fmt: skip
+        (run,) = run_jobs([j], backend=backend, workdir=top / "jobs")
+        assert run["stdout_tail"] == "hello from the image\n1234\n/app\n", run
+        assert run["verify"]["exit_code"] == 0 and run["verify"]["output"] == "v\n", run
+    finally:
+        shutil.rmtree(top)

@@ -329,10 +329,12 @@ class BwrapSandbox(Sandbox):
         args: list[str] = []
         bound: set[str] = set()
         made: set[str] = {"/", "/root", "/home", "/run", "/var", "/tmp"}
-        needs = command_paths(command, self.env().get("PATH", ""))
+        # an image brings its own programs: of the host, only what --ro-path names
+        needs = [] if self.image else command_paths(command, self.env().get("PATH", ""))
+        needs += [] if self.image else venv_paths(command)
         # parents before children, so a bound directory never hides a bind inside it
         wanted = sorted(
-            {os.path.normpath(p) for p in [*venv_paths(command), *needs, *self.backend.ro_paths]},
+            {os.path.normpath(p) for p in [*needs, *self.backend.ro_paths]},
             key=lambda p: (p.count("/"), p),
         )
         for p in wanted:
