@@ -302,3 +302,38 @@ def test_a_harbor_job_runs_in_its_image():
         assert run["verify"]["exit_code"] == 0 and run["verify"]["output"] == "v\n", run
     finally:
         shutil.rmtree(top)
+
+
+def test_a_multi_platform_index_gives_this_machines_image(tmp_path):
+    """An index listing another platform first and this machine's second: this machine's."""
+    import json
+    import platform
+
+    arch = _oci.ARCHES.get(platform.machine(), platform.machine())
+    other = oci_layout(tmp_path / "other", [layer(("which", "file", "other"))], config())
+    ours = oci_layout(tmp_path / "ours", [layer(("which", "file", "ours"))], config(workdir="/o"))
+    for blob in (other / "blobs/sha256").iterdir():
+        shutil.copy(blob, ours / "blobs/sha256" / blob.name)
+    (entry,) = json.loads((ours / "index.json").read_text())["manifests"]
+    (foreign,) = json.loads((other / "index.json").read_text())["manifests"]
+    foreign["platform"] = {"os": "linux", "architecture": "s390x" if arch != "s390x" else "riscv64"}
+    entry["platform"] = {"os": "linux", "architecture": arch}
+    (ours / "index.json").write_text(
+        json.dumps({"schemaVersion": 2, "manifests": [foreign, entry]})
+    )
+    image = _oci.unpack(ours, tmp_path / "cache")
+    assert (image.rootfs / "which").read_text() == "ours" and image.workdir == "/o"
+
+
+def test_an_image_without_path_gets_dockers_default(tmp_path):
+    """The step environment in an image: docker's default PATH when the image sets none (not
+    the runner's), the image's ENV under the job's env."""
+    from claw_sandbox.backends.base import DEFAULT_PATH
+    from claw_sandbox.records import Job
+
+    image = _oci.unpack(oci_layout(tmp_path / "img", [_base()], config(env=["A=img", "B=img"])),
+                        tmp_path / "cache")  # fmt: skip
+    backend = make_backend("bwrap", image=image)
+    j = Job.from_dict(job("e", env={"B": "job"}))
+    env = backend.sandbox(j, tmp_path / "j").env()
+    assert (env["PATH"], env["A"], env["B"]) == (DEFAULT_PATH, "img", "job")

@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import json
 import os
+import platform
 import posixpath
 import shutil
 import tarfile
@@ -28,6 +29,8 @@ import attrs
 from claw_sandbox.errors import ImageError
 
 WHITEOUT = ".wh."
+#: platform.machine() -> the OCI architecture name
+ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le"}
 OPAQUE = ".wh..wh..opq"
 
 
@@ -119,16 +122,29 @@ def _blob(digest: Any, where: str) -> str:
     return f"blobs/sha256/{hexd}"
 
 
+def _pick(index: Any, where: str) -> Any:
+    """The digest of an index's manifest for this machine's platform (linux and this CPU), else
+    of its only or first manifest."""
+    manifests = index.get("manifests") if isinstance(index, dict) else None
+    if not manifests or not all(isinstance(m, dict) for m in manifests):
+        raise ImageError(f"{where}: lists no manifest")
+    arch = ARCHES.get(platform.machine(), platform.machine())
+    for m in manifests:
+        p = m.get("platform") or {}
+        if p.get("os") == "linux" and p.get("architecture") == arch:
+            return m.get("digest")
+    return manifests[0].get("digest")
+
+
 def _plan(src: _Source) -> tuple[bytes, list[tuple[str, str | None]]]:
     """The image's config (bytes) and its layers in order: (name in the source, digest or None)."""
     if src.has("index.json"):
         index = src.json("index.json")
-        manifests = index.get("manifests") if isinstance(index, dict) else None
-        if not manifests:
-            raise ImageError(f"{src.path}: index.json lists no manifest")
-        manifest = src.json(_blob(manifests[0].get("digest"), f"{src.path}: index.json"))
-        if "manifests" in manifest:  # an image index: its first manifest
-            manifest = src.json(_blob(manifest["manifests"][0].get("digest"), f"{src.path}"))
+        manifest = src.json(_blob(_pick(index, f"{src.path}: index.json"), f"{src.path}"))
+        if isinstance(manifest, dict) and "manifests" in manifest:  # a (multi-platform) index
+            manifest = src.json(_blob(_pick(manifest, f"{src.path}: image index"), f"{src.path}"))
+        if not isinstance(manifest, dict):
+            raise ImageError(f"{src.path}: the image manifest is not a JSON object")
         cfg_digest = manifest.get("config", {}).get("digest")
         with src.open(_blob(cfg_digest, f"{src.path}: manifest config")) as f:
             config = f.read()

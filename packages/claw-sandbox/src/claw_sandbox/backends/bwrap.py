@@ -44,6 +44,7 @@ from claw_sandbox._hostpaths import command_paths
 from claw_sandbox._proc import StepResult, killpg, run_step
 from claw_sandbox.backends.base import (
     DEFAULT_LIMITS,
+    DEFAULT_PATH,
     Backend,
     Sandbox,
     argv_of,
@@ -218,7 +219,8 @@ class BwrapSandbox(Sandbox):
             env["HOME"] = "/root"
             env.update(self.job.image_env)  # the Dockerfile's ENV HOME, say, over /root
             env.update(self.job.env)
-        if self.image is not None:  # the image's ENV, under the job's own
+        if self.image is not None:  # the image's ENV (docker's PATH if none), under the job's own
+            env["PATH"] = DEFAULT_PATH
             env.update(self.image.env)
             env.update(self.job.image_env)
             env.update(self.job.env)
