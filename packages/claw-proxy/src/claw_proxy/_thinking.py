@@ -36,12 +36,18 @@ def _effort(value, field: str) -> bool:
     return value != "none"
 
 
+def _object(body: dict, field: str) -> dict | None:
+    """The request's `field` when it is an object, None when absent; a 400 naming it otherwise."""
+    raw = body.get(field)
+    if raw is not None and not isinstance(raw, dict):
+        raise RequestError(f"expected an object, got {type(raw).__name__}", field)
+    return raw
+
+
 def from_anthropic(body: dict) -> Thinking | None:
-    raw = body.get("thinking")
+    raw = _object(body, "thinking")
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise RequestError(f"expected an object, got {type(raw).__name__}", "thinking")
     kind = raw.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise RequestError(
@@ -63,11 +69,9 @@ def from_chat(body: dict) -> Thinking | None:
 
 
 def from_responses(body: dict) -> Thinking | None:
-    raw = body.get("reasoning")
+    raw = _object(body, "reasoning")
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise RequestError(f"expected an object, got {type(raw).__name__}", "reasoning")
     effort = raw.get("effort")
     if effort is None:
         return None
