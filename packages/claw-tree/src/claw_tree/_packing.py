@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
 
 from claw_tree.errors import BudgetError, ConflictError
-from claw_tree.records import Outcome, read_outcomes
+from claw_tree.records import SAMPLE_SCHEMA, Outcome, read_outcomes
 from claw_tree.tree import Forest, SessionTree, Trajectory
 
 Piece = tuple[SessionTree, np.ndarray, list[Trajectory]]  # (session tree, its node ids, its paths)
@@ -283,15 +284,28 @@ def lay_out(forest: Forest, plans: list[list[Piece]], prefix: str, *, merge: boo
     return out
 
 
-def token_fields(forest: Forest, nodes: np.ndarray, parent: np.ndarray) -> dict[str, list]:
-    """The per-token fields every sample carries, in the order of `claw.sample/v1`."""
+def sample_head(
+    forest: Forest, sample_id: str, algo: str, nodes: np.ndarray, parent: np.ndarray
+) -> dict[str, Any]:
+    """The fields every sample begins with (schema, id, algo, then the per-token fields), in the
+    order of `claw.sample/v1`."""
     return {
+        "schema": SAMPLE_SCHEMA,
+        "sample_id": sample_id,
+        "algo": algo,
         "input_ids": forest.tokens[nodes].tolist(),
         "position_ids": forest.depth[nodes].tolist(),
         "parent": parent.tolist(),
         "trainable": forest.trainable[nodes].astype(np.int64).tolist(),
         "logprobs": forest.logprobs[nodes].tolist(),
     }
+
+
+def with_pack_tag(row: dict[str, Any], pack: str) -> dict[str, Any]:
+    """`row` with ``tags.pack`` set when its sessions were packed together (not per session)."""
+    if pack != "session":
+        row["tags"]["pack"] = pack
+    return row
 
 
 class _ContextTrie:

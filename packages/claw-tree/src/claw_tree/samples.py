@@ -51,8 +51,9 @@ from claw_tree._packing import (
     paths_through,
     plan_groups,
     plan_sessions,
-    token_fields,
+    sample_head,
     trainable_sessions,
+    with_pack_tag,
 )
 from claw_tree.advantages import (
     GAE_LEVEL,
@@ -66,7 +67,7 @@ from claw_tree.advantages import (
 )
 from claw_tree.errors import ClawError, ValuesError
 from claw_tree.options import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, SampleOptions
-from claw_tree.records import SAMPLE_SCHEMA, Outcome
+from claw_tree.records import Outcome
 from claw_tree.tree import Forest, SessionTree
 
 log = logging.getLogger("claw_tree")
@@ -306,13 +307,8 @@ def _sample_row(
         per_piece = np.array([votes.rollout_adv[tree.name] for tree in p.trees])
         per_token = [np.where(trainable, per_piece[p.piece_index], 0.0)]
     parent, (nodes, loss, advantages, *returns), offsets = p.merged(nodes, loss, *per_token)
-    row: dict[str, Any] = {
-        "schema": SAMPLE_SCHEMA,
-        "sample_id": p.sample_id,
-        "algo": opts.algo,
-        **token_fields(forest, nodes, parent),
-        "advantages": advantages.tolist(),
-    }
+    row = sample_head(forest, p.sample_id, opts.algo, nodes, parent)
+    row["advantages"] = advantages.tolist()
     if returns:
         row["returns"] = returns[0].tolist()
     row.update(_sampling_arrays(forest, nodes))
@@ -329,9 +325,7 @@ def _sample_row(
         "session_offsets": offsets,
         "path_weighting": opts.weighting,
     }
-    if opts.pack != "session":
-        row["tags"]["pack"] = opts.pack
-    return row
+    return with_pack_tag(row, opts.pack)
 
 
 def build_samples(

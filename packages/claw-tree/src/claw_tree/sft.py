@@ -46,12 +46,13 @@ from claw_tree._packing import (
     paths_through,
     plan_groups,
     plan_sessions,
-    token_fields,
+    sample_head,
     trainable_sessions,
+    with_pack_tag,
 )
 from claw_tree.errors import ClawError
 from claw_tree.options import SFT_PACKS, SFT_WEIGHTING, SampleOptions
-from claw_tree.records import SAMPLE_SCHEMA, Outcome
+from claw_tree.records import Outcome
 from claw_tree.samples import SampleBatch
 from claw_tree.tree import Forest, SessionTree
 
@@ -123,16 +124,11 @@ def _sft_row(
     loss = np.where(forest.trainable[nodes], weights.whole[nodes] * share, 0.0)
     parent, (nodes, loss), offsets = p.merged(nodes, loss)
     trees = p.trees
-    row: dict[str, Any] = {
-        "schema": SAMPLE_SCHEMA,
-        "sample_id": p.sample_id,
-        "algo": "sft",
-        **token_fields(forest, nodes, parent),
-        "advantages": [0.0] * len(nodes),
-        "loss_weights": loss.tolist(),
-        "policy_versions": forest.policy_version[nodes].tolist(),
-        "sessions": [t.name for t in trees],
-    }
+    row = sample_head(forest, p.sample_id, "sft", nodes, parent)
+    row["advantages"] = [0.0] * len(nodes)
+    row["loss_weights"] = loss.tolist()
+    row["policy_versions"] = forest.policy_version[nodes].tolist()
+    row["sessions"] = [t.name for t in trees]
     if by_session is not None:
         row["groups"] = [by_session[t.name].group for t in trees]
     row["n_paths"] = p.n_paths
@@ -148,9 +144,7 @@ def _sft_row(
         "session_offsets": offsets,
         "sft_weighting": opts.weighting,
     }
-    if opts.pack != "session":
-        row["tags"]["pack"] = opts.pack
-    return row
+    return with_pack_tag(row, opts.pack)
 
 
 def build_sft_samples(
