@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 # runs, so `claw-bench --help` and a command's --help import only click.
 
 
+def _output(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``-o/--output`` option every data command has: a JSONL file, ``-`` for stdout, checked
+    while the command line is parsed."""
+    return click.option(
+        "-o", "--output", default="-", show_default=True, callback=output_path, help=help
+    )
+
+
 def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -408,9 +416,7 @@ def _planned_line(tasks: list[Task], hs: list[Harness], samples: int) -> str:
     help="claw-sandbox backend the jobs will run on: with docker, a Harbor task's compose "
     "sidecars become the job's services; elsewhere such a task is a not_scorable job",
 )
-@click.option(
-    "-o", "--output", default="-", show_default=True, callback=output_path, help="jobs JSONL file"
-)
+@_output("jobs JSONL file")
 @_errors
 def plan(output: str, **options: Any) -> None:
     """Write one claw.job/v1 per (task, harness, sample), pointed at the proxy.
@@ -479,14 +485,7 @@ def plan(output: str, **options: Any) -> None:
     help="keep the runs in this JSONL file; it is appended to and resumed from, as by "
     "claw-sandbox run -o (give the same --run-id to resume)",
 )
-@click.option(
-    "-o",
-    "--output",
-    default="-",
-    show_default=True,
-    callback=output_path,
-    help="outcomes JSONL file",
-)
+@_output("outcomes JSONL file")
 @_errors
 def rollouts(
     backend: str,
@@ -540,14 +539,7 @@ def rollouts(
 @click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
 @click.option("--tag", "tags", multiple=True, help="only tasks carrying all these tags")
-@click.option(
-    "-o",
-    "--output",
-    default="-",
-    show_default=True,
-    callback=output_path,
-    help="script JSONL file for claw-proxy's scripted engine",
-)
+@_output("script JSONL file for claw-proxy's scripted engine")
 @click.option(
     "--slip",
     type=click.FloatRange(0, 1),
@@ -617,14 +609,7 @@ def expert(
     type=click.FloatRange(0, 1),
     help="passed = reward >= this (default: verifier exit code, or the task's pass_threshold)",
 )
-@click.option(
-    "-o",
-    "--output",
-    default="-",
-    show_default=True,
-    callback=output_path,
-    help="outcomes JSONL file",
-)
+@_output("outcomes JSONL file")
 @click.option(
     "--judge-url",
     help="LLM judge base URL for rubric-graded tasks (OpenAI: with /v1; Anthropic: without)",
@@ -729,9 +714,7 @@ def score(
     type=click.Path(dir_okay=False),
     help="claw-proxy's claw.call/v1 records of these sessions (with raw request/response)",
 )
-@click.option(
-    "-o", "--output", default="-", show_default=True, callback=output_path, help="runs JSONL file"
-)
+@_output("runs JSONL file")
 @_errors
 def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     """Re-run PinchBench-style checkers with each session's transcript (from the proxy's call records).
@@ -780,14 +763,7 @@ def regrade(runs: str, suite: str, calls_path: str, output: str) -> None:
     type=click.Path(file_okay=False),
     help="the job directory: one folder per trial is written in it",
 )
-@click.option(
-    "-o",
-    "--output",
-    default="-",
-    show_default=True,
-    callback=output_path,
-    help="outcomes JSONL file (with meta.trial_dir)",
-)
+@_output("outcomes JSONL file (with meta.trial_dir)")
 @_errors
 def trials(outcomes: str, runs_path: str, jobs_dir: str, output: str) -> None:
     """Write Harbor's per-trial job directory: JOBS_DIR/<task>__<id>/ with agent/, verifier/,
