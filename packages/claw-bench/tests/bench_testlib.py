@@ -7,17 +7,20 @@ verifier, reward file) and returns a claw.run/v1 dict. The real sandbox is claw-
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from claw_bench.reward import parse_reward
 from claw_bench.token import verify_token
@@ -330,3 +333,37 @@ def _anthropic(reply: dict[str, Any]) -> dict[str, Any]:
         "content": content,
         "stop_reason": "tool_use" if reply.get("tool_calls") else "end_turn",
     }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def proxy_serve(
+    tmp_path: Path, script: Path, secret_file: Path, tokenizer: Path, *extra: str
+) -> Iterator[tuple[str, Path]]:
+    """Run the real `claw-proxy serve` CLI with a scripted engine (and ``extra`` options);
+    yield (url, calls file)."""
+    port = _free_port()
+    log = (tmp_path / "proxy.log").open("w")
+    args = ["--engine", f"scripted:{script}", "--tokenizer", str(tokenizer), "--port", str(port)]
+    args += ["--secret-file", str(secret_file), "--record", str(tmp_path / "calls.jsonl"), *extra]
+    proc = subprocess.Popen(["claw-proxy", "serve", *args], stdout=subprocess.DEVNULL, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{url}/v1/models", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, (tmp_path / "proxy.log").read_text()
+                time.sleep(0.5)
+        yield url, tmp_path / "calls.jsonl"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()

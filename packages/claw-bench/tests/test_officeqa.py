@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from _officeqa_cases import PERTURBATIONS, TOLERANCES, cases
-from bench_testlib import ModelServer, run_job
+from bench_testlib import ModelServer, proxy_serve, run_job
 from claw_bench import load_suite, read_records, write_records
 from claw_bench.cli import main
 from claw_bench.errors import TaskError
@@ -254,3 +254,47 @@ def test_whole_corpus_read_only_through_claw_sandbox(tmp_path, secret_file, monk
     _cli(["score", str(runs_path), "-o", str(outs_path)])
     rep = json.loads(_cli(["report", str(outs_path), "--json"]).output)
     assert rep["harnesses"][0]["pass@1"]["value"] == 1.0
+
+
+RUN_DATA = Path(__file__).parent / "data" / "officeqa-run"
+TINY = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-qwen3"
+
+
+@pytest.mark.slow
+@pytest.mark.other_clis
+@pytest.mark.skipif(shutil.which("claw-proxy") is None, reason="claw-proxy CLI not on PATH")
+@pytest.mark.skipif(shutil.which("claw-sandbox") is None, reason="claw-sandbox CLI not on PATH")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) not installed")
+@pytest.mark.skipif(not TINY.is_dir(), reason="tiny model fixture not in this checkout")
+def test_readme_command_through_claw_proxy_and_claw_sandbox(tmp_path, secret_file):
+    """The README's OfficeQA command with every piece real: `claw-bench rollouts` plans the two
+    questions of data/officeqa-run for claw-agent-chat, runs them with `claw-sandbox run` on
+    bwrap against `claw-proxy serve --engine scripted:answers.jsonl` (the model reads the
+    bulletin from the workspace's corpus/, then answers one question right and one wrong), scores
+    the final messages and `claw-bench report` says Pass@1 0.5."""
+    outs = tmp_path / "officeqa-outcomes.jsonl"
+    script = RUN_DATA / "answers.jsonl"
+    with proxy_serve(tmp_path, script, secret_file, TINY, "--record-bodies") as (url, calls):
+        subprocess.run(
+            ["claw-bench", "rollouts", "--suite", str(RUN_DATA / "officeqa.csv")]
+            + ["--harness", "claw-agent-chat", "--backend", "bwrap", "--proxy", url]
+            + ["--proxy-secret-file", str(secret_file), "-o", str(outs)],
+            check=True,
+            timeout=600,
+        )
+    outcomes = {o["task"]: o for o in read_records(outs, "claw.outcome/v1")}
+    assert {t: (o["status"], o["reward"]) for t, o in outcomes.items()} == {
+        "OQ-RECEIPTS": ("ok", 1.0),
+        "OQ-DEBT": ("ok", 0.0),
+    }
+    assert outcomes["OQ-DEBT"]["details"]["officeqa_answer"] == "49.0"
+    recorded = [json.loads(x) for x in calls.read_text().splitlines()]
+    assert len(recorded) == 4  # a read_file call and an answer per question
+    assert sum("Interest-bearing debt | 48.4" in json.dumps(c) for c in recorded) == 2
+    report = subprocess.run(
+        ["claw-bench", "report", str(outs), "-k", "1", "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(report.stdout)["harnesses"][0]["pass@1"]["value"] == 0.5

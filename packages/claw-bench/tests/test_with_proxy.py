@@ -8,18 +8,13 @@ and when installed; each gets a scripted answer in its own tool vocabulary (data
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from bench_testlib import SECRET, run_job
+from bench_testlib import SECRET, proxy_serve, run_job
 from claw_bench import load_harness, load_suite, plan_jobs, score_runs
 
 FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-qwen3"
@@ -31,12 +26,6 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SCRIPTS = Path(__file__).parent / "data" / "harness-scripts"
 AGENT_SCRIPT = [
     '<tool_call>\n{"name": "bash", "arguments": {"command": "echo working"}}\n</tool_call>',
@@ -44,51 +33,11 @@ AGENT_SCRIPT = [
 ]
 
 
-@contextlib.contextmanager
-def serve(tmp_path: Path, script: Path, secret_file: Path):
-    """Run `claw-proxy serve` with a scripted engine; yield (url, calls file)."""
-    port = _free_port()
-    log = (tmp_path / "proxy.log").open("w")
-    proc = subprocess.Popen(
-        [
-            "claw-proxy",
-            "serve",
-            "--engine",
-            f"scripted:{script}",
-            "--tokenizer",
-            str(FIXTURE),
-            "--secret-file",
-            str(secret_file),
-            "--port",
-            str(port),
-            "--record",
-            str(tmp_path / "calls.jsonl"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{url}/v1/models", timeout=2)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, (tmp_path / "proxy.log").read_text()
-                time.sleep(0.5)
-        yield url, tmp_path / "calls.jsonl"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-
-
 def test_claw_agent_through_the_proxy(tmp_path, secret_file):
     """Tool call parsed by the proxy, run by claw-agent; final answer scored by the toy verifier; calls recorded."""
     script = tmp_path / "script.jsonl"
     script.write_text("".join(json.dumps({"text": t}) + "\n" for t in AGENT_SCRIPT))
-    with serve(tmp_path, script, secret_file) as (url, calls):
+    with proxy_serve(tmp_path, script, secret_file, FIXTURE) as (url, calls):
         _agent_jobs(tmp_path, url, calls)
 
 
@@ -132,7 +81,7 @@ def test_real_harness_adapter_through_the_proxy(tmp_path, secret_file, harness):
         SCRIPTS / f"{harness.split('-')[0] if harness.startswith('openclaw') else harness}.jsonl"
     )
     task = load_suite("claw-mini").get("csv-filter-region")
-    with serve(tmp_path, script, secret_file) as (url, calls):
+    with proxy_serve(tmp_path, script, secret_file, FIXTURE) as (url, calls):
         [job] = plan_jobs([task], [h], samples=1, proxy_url=url, secret=SECRET, run_id="real")
         (tmp_path / "home").mkdir()
         job["env"]["HOME"] = str(tmp_path / "home")
