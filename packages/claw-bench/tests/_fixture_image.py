@@ -127,3 +127,32 @@ def ensure_base_image() -> str | None:
         if p.returncode == 0
         else f"docker import failed: {p.stderr.decode(errors='replace')[-300:]}"
     )
+
+
+def rootfs_dir(dest: Path, tools: tuple[str, ...]) -> Path:
+    """A root filesystem folder (merged /usr) holding ``tools`` resolved on this host and their
+    shared libraries, for a ``FROM scratch`` Dockerfile to ``COPY rootfs/ /``."""
+    names: dict[str, str] = {}
+    for tool in tools:
+        path = shutil.which(tool, path="/usr/bin:/bin")
+        if path is None:
+            raise FileNotFoundError(f"{tool} is not installed on this host")
+        for f in (path, *_libs(os.path.realpath(path))):
+            names[_usr(f)] = os.path.realpath(f)
+    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "tmp"):
+        (dest / d).mkdir(parents=True, exist_ok=True)
+    (dest / "tmp").chmod(0o1777)
+    for link in ("bin", "lib", "lib64", "sbin"):
+        (dest / link).symlink_to(f"usr/{link if link != 'sbin' else 'bin'}")
+    for name, real in sorted(names.items()):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name == _usr(real):
+            shutil.copy2(real, target)
+        elif not target.exists():
+            target.symlink_to("/" + _usr(real))
+    for real in set(names.values()):
+        if not (dest / _usr(real)).exists():
+            (dest / _usr(real)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(real, dest / _usr(real))
+    return dest

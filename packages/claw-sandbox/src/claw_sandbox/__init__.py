@@ -5,10 +5,13 @@ Reads `claw.job/v1` records and writes `claw.run/v1` records; see the package RE
 
 from importlib.metadata import version as _version
 
+from claw_sandbox._build import Built
+from claw_sandbox._build import build as build_image
 from claw_sandbox._oci import unpack as unpack_image
 from claw_sandbox.backends import BACKENDS, Backend, doctor, get_backend
 from claw_sandbox.errors import (
     BackendUnavailable,
+    BuildError,
     ClawError,
     ImageError,
     InfraError,
@@ -24,6 +27,8 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "BackendUnavailable",
+    "BuildError",
+    "Built",
     "ClawError",
     "ImageError",
     "InfraError",
@@ -35,6 +40,7 @@ __all__ = [
     "VerifyResult",
     "__version__",
     "arun_jobs",
+    "build_image",
     "doctor",
     "execute_job",
     "get_backend",

@@ -443,3 +443,65 @@ def doctor_(as_json, backend, ro_paths, programs) -> None:
             click.echo(f"{mark} {row['name']:<8} {row['why']}")
     if any(not r["works"] for r in rows if r["kind"] == "program"):
         sys.exit(1)
+
+
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=option)
+        out[key] = value
+    return out
+
+
+@main.command(name="build")
+@click.argument("context", type=click.Path(file_okay=False, exists=True))
+@click.option(
+    "--oci",
+    required=True,
+    metavar="DIR",
+    help="write the image here as an OCI image layout (a new or empty directory), the form "
+    "`claw-sandbox run --oci` reads",
+)
+@click.option(
+    "--file", "-f", "dockerfile", default=None, metavar="PATH",
+    help="the Dockerfile (default: CONTEXT/Dockerfile)",
+)  # fmt: skip
+@click.option(
+    "--from",
+    "bases",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="the image a `FROM NAME` line starts from: a local OCI image layout or `docker save` "
+    "tar (repeatable; `FROM scratch` needs none)",
+)
+@click.option("--build-arg", "build_args", multiple=True, metavar="NAME=VALUE",
+              help="an ARG's value (repeatable)")  # fmt: skip
+@click.option("--tag", "-t", default=None, help="the image's name, as index.json's ref.name")
+@click.option(
+    "--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
+    help="RUN steps' network: none, or the host's",
+)  # fmt: skip
+def build_(context, oci, dockerfile, bases, build_args, tag, network) -> None:
+    """Build a Dockerfile into an OCI image layout without a daemon: COPY/ADD from CONTEXT and
+    ENV, WORKDIR, USER, ARG, CMD, ENTRYPOINT, LABEL, EXPOSE as Docker does; RUN inside bwrap over
+    the root being built. One stage, FROM scratch or a local image (--from). Prints the
+    manifest digest.
+
+    Example:
+
+        claw-sandbox build task/environment --oci img --from ubuntu:24.04=ubuntu.tar
+        claw-sandbox run jobs.jsonl --backend bwrap --oci img
+    """
+    from claw_sandbox._build import build
+
+    try:
+        built = build(
+            context, oci, dockerfile=dockerfile, bases=_pairs(bases, "--from"), tag=tag,
+            build_args=_pairs(build_args, "--build-arg"), network=network == "host", progress=_log,
+        )  # fmt: skip
+    except ClawError as exc:
+        raise click.ClickException(str(exc)) from None
+    _log(f"{built.layers} layers, config {built.config_digest[:19]}...: {built.layout}")
+    click.echo(built.manifest_digest)

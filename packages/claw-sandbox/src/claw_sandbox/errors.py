@@ -26,3 +26,7 @@ class JobsFileError(ClawError):
 
 class ImageError(ClawError):
     """An OCI image (layout directory or `docker save` archive) cannot be unpacked safely."""
+
+
+class BuildError(ClawError):
+    """A Dockerfile that `claw-sandbox build` cannot build (the message names the line)."""
