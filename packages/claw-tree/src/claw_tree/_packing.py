@@ -8,7 +8,7 @@ advantages and loss weights on top.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -246,11 +246,13 @@ def _fill_merged(forest: Forest, pieces: Iterable[Piece], max_tokens: int) -> li
     return plans
 
 
-def lay_out(forest: Forest, plans: list[list[Piece]], prefix: str, *, merge: bool) -> list[Packed]:
-    """Each plan as a :class:`Packed` sample ``f"{prefix}-{k}"``; ``merge``: with its context
-    prefixes merged (:func:`merge_context_prefixes`)."""
+def lay_out(
+    forest: Forest, plans: list[list[Piece]], prefix: str, *, merge: bool
+) -> Iterator[Packed]:
+    """Each plan as a :class:`Packed` sample ``f"{prefix}-{k}"``, one at a time (a sample's
+    layout is as large as the sample); ``merge``: with its context prefixes merged
+    (:func:`merge_context_prefixes`)."""
     where = np.full(forest.n_nodes, -1, dtype=np.int64)  # node id -> index in the current sample
-    out = []
     for k, plan in enumerate(plans):
         nodes = np.concatenate([nd for _, nd, _ in plan])
         where[nodes] = np.arange(len(nodes))
@@ -267,38 +269,41 @@ def lay_out(forest: Forest, plans: list[list[Piece]], prefix: str, *, merge: boo
             keep, merged_parent = merge_context_prefixes(
                 parent, forest.trainable[nodes], forest.tokens[nodes]
             )
-        out.append(
-            Packed(
-                sample_id=f"{prefix}-{k}",
-                plan=plan,
-                nodes=nodes,
-                parent=parent,
-                offsets=np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1])),
-                seg_loc=seg_loc,
-                seg_len=np.array([b - a for a, b, _ in segments], dtype=np.int64),
-                seg_traj=np.array([t for _, _, t in segments], dtype=np.int64),
-                keep=keep,
-                merged_parent=merged_parent,
-            )
+        yield Packed(
+            sample_id=f"{prefix}-{k}",
+            plan=plan,
+            nodes=nodes,
+            parent=parent,
+            offsets=np.concatenate(([0], np.cumsum([len(nd) for _, nd, _ in plan])[:-1])),
+            seg_loc=seg_loc,
+            seg_len=np.array([b - a for a, b, _ in segments], dtype=np.int64),
+            seg_traj=np.array([t for _, _, t in segments], dtype=np.int64),
+            keep=keep,
+            merged_parent=merged_parent,
         )
-    return out
 
 
 def sample_head(
     forest: Forest, sample_id: str, algo: str, nodes: np.ndarray, parent: np.ndarray
 ) -> dict[str, Any]:
     """The fields every sample begins with (schema, id, algo, then the per-token fields), in the
-    order of `claw.sample/v1`."""
+    order of `claw.sample/v1`. Per-token fields are numpy arrays until :func:`as_lists` (a row
+    written as made never holds them as lists of Python numbers: 4-5x the memory)."""
     return {
         "schema": SAMPLE_SCHEMA,
         "sample_id": sample_id,
         "algo": algo,
-        "input_ids": forest.tokens[nodes].tolist(),
-        "position_ids": forest.depth[nodes].tolist(),
-        "parent": parent.tolist(),
-        "trainable": forest.trainable[nodes].astype(np.int64).tolist(),
-        "logprobs": forest.logprobs[nodes].tolist(),
+        "input_ids": forest.tokens[nodes],
+        "position_ids": forest.depth[nodes],
+        "parent": parent,
+        "trainable": forest.trainable[nodes].astype(np.int64),
+        "logprobs": forest.logprobs[nodes],
     }
+
+
+def as_lists(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its numpy per-token fields as lists (the sample dicts of the library)."""
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in row.items()}
 
 
 def with_pack_tag(row: dict[str, Any], pack: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 
 import click
 
@@ -25,8 +26,8 @@ from claw_tree.options import (
     SampleOptions,
 )
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
-from claw_tree.samples import SampleBatch, build_samples
-from claw_tree.sft import build_sft_samples
+from claw_tree.samples import SampleBatch, SampleTally, stream_samples
+from claw_tree.sft import stream_sft_samples
 from claw_tree.show import load_decoder, render_session
 from claw_tree.stats import forest_stats, session_stats
 from claw_tree.tree import Forest, build_forest, trajectory_record
@@ -58,10 +59,12 @@ def _report_skipped(what: str, skipped: list[str]) -> None:
             _note(f"  ... and {len(skipped) - 10} more")
 
 
-def _write_batch(batch: SampleBatch, output: str) -> None:
-    """Write a batch's samples, then its summary and the first excluded sessions to stderr."""
-    write_jsonl(batch.samples, output)
-    _note(f"claw-tree: {batch.summary()}")
+def _write_batch(batch: SampleBatch, rows: Iterator[dict], output: str) -> None:
+    """Write a batch's samples as they are made (none held), then its summary and the first
+    excluded sessions to stderr."""
+    tally = SampleTally()
+    write_jsonl(tally.counted(rows), output)
+    _note(f"claw-tree: {batch.summary(tally)}")
     for session, why in sorted(batch.excluded.items())[:20]:
         _note(f"  excluded {session}: {why}")
 
@@ -316,10 +319,10 @@ def samples(
             baseline=baseline,
             id_prefix=id_prefix,
         )
-        batch = build_samples(forest, result.records, options, values=values)
+        batch, rows = stream_samples(forest, result.records, options, values=values)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
-    _write_batch(batch, output)
+    _write_batch(batch, rows, output)
 
 
 @main.command("sft-samples")
@@ -414,10 +417,10 @@ def sft_samples(
             id_prefix=id_prefix,
             pack=pack,
         )
-        batch = build_sft_samples(forest, outcomes=records, options=options)
+        batch, rows = stream_sft_samples(forest, outcomes=records, options=options)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
-    _write_batch(batch, output)
+    _write_batch(batch, rows, output)
 
 
 @main.command()

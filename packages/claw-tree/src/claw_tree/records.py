@@ -95,7 +95,8 @@ def _check_schema(row: dict, expected: str, where: str) -> None:
 
 
 def token_array(values: Any, field: str, where: str) -> np.ndarray:
-    """A JSON list of token ids as an int64 array; anything but non-negative ints is an error."""
+    """A JSON list of token ids as an int32 array (ids lie in [0, 2**31): 4 bytes a token, half
+    of int64, which matters at corpus scale); anything but non-negative ints is an error."""
     if isinstance(values, np.ndarray):
         if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
             raise RecordError(f"{where}: {field}: expected a 1-d integer array")
@@ -113,7 +114,7 @@ def token_array(values: Any, field: str, where: str) -> np.ndarray:
             raise RecordError(f"{where}: {field}: token id out of range") from None
     if arr.size and (arr.min() < 0 or arr.max() > _MAX_TOKEN_ID):
         raise RecordError(f"{where}: {field}: token ids must lie in [0, 2**31)")
-    return arr
+    return arr.astype(np.int32)
 
 
 def _float_array(values: Any, field: str, where: str) -> np.ndarray:
@@ -144,8 +145,8 @@ class Call:
     policy_name: str
     policy_version: int
     trainable: bool
-    prompt_ids: np.ndarray  # (P,) int64
-    completion_ids: np.ndarray  # (C,) int64
+    prompt_ids: np.ndarray  # (P,) int32
+    completion_ids: np.ndarray  # (C,) int32
     completion_logprobs: np.ndarray  # (C,) float64
     finish_reason: str
     tags: dict
@@ -518,15 +519,24 @@ def read_values(source: str | Path | IO[str]) -> dict[str, np.ndarray]:
     return out
 
 
+def _jsonable(value: Any) -> Any:
+    """numpy arrays and scalars as the Python lists and numbers they hold (json.dumps' default)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def write_jsonl(rows: Iterable[dict], out: str | Path | IO[str]) -> int:
-    """Write one compact JSON object per line to a path, ``-`` (stdout) or a stream; return count."""
+    """Write one compact JSON object per line to a path, ``-`` (stdout) or a stream; return count.
+    numpy arrays are written as lists (one field's list at a time, never the whole row's)."""
     if isinstance(out, (str, Path)) and str(out) != "-":
         with Path(out).open("w", encoding="utf-8") as file:
             return write_jsonl(rows, file)
     fh: IO[str] = sys.stdout if isinstance(out, (str, Path)) else out
     n = 0
     for row in rows:
-        fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.write(json.dumps(row, separators=(",", ":"), default=_jsonable))
+        fh.write("\n")
         n += 1
     fh.flush()
     return n

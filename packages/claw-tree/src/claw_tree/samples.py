@@ -34,7 +34,7 @@ policy) but contributes no tokens.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from claw_tree._packing import (
     Kept,
     Packed,
     Piece,
+    as_lists,
     lay_out,
     merge_context_prefixes,
     outcomes_by_session,
@@ -81,11 +82,13 @@ __all__ = [
     "Piece",
     "SampleBatch",
     "SampleOptions",
+    "SampleTally",
     "build_samples",
     "gae_for_samples",
     "make_samples",
     "merge_context_prefixes",
     "sample_rewards",
+    "stream_samples",
     "token_sessions",
 ]
 
@@ -105,27 +108,19 @@ class SampleBatch:
         """Why a learner would learn nothing from this batch, or None: no samples at all, or
         (critic-free algos, whose advantages are final here) every advantage 0. PPO's advantages
         come from the critic's values later, and SFT samples train on their NLL."""
-        if not self.samples:
-            return "no samples (every session was excluded)"
-        critic_free = all(s["algo"] in ("grpo", "rloo", "reinforce") for s in self.samples)
-        if critic_free and not any(
-            a != 0
-            for s in self.samples
-            for a, t in zip(s["advantages"], s["trainable"], strict=True)
-            if t
-        ):
-            return "every advantage is 0 (the rewards within each group are all equal)"
-        return None
+        return SampleTally.of(self.samples).no_signal()
 
-    def summary(self) -> str:
-        """One human line (for stderr)."""
-        tokens = sum(len(s["input_ids"]) for s in self.samples)
+    def summary(self, tally: SampleTally | None = None) -> str:
+        """One human line (for stderr). ``tally``: what was counted of the samples written one
+        at a time (:func:`stream_samples`; this batch's own ``samples`` are then empty)."""
+        tally = tally or SampleTally.of(self.samples)
+        no_signal = tally.no_signal()
         text = (
-            f"{len(self.samples)} samples, {tokens} tokens, {self.trajectories} trajectories "
+            f"{tally.samples} samples, {tally.tokens} tokens, {self.trajectories} trajectories "
             f"from {self.rollouts} rollouts"
         )
-        if self.no_signal:
-            text += f"; NO LEARNING SIGNAL: {self.no_signal}"
+        if no_signal:
+            text += f"; NO LEARNING SIGNAL: {no_signal}"
         if self.zero_spread_groups:
             text += f"; {len(self.zero_spread_groups)} groups with zero reward spread"
         if self.excluded:
@@ -136,6 +131,48 @@ class SampleBatch:
                 f"{n} {why}" for why, n in sorted(reasons.items())
             )
         return text
+
+
+@attrs.define
+class SampleTally:
+    """What :meth:`SampleBatch.summary` needs of the samples, counted one sample at a time (so
+    that samples can be written as they are made, none of them held)."""
+
+    samples: int = 0
+    tokens: int = 0
+    critic_free: bool = True  # every sample's advantages are final (grpo, rloo, reinforce)
+    signal: bool = False  # some trainable token has a nonzero advantage
+
+    @classmethod
+    def of(cls, samples: Iterable[dict]) -> SampleTally:
+        tally = cls()
+        for row in samples:
+            tally.add(row)
+        return tally
+
+    def add(self, row: dict) -> dict:
+        """Count one sample; return it."""
+        self.samples += 1
+        self.tokens += len(row["input_ids"])
+        if row["algo"] not in ("grpo", "rloo", "reinforce"):
+            self.critic_free = False
+        elif self.critic_free and not self.signal:
+            trainable = np.asarray(row["trainable"]) != 0
+            self.signal = bool(np.any(np.asarray(row["advantages"])[trainable] != 0))
+        return row
+
+    def counted(self, rows: Iterable[dict]) -> Iterator[dict]:
+        """``rows``, each counted as it passes."""
+        for row in rows:
+            yield self.add(row)
+
+    def no_signal(self) -> str | None:
+        """See :attr:`SampleBatch.no_signal`."""
+        if not self.samples:
+            return "no samples (every session was excluded)"
+        if self.critic_free and not self.signal:
+            return "every advantage is 0 (the rewards within each group are all equal)"
+        return None
 
 
 def _group_key(oc: Outcome, group_by: str) -> str:
@@ -263,7 +300,7 @@ def _token_advantages(
     forest: Forest,
     kept: list[Kept],
     votes: _Votes,
-    packed: list[Packed],
+    packed: Iterable[Packed],
     values: Mapping[str, Any] | Iterable[dict] | None,
     opts: SampleOptions,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -275,6 +312,7 @@ def _token_advantages(
             leaf_reward[forest.trajectories[ti].leaf] = votes.by_session[k.tree.name].reward
     V = np.zeros(forest.n_nodes)
     if values is not None:
+        assert isinstance(packed, list)
         V = _scatter_values(
             forest.n_nodes,
             [p.sample_id for p in packed],
@@ -308,13 +346,13 @@ def _sample_row(
         per_token = [np.where(trainable, per_piece[p.piece_index], 0.0)]
     parent, (nodes, loss, advantages, *returns), offsets = p.merged(nodes, loss, *per_token)
     row = sample_head(forest, p.sample_id, opts.algo, nodes, parent)
-    row["advantages"] = advantages.tolist()
+    row["advantages"] = advantages
     if returns:
-        row["returns"] = returns[0].tolist()
+        row["returns"] = returns[0]
     row.update(_sampling_arrays(forest, nodes))
     sessions = [votes.by_session[tree.name] for tree in p.trees]
-    row["loss_weights"] = loss.tolist()
-    row["policy_versions"] = forest.policy_version[nodes].tolist()
+    row["loss_weights"] = loss
+    row["policy_versions"] = forest.policy_version[nodes]
     row["sessions"] = [oc.session for oc in sessions]
     row["groups"] = [_group_key(oc, opts.group_by) for oc in sessions]
     row["n_paths"] = p.n_paths
@@ -370,6 +408,24 @@ def build_samples(
     and their trainable paths, path weights u_{p,v}, the plan, the layout of each sample,
     token advantages (PPO's GAE), rows.
     """
+    batch, rows = stream_samples(forest, outcomes, options, values=values, **fields)
+    return attrs.evolve(batch, samples=[as_lists(row) for row in rows])
+
+
+def stream_samples(
+    forest: Forest,
+    outcomes: Iterable[Outcome | dict] | str | Path,
+    options: SampleOptions | None = None,
+    *,
+    values: Mapping[str, Any] | Iterable[dict] | None = None,
+    **fields: Any,
+) -> tuple[SampleBatch, Iterator[dict]]:
+    """:func:`build_samples` one sample at a time: the batch without its samples (``samples``
+    is empty; count the rows with a :class:`SampleTally` for its summary) and the samples,
+    each made when the iterator gets to it, so that a writer holds one row at a time (what
+    `claw-tree samples` does). A row's per-token fields are numpy arrays
+    (:func:`~claw_tree.records.write_jsonl` writes them as lists). Options are checked, and
+    PPO's values matched, before it returns."""
     opts = SampleOptions.resolve(options, fields)
     if opts.algo == "sft":
         raise ClawError("algo 'sft' samples come from build_sft_samples (no advantages)")
@@ -378,22 +434,25 @@ def build_samples(
     votes = _votes(forest, outcomes_by_session(outcomes), opts)
     kept, excluded = trainable_sessions(forest, votes.excluded)
     weights = _weights(forest, kept, opts.weighting)
-    packed = lay_out(
+    packed: Iterable[Packed] = lay_out(
         forest, _plan(forest, kept, votes, opts), opts.prefix, merge=opts.pack != "session"
     )
-    tokens = (
-        _token_advantages(forest, kept, votes, packed, values, opts) if opts.algo == "ppo" else None
-    )
-    return SampleBatch(
-        samples=[_sample_row(forest, p, votes, weights, tokens, opts) for p in packed],
+    tokens = None
+    if opts.algo == "ppo":
+        if values is not None:
+            packed = list(packed)  # the values are matched to every sample first
+        tokens = _token_advantages(forest, kept, votes, packed, values, opts)
+    batch = SampleBatch(
+        samples=[],
         excluded=excluded,
         rollouts=len(votes.voters),
         trajectories=weights.n_paths,
         zero_spread_groups=votes.zero_spread,
     )
+    return batch, (_sample_row(forest, p, votes, weights, tokens, opts) for p in packed)
 
 
-def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:
+def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, np.ndarray]:
     """``temperatures`` / ``top_ps`` / ``top_ks`` per token: the settings of the call that generated
     the token (1.0 / 1.0 / 0 for context), or nothing when every token has those defaults (so the
     samples of calls sampled at temperature 1 without truncation stay as they were)."""
@@ -404,9 +463,9 @@ def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, list]:
     table = np.array([(c.temperature, c.top_p, c.top_k) for c in forest.calls] + [(1.0, 1.0, 0)])
     rows = table[np.where(gen >= 0, gen, len(forest.calls))]  # (n, 3); index -1 -> the defaults
     return {
-        "temperatures": rows[:, 0].tolist(),
-        "top_ps": rows[:, 1].tolist(),
-        "top_ks": rows[:, 2].astype(np.int64).tolist(),
+        "temperatures": rows[:, 0],
+        "top_ps": rows[:, 1],
+        "top_ks": rows[:, 2].astype(np.int64),
     }
 
 

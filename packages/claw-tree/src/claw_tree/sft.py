@@ -31,7 +31,7 @@ own distribution at temperature 1, whatever settings the teacher sampled with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import numpy as np
 from claw_tree._packing import (
     Kept,
     Packed,
+    as_lists,
     lay_out,
     outcomes_by_session,
     paths_through,
@@ -56,7 +57,7 @@ from claw_tree.records import Outcome
 from claw_tree.samples import SampleBatch
 from claw_tree.tree import Forest, SessionTree
 
-__all__ = ["SFT_PACKS", "SFT_WEIGHTING", "build_sft_samples"]
+__all__ = ["SFT_PACKS", "SFT_WEIGHTING", "build_sft_samples", "stream_sft_samples"]
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -125,9 +126,9 @@ def _sft_row(
     parent, (nodes, loss), offsets = p.merged(nodes, loss)
     trees = p.trees
     row = sample_head(forest, p.sample_id, "sft", nodes, parent)
-    row["advantages"] = [0.0] * len(nodes)
-    row["loss_weights"] = loss.tolist()
-    row["policy_versions"] = forest.policy_version[nodes].tolist()
+    row["advantages"] = np.zeros(len(nodes))
+    row["loss_weights"] = loss
+    row["policy_versions"] = forest.policy_version[nodes]
     row["sessions"] = [t.name for t in trees]
     if by_session is not None:
         row["groups"] = [by_session[t.name].group for t in trees]
@@ -175,6 +176,20 @@ def build_sft_samples(
     ``max_tokens`` all sessions go into one sample. ``pack="batch"`` is the same as ``"group"``
     (there are no groups to cross), so one flag serves the RL and the SFT samples of a run.
     """
+    batch, rows = stream_sft_samples(forest, outcomes=outcomes, options=options, **fields)
+    return attrs.evolve(batch, samples=[as_lists(row) for row in rows])
+
+
+def stream_sft_samples(
+    forest: Forest,
+    *,
+    outcomes: Iterable[Outcome | dict] | str | Path | None = None,
+    options: SampleOptions | None = None,
+    **fields: Any,
+) -> tuple[SampleBatch, Iterator[dict]]:
+    """:func:`build_sft_samples` one sample at a time: the batch without its samples and the
+    samples, each made when the iterator gets to it (see
+    :func:`~claw_tree.samples.stream_samples`)."""
     opts = SampleOptions.resolve(options, fields, algo="sft")
     if opts.algo != "sft":
         raise ClawError(f"build_sft_samples needs algo='sft' options, got algo={opts.algo!r}")
@@ -188,10 +203,11 @@ def build_sft_samples(
     else:  # group or batch: one group, every kept session
         plans = plan_groups(forest, kept, lambda tree: "", opts.max_tokens)
     packed = lay_out(forest, plans, opts.prefix, merge=opts.pack != "session")
-    return SampleBatch(
-        samples=[_sft_row(forest, p, weights, by_session, opts) for p in packed],
+    batch = SampleBatch(
+        samples=[],
         excluded=excluded,
         rollouts=len(kept),
         trajectories=sum(len(k.paths) for k in kept),
         zero_spread_groups=[],
     )
+    return batch, (_sft_row(forest, p, weights, by_session, opts) for p in packed)

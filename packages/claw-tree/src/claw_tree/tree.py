@@ -263,7 +263,7 @@ class _ForestBuilder:
             cursor = self.cursor
             par = np.arange(cursor - 1, cursor + new - 1, dtype=np.int64)
             par[0] = segs[-1][1] - 1 if lcp > 0 else -1
-            self.tok_parts.append(arr[lcp:])
+            self.tok_parts.append(arr[lcp:].astype(np.int64))  # a copy: `arr` (flat) is freed
             self.dep_parts.append(np.arange(lcp, len(arr), dtype=np.int64))
             self.par_parts.append(par)
             if segs and segs[-1][1] == cursor:
@@ -327,9 +327,9 @@ class _ForestBuilder:
                 policy_version[a:b] = call.policy_version
                 gen_call[a:b] = ci
         return Forest(
-            tokens=_cat(self.tok_parts),
-            parent=_cat(self.par_parts),
-            depth=_cat(self.dep_parts),
+            tokens=_take(self.tok_parts),
+            parent=_take(self.par_parts),
+            depth=_take(self.dep_parts),
             trainable=trainable,
             logprobs=logprobs,
             policy_version=policy_version,
@@ -341,8 +341,11 @@ class _ForestBuilder:
         )
 
 
-def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+def _take(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts as one array; the list is emptied (the parts are freed as the next is made)."""
+    out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    parts.clear()
+    return out
 
 
 def trajectory_spans(forest: Forest, trajectory: Trajectory) -> list[dict]:
