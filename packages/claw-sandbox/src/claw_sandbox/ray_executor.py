@@ -2,8 +2,11 @@
 
 Each task builds the named backend on the node it lands on (so `auto` means the strongest that
 works there), runs one job with the same retries as the local scheduler, and returns its
-`claw.run/v1` dict. The driver writes runs in completion order and resumes from the output file
-exactly like the local scheduler. Job files (`copy_from`) must be reachable at the same path on
+`claw.run/v1` dict, with `node`: the Ray node id it ran on. The driver writes runs in completion
+order and resumes from the output file exactly like the local scheduler. A task lost with its node
+or worker process (the node died, the worker was killed) is an `infra_error` run; with
+`record_lost=False` it is returned but not written, so a rerun over the same file runs the job
+again (examples/mix_harness_rl.py plans such a rollout again under a new session). Job files (`copy_from`) must be reachable at the same path on
 every node (a shared filesystem), or jobs should carry their files inline.
 """
 
@@ -14,7 +17,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,8 @@ from claw_sandbox.scheduler import (
 
 def run_one_on_node(job_row: dict, backend: str, retries: int, options: dict) -> dict:
     """Body of the Ray task: run one job with this node's backend; return its run dict."""
+    import ray
+
     from claw_sandbox.backends import get_backend
 
     job = Job.from_dict(job_row, f"job {job_row.get('job_id')!r}")
@@ -46,7 +51,32 @@ def run_one_on_node(job_row: dict, backend: str, retries: int, options: dict) ->
     finally:
         with contextlib.suppress(OSError):
             root.rmdir()  # stays when it holds kept sandboxes
-    return run.to_dict()
+    return {**run.to_dict(), "node": ray.get_runtime_context().get_node_id()}
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ClawError("--executor ray needs Ray: pip install 'claw-sandbox[ray]'") from None
+    return ray
+
+
+@contextlib.contextmanager
+def connected(address: str | None = None) -> Iterator[None]:
+    """This process connected to Ray while the block runs: to `address`, else RAY_ADDRESS, else
+    a new local Ray; disconnected at the end. Already connected: left as it is. The run_on_ray
+    calls in the block (from any thread) share the one connection instead of each making one."""
+    ray = _import_ray()
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+             log_to_driver=False, configure_logging=False)  # fmt: skip
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def run_on_ray(
@@ -62,17 +92,17 @@ def run_on_ray(
     ro_paths: tuple[str, ...] = (),
     on_run: Callable[[dict], None] | None = None,
     retry_errors: bool = False,
+    record_lost: bool = True,
 ) -> list[dict]:
     """Run jobs as Ray tasks; return their run dicts in completion order (also appended to `out`).
 
     `address`: a Ray cluster (default: RAY_ADDRESS, else a local Ray started here).
     `parallel`: most tasks in flight at once (default: no cap; Ray queues by CPUs).
     `retry_errors`: jobs recorded in `out` as error / infra_error run again (old records dropped).
+    `record_lost`: False leaves the infra_error run of a task lost with its node or worker out
+    of `out` (it is still returned), so the job is not recorded as finished.
     """
-    try:
-        import ray
-    except ImportError:
-        raise ClawError("--executor ray needs Ray: pip install 'claw-sandbox[ray]'") from None
+    ray = _import_ray()
     log = log or (lambda m: None)
     items = [_as_job(j, i) for i, j in enumerate(jobs, start=1)]
     check_unique(items)
@@ -82,35 +112,34 @@ def run_on_ray(
         fd, done = _open_resumable(
             Path(out), log, {j.job_id for j in items} if retry_errors else None
         )
-    started_ray = False
     try:
-        if not ray.is_initialized():
-            ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)  # fmt: skip
-            started_ray = True
-        task = ray.remote(num_cpus=num_cpus_per_job, max_retries=0)(run_one_on_node)
-        options = {"ro_paths": tuple(ro_paths)} if ro_paths and backend in ("auto", "bwrap") else {}
-        todo = [j for j in items if j.job_id not in done]
-        if len(todo) < len(items):
-            log(
-                f"resuming: {len(items) - len(todo)} of {len(items)} jobs already recorded in {out}"
+        with connected(address):  # disconnects at the end when this call connected
+            task = ray.remote(num_cpus=num_cpus_per_job, max_retries=0)(run_one_on_node)
+            options = (
+                {"ro_paths": tuple(ro_paths)} if ro_paths and backend in ("auto", "bwrap") else {}
             )
-        rows: list[dict] = []
+            todo = [j for j in items if j.job_id not in done]
+            if len(todo) < len(items):
+                log(
+                    f"resuming: {len(items) - len(todo)} of {len(items)} jobs already recorded in {out}"
+                )
+            rows: list[dict] = []
 
-        def emit(row: dict) -> None:
-            rows.append(row)
-            if on_run is not None:
-                on_run(row)
-            if fd is not None:
-                os.write(fd, (json.dumps(row, ensure_ascii=False) + "\n").encode())
+            def emit(row: dict, lost: bool = False) -> None:
+                rows.append(row)
+                if lost and not record_lost:
+                    log(f"job {row['job_id']!r}: {row['error']}; not recorded")
+                    return
+                if on_run is not None:
+                    on_run(row)
+                if fd is not None:
+                    os.write(fd, (json.dumps(row, ensure_ascii=False) + "\n").encode())
 
-        _run_tasks(ray, task, todo, parallel or len(todo) or 1, emit, backend, retries, options)
-        return rows
+            _run_tasks(ray, task, todo, parallel or len(todo) or 1, emit, backend, retries, options)
+            return rows
     finally:
         if fd is not None:
             os.close(fd)
-        if started_ray:
-            ray.shutdown()
 
 
 def _run_tasks(
@@ -118,13 +147,19 @@ def _run_tasks(
     task: Any,
     todo: list,
     cap: int,
-    emit: Callable[[dict], None],
+    emit: Callable[..., None],
     backend: str,
     retries: int,
     options: dict,
 ) -> None:
     """Keep at most ``cap`` tasks in flight, emitting each run as it finishes (a bad line as
-    an error run without a task; a task that died as an infra_error run)."""
+    an error run without a task; a task that failed or was lost with its node or worker as an
+    infra_error run, emitted with ``lost=True`` when lost)."""
+    lost_errors = (
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.ObjectLostError,
+    )
     pending: dict = {}
     queue = list(reversed(todo))
     while queue or pending:
@@ -141,7 +176,11 @@ def _run_tasks(
             job = pending.pop(ref)
             try:
                 row = ray.get(ref)
-            except Exception as exc:  # the task or its node died
-                row = _error_run(job.job_id, f"ray task failed: {type(exc).__name__}: {exc}",
+            except Exception as exc:  # the task raised, or it was lost with its node or worker
+                lost = isinstance(exc, lost_errors)
+                what = "ray task lost with its node or worker" if lost else "ray task failed"
+                row = _error_run(job.job_id, f"{what}: {type(exc).__name__}: {exc}",
                                  f"ray:{backend}", dict(job.meta), "infra_error").to_dict()  # fmt: skip
+                emit(row, lost)
+                continue
             emit(row)
