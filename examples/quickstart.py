@@ -53,7 +53,7 @@ import mix_harness_rl  # noqa: E402
 import transformers  # noqa: E402
 from claw_rl.loop import append_rows, read_rows  # noqa: E402
 
-HARNESSES = ["claw-agent-steps", "claw-agent-steps-anthropic"]
+DEFAULT_HARNESSES = ["claw-agent-steps", "claw-agent-steps-anthropic"]
 
 p = argparse.ArgumentParser(
     description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -83,7 +83,31 @@ p.add_argument("--eval-tasks", type=int, default=32, help="held-out instances me
 p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per held-out (task, harness)")
 p.add_argument("--lr", type=float, default=1.5e-4, help="RL learning rate")
 p.add_argument("--backend", default="auto", help="claw-sandbox backend")
+p.add_argument(
+    "--harness",
+    action="append",
+    help="harness, repeatable (default: claw-agent-steps over chat and over Messages); the real "
+    "ones: claude-code, openclaw-chat (./dev/install-harnesses)",
+)
+p.add_argument(
+    "--harness-tokenizer",
+    action="store_true",
+    help="train the tiny policy's tokenizer on the harnesses' own prompts too (one expert "
+    "rollout each, recorded first), merges across spaces, 32K vocabulary: a real harness's "
+    "system prompt and tools become about 20x fewer tokens",
+)
+p.add_argument(
+    "--pack",
+    choices=["group", "batch"],
+    default="group",
+    help="RL samples: a group's rollouts, or a step's whole batch, share a sample (the "
+    "harness's prompt once per group / per sample)",
+)
+p.add_argument(
+    "--sft-max-tokens", type=int, default=1024, help="teacher sessions merged per SFT sample"
+)
 args = p.parse_args()
+HARNESSES = args.harness or DEFAULT_HARNESSES
 if not 0.0 <= args.teacher_slip <= 1.0:
     p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
 for name in ("teacher_rollouts", "eval_rollouts", "sft_epochs"):
@@ -94,7 +118,7 @@ run = args.out.resolve()
 loop_args = [
     *("--run-dir", str(run), "--seed", str(args.seed), "--backend", args.backend),
     *("--suite", "claw-toy", "--tag", "toy-steps", "--tag", "train"),
-    *("--model", str(run / "policy" / "sft"), "--max-new-tokens", "48", "--pack", "group"),
+    *("--model", str(run / "policy" / "sft"), "--max-new-tokens", "48", "--pack", args.pack),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
     *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr), "--adam-eps", "1e-5"),
 ]
@@ -121,6 +145,33 @@ def play(d: Path, engine: str, tokenizer, tasks, samples: int, label: str) -> li
     return batch.outcomes
 
 
+def expert(tasks, **kw) -> list[dict]:
+    """The scripted expert's lines for every harness: claw-agent's alone keyed by task (they
+    serve both of its harnesses), each real harness's in its own tools and keyed to it."""
+    if all(h.startswith("claw-agent") for h in HARNESSES):
+        return claw_bench.families.expert_script(tasks, seed=args.seed, **kw)
+    return [
+        line
+        for h in HARNESSES
+        for line in claw_bench.families.expert_script(tasks, seed=args.seed, harness=h, **kw)
+    ]
+
+
+def harness_spec(d: Path) -> claw_rl.TinySpec:
+    """The tiny policy's spec with --harness-tokenizer: its tokenizer also learns the prompts
+    the harnesses send, recorded from one expert rollout of a training task each (harvest/)."""
+    spec = claw_rl.TinySpec(split_digits=True)
+    stock = d / "tokenizer"
+    if not (stock / "tokenizer.json").exists():
+        claw_rl.tiny.build_tokenizer(spec).save_pretrained(stock)
+    task = suite.select(tags=["toy-steps", "train"]).tasks[:1]
+    mix_harness_rl.write_rows(d / "expert.jsonl", expert(task))
+    play(d / "calls", f"scripted:{d / 'expert.jsonl'}", str(stock), task, 1, "harvest")
+    calls = claw_tree.read_calls(d / "calls" / "calls.jsonl").records
+    tok = transformers.AutoTokenizer.from_pretrained(stock)
+    return claw_rl.prompt_spec([c.prompt_ids for c in calls], tok, spec)
+
+
 def teacher_sft(start: Path, tasks) -> dict:
     """Record the scripted expert through the proxy (the student's chat template renders its tool
     calls), then SFT the start policy on all its rollouts, slips included (claw-tree SFT samples,
@@ -132,13 +183,13 @@ def teacher_sft(start: Path, tasks) -> dict:
         run / "expert.jsonl",
         args.teacher_rollouts,
     )
-    lines = claw_bench.families.expert_script(
-        tasks, slip=args.teacher_slip, seed=args.seed, samples=n
-    )
+    lines = expert(tasks, slip=args.teacher_slip, samples=n)
     mix_harness_rl.write_rows(script, lines)
     outcomes = play(d, f"scripted:{script}", str(start), tasks, n, "teacher")
     forest = claw_tree.build_forest(claw_tree.read_calls(d / "calls.jsonl").records)
-    batch = claw_tree.build_sft_samples(forest, outcomes=outcomes, pack="group", max_tokens=1024)
+    batch = claw_tree.build_sft_samples(
+        forest, outcomes=outcomes, pack="group", max_tokens=args.sft_max_tokens
+    )
     passed = sum(bool(o["passed"]) for o in outcomes)
     print(
         f"teacher: {passed} of {len(outcomes)} rollouts passed; SFT on all of them", file=sys.stderr
@@ -195,7 +246,10 @@ held_out = suite.select(tags=["toy-steps", "heldout"]).tasks[: args.eval_tasks o
 start = run / "policy" / "v0"
 if not (start / "config.json").exists():  # a tiny random policy, one token per digit
     shutil.rmtree(start, ignore_errors=True)
-    claw_rl.init_tiny(start, claw_rl.TinySpec(split_digits=True))
+    spec = claw_rl.TinySpec(split_digits=True)
+    if args.harness_tokenizer:
+        spec = harness_spec(run / "harvest")
+    claw_rl.init_tiny(start, spec)
 done = {(e["stage"], e.get("steps")) for e in read_rows(run / "eval.jsonl")}
 if ("start", None) not in done:
     evaluate("start", start)

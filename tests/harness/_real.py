@@ -56,10 +56,12 @@ def proxy(engine: str, record: Path, tokenizer: str | None, max_tokens: int, see
     return claw_proxy.ProxyServer(cfg)
 
 
-def play(tasks, harnesses: list, url: str, runs: Path, run_id: str, samples: int = 1):
+def play(tasks, harnesses: list, url: str, runs: Path, run_id: str, samples: int = 1,
+         group_by: str = "task+harness"):  # fmt: skip
     """`samples` rollouts of every (task, harness) against the proxy at `url`, run by
     `claw-sandbox run` in bwrap, 2 at a time; returns claw_bench's Rollouts. A harness is a
-    name or a loaded claw_bench.Harness."""
+    name or a loaded claw_bench.Harness. GRPO groups: by default each harness's rollouts of a
+    task, whose sessions share the harness's prompt."""
     cli = claw_bench.sandbox_cli(
         backend="bwrap", parallel=2, output=runs, args=["--ro-path", str(ROOT), "--retries", "0"]
     )
@@ -77,7 +79,7 @@ def play(tasks, harnesses: list, url: str, runs: Path, run_id: str, samples: int
         proxy_url=url,
         secret=SECRET.encode(),
         run_id=run_id,
-        group_by="task+harness",  # a group's sessions share the harness's prompt
+        group_by=group_by,
     )
 
 

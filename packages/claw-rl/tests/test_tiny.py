@@ -1,11 +1,12 @@
 """The tiny model maker: offline loading, the chat template, determinism."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from claw_rl import ClawError, TinySpec, init_tiny
+from claw_rl import ClawError, TinySpec, init_tiny, prompt_corpus, prompt_spec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TOOLS = [
@@ -120,3 +121,71 @@ def test_split_digits_gives_one_token_per_digit(tmp_path):
         assert tok.decode(ids) == f'"content": "{n}"'
     merged = AutoTokenizer.from_pretrained(init_tiny(tmp_path / "m", TinySpec(num_hidden_layers=1)))
     assert any(len(merged.encode(str(n))) < len(str(n)) for n in range(100, 1000))
+
+
+#: real harness requests (claw-proxy's test fixtures, recorded from the harnesses)
+REQUESTS = Path(__file__).parents[2] / "claw-proxy" / "tests" / "fixtures" / "harness-requests"
+
+
+def _request_text(name: str) -> str:
+    body = json.loads((REQUESTS / name).read_text())
+    return json.dumps(body.get("body", body))
+
+
+def test_prompt_corpus_cuts_at_added_tokens_and_keeps_the_text(tiny):
+    """Decoded prompts are split at the chat markers and tool tags (a tokenizer splits those
+    off before BPE runs), and the pieces hold all the rest of the text (blank pieces aside)."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    msgs = [{"role": "system", "content": "You are 7 tools."}, {"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False)
+    pieces = prompt_corpus([tok.encode(text)], tok)
+    assert not any(m in p for p in pieces for m in ("<|im_start|>", "<|im_end|>", "<tool_call>"))
+    rest = text
+    for marker in tok.get_added_vocab():
+        rest = rest.replace(marker, "")
+    assert "".join("".join(pieces).split()) == "".join(rest.split())  # blank pieces dropped
+    assert prompt_corpus([], tok) == []
+
+
+def test_harness_prompts_in_the_corpus_shrink_them_and_round_trip(tmp_path, tiny):
+    """A tokenizer that learnt one Claude Code request (recorded 3 times, as the 3 calls of a
+    session are; merges across spaces, 32K vocabulary, digits split) encodes another, unseen request of the same harness in over 5x fewer tokens
+    than the stock one, decodes it exactly and keeps one token per digit."""
+    stock = AutoTokenizer.from_pretrained(tiny)
+    seen, unseen = _request_text("claude-code-1.json"), _request_text("claude-code-2.json")
+    spec = prompt_spec(
+        [stock.encode(seen)] * 3, stock, TinySpec(num_hidden_layers=1, split_digits=True)
+    )
+    assert (spec.vocab_size, spec.cross_word_merges, spec.split_digits) == (32768, True, True)
+    tok = AutoTokenizer.from_pretrained(init_tiny(tmp_path / "h", spec))
+    ids = tok.encode(unseen)
+    assert len(stock.encode(unseen)) > 5 * len(ids), (len(stock.encode(unseen)), len(ids))
+    assert tok.decode(ids) == unseen
+    pieces = tok.convert_ids_to_tokens(tok.encode('"content": "2026"'))
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == list("2026"), pieces
+    # the stock spec is unchanged: the default demo's tokenizer does not move
+    assert TinySpec().corpus == () and not TinySpec().cross_word_merges
+
+
+def test_cli_init_tiny_takes_a_corpus(tmp_path, tiny):
+    """`claw-rl init-tiny --corpus FILE --vocab-size N --cross-word-merges` learns FILE."""
+    from claw_rl.cli import main
+    from click.testing import CliRunner
+
+    text = _request_text("openclaw-chat-1.json")
+    (tmp_path / "prompt.txt").write_text(text)
+    args = [
+        "init-tiny",
+        str(tmp_path / "m"),
+        "--layers",
+        "1",
+        "--corpus",
+        str(tmp_path / "prompt.txt"),
+    ]
+    res = CliRunner().invoke(main, [*args, "--vocab-size", "16384", "--cross-word-merges"])
+    assert res.exit_code == 0, res.output
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    stock = AutoTokenizer.from_pretrained(tiny)
+    assert len(tok) > 10000 and 3 * len(tok.encode(text)) < len(stock.encode(text))
+    res = CliRunner().invoke(main, ["init-tiny", str(tmp_path / "x"), "--corpus", "nope.txt"])
+    assert res.exit_code == 2 and "nope.txt" in res.output

@@ -7,7 +7,7 @@ from importlib.metadata import version as _version
 from claw_rl.config import GRPOConfig, PPOConfig, RLConfig, SFTConfig, TrainConfig
 from claw_rl.errors import CheckpointError, ClawError, ConfigError, RecordError
 from claw_rl.records import Policy, Sample, read_samples
-from claw_rl.tiny import TinySpec, chat_template, init_tiny
+from claw_rl.tiny import TinySpec, chat_template, init_tiny, prompt_corpus, prompt_spec
 
 if _typing.TYPE_CHECKING:
     from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
@@ -63,6 +63,8 @@ __all__ = [
     "pack",
     "chat_template",
     "init_tiny",
+    "prompt_corpus",
+    "prompt_spec",
     "load_checkpoint",
     "read_samples",
     "save_checkpoint",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from collections.abc import Iterable
 from importlib.resources import files
 from pathlib import Path
 
@@ -53,6 +55,10 @@ _SNIPPETS = [
 ]
 
 
+def _texts(texts: Iterable[str]) -> tuple[str, ...]:
+    return tuple(texts)
+
+
 @attrs.frozen(kw_only=True)
 class TinySpec:
     """Shape of the tiny model. head_dim >= 32 keeps vLLM's CPU attention backend happy."""
@@ -72,6 +78,14 @@ class TinySpec:
     # learnt on some numbers does not carry over). Off by default: toy-digits' dense reward is
     # tuned on the merged tokens.
     split_digits: bool = False
+    # Extra tokenizer corpus: texts the BPE also learns from, e.g. the prompts a real harness
+    # sends (`prompt_corpus`). Their long fixed parts (system prompt, tool schemas) are worth
+    # many merges only when merges may cross spaces: `cross_word_merges` (no pre-split into
+    # words) with a larger `vocab_size`. Claude Code's 50K-character request is 25.8K tokens
+    # with the default tokenizer, 11.6K split into words, and 1.1K with a 32K cross-word
+    # vocabulary trained on two of its requests (1.2K on a third it never saw).
+    corpus: tuple[str, ...] = attrs.field(default=(), converter=_texts)
+    cross_word_merges: bool = False
 
 
 def chat_template() -> str:
@@ -92,13 +106,38 @@ def _corpus(seed: int) -> list[str]:
     return lines
 
 
+def prompt_spec(prompts: list[list[int]], tokenizer, spec: TinySpec | None = None) -> TinySpec:
+    """The spec of a tiny policy for real harnesses: `spec` (default: one token per digit) with
+    the recorded `prompts` (in `tokenizer`) in its tokenizer's corpus, merges across spaces, a
+    32K vocabulary. Claude Code's prompt is then about 530 tokens instead of 25K (digits still
+    split it: each is a token), OpenClaw's about 260 instead of 19K."""
+    spec = spec or TinySpec(split_digits=True)
+    corpus = prompt_corpus(prompts, tokenizer)
+    return attrs.evolve(spec, corpus=corpus, vocab_size=32768, cross_word_merges=True)
+
+
+def prompt_corpus(prompts: list[list[int]], tokenizer) -> list[str]:
+    """Tokenizer corpus from recorded prompts (a claw.call's `prompt_ids`) in `tokenizer`: each
+    prompt decoded, cut at the added tokens (the chat markers, tool-call tags), which a tokenizer
+    splits off before its BPE runs, so no merge would ever span them."""
+    added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(t) for t in added)) if added else None
+    out: list[str] = []
+    for ids in prompts:
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        out += [p for p in (pattern.split(text) if pattern else [text]) if p.strip()]
+    return out
+
+
 def build_tokenizer(spec: TinySpec):
     """Train a byte-level BPE tokenizer in-process and wrap it as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=not spec.cross_word_merges
+    )
     tok.pre_tokenizer = (
         pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
         if spec.split_digits
@@ -111,7 +150,7 @@ def build_tokenizer(spec: TinySpec):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    tok.train_from_iterator([*_corpus(spec.seed), *spec.corpus], trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
