@@ -37,8 +37,9 @@ from pathlib import Path
 import claw_bench
 import claw_proxy
 import claw_rl
-import claw_rl.tensorboard
+import claw_rl.tracking
 import claw_sandbox
+import claw_sandbox.ray_executor
 import claw_tree
 import transformers
 from claw_rl import loop
@@ -50,7 +51,7 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--group-by", ["task", "task+harness"], "GRPO groups: a task over all harnesses, or each"),
     ("--suite", "claw-toy", "built-in suite name or a directory of task dirs"),
     ("--tasks-per-step", 0, "tasks drawn per step, seeded by --seed and the step (0: all)"),
-    ("--pack", ["session", "group"], "one tree per rollout, or per group (prompt stored once)"),
+    ("--pack", ["session", "group", "batch"], "one tree per rollout, group or step's batch"),
     ("--rollouts", 4, "rollouts per (task, harness) per step"),
     ("--steps", 8, "RL steps"),
     ("--max-staleness", 0, "asynchronous rollouts: S steps ahead (0: synchronous)"),
@@ -59,6 +60,10 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--vllm-reload-method", "claw_reload_weights", "vLLM worker method that loads weights"),
     ("--backend", "auto", "claw-sandbox backend: auto, bwrap, docker, process"),
     ("--parallel", 4, "sandbox jobs at once"),
+    ("--executor", ["local", "ray"], "run the sandbox jobs here, or as Ray tasks over a cluster"),
+    ("--ray-address", "", "--executor ray: the cluster (default: RAY_ADDRESS, else a local Ray)"),
+    ("--proxy-host", "127.0.0.1", "the proxy's address for the sandboxes (cluster: this node's)"),
+    ("--replica", "append", "another vllm:URL replica of the policy behind the proxy, repeatable"),
     ("--max-new-tokens", 24, "proxy cap on tokens per model call"),
     ("--lr", 1e-2, "RL learning rate (PPO's critic: 3x)"),
     ("--adam-eps", 1e-8, "AdamW epsilon of the RL learner"),
@@ -72,6 +77,7 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--task", "append", "only these task ids (default: the whole suite)"),
     ("--tag", "append", "only tasks with all these tags, e.g. train"),
     ("--tensorboard", "store_true", "also log the metrics to RUN/tensorboard"),
+    ("--wandb", "store_true", "also log the metrics to W&B in RUN/wandb (WANDB_MODE=offline)"),
 ]
 
 
@@ -96,12 +102,13 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def prepare_run_dir(args: argparse.Namespace) -> None:
-    """Create or reopen the run directory; a resumed run must use the same options (--steps and
-    --tensorboard aside: neither changes what a step does)."""
+    """Create or reopen the run directory; a resumed run must use the same options (--steps, the
+    trackers and where jobs run aside: none of them changes what a step does)."""
     run, path = args.run_dir, args.run_dir / "config.json"
     run.mkdir(parents=True, exist_ok=True)
     resolved = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    resolved = {k: v for k, v in resolved.items() if k not in ("steps", "tensorboard")}
+    free = ("steps", "tensorboard", "wandb", "executor", "ray_address", "proxy_host")
+    resolved = {k: v for k, v in resolved.items() if k not in free}
     before = json.loads(path.read_text()) if path.exists() else resolved
     if changed := ", ".join(sorted(k for k in resolved if before.get(k) != resolved[k])):
         raise SystemExit(
@@ -130,19 +137,26 @@ def make_learner(args, run: Path, start: Path, done: int):
 
 
 def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=None):
-    """A proxy over `engine` on a free port, recording to `record`. Each call samples with a seed
-    of its own, derived from --seed, its session and its place in it: reruns draw the same."""
+    """A proxy over `engine` (and the --replica engines: sticky sessions) on a free port of
+    --proxy-host, recording to `record`. Each call samples with a seed of its own, derived from
+    --seed, its session and its place in it: reruns draw the same."""
     n = args.max_new_tokens
     cfg = claw_proxy.ProxyConfig(
-        engine=engine, tokenizer=tokenizer, secret=secret, admin_token=admin, record=str(record),
-        policy_name="policy", max_tokens_cap=n, default_max_tokens=n, seed=args.seed,
-        vllm_reload_method=args.vllm_reload_method,
+        engine=engine, replicas=tuple(args.replica or ()), tokenizer=tokenizer, secret=secret,
+        admin_token=admin, record=str(record), policy_name="policy", max_tokens_cap=n,
+        default_max_tokens=n, seed=args.seed, vllm_reload_method=args.vllm_reload_method,
     )  # fmt: skip
-    return claw_proxy.ProxyServer(cfg)
+    return claw_proxy.ProxyServer(cfg, host=args.proxy_host)
 
 
 def sandbox(args, runs: Path):
-    """claw-bench's runner: claw-sandbox runs the jobs, appending to (and resuming from) `runs`."""
+    """claw-bench's runner: claw-sandbox runs the jobs, appending to (and resuming from) `runs`;
+    --executor ray: as Ray tasks, and a job lost with its node is returned but not recorded."""
+    if args.executor == "ray":
+        return functools.partial(
+            claw_sandbox.ray_executor.run_on_ray, backend=args.backend, parallel=args.parallel,
+            out=runs, address=args.ray_address or None, record_lost=False,
+        )  # fmt: skip
     return functools.partial(
         claw_sandbox.run_jobs, backend=args.backend, parallel=args.parallel, out=runs
     )
@@ -166,21 +180,28 @@ def tasks_for_step(args, tasks: list, step: int) -> list:
 def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, harnesses, log):
     """Plan, run and score the step's rollouts; those with a run record are not run again, and a
     retry plans the rest under new session ids (attempt a<N>): a cut-off rollout's calls never mix
-    with its rerun. The ids hold the seed, not the run directory: the same tokens anywhere."""
+    with its rerun. The ids hold the seed, not the run directory: the same tokens anywhere.
+    Rollouts lost with their Ray node (returned, not recorded) are retried so, at most twice."""
     d = run / "steps" / f"{step:04d}"
     d.mkdir(parents=True, exist_ok=True)
-    attempt, done = len(list(d.glob("jobs-a*.jsonl"))), loop.read_rows(d / "runs.jsonl")
 
-    def run_jobs(jobs: list[dict]) -> list[dict]:
+    def run_jobs(attempt: int, done: list, jobs: list[dict]) -> list[dict]:
         write_rows(d / f"jobs-a{attempt}.jsonl", jobs)
         log(f"step {step}: running {len(jobs)} rollouts ({len(done)} already done)")
         return sandbox(args, d / "runs.jsonl")(jobs)
 
-    batch = claw_bench.rollouts(
-        tasks, harnesses, run_jobs, samples=args.rollouts, done=done,
-        proxy_url=proxy_url, secret=secret, run_id=f"seed{args.seed}-s{step}-a{attempt}",
-        group_by=args.group_by,
-    )  # fmt: skip
+    for _ in range(3):
+        attempt, done = len(list(d.glob("jobs-a*.jsonl"))), loop.read_rows(d / "runs.jsonl")
+        batch = claw_bench.rollouts(
+            tasks, harnesses, functools.partial(run_jobs, attempt, done), samples=args.rollouts,
+            done=done, proxy_url=proxy_url, secret=secret,
+            run_id=f"seed{args.seed}-s{step}-a{attempt}", group_by=args.group_by,
+        )  # fmt: skip
+        if not (lost := len(batch.runs) - len(loop.read_rows(d / "runs.jsonl"))):
+            break
+        log(f"step {step}: {lost} rollouts lost with their Ray node or worker; planning them again")
+    else:
+        raise SystemExit(f"step {step}: rollouts lost three times over; rerun to resume the step")
     write_rows(d / "outcomes.jsonl", batch.outcomes)  # sorted: concurrency decides no order
     return batch.outcomes
 
@@ -250,12 +271,16 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         stack.enter_context(proxy)
         proxy_admin = stack.enter_context(claw_proxy.AdminClient(proxy.url, admin))
         proxy_admin.reload(policy)
+        if args.executor == "ray":  # one connection to the cluster for every step's rollouts
+            stack.enter_context(claw_sandbox.ray_executor.connected(args.ray_address or None))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
         stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-        board = None
-        if args.tensorboard:  # the library needs the tensorboard package only here
-            board = claw_rl.tensorboard.TensorBoard(run / "tensorboard")
-            stack.callback(board.close)
+        # claw-rl's tensorboard / wandb extras are needed only here; W&B's config: the run's
+        cfg = json.loads((run / "config.json").read_text())
+        trackers = claw_rl.tracking.open_trackers(
+            run, tensorboard=args.tensorboard, wandb=args.wandb, config=cfg
+        )
+        stack.callback(claw_rl.tracking.close_trackers, trackers)
 
         def launch(k: int) -> concurrent.futures.Future:
             loop.mark_step_start(run, k, "calls.jsonl")  # before step k's first call
@@ -281,8 +306,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
                 learner, trained["samples"], run, step, extra=extra, current=policy
             )
             history.append(row)
-            if board is not None:
-                board.log(row)
+            for tracker in trackers:
+                tracker.log(row)
             proxy_admin.reload(policy)
             failed, dropped = row["rollouts_failed"], row.get("dropped_stale", 0)
             log(
