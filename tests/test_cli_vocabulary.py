@@ -19,6 +19,7 @@ CLIS = {
 # The commands that write one file or directory as their result (docs/cli.md, "Outputs").
 OUTPUT_COMMANDS = {
     "claw-sandbox run",
+    "claw-sandbox build",
     "claw-tree build",
     "claw-tree samples",
     "claw-tree sft-samples",

@@ -105,7 +105,7 @@ def test_task_passes_its_oracle_only_in_its_image_built_without_a_daemon():
         env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock",
                    CLAW_SANDBOX_IMAGE_CACHE=str(top / "cache"))  # fmt: skip
         build = subprocess.run(
-            ["claw-sandbox", "build", str(task / "environment"), "--oci", str(top / "img")],
+            ["claw-sandbox", "build", str(task / "environment"), "-o", str(top / "img")],
             capture_output=True, text=True, env=env, timeout=600,
         )  # fmt: skip
         assert build.returncode == 0, build.stderr

@@ -458,9 +458,10 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @main.command(name="build")
 @click.argument("context", type=click.Path(file_okay=False, exists=True))
 @click.option(
-    "--oci",
+    "-o",
+    "--output",
     required=True,
-    metavar="DIR",
+    type=click.Path(file_okay=False),
     help="write the image here as an OCI image layout (a new or empty directory), the form "
     "`claw-sandbox run --oci` reads",
 )
@@ -483,7 +484,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     "--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
     help="RUN steps' network: none, or the host's",
 )  # fmt: skip
-def build_(context, oci, dockerfile, bases, build_args, tag, network) -> None:
+def build_(context, output, dockerfile, bases, build_args, tag, network) -> None:
     """Build a Dockerfile into an OCI image layout without a daemon: COPY/ADD from CONTEXT and
     ENV, WORKDIR, USER, ARG, CMD, ENTRYPOINT, LABEL, EXPOSE as Docker does; RUN inside bwrap over
     the root being built. One stage, FROM scratch or a local image (--from). Prints the
@@ -491,14 +492,14 @@ def build_(context, oci, dockerfile, bases, build_args, tag, network) -> None:
 
     Example:
 
-        claw-sandbox build task/environment --oci img --from ubuntu:24.04=ubuntu.tar
+        claw-sandbox build task/environment -o img --from ubuntu:24.04=ubuntu.tar
         claw-sandbox run jobs.jsonl --backend bwrap --oci img
     """
     from claw_sandbox._build import build
 
     try:
         built = build(
-            context, oci, dockerfile=dockerfile, bases=_pairs(bases, "--from"), tag=tag,
+            context, output, dockerfile=dockerfile, bases=_pairs(bases, "--from"), tag=tag,
             build_args=_pairs(build_args, "--build-arg"), network=network == "host", progress=_log,
         )  # fmt: skip
     except ClawError as exc:
