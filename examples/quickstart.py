@@ -29,8 +29,18 @@ Messages. The script (step 3 is examples/mix_harness_rl.py, the RL loop):
 
 It prints the per-step table (reward and Pass@1 per harness on the step's training instances,
 tree ratio = the trained samples' tokens as flat per-trajectory sequences / as trained,
-train-inference mismatch, seconds) and held-out Pass@1
+train-inference mismatch, mean seconds per rollout in harness start-up and in model calls, the
+update's seconds, the step's) and held-out Pass@1
 before SFT, after SFT and after RL, and draws them to quickstart.png.
+
+Through the real Claude Code and OpenClaw (./dev/install-harnesses), with claw-agent as a third
+harness of the same policy (the README's real-harness table):
+
+    python examples/quickstart.py --harness claude-code --harness openclaw-chat \
+        --harness claw-agent-steps --harness-tokenizer --pack batch --sft-max-tokens 8192 ...
+
+--harness-tokenizer first records the expert once through each harness and trains the policy's
+tokenizer on those prompts too, so Claude Code's ~25K-token request is ~600 tokens.
 """
 
 from __future__ import annotations
@@ -272,6 +282,25 @@ def num(x: float | None) -> float:
     return float("nan") if x is None else x
 
 
+def rollout_phases(steps: list[int]) -> dict[int, dict[str, float]]:
+    """Per RL step, mean seconds per rollout: harness start-up (the job's start to its first
+    model call, the sandbox's set-up included) and model calls (its calls' durations summed)."""
+    spans: dict[str, list[float]] = {}
+    for c in read_rows(run / "calls.jsonl"):
+        spans.setdefault(c["session"], []).append((c["started_at"], c["ended_at"]))
+    out = {}
+    for k in steps:
+        startup, model = [], []
+        for r in read_rows(run / "steps" / f"{k:04d}" / "runs.jsonl"):
+            mine = spans.get(r["meta"]["session"], [])
+            if mine and r.get("started_at"):
+                startup.append(min(a for a, _ in mine) - r["started_at"])
+                model.append(sum(b - a for a, b in mine))
+        n = max(1, len(startup))
+        out[k] = {"startup_s": sum(startup) / n, "model_s": sum(model) / n}
+    return out
+
+
 def render(lines: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in lines)
@@ -286,9 +315,13 @@ steps_table = [
         *(f"pass@1 {h}" for h in names),
         "tree ratio",
         "mismatch",
+        "start-up s",
+        "model s",
+        "train s",
         "s",
     ]
 ]
+phases = rollout_phases([r["step"] for r in history])
 for row in history:
     steps_table.append(
         [
@@ -298,6 +331,9 @@ for row in history:
             *(f"{num(row['pass@1'].get(h)):.2f}" for h in names),
             f"{row.get('tree_ratio') or 0:.2f}",
             f"{row.get('mismatch_mean_abs', float('nan')):.1e}",
+            f"{phases[row['step']]['startup_s']:.1f}",
+            f"{phases[row['step']]['model_s']:.1f}",
+            f"{row['time'].get('train_s', 0.0):.0f}",
             f"{row['seconds']:.0f}",
         ]
     )

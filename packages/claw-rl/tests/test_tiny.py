@@ -150,7 +150,7 @@ def test_prompt_corpus_cuts_at_added_tokens_and_keeps_the_text(tiny):
 def test_harness_prompts_in_the_corpus_shrink_them_and_round_trip(tmp_path, tiny):
     """A tokenizer that learnt one Claude Code request (recorded 3 times, as the 3 calls of a
     session are; merges across spaces, 32K vocabulary, digits split) encodes another, unseen request of the same harness in over 5x fewer tokens
-    than the stock one, decodes it exactly and keeps one token per digit."""
+    than the stock one, decodes it exactly, keeps one token per digit and file names whole."""
     stock = AutoTokenizer.from_pretrained(tiny)
     seen, unseen = _request_text("claude-code-1.json"), _request_text("claude-code-2.json")
     spec = prompt_spec(
@@ -163,6 +163,11 @@ def test_harness_prompts_in_the_corpus_shrink_them_and_round_trip(tmp_path, tiny
     assert tok.decode(ids) == unseen
     pieces = tok.convert_ids_to_tokens(tok.encode('"content": "2026"'))
     assert [p for p in pieces if any(c.isdigit() for c in p)] == list("2026"), pieces
+    # a file name is the same tokens in an instruction, a tool call and a tool result
+    name = tok.encode("config.txt")
+    for text in ("Copy the number in config.txt into out.txt.", '{"path": "config.txt"}'):
+        ids = tok.encode(text)
+        assert any(ids[i : i + len(name)] == name for i in range(len(ids))), text
     # the stock spec is unchanged: the default demo's tokenizer does not move
     assert TinySpec().corpus == () and not TinySpec().cross_word_merges
 
