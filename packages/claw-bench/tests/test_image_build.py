@@ -130,3 +130,69 @@ def test_task_passes_its_oracle_only_in_its_image_built_without_a_daemon():
         assert "mytool: command not found" in errors
     finally:
         shutil.rmtree(top)
+
+
+TINY_DOCKERFILE = """\
+FROM scratch
+COPY rootfs/ /
+COPY answer.conf /etc/answer.conf
+WORKDIR /app
+"""
+TINY_TEST_SH = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "answer=42" ]; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+"""
+
+
+def test_images_build_with_claw_sandbox_then_the_dataset_runs_from_its_layouts():
+    """`claw-bench images --build --builder claw-sandbox` builds a FROM scratch + COPY task into
+    an OCI layout under --layouts (no daemon), lists it as `--oci=TAG=PATH` in LAYOUTS/oci-args,
+    and `claw-sandbox run --backend bwrap $(cat LAYOUTS/oci-args)` runs the oracle job in it
+    (the job's `image` is the tag): reward 1.0, from /etc/answer.conf that only the image has."""
+    top = Path(tempfile.mkdtemp(prefix="claw-bench-test-images-build-"))
+    try:
+        os.chmod(top, 0o755)
+        task = top / "tasks" / "tiny-image"
+        env_dir = task / "environment"
+        rootfs_dir(env_dir / "rootfs", TOOLS)
+        (env_dir / "answer.conf").write_text("answer=42\n")
+        (env_dir / "Dockerfile").write_text(TINY_DOCKERFILE)
+        (task / "instruction.md").write_text("Copy /etc/answer.conf to /app/answer.txt.\n")
+        (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60\n')
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text(
+            "#!/bin/bash\ncat /etc/answer.conf > answer.txt\n"
+        )
+        (task / "tests").mkdir()
+        (task / "tests" / "test.sh").write_text(TINY_TEST_SH)
+        env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock",
+                   CLAW_SANDBOX_IMAGE_CACHE=str(top / "cache"))  # fmt: skip
+        images = ["claw-bench", "images", "-s", "tasks", "--builder", "claw-sandbox",
+                  "--layouts", "layouts"]  # fmt: skip
+        built = subprocess.run([*images, "--build"], cwd=top, env=env, capture_output=True,
+                               text=True, timeout=600)  # fmt: skip
+        assert built.returncode == 0, built.stderr
+        (tag,) = [line.split()[2] for line in built.stdout.splitlines()]
+        assert built.stdout.split()[1] == "built" and tag.startswith("claw-harbor/tiny-image:")
+        oci_args = (top / "layouts" / "oci-args").read_text().split()
+        assert len(oci_args) == 1 and oci_args[0].startswith(f"--oci={tag}={top}/layouts/")
+        again = subprocess.run([*images, "--build", "--json"], cwd=top, env=env,
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+        (row,) = map(json.loads, again.stdout.splitlines())
+        assert again.returncode == 0 and row["status"] == "present", again.stderr
+        _cli("claw-bench", "plan", "--suite", "tasks", "--harness", "oracle", "-o", "jobs.jsonl",
+             cwd=top)  # fmt: skip
+        (job,) = map(json.loads, (top / "jobs.jsonl").read_text().splitlines())
+        assert job["image"] == tag
+        run = subprocess.run(
+            ["bash", "-c", "claw-sandbox run jobs.jsonl --backend bwrap -o runs.jsonl "
+             "$(cat layouts/oci-args)"], cwd=top, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        _cli("claw-bench", "score", "runs.jsonl", "-o", "outcomes.jsonl", cwd=top)
+        (outcome,) = map(json.loads, (top / "outcomes.jsonl").read_text().splitlines())
+        assert (outcome["status"], outcome["reward"]) == ("ok", 1.0), run.stderr
+    finally:
+        shutil.rmtree(top)

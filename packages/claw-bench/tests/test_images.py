@@ -204,6 +204,78 @@ def test_build_is_killed_at_the_tasks_build_timeout(docker, suite_dir):
     assert "slow step" in row.output
 
 
+def test_build_timeout_scales_with_the_timeout_multiplier(docker, suite_dir):
+    """--timeout-multiplier multiplies build_timeout_sec as it does the jobs' timeouts: a 1 s
+    build timeout x 3 kills the build at 3 s, and the row says so."""
+    toml = suite_dir / "tb-fix-config" / "task.toml"
+    toml.write_text(
+        toml.read_text().replace("[environment]", "[environment]\nbuild_timeout_sec = 1")
+    )
+    task = load_suite(suite_dir).get("tb-fix-config")
+    (docker.state / "slow").write_text(f"{task.image}\n")
+    (row,) = build_images([task], timeout_multiplier=3)
+    assert row.status == "failed" and row.seconds is not None and 3 <= row.seconds < 30
+    assert "killed at the task's build_timeout_sec x 3 (3s)" in row.output
+    r = _run(str(suite_dir), "--task", "tb-fix-config", "--build", "--timeout-multiplier", "0")
+    assert r.exit_code == 2 and "--timeout-multiplier" in r.output
+
+
+FAKE_SANDBOX = r"""#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_SANDBOX_ARGV"], "a") as f:
+    f.write(json.dumps(args) + "\n")
+out, tag = args[args.index("-o") + 1], args[args.index("-t") + 1]
+if "FAIL" in open(os.path.join(args[1], "Dockerfile")).read():
+    sys.exit("Error: Dockerfile:1: FAIL")
+os.makedirs(out)
+open(os.path.join(out, "oci-layout"), "w").write('{"imageLayoutVersion": "1.0.0"}')
+index = {"manifests": [{"annotations": {"org.opencontainers.image.ref.name": tag}}]}
+open(os.path.join(out, "index.json"), "w").write(json.dumps(index))
+print("sha256:" + "0" * 64)
+"""
+
+
+def test_claw_sandbox_builder_writes_layouts_and_their_oci_args(
+    docker, suite_dir, tmp_path, monkeypatch
+):
+    """--builder claw-sandbox builds each missing image with `claw-sandbox build CONTEXT -o TMP -t
+    TAG --from=NAME=PATH` (no docker call), renames it to its tag's folder, lists every layout
+    as `--oci=TAG=PATH` in LAYOUTS/oci-args, sweeps a dead builder's `.build-*` folder, and a
+    later listing finds the layouts present."""
+    exe = docker.bin / "claw-sandbox"
+    exe.write_text(FAKE_SANDBOX.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    monkeypatch.setenv("FAKE_SANDBOX_ARGV", str(tmp_path / "sandbox-argv.jsonl"))
+    (suite_dir / "tb-other" / "environment" / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\n# FAIL\n"
+    )
+    layouts = tmp_path / "layouts"
+    stale = layouts / ".build-claw-harbor_x_0-999999999"  # no such pid
+    stale.mkdir(parents=True)
+    img = _images(suite_dir)
+    r = _run(str(suite_dir), "--build", "--builder", "claw-sandbox", "--layouts", str(layouts),
+             "--from", "ubuntu:24.04=ubuntu.tar")  # fmt: skip
+    assert r.exit_code == 1, r.output  # tb-other's build failed; the others are built
+    assert docker.calls() == [] and not stale.exists()
+    argv = [json.loads(x) for x in (tmp_path / "sandbox-argv.jsonl").read_text().splitlines()]
+    ctx = str(suite_dir / "tb-fix-config" / "environment")
+    assert argv[0][:3] == ["build", ctx, "-o"] and argv[0][4:] == [
+        "-t", img["tb-fix-config"], f"--from=ubuntu:24.04={os.path.abspath('ubuntu.tar')}",
+    ]  # fmt: skip
+    where = layouts / img["tb-fix-config"].replace("/", "_").replace(":", "_")
+    rows = {x.split()[0]: x.split()[1:] for x in r.stdout.splitlines()}
+    assert rows["tb-fix-config"] == ["built", img["tb-fix-config"], str(where)]
+    assert rows["tb-other"][0] == "failed" and "claw-sandbox build" in r.stderr
+    assert "Error: Dockerfile:1: FAIL" in r.stderr and f"$(cat {layouts}/oci-args)" in r.stderr
+    oci_args = (layouts / "oci-args").read_text().splitlines()
+    assert oci_args == [f"--oci={img['tb-fix-config']}={where.absolute()}"]
+    assert sorted(p.name for p in layouts.iterdir()) == sorted([where.name, "oci-args"])
+    rows2 = {x.task: x for x in list_images(load_suite(suite_dir).tasks, layouts=layouts)}
+    assert rows2["tb-fix-config"].status == "present" and rows2["tb-other"].status == "missing"
+    assert rows2["tb-fix-config"].layout == str(where)
+
+
 def test_docker_image_tasks_are_not_built_but_named_to_pull(docker, suite_dir):
     """A missing docker_image stays missing under --build (never built under its name) and exits 1."""
     img = _images(suite_dir)
@@ -214,18 +286,28 @@ def test_docker_image_tasks_are_not_built_but_named_to_pull(docker, suite_dir):
 
 
 def test_docker_missing_or_engine_down_is_one_clear_error(docker, suite_dir, tmp_path, monkeypatch):
-    """No docker CLI, or no engine answering: a DockerError / one CLI message, not a traceback."""
+    """No docker CLI, or no engine answering, with --builder docker: a DockerError / one CLI
+    message, not a traceback. With the default (auto) the listing turns to claw-sandbox's
+    layouts instead, and says why."""
     (docker.state / "no-engine").touch()
-    r = _run(str(suite_dir))
+    r = _run(str(suite_dir), "--builder", "docker")
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
     assert "no Docker engine answering docker: Cannot connect to the Docker daemon" in r.stderr
     assert "Traceback" not in r.output
+    monkeypatch.setenv("CLAW_BENCH_CACHE", str(tmp_path / "cache"))
+    r = _run(str(suite_dir))
+    assert r.exit_code == 0, r.output
+    assert (
+        "Cannot connect to the Docker daemon" in r.stderr and "claw-sandbox (no daemon)" in r.stderr
+    )
+    rows = {x.split()[0]: x.split()[1] for x in r.stdout.splitlines()}
+    assert rows["tb-fix-config"] == "missing" and rows["toy-yes"] == "default"
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     with pytest.raises(DockerError, match="docker: command not found on PATH"):
         build_images(load_suite(suite_dir).tasks)
-    r = _run(str(suite_dir), "--build")
+    r = _run(str(suite_dir), "--build", "--builder", "docker")
     assert (
         r.exit_code == 1
         and "Error: docker: command not found on PATH" in r.stderr

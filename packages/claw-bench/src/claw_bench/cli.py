@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
@@ -115,38 +115,78 @@ def tasks(suite: str, as_json: bool, strict: bool) -> None:
 @click.option("--suite", "-s", required=True, help="built-in suite name or directory of tasks")
 @click.option("--task", "task_ids", multiple=True, help="only these task ids (repeatable)")
 @click.option(
-    "--build", is_flag=True, help="build the missing images that have a Dockerfile (docker build)"
+    "--build", is_flag=True, help="build the missing images that have a Dockerfile (see --builder)"
+)
+@click.option(
+    "--builder",
+    type=click.Choice(["auto", "docker", "claw-sandbox"]),
+    default="auto",
+    show_default=True,
+    help="where images are looked up and built: docker (the engine; docker build), claw-sandbox "
+    "(OCI layouts under --layouts; claw-sandbox build, no daemon); auto: docker when an engine "
+    "answers, else claw-sandbox",
+)
+@click.option(
+    "--layouts",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="claw-sandbox builder: the folder of OCI image layouts, one per tag, and their "
+    "`--oci=TAG=PATH` list DIR/oci-args (default: $CLAW_BENCH_CACHE/images)",
+)
+@click.option(
+    "--from",
+    "bases",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="claw-sandbox builder: the local image (OCI layout or `docker save` tar) a Dockerfile's "
+    "`FROM NAME` starts from (repeatable)",
+)
+@click.option(
+    "--timeout-multiplier",
+    type=click.FloatRange(0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="multiply each task's build_timeout_sec, as plan's flag does the jobs' timeouts",
 )
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per task instead of a table")
 @_errors
-def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) -> None:
-    """List each task's Docker image and whether it is here; --build builds the missing ones.
+def images(suite: str, task_ids: tuple[str, ...], build: bool, builder: str, layouts: str | None,
+           bases: tuple[str, ...], timeout_multiplier: float, as_json: bool) -> None:  # fmt: skip
+    """List each task's image and whether it is here; --build builds the missing ones.
 
     A Harbor task's image is its [environment] docker_image, else claw-harbor/<task>:<sha12>, built
     from its environment/ folder (a changed Dockerfile gives a new tag). Tasks with neither use the
-    default image. Images named by docker_image are never built: docker pull them. Needs the
-    docker CLI and a running engine unless every task uses the default image. Exits 1 when a build
-    failed or an image is still missing after --build.
+    default image. Images named by docker_image are never built: docker pull them. With the docker
+    builder it needs the docker CLI and a running engine unless every task uses the default image;
+    the claw-sandbox builder needs no daemon: it writes each image as an OCI layout under
+    --layouts and lists them in DIR/oci-args for `claw-sandbox run --backend bwrap $(cat
+    DIR/oci-args)`. Exits 1 when a build failed or an image is still missing after --build.
 
     Example: claw-bench images -s tb2-tasks/ --build
 
+    Example: claw-bench images -s tb2-tasks/ --build --builder claw-sandbox --layouts imgs
+
     Example: claw-bench images -s tb2-tasks/ --task fix-git --json | jq -r .image
     """
-    from claw_bench.images import build_images, list_images
     from claw_bench.records import dumps
 
     s = _suite(suite).select(list(task_ids) or None)
-    rows = build_images(s.tasks, progress=_log) if build else list_images(s.tasks)
+    rows = _image_rows(s.tasks, build, builder, layouts, bases, timeout_multiplier)
     for r in rows:
         if as_json:
             click.echo(dumps(r.to_dict()))
         else:
-            click.echo(f"{r.task:32} {r.status:8} {r.image or 'default image'}")
+            where = f"  {r.layout}" if r.layout and r.status in ("present", "built") else ""
+            click.echo(f"{r.task:32} {r.status:8} {r.image or 'default image'}{where}")
     for r in rows:
         if r.status == "failed":
-            _log(
-                f"--- {r.task}: docker build -t {r.image} {r.context} failed; its last lines:\n{r.output}"
+            how = (
+                f"claw-sandbox build {r.context} -t {r.image}"
+                if r.layout
+                else f"docker build -t {r.image} {r.context}"
             )
+            _log(f"--- {r.task}: {how} failed; its last lines:\n{r.output}")
     counts = {
         k: sum(r.status == k for r in rows)
         for k in ("present", "built", "missing", "failed", "default")
@@ -162,6 +202,29 @@ def images(suite: str, task_ids: tuple[str, ...], build: bool, as_json: bool) ->
         _log(f"not built here (named by docker_image): docker pull {' '.join(pull)}")
     if build and (counts["failed"] or counts["missing"]):
         sys.exit(1)
+
+
+def _image_rows(tasks: Sequence[Any], build: bool, builder: str, layouts: str | None,
+                bases: tuple[str, ...], timeout_multiplier: float) -> list:  # fmt: skip
+    """`images`' rows: listed or built with the builder asked for (auto: docker when an engine
+    answers, else claw-sandbox)."""
+    from claw_bench.images import build_images, default_layouts, list_images, pick_builder
+
+    base_map = {}
+    for item in bases:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"{item!r} is not NAME=PATH", param_hint="--from")
+        base_map[name] = path
+    needed = any(t.image or t.meta.get("compose") for t in tasks)
+    picked, why = pick_builder(builder) if needed else ("docker", "")
+    if why:
+        _log(why)
+    root = (layouts or default_layouts()) if picked == "claw-sandbox" else None
+    if build:
+        return build_images(tasks, progress=_log, builder=picked, layouts=root, bases=base_map,
+                            timeout_multiplier=timeout_multiplier)  # fmt: skip
+    return list_images(tasks, layouts=root)
 
 
 @main.command()
