@@ -277,8 +277,42 @@ def test_a_killed_unpack_leaves_no_image_in_the_cache(tmp_path):
     assert proc.returncode == -9
     left = os.listdir(tmp_path / "cache")
     assert len(left) == 1 and left[0].startswith(".unpack-"), left
+    assert (tmp_path / "cache" / left[0] / _oci.LOCK).is_file()  # its owner's lock, now dropped
     image = _oci.unpack(img, tmp_path / "cache")
     assert (image.rootfs / "late").read_text() == "x" and (image.rootfs / "etc/os").exists()
+    # the next unpack swept the dead unpacker's directory at once (no age to wait for)
+    assert os.listdir(tmp_path / "cache") == [image.rootfs.parent.name]
+    assert not (image.rootfs.parent / _oci.LOCK).exists()
+
+
+def test_sweep_removes_only_abandoned_unpack_directories(tmp_path):
+    """`.unpack-*` directories are swept when their lock file is not held (whatever modes a layer
+    left inside), or, without a lock file, when older than STALE_AGE_S; a held one (an unpack at
+    work) and a fresh one without a lock stay, and so does everything else in the cache."""
+    import fcntl
+    import time
+
+    cache = tmp_path / "cache"
+    for name in (".unpack-dead", ".unpack-live", ".unpack-old", ".unpack-fresh", "abc123"):
+        (cache / name / "rootfs" / "usr").mkdir(parents=True)
+    (cache / ".unpack-dead" / "rootfs" / "usr" / "f").write_text("x")
+    (cache / ".unpack-dead" / "rootfs" / "usr").chmod(0o555)  # as a layer may leave it
+    for name in (".unpack-dead", ".unpack-live"):
+        (cache / name / _oci.LOCK).touch()
+    held = os.open(cache / ".unpack-live" / _oci.LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        two_hours_ago = time.time() - 2 * 3600
+        os.utime(cache / ".unpack-old", (two_hours_ago, two_hours_ago))
+        assert _oci.sweep(cache) == 2
+        assert sorted(os.listdir(cache)) == sorted(["abc123", ".unpack-fresh", ".unpack-live"])
+    finally:
+        os.close(held)
+    assert _oci.sweep(cache) == 1 and ".unpack-live" not in os.listdir(cache)  # lock dropped
+    image = _oci.unpack(oci_layout(tmp_path / "img", [_base()], config()), cache)
+    os.utime(cache / ".unpack-fresh", (0, 0))
+    assert _oci.unpack(tmp_path / "img", cache) == image  # a cache hit sweeps too
+    assert sorted(os.listdir(cache)) == sorted(["abc123", image.rootfs.parent.name])
 
 
 def test_a_harbor_job_runs_in_its_image():

@@ -6,11 +6,17 @@ The archive is untrusted. Layers are applied member by member under the rootfs: 
 but a regular file of the rootfs is refused with an `ImageError`; device nodes and fifos are
 skipped (one note); setuid/setgid bits are dropped. Whiteouts (`.wh.NAME`, `.wh..wh..opq`)
 remove what lower layers left. Images are cached under `cache_root()` by their config digest
-and layers, unpacked into a temporary directory that is renamed into place only when complete.
+and layers, unpacked into a temporary directory (``.unpack-*``) that is renamed into place only
+when complete. The unpacker holds a flock on the directory's ``.unpack.lock`` while it works, so
+the directory of one that was killed (the kernel dropped its lock) is swept by the next
+`unpack` into that cache; one without a lock file (an older claw-sandbox's, or one caught in its
+first instant) only once it is ``STALE_AGE_S`` old.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import json
@@ -20,18 +26,23 @@ import posixpath
 import shutil
 import tarfile
 import tempfile
+import time
 import zlib
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 
+from claw_sandbox import _fsat
 from claw_sandbox.errors import ImageError
 
 WHITEOUT = ".wh."
 #: platform.machine() -> the OCI architecture name
 ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le"}
 OPAQUE = ".wh..wh..opq"
+UNPACKING = ".unpack-"  # the prefix of an unpack's temporary directory in the cache
+LOCK = ".unpack.lock"  # in it: flock-held by the unpacker while it works
+STALE_AGE_S = 3600.0  # a temporary directory without a lock file is swept after this long
 
 
 @attrs.frozen(kw_only=True)
@@ -176,6 +187,7 @@ def unpack(
         config_bytes, layers = _plan(src)
         digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
         cache = Path(cache_dir) if cache_dir is not None else cache_root()
+        sweep(cache)
         final = cache / _cache_key(config_bytes, digest, layers)
         if not (final / "image.json").is_file():
             _unpack_into(src, layers, config_bytes, cache, final)
@@ -213,8 +225,10 @@ def _unpack_into(src: _Source, layers: list[tuple[str, str | None]], config_byte
     except (ValueError, AttributeError):
         raise ImageError(f"{src.path}: the image config is not a JSON object") from None
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache))
+    tmp = Path(tempfile.mkdtemp(prefix=UNPACKING, dir=cache))
+    lock = None
     try:
+        lock = _hold(tmp)
         os.chmod(tmp, 0o755)  # the sandbox may run as an unprivileged uid that must reach it
         rootfs = tmp / "rootfs"
         rootfs.mkdir(mode=0o755)
@@ -228,13 +242,77 @@ def _unpack_into(src: _Source, layers: list[tuple[str, str | None]], config_byte
         meta = {"env": env, "workdir": config.get("WorkingDir") or "/",
                 "user": config.get("User") or "", "notes": notes}  # fmt: skip
         (tmp / "image.json").write_text(json.dumps(meta))
+        os.unlink(tmp / LOCK)  # still held through `lock` until the rename is done
         try:
             os.rename(tmp, final)
         except OSError:
             if not (final / "image.json").is_file():  # not another unpacker that won the race
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            _remove_tmp(cache, tmp.name)
+        if lock is not None:
+            os.close(lock)
+
+
+def _hold(tmp: Path) -> int:
+    """Lock ``tmp`` as being unpacked: a lock file, flock-held before it takes its name (a
+    sweeper never sees it unlocked while its owner lives); returns the fd to keep open."""
+    name = tmp / f"{LOCK}.{os.getpid()}"
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(name, tmp / LOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def sweep(cache: str | os.PathLike[str], max_age_s: float = STALE_AGE_S) -> int:
+    """Remove the ``.unpack-*`` directories in ``cache`` that no live unpacker holds (their lock
+    file can be locked), or, without a lock file, older than ``max_age_s``; returns how many."""
+    cache = Path(cache)
+    try:
+        names = [n for n in os.listdir(cache) if n.startswith(UNPACKING)]
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        if _abandoned(cache / name, max_age_s):
+            with contextlib.suppress(OSError):
+                _remove_tmp(cache, name)
+                removed += 1
+    return removed
+
+
+def _abandoned(path: Path, max_age_s: float) -> bool:
+    try:
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        return time.time() - st.st_mtime > max_age_s
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its unpacker is at work
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _remove_tmp(parent: Path, name: str) -> None:
+    """Remove ``parent/name`` whatever modes a layer left in it (no link followed)."""
+    fd = _fsat.open_root(parent)
+    try:
+        _fsat.remove_at(fd, name)
+    finally:
+        os.close(fd)
 
 
 class _Hashing:
