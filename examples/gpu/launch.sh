@@ -5,18 +5,37 @@
 #
 #   MODEL=/models/Qwen3-4B ./examples/gpu/launch.sh --steps 200 --harness claude-code --harness openclaw-chat
 #
+# Issue 28's recipe, a Qwen3 checkpoint trained through the real Claude Code and OpenClaw on
+# ClawGym-Bench (the harnesses from ./dev/install-harnesses, in .tools/bin; no SFT warm start:
+# a Qwen3 model already calls tools), batch packing (the harnesses' shared prompts once per
+# step's batch):
+#
+#   MODEL=/models/Qwen3-4B SUITE=/data/ClawGym-Bench HARNESSES="claude-code openclaw-chat" \
+#     ./examples/gpu/launch.sh --steps 200 --tasks-per-step 16 --rollouts 8
+#
+#   DRY_RUN=1 MODEL=... SUITE=... HARNESSES=... ./examples/gpu/launch.sh ...   # on any machine:
+#     checks the inputs (model dir, suite, harness binaries), reports the GPU checks that would
+#     fail here, prints the exact vLLM and loop commands, starts nothing
+#
 # Runs unchanged on one GPU box (vLLM and the learner share the GPU: VLLM_MEM caps vLLM's share).
 # Environment (defaults in brackets):
 #   MODEL         Qwen3-style HF model directory (required)
+#   SUITE         claw-bench suite: a name or a task directory / ClawGym JSONL [the loop's default]
+#   HARNESSES     harnesses, space-separated, each passed as --harness [the loop's default]
+#   DRY_RUN       1: check and print, start nothing [0]
 #   RUN_DIR       run directory, resumable [runs/gpu]
 #   VLLM_PY       python of the vLLM venv [.venvs/vllm/bin/python]   CLAW_PY  python with claw [.venvs/workspace/bin/python]
 #   VLLM_GPUS     CUDA_VISIBLE_DEVICES for vLLM [0]                   LEARNER_GPUS  ... for the learner [0]
 #   VLLM_PORT     [8001]   VLLM_MEM  vLLM --gpu-memory-utilization [0.45]   MAX_LEN  --max-model-len [32768]
 #   BACKEND       claw-sandbox backend [bwrap]                        PARALLEL  sandbox jobs at once [32]
-# Other arguments go to examples/mix_harness_rl.py.
+#   CLAW_TOOLS    where ./dev/install-harnesses put the harnesses [.tools]
+# Other arguments go to examples/mix_harness_rl.py (after launch.sh's own, so they win).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${MODEL:?set MODEL to a Qwen3-style HF model directory}"
+SUITE=${SUITE:-}
+HARNESSES=${HARNESSES:-}
+DRY_RUN=${DRY_RUN:-0}
 RUN_DIR=${RUN_DIR:-runs/gpu}
 VLLM_PY=${VLLM_PY:-.venvs/vllm/bin/python}
 CLAW_PY=${CLAW_PY:-.venvs/workspace/bin/python}
@@ -27,33 +46,76 @@ VLLM_MEM=${VLLM_MEM:-0.45}
 MAX_LEN=${MAX_LEN:-32768}
 BACKEND=${BACKEND:-bwrap}
 PARALLEL=${PARALLEL:-32}
-mkdir -p "$RUN_DIR"
+TOOLS=${CLAW_TOOLS:-$PWD/.tools}
 
 say() { echo "launch: $*" >&2; }
 fail() { say "FAILED: $*"; exit 1; }
+# a check that needs the GPU machine: fatal there, reported (and survived) by a dry run
+gpu_need() { if [ "$DRY_RUN" = 1 ]; then say "dry run: would fail here: $*"; else fail "$*"; fi; }
 
-# --- checks before anything starts -------------------------------------------------------------
-command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: no NVIDIA driver on this machine"
-nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >&2 || fail "nvidia-smi cannot see a GPU"
-[ -f "$MODEL/config.json" ] || fail "$MODEL has no config.json: not an HF model directory"
-"$VLLM_PY" -c "import vllm" 2>/dev/null || fail "$VLLM_PY cannot import vllm (pip install vllm into its own venv)"
-CUDA_VISIBLE_DEVICES=$LEARNER_GPUS "$CLAW_PY" -c "import torch, claw_rl, claw_proxy, claw_sandbox, claw_bench, claw_tree; assert torch.cuda.is_available(), 'torch sees no GPU'" \
-  || fail "$CLAW_PY lacks the claw packages or a CUDA torch (./dev/demo --help builds .venvs/workspace)"
-"$CLAW_PY" -m claw_sandbox.cli doctor >&2 || true
-"$CLAW_PY" -m claw_sandbox.cli doctor 2>&1 | grep -q "^ok  $BACKEND" || fail "sandbox backend $BACKEND does not work here (see doctor above)"
+# The harnesses (./dev/install-harnesses: .tools/bin) and the claw CLIs on PATH; the checkout
+# visible read-only inside bwrap, where the harnesses' installs live.
+export PATH="$TOOLS/bin:$(dirname "$CLAW_PY"):$PATH"
+export CLAW_SANDBOX_RO_PATHS="$PWD${CLAW_SANDBOX_RO_PATHS:+:$CLAW_SANDBOX_RO_PATHS}"
 
-# --- vLLM --------------------------------------------------------------------------------------
+# --- the commands ------------------------------------------------------------------------------
 # Dev mode exposes the weight-reload routes claw-proxy's vllm engine uses after every step
 # (pause, collective_rpc, reset_prefix_cache, update_weight_version, resume). The worker
 # extension in this folder reloads from an HF directory and re-ties tied embeddings, which
 # vLLM's own reload_weights leaves on the old weights (Qwen3 0.6B-4B tie them). Processed
 # logprobs (after temperature / top_k / top_p) are the sampled distribution's, which claw-proxy
 # records; under its default --sampling force they equal the raw ones, --sampling honor needs them.
+VLLM_ENV=(CUDA_VISIBLE_DEVICES="$VLLM_GPUS" VLLM_SERVER_DEV_MODE=1 PYTHONPATH="$PWD/examples/gpu${PYTHONPATH:+:$PYTHONPATH}")
+# the policy flags (worker extension, prefix caching, processed logprobs) live in
+# vllm-policy.args, which the CPU tests (tests/harness/_vllm.py) start vLLM with too
+mapfile -t POLICY_FLAGS < <(grep -v '^#' examples/gpu/vllm-policy.args)
+VLLM_CMD=("$VLLM_PY" -m vllm.entrypoints.openai.api_server "${POLICY_FLAGS[@]}"
+  --model "$MODEL" --port "$VLLM_PORT" --host 127.0.0.1 --gpu-memory-utilization "$VLLM_MEM"
+  --max-model-len "$MAX_LEN")
+LOOP_ARGS=()
+[ -n "$SUITE" ] && LOOP_ARGS+=(--suite "$SUITE")
+for h in $HARNESSES; do LOOP_ARGS+=(--harness "$h"); done
+LOOP_CMD=("$CLAW_PY" examples/mix_harness_rl.py --run-dir "$RUN_DIR" --model "$MODEL"
+  --engine "vllm:http://127.0.0.1:$VLLM_PORT" --tokenizer "$MODEL" --backend "$BACKEND" --parallel "$PARALLEL"
+  --max-new-tokens 4096 --lr 1e-6 --epochs 1 --minibatches 4 --pack batch "${LOOP_ARGS[@]}" "$@")
+
+# --- checks before anything starts -------------------------------------------------------------
+[ -f "$MODEL/config.json" ] || fail "$MODEL has no config.json: not an HF model directory"
+[ -f "$MODEL/tokenizer.json" ] || [ -f "$MODEL/tokenizer_config.json" ] \
+  || fail "$MODEL has no tokenizer (tokenizer.json / tokenizer_config.json): the proxy renders with it"
+say "model $MODEL: $(sed -n 's/.*"model_type": *"\([^"]*\)".*/\1/p' "$MODEL/config.json" | head -1)"
+"$CLAW_PY" -c "import claw_rl, claw_proxy, claw_sandbox, claw_bench, claw_tree" \
+  || fail "$CLAW_PY lacks the claw packages (./dev/demo --help builds .venvs/workspace)"
+# the suite loads (ClawGym-Bench: a folder of task dirs or its JSONL) and every harness's
+# binaries are on PATH
+PREFLIGHT=()
+for h in ${HARNESSES:-claw-agent-text claw-agent-text-anthropic}; do PREFLIGHT+=(--harness "$h"); done
+"$CLAW_PY" examples/gpu/preflight.py --suite "${SUITE:-claw-toy}" "${PREFLIGHT[@]}" \
+  || fail "inputs missing (above); harness binaries come from ./dev/install-harnesses (CLAW_TOOLS=$TOOLS)"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >&2 || gpu_need "nvidia-smi cannot see a GPU"
+else
+  gpu_need "nvidia-smi not found: no NVIDIA driver on this machine"
+fi
+"$VLLM_PY" -c "import vllm" 2>/dev/null || gpu_need "$VLLM_PY cannot import vllm (pip install vllm into its own venv)"
+CUDA_VISIBLE_DEVICES=$LEARNER_GPUS "$CLAW_PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
+  || gpu_need "$CLAW_PY's torch sees no GPU (a CUDA build of torch is needed)"
+DOCTOR=$("$CLAW_PY" -m claw_sandbox doctor 2>&1 || true)
+grep -q "^ok  $BACKEND " <<<"$DOCTOR" || gpu_need "sandbox backend $BACKEND does not work here ($CLAW_PY -m claw_sandbox doctor)"
+
+if [ "$DRY_RUN" = 1 ]; then
+  say "dry run: the commands (nothing started)"
+  echo "# vLLM (log: $RUN_DIR/vllm.log)"
+  printf '%q ' env "${VLLM_ENV[@]}" "${VLLM_CMD[@]}"; echo
+  echo "# the RL loop, once vLLM answers on /health"
+  printf '%q ' env CUDA_VISIBLE_DEVICES="$LEARNER_GPUS" "${LOOP_CMD[@]}"; echo
+  exit 0
+fi
+mkdir -p "$RUN_DIR"
+
+# --- vLLM --------------------------------------------------------------------------------------
 say "starting vLLM on GPU(s) $VLLM_GPUS, port $VLLM_PORT"
-CUDA_VISIBLE_DEVICES=$VLLM_GPUS VLLM_SERVER_DEV_MODE=1 PYTHONPATH="$PWD/examples/gpu${PYTHONPATH:+:$PYTHONPATH}" \
-  "$VLLM_PY" -m vllm.entrypoints.openai.api_server --worker-extension-cls claw_vllm_worker.ClawWorkerExtension \
-  --model "$MODEL" --port "$VLLM_PORT" --host 127.0.0.1 --gpu-memory-utilization "$VLLM_MEM" \
-  --max-model-len "$MAX_LEN" --enable-prefix-caching --logprobs-mode processed_logprobs >"$RUN_DIR/vllm.log" 2>&1 &
+env "${VLLM_ENV[@]}" "${VLLM_CMD[@]}" >"$RUN_DIR/vllm.log" 2>&1 &
 VLLM_PID=$!
 trap 'say "stopping vLLM"; kill $VLLM_PID 2>/dev/null; wait $VLLM_PID 2>/dev/null' EXIT
 for _ in $(seq 600); do
@@ -69,6 +131,4 @@ say "vLLM healthy"
 
 # --- the loop ----------------------------------------------------------------------------------
 say "starting the RL loop in $RUN_DIR"
-CUDA_VISIBLE_DEVICES=$LEARNER_GPUS "$CLAW_PY" examples/mix_harness_rl.py --run-dir "$RUN_DIR" --model "$MODEL" \
-  --engine "vllm:http://127.0.0.1:$VLLM_PORT" --tokenizer "$MODEL" --backend "$BACKEND" --parallel "$PARALLEL" \
-  --max-new-tokens 4096 --lr 1e-6 --epochs 1 --minibatches 4 "$@"
+env CUDA_VISIBLE_DEVICES="$LEARNER_GPUS" "${LOOP_CMD[@]}"
