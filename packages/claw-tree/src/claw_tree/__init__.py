@@ -12,6 +12,7 @@ from claw_tree.advantages import (
     turn_gae_on_tree,
     turn_starts,
 )
+from claw_tree.corpus import CallIndex, index_calls, stream_file_samples, stream_indexed_samples
 from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
 from claw_tree.options import SampleOptions
 from claw_tree.records import Call, Outcome, ReadResult, read_calls, read_outcomes, write_jsonl
@@ -38,6 +39,7 @@ __version__ = _version("claw-tree")
 __all__ = [
     "BudgetError",
     "Call",
+    "CallIndex",
     "ClawError",
     "ConflictError",
     "Forest",
@@ -57,6 +59,7 @@ __all__ = [
     "gae_for_samples",
     "gae_on_tree",
     "group_relative_advantages",
+    "index_calls",
     "linear_scan",
     "make_samples",
     "mean_child_recurrence",
@@ -66,6 +69,8 @@ __all__ = [
     "rloo_advantages",
     "sample_rewards",
     "session_stats",
+    "stream_file_samples",
+    "stream_indexed_samples",
     "token_sessions",
     "trajectory_record",
     "trajectory_spans",

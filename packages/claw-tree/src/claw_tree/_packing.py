@@ -142,9 +142,11 @@ def paths_through(forest: Forest, kept: list[Kept]) -> np.ndarray:
 
 
 def split_session(
-    forest: Forest, start: int, stop: int, paths: list[Trajectory], max_tokens: int
+    forest: Forest, tree: SessionTree, paths: list[Trajectory], max_tokens: int
 ) -> list[tuple[np.ndarray, list[Trajectory]]]:
-    """Cut one session's paths into pieces of at most max_tokens unique nodes, whole paths only."""
+    """Cut one session's paths into pieces of at most max_tokens unique nodes, whole paths only
+    (a path longer than that is a :class:`BudgetError` naming its index in the session)."""
+    start, stop = tree.start, tree.stop
     mask = np.zeros(stop - start, dtype=bool)
     pieces: list[tuple[np.ndarray, list[Trajectory]]] = []
     current: list[Trajectory] = []
@@ -153,7 +155,8 @@ def split_session(
         local = path.nodes() - start
         if len(local) > max_tokens:
             raise BudgetError(
-                f"session {path.session!r}: trajectory {path.index} has {len(local)} tokens, more "
+                f"session {path.session!r}: its trajectory {path.index - tree.trajectories[0]} "
+                f"has {len(local)} tokens, more "
                 f"than the budget of {max_tokens}; raise --max-tokens (paths are never cut)"
             )
         new = int((~mask[local]).sum())
@@ -169,15 +172,12 @@ def split_session(
     return pieces
 
 
-def _pieces(forest: Forest, k: Kept, max_tokens: int | None) -> list[Piece]:
+def pieces(forest: Forest, k: Kept, max_tokens: int | None) -> list[Piece]:
     """The session whole, or (larger than max_tokens) cut into pieces of whole paths."""
     tree = k.tree
     if max_tokens is None or tree.n_nodes <= max_tokens:
         return [(tree, np.arange(tree.start, tree.stop), k.paths)]
-    return [
-        (tree, nodes, sub)
-        for nodes, sub in split_session(forest, tree.start, tree.stop, k.paths, max_tokens)
-    ]
+    return [(tree, nodes, sub) for nodes, sub in split_session(forest, tree, k.paths, max_tokens)]
 
 
 def plan_sessions(forest: Forest, kept: list[Kept], max_tokens: int | None) -> list[list[Piece]]:
@@ -188,15 +188,15 @@ def plan_sessions(forest: Forest, kept: list[Kept], max_tokens: int | None) -> l
     size = 0
     for k in kept:
         if max_tokens is None:
-            plans.append(_pieces(forest, k, None))
+            plans.append(pieces(forest, k, None))
             continue
         if k.tree.n_nodes > max_tokens:
-            plans.extend([piece] for piece in _pieces(forest, k, max_tokens))
+            plans.extend([piece] for piece in pieces(forest, k, max_tokens))
             continue
         if current and size + k.tree.n_nodes > max_tokens:
             plans.append(current)
             current, size = [], 0
-        current.extend(_pieces(forest, k, max_tokens))
+        current.extend(pieces(forest, k, max_tokens))
         size += k.tree.n_nodes
     if current:
         plans.append(current)
@@ -213,26 +213,26 @@ def plan_groups(
         groups.setdefault(key(k.tree), []).append(k)
     if max_tokens is None:
         return [
-            [piece for k in members for piece in _pieces(forest, k, None)]
+            [piece for k in members for piece in pieces(forest, k, None)]
             for members in groups.values()
         ]
-    pieces = (
+    planned = (
         piece
         for members in groups.values()
         for k in members
-        for piece in _pieces(forest, k, max_tokens)
+        for piece in pieces(forest, k, max_tokens)
     )
-    return _fill_merged(forest, pieces, max_tokens)
+    return fill_merged(forest, planned, max_tokens)
 
 
-def _fill_merged(forest: Forest, pieces: Iterable[Piece], max_tokens: int) -> list[list[Piece]]:
+def fill_merged(forest: Forest, planned: Iterable[Piece], max_tokens: int) -> list[list[Piece]]:
     """Consecutive pieces fill a sample while its size after merging the shared context
     prefixes stays within max_tokens (a piece that alone exceeds it gets its own sample)."""
     plans: list[list[Piece]] = []
     current: list[Piece] = []
     trie = _ContextTrie(forest)
     size = 0
-    for piece in pieces:
+    for piece in planned:
         new = len(piece[1]) - trie.shared(piece[1])
         if current and size + new > max_tokens:
             plans.append(current)
@@ -247,13 +247,13 @@ def _fill_merged(forest: Forest, pieces: Iterable[Piece], max_tokens: int) -> li
 
 
 def lay_out(
-    forest: Forest, plans: list[list[Piece]], prefix: str, *, merge: bool
+    forest: Forest, plans: list[list[Piece]], prefix: str, *, merge: bool, first: int = 0
 ) -> Iterator[Packed]:
-    """Each plan as a :class:`Packed` sample ``f"{prefix}-{k}"``, one at a time (a sample's
-    layout is as large as the sample); ``merge``: with its context prefixes merged
-    (:func:`merge_context_prefixes`)."""
+    """Each plan as a :class:`Packed` sample ``f"{prefix}-{k}"`` (k from ``first``), one at a
+    time (a sample's layout is as large as the sample); ``merge``: with its context prefixes
+    merged (:func:`merge_context_prefixes`)."""
     where = np.full(forest.n_nodes, -1, dtype=np.int64)  # node id -> index in the current sample
-    for k, plan in enumerate(plans):
+    for k, plan in enumerate(plans, start=first):
         nodes = np.concatenate([nd for _, nd, _ in plan])
         where[nodes] = np.arange(len(nodes))
         gp = forest.parent[nodes]

@@ -14,6 +14,7 @@ import click
 from claw_tree import __version__
 from claw_tree._cli_paths import output_path
 from claw_tree.advantages import GAE_LEVEL, GAMMA, LAM
+from claw_tree.corpus import CallIndex, index_calls, stream_indexed_samples
 from claw_tree.errors import ClawError
 from claw_tree.options import (
     ALGOS,
@@ -78,6 +79,18 @@ def _forest(calls: str, skip_invalid: bool) -> Forest:
         raise click.ClickException(
             f"{exc}\nhint: --skip-invalid skips malformed lines and reports them"
         ) from None
+
+
+def _index(calls: str, skip_invalid: bool) -> CallIndex:
+    """The calls file indexed for `samples` (built unit by unit; see claw_tree.corpus)."""
+    try:
+        index = index_calls(calls, skip_invalid=skip_invalid)
+    except ClawError as exc:
+        raise click.ClickException(
+            f"{exc}\nhint: --skip-invalid skips malformed lines and reports them"
+        ) from None
+    _report_skipped("call", index.skipped)
+    return index
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -279,6 +292,8 @@ def samples(
     Outcomes join by session; rollouts that are not `ok` are excluded and reported on stderr.
     PPO: run once without --values, let the critic write values for those samples, then run
     again with the same inputs and options plus --values to get GAE advantages and returns.
+    A calls file is indexed once and built a few sessions, groups or harness buckets at a time
+    (memory bounded by the largest of them, not the corpus); stdin and PPO build it whole.
 
     Example:
 
@@ -297,7 +312,9 @@ def samples(
     outcomes = outcomes or outcomes_arg
     if calls == "-" and outcomes == "-":
         raise click.UsageError("calls and --outcomes cannot both be stdin")
-    forest = _forest(calls, skip_invalid)
+    streamed = calls != "-" and algo != "ppo" and values_path is None
+    source = _index(calls, skip_invalid) if streamed else None
+    forest = _forest(calls, skip_invalid) if source is None else None
     try:
         result = read_outcomes(outcomes, skip_invalid=skip_invalid)
         _report_skipped("outcome", result.skipped)
@@ -319,10 +336,14 @@ def samples(
             baseline=baseline,
             id_prefix=id_prefix,
         )
-        batch, rows = stream_samples(forest, result.records, options, values=values)
+        if source is not None:
+            batch, rows = stream_indexed_samples(source, result.records, options)
+        else:
+            assert forest is not None
+            batch, rows = stream_samples(forest, result.records, options, values=values)
+        _write_batch(batch, rows, output)
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
-    _write_batch(batch, rows, output)
 
 
 @main.command("sft-samples")

@@ -455,12 +455,18 @@ def _iter_lines(fh: IO[str], name: str) -> Iterator[tuple[str, Any]]:
         if not line.strip():
             continue
         where = f"{name}:{lineno}"
-        try:
-            yield where, json.loads(line, parse_constant=_not_json)
-        except json.JSONDecodeError as exc:
-            yield where, RecordError(f"{where}: not JSON: {exc.msg} (column {exc.colno})")
-        except ValueError as exc:
-            yield where, RecordError(f"{where}: not JSON: {exc}")
+        yield where, parse_line(line, where)
+
+
+def parse_line(line: str | bytes, where: str) -> Any:
+    """One JSONL line's value, or a :class:`RecordError` instance when it is not JSON (the
+    caller decides whether to raise or skip)."""
+    try:
+        return json.loads(line, parse_constant=_not_json)
+    except json.JSONDecodeError as exc:
+        return RecordError(f"{where}: not JSON: {exc.msg} (column {exc.colno})")
+    except ValueError as exc:
+        return RecordError(f"{where}: not JSON: {exc}")
 
 
 def _not_json(word: str) -> Any:

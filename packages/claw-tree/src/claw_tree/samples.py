@@ -100,7 +100,7 @@ class SampleBatch:
     samples: list[dict]
     excluded: dict[str, str]
     rollouts: int  # rollouts that voted in the group statistics
-    trajectories: int  # trajectories that carry loss weight
+    trajectories: int  # trajectories that carry loss weight (-1: counted by a SampleTally)
     zero_spread_groups: list[str]  # groups whose rewards were all equal (advantage 0)
 
     @property
@@ -115,8 +115,9 @@ class SampleBatch:
         at a time (:func:`stream_samples`; this batch's own ``samples`` are then empty)."""
         tally = tally or SampleTally.of(self.samples)
         no_signal = tally.no_signal()
+        trajectories = self.trajectories if self.trajectories >= 0 else tally.trajectories
         text = (
-            f"{tally.samples} samples, {tally.tokens} tokens, {self.trajectories} trajectories "
+            f"{tally.samples} samples, {tally.tokens} tokens, {trajectories} trajectories "
             f"from {self.rollouts} rollouts"
         )
         if no_signal:
@@ -140,6 +141,7 @@ class SampleTally:
 
     samples: int = 0
     tokens: int = 0
+    trajectories: int = 0  # the samples' n_paths, summed
     critic_free: bool = True  # every sample's advantages are final (grpo, rloo, reinforce)
     signal: bool = False  # some trainable token has a nonzero advantage
 
@@ -154,6 +156,7 @@ class SampleTally:
         """Count one sample; return it."""
         self.samples += 1
         self.tokens += len(row["input_ids"])
+        self.trajectories += int(row.get("n_paths", 0))
         if row["algo"] not in ("grpo", "rloo", "reinforce"):
             self.critic_free = False
         elif self.critic_free and not self.signal:
@@ -226,8 +229,8 @@ class _Weights:
     n_paths: int  # kept paths: trajectories that carry loss weight
 
 
-def _votes(forest: Forest, by_session: dict[str, Outcome], opts: SampleOptions) -> _Votes:
-    in_forest = {t.name for t in forest.sessions}
+def _votes(in_forest: set[str], by_session: dict[str, Outcome], opts: SampleOptions) -> _Votes:
+    """``in_forest``: the sessions that have calls."""
     excluded: dict[str, str] = {}
     for name in sorted(in_forest - set(by_session)):
         excluded[name] = "no outcome"
@@ -255,8 +258,18 @@ def _votes(forest: Forest, by_session: dict[str, Outcome], opts: SampleOptions) 
     )
 
 
-def _weights(forest: Forest, kept: list[Kept], weighting: str) -> _Weights:
-    n_paths = sum(len(k.paths) for k in kept)
+def _weights(
+    forest: Forest,
+    kept: list[Kept],
+    weighting: str,
+    *,
+    n_kept: int | None = None,
+    n_paths: int | None = None,
+) -> _Weights:
+    """``n_kept`` / ``n_paths``: the kept sessions and paths of the whole batch when ``kept``
+    is only a part of it (:mod:`claw_tree.corpus`; default: ``kept`` is the batch)."""
+    n_paths = sum(len(k.paths) for k in kept) if n_paths is None else n_paths
+    n_kept = len(kept) if n_kept is None else n_kept
     node_scale = np.ones(forest.n_nodes)
     if weighting == "token":  # 1 / c_v, c_v = kept paths through v
         through = paths_through(forest, kept)
@@ -266,11 +279,11 @@ def _weights(forest: Forest, kept: list[Kept], weighting: str) -> _Weights:
         n_trainable = int(forest.trainable[k.tree.start : k.tree.stop].sum())
         for path, n_p in zip(k.paths, k.counts, strict=True):
             if weighting == "token":
-                coef[path.index] = 1.0 / (len(kept) * n_trainable)
+                coef[path.index] = 1.0 / (n_kept * n_trainable)
             elif weighting == "path":
                 coef[path.index] = 1.0 / (n_paths * n_p)
             else:
-                coef[path.index] = 1.0 / (len(kept) * len(k.paths) * n_p)
+                coef[path.index] = 1.0 / (n_kept * len(k.paths) * n_p)
     return _Weights(coef=coef, node_scale=node_scale, n_paths=n_paths)
 
 
@@ -431,7 +444,7 @@ def stream_samples(
         raise ClawError("algo 'sft' samples come from build_sft_samples (no advantages)")
     if values is not None and opts.algo != "ppo":
         raise ClawError("values are only used with algo='ppo'")
-    votes = _votes(forest, outcomes_by_session(outcomes), opts)
+    votes = _votes({t.name for t in forest.sessions}, outcomes_by_session(outcomes), opts)
     kept, excluded = trainable_sessions(forest, votes.excluded)
     weights = _weights(forest, kept, opts.weighting)
     packed: Iterable[Packed] = lay_out(

@@ -119,11 +119,16 @@ def _dedupe(calls: Iterable[Call | dict]) -> tuple[dict[str, Call], int]:
         elif seen.same_content(call):
             duplicates += 1
         else:
-            raise ConflictError(
-                f"call_id {call.call_id!r} appears twice with different content "
-                f"(session {seen.session!r} seq {seen.seq} vs session {call.session!r} seq {call.seq})"
-            )
+            raise conflict(seen, call)
     return by_id, duplicates
+
+
+def conflict(seen: Call, call: Call) -> ConflictError:
+    """The error for a call_id recorded twice with different content (``seen`` first)."""
+    return ConflictError(
+        f"call_id {call.call_id!r} appears twice with different content "
+        f"(session {seen.session!r} seq {seen.seq} vs session {call.session!r} seq {call.seq})"
+    )
 
 
 def _truncate(segments: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
