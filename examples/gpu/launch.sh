@@ -68,6 +68,7 @@ export CLAW_SANDBOX_RO_PATHS="$PWD${CLAW_SANDBOX_RO_PATHS:+:$CLAW_SANDBOX_RO_PAT
 VLLM_ENV=(CUDA_VISIBLE_DEVICES="$VLLM_GPUS" VLLM_SERVER_DEV_MODE=1 PYTHONPATH="$PWD/examples/gpu${PYTHONPATH:+:$PYTHONPATH}")
 # the policy flags (worker extension, prefix caching, processed logprobs) live in
 # vllm-policy.args, which the CPU tests (tests/harness/_vllm.py) start vLLM with too
+[ -f examples/gpu/vllm-policy.args ] || fail "examples/gpu/vllm-policy.args is missing (vLLM's policy flags)"
 mapfile -t POLICY_FLAGS < <(grep -v '^#' examples/gpu/vllm-policy.args)
 VLLM_CMD=("$VLLM_PY" -m vllm.entrypoints.openai.api_server "${POLICY_FLAGS[@]}"
   --model "$MODEL" --port "$VLLM_PORT" --host 127.0.0.1 --gpu-memory-utilization "$VLLM_MEM"

@@ -29,6 +29,14 @@ from _servers import ROOT, TINY, free_port, stop, wait_http
 
 VLLM_PY = Path(os.environ.get("CLAW_VENVS", ROOT / ".venvs")) / "vllm" / "bin" / "python"
 MAX_MODEL_LEN = 40960  # a Claude Code prompt is ~25k tokens with the tiny tokenizer
+GPU_RECIPE = ROOT / "examples" / "gpu"  # launch.sh, claw_vllm_worker.py, vllm-policy.args
+
+
+def policy_flags() -> list[str]:
+    """The policy server's vLLM flags as examples/gpu/launch.sh starts it (vllm-policy.args: the
+    worker extension with claw_reload_weights, prefix caching, processed logprobs)."""
+    lines = (GPU_RECIPE / "vllm-policy.args").read_text().splitlines()
+    return [x.strip() for x in lines if x.strip() and not x.startswith("#")]
 
 
 def vllm_missing() -> str | None:
@@ -44,8 +52,9 @@ def vllm_missing() -> str | None:
 
 
 @contextlib.contextmanager
-def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny"):
-    """Run vLLM's OpenAI server (float32, eager, 1 GiB KV cache, dev routes); yields (url, ready_s)."""
+def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny", extra: tuple[str, ...] = ()):
+    """Run vLLM's OpenAI server (float32, eager, 1 GiB KV cache, dev routes) with launch.sh's
+    policy flags, then `extra` (e.g. --no-enable-prefix-caching); yields (url, ready_s)."""
     port = free_port()
     log = workdir / "vllm.log"
     argv = [
@@ -69,14 +78,20 @@ def vllm_server(workdir: Path, model: Path = TINY, name: str = "tiny"):
         "127.0.0.1",
         "--port",
         str(port),
-        # logprobs after temperature / top_k / top_p (what claw-proxy --sampling honor needs;
-        # at T 1 with no truncation, what --sampling force samples with, they equal the raw ones)
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--worker-extension-cls",
-        "claw_vllm_worker.ClawWorkerExtension",
+        # launch.sh's: the worker extension, prefix caching, logprobs after temperature / top_k /
+        # top_p (what claw-proxy --sampling honor needs; at T 1 with no truncation, what
+        # --sampling force samples with, they equal the raw ones)
+        *policy_flags(),
+        # CPU only: whole prompts, no chunked prefill. A partly prefilled request's sampled token
+        # is discarded by rewinding its generator (gpu_model_runner._bookkeeping_sync), and a
+        # CPU torch.Generator has no offset: a seeded call (claw-proxy --seed, the loop's
+        # default) longer than one chunk (a Claude Code prompt) kills the engine.
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        str(MAX_MODEL_LEN),
+        *extra,
     ]
-    here = str(Path(__file__).resolve().parents[2] / "examples" / "gpu")  # claw_vllm_worker.py
+    here = str(GPU_RECIPE)  # claw_vllm_worker.py
     env = dict(
         os.environ,
         VLLM_SERVER_DEV_MODE="1",
@@ -212,3 +227,28 @@ class Reference:
             logits = logits.scatter(1, idx, asc.masked_fill(drop, -torch.inf))
         lp = torch.log_softmax(logits, dim=-1)
         return lp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+def prefill_counters(url: str) -> dict[str, float]:
+    """vLLM's prompt-token counters from /metrics, summed over engines: `prompt_tokens` (all
+    prompt tokens), `computed` (prefilled), `cached` (served from the prefix cache),
+    `cache_queries` / `cache_hits` (tokens looked up / found) and `requests` (finished)."""
+    names = {
+        "vllm:prompt_tokens_total": "prompt_tokens",
+        'vllm:prompt_tokens_by_source_total{source="local_compute"}': "computed",
+        'vllm:prompt_tokens_by_source_total{source="local_cache_hit"}': "cached",
+        "vllm:prefix_cache_queries_total": "cache_queries",
+        "vllm:prefix_cache_hits_total": "cache_hits",
+        "vllm:request_success_total": "requests",
+    }
+    out = dict.fromkeys(names.values(), 0.0)
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        sample, value = line.rsplit(" ", 1)
+        name, _, labels = sample.partition("{")
+        source = next((x for x in labels.rstrip("}").split(",") if x.startswith("source=")), "")
+        key = names.get(f"{name}{{{source}}}" if source else name)
+        if key:
+            out[key] += float(value)
+    return out
