@@ -77,6 +77,7 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--task", "append", "only these task ids (default: the whole suite)"),
     ("--tag", "append", "only tasks with all these tags, e.g. train"),
     ("--tensorboard", "store_true", "also log the metrics to RUN/tensorboard"),
+    ("--timeout-multiplier", 1.0, "every task timeout times this (slow harness, loaded machine)"),
     ("--wandb", "store_true", "also log the metrics to W&B in RUN/wandb (WANDB_MODE=offline)"),
 ]
 
@@ -196,6 +197,7 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
             tasks, harnesses, functools.partial(run_jobs, attempt, done), samples=args.rollouts,
             done=done, proxy_url=proxy_url, secret=secret,
             run_id=f"seed{args.seed}-s{step}-a{attempt}", group_by=args.group_by,
+            timeout_multiplier=args.timeout_multiplier,
         )  # fmt: skip
         if not (lost := len(batch.runs) - len(loop.read_rows(d / "runs.jsonl"))):
             break

@@ -116,6 +116,13 @@ p.add_argument(
 p.add_argument(
     "--sft-max-tokens", type=int, default=1024, help="teacher sessions merged per SFT sample"
 )
+p.add_argument(
+    "--timeout-multiplier",
+    type=float,
+    default=1.0,
+    help="every task timeout times this (OpenClaw's start-up alone can pass 100 s on a loaded "
+    "machine)",
+)
 args = p.parse_args()
 HARNESSES = args.harness or DEFAULT_HARNESSES
 if not 0.0 <= args.teacher_slip <= 1.0:
@@ -131,6 +138,7 @@ loop_args = [
     *("--model", str(run / "policy" / "sft"), "--max-new-tokens", "48", "--pack", args.pack),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
     *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr), "--adam-eps", "1e-5"),
+    *("--timeout-multiplier", str(args.timeout_multiplier)),
 ]
 for h in HARNESSES:
     loop_args += ["--harness", h]
@@ -149,7 +157,7 @@ def play(d: Path, engine: str, tokenizer, tasks, samples: int, label: str) -> li
         batch = claw_bench.rollouts(
             tasks, harnesses, mix_harness_rl.sandbox(opts, d / "runs.jsonl"), samples=samples,
             proxy_url=proxy.url, secret=secret.encode(), run_id=f"seed{args.seed}-{label}",
-            group_by=opts.group_by,
+            group_by=opts.group_by, timeout_multiplier=opts.timeout_multiplier,
         )  # fmt: skip
     mix_harness_rl.write_rows(d / "outcomes.jsonl", batch.outcomes)
     return batch.outcomes
@@ -178,6 +186,11 @@ def harness_spec(d: Path) -> claw_rl.TinySpec:
     mix_harness_rl.write_rows(d / "expert.jsonl", expert(task))
     play(d / "calls", f"scripted:{d / 'expert.jsonl'}", str(stock), task, 1, "harvest")
     calls = claw_tree.read_calls(d / "calls" / "calls.jsonl").records
+    for h in HARNESSES:  # a harness left out would keep its ~25K-token prompt
+        if not any(c.tags.get("harness") == h for c in calls):
+            runs = read_rows(d / "calls" / "runs.jsonl")
+            why = [f"{r['status']}: {r.get('error')}" for r in runs if r["meta"]["harness"] == h]
+            raise SystemExit(f"{d}: harness {h} made no model call while harvesting ({why})")
     tok = transformers.AutoTokenizer.from_pretrained(stock)
     return claw_rl.prompt_spec([c.prompt_ids for c in calls], tok, spec)
 

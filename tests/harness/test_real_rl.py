@@ -26,6 +26,8 @@ of its `--json` envelope. The harness, its prompts, tools and API are the real o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import attrs
@@ -37,6 +39,7 @@ import claw_tree
 import pytest
 import transformers
 from _real import ADMIN, missing, play, proxy, sandbox_env
+from _servers import ROOT
 
 TASKS = ("toy-digits", "toy-short")
 #: rollouts per task and harness. Claude Code answers a reply cut off at MAX_NEW tokens by
@@ -181,3 +184,40 @@ def test_two_grpo_steps_through_claude_code_and_openclaw(tmp_path, monkeypatch):
             f"time {json.dumps({k: round(v, 1) for k, v in (t1 if row['step'] == 0 else t2).items()})}, "
             f"learner {json.dumps(row['time'])}"
         )
+
+
+@pytest.mark.slow
+def test_quickstart_through_real_harnesses_at_its_smallest(tmp_path, monkeypatch):
+    """The README's real-harness command at its smallest: the harvest, a tokenizer that learnt
+    the harnesses' prompts, the teacher through Claude Code, OpenClaw and claw-agent, SFT,
+    2 GRPO steps of one policy through all three (batch packing) and held-out Pass@1 per
+    harness at every stage, with the per-step start-up / model / train seconds."""
+    for name in ROLLOUTS:
+        if why := missing(name):
+            pytest.skip(why)
+    sandbox_env(monkeypatch)
+    out, three = tmp_path / "q", ["claude-code", "openclaw-chat", "claw-agent-steps"]
+    args = [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--output", str(out)]
+    args += [f"--harness={h}" for h in three] + ["--harness-tokenizer", "--pack", "batch"]
+    args += ["--steps", "2", "--rollouts", "2", "--tasks-per-step", "1", "--sft-tasks", "1"]
+    args += ["--sft-epochs", "1", "--eval-tasks", "1", "--eval-rollouts", "1", "--backend", "bwrap"]
+    args += ["--sft-max-tokens", "4096", "--timeout-multiplier", "5"]  # loaded CI machines
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    harvest = _rows(out / "harvest" / "calls" / "calls.jsonl")
+    assert {c["tags"]["harness"] for c in harvest} == set(three)
+    tok = transformers.AutoTokenizer.from_pretrained(out / "policy" / "v0")
+    assert len(tok) > 8192  # the harness-aware vocabulary, not the stock 4096
+    calls = _rows(out / "calls.jsonl")
+    assert {c["tags"]["harness"] for c in calls} == set(three)
+    claude = [len(c["prompt_ids"]) for c in calls if c["tags"]["harness"] == "claude-code"]
+    assert claude and max(claude) < 3000, claude  # ~25K with the stock tokenizer
+    evals = _rows(out / "eval.jsonl")
+    assert [e["stage"] for e in evals] == ["start", "sft", "rl"]
+    assert all(set(e["pass@1"]) == set(three) for e in evals)
+    steps = [_rows(out / "steps" / f"{k:04d}" / "samples.jsonl") for k in (0, 1)]
+    # batch packing: one sample (or budgeted run) per harness, never two harnesses in one
+    assert all(steps) and [len(s) for s in steps] == [3, 3], [len(s) for s in steps]
+    table = (out / "table.txt").read_text()
+    for col in ("start-up s", "model s", "train s", *(f"pass@1 {h}" for h in three)):
+        assert col in table, table
