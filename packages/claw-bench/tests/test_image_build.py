@@ -169,7 +169,8 @@ def test_images_build_with_claw_sandbox_then_the_dataset_runs_from_its_layouts()
         (task / "tests" / "test.sh").write_text(TINY_TEST_SH)
         env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock",
                    CLAW_SANDBOX_IMAGE_CACHE=str(top / "cache"))  # fmt: skip
-        images = ["claw-bench", "images", "-s", "tasks", "--builder", "claw-sandbox",
+        # by absolute path: a relative PATH entry does not resolve from cwd=top
+        images = [_exe("claw-bench"), "images", "-s", "tasks", "--builder", "claw-sandbox",
                   "--layouts", "layouts"]  # fmt: skip
         built = subprocess.run([*images, "--build"], cwd=top, env=env, capture_output=True,
                                text=True, timeout=600)  # fmt: skip
@@ -187,8 +188,8 @@ def test_images_build_with_claw_sandbox_then_the_dataset_runs_from_its_layouts()
         (job,) = map(json.loads, (top / "jobs.jsonl").read_text().splitlines())
         assert job["image"] == tag
         run = subprocess.run(
-            ["bash", "-c", "claw-sandbox run jobs.jsonl --backend bwrap -o runs.jsonl "
-             "$(cat layouts/oci-args)"], cwd=top, env=env, capture_output=True, text=True, timeout=600,
+            ["bash", "-c", '"$0" run jobs.jsonl --backend bwrap -o runs.jsonl $(cat layouts/oci-args)',
+             _exe("claw-sandbox")], cwd=top, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
         _cli("claw-bench", "score", "runs.jsonl", "-o", "outcomes.jsonl", cwd=top)
