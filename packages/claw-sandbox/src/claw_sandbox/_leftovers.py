@@ -24,13 +24,15 @@ ROOT_PREFIX = "claw-sandbox-"  # default roots: tempfile.mkdtemp(prefix=ROOT_PRE
 ROOT_MIN_AGE_S = 60.0  # an empty default root is removed only when untouched this long
 
 
-def hold(jobdir: Path) -> int:
-    """Lock a fresh job directory as in flight; returns the fd to keep open until the job ends."""
-    tmp = jobdir / f"{LOCK_NAME}.{os.getpid()}"
+def hold(jobdir: Path, name: str = LOCK_NAME) -> int:
+    """Lock a fresh directory as in use (a job in flight, an image being unpacked): a lock file
+    `name`, flock-held before it takes that name, so a sweeper never sees it unlocked while its
+    owner lives; returns the fd to keep open until the work ends."""
+    tmp = jobdir / f"{name}.{os.getpid()}"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(tmp, jobdir / LOCK_NAME)
+        os.rename(tmp, jobdir / name)
     except BaseException:
         os.close(fd)
         raise

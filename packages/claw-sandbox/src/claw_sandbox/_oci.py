@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import attrs
 
-from claw_sandbox import _fsat
+from claw_sandbox import _fsat, _leftovers
 from claw_sandbox.errors import ImageError
 
 WHITEOUT = ".wh."
@@ -228,7 +228,7 @@ def _unpack_into(src: _Source, layers: list[tuple[str, str | None]], config_byte
     tmp = Path(tempfile.mkdtemp(prefix=UNPACKING, dir=cache))
     lock = None
     try:
-        lock = _hold(tmp)
+        lock = _leftovers.hold(tmp, LOCK)
         os.chmod(tmp, 0o755)  # the sandbox may run as an unprivileged uid that must reach it
         rootfs = tmp / "rootfs"
         rootfs.mkdir(mode=0o755)
@@ -253,20 +253,6 @@ def _unpack_into(src: _Source, layers: list[tuple[str, str | None]], config_byte
             _remove_tmp(cache, tmp.name)
         if lock is not None:
             os.close(lock)
-
-
-def _hold(tmp: Path) -> int:
-    """Lock ``tmp`` as being unpacked: a lock file, flock-held before it takes its name (a
-    sweeper never sees it unlocked while its owner lives); returns the fd to keep open."""
-    name = tmp / f"{LOCK}.{os.getpid()}"
-    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(name, tmp / LOCK)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def sweep(cache: str | os.PathLike[str], max_age_s: float = STALE_AGE_S) -> int:
