@@ -16,10 +16,10 @@ make_venv() {
   "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
 }
 
-# The environment holding all five packages (examples, workspace tests, the demo); Ray and W&B
-# for the loop's --executor ray and --wandb tests (tests/test_loop_ray.py).
+# The environment holding all five packages (examples, workspace tests, the demo); Ray, W&B and
+# peft for the loop's --executor ray, --wandb and --lora-rank tests.
 make_workspace_venv() {
   make_venv workspace "$TORCH_SPEC" --group test \
-    -e packages/claw-tree -e "packages/claw-sandbox[ray]" -e "packages/claw-proxy[transformers]" \
-    -e "packages/claw-rl[wandb]" -e "packages/claw-bench[plot]"
+    -e packages/claw-tree -e "packages/claw-sandbox[ray]" -e "packages/claw-proxy[transformers,lora]" \
+    -e "packages/claw-rl[wandb,lora]" -e "packages/claw-bench[plot]"
 }

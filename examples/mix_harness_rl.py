@@ -70,6 +70,7 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--kl-coef", 0.0, "GRPO: KL penalty to the start policy"),
     ("--warmup", 0, "learning-rate warmup over the first N optimizer steps"),
     ("--ppo-whiten", ["scale", "center"], "PPO advantage whitening: by the std, or also centred"),
+    ("--lora-rank", 0, "train a LoRA adapter of this rank on the frozen start policy (0: all)"),
     ("--epochs", 2, "passes over each step's batch"),
     ("--minibatches", 2, "optimizer steps per epoch"),
     ("--seed", 0, "seeds sampling, the task draws and the learner"),
@@ -129,7 +130,7 @@ def make_learner(args, run: Path, start: Path, done: int):
     cfg = dict(
         name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps,
         epochs=args.epochs, minibatches=args.minibatches, seed=args.seed,
-        max_staleness=args.max_staleness, drop_stale=True,
+        max_staleness=args.max_staleness, drop_stale=True, lora_rank=args.lora_rank,
     )  # fmt: skip
     if args.algo == "grpo":
         return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**cfg, kl_coef=args.kl_coef), start)
@@ -266,7 +267,9 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     learner = make_learner(args, run, start, len(history))
     v0 = {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}
     policy = loop.latest_policy(run) or v0
-    engine = f"transformers:{policy['path']}" if args.engine == "transformers" else args.engine
+    # a LoRA policy is an adapter over `start`: the in-process engine starts on that base
+    served = start if (Path(policy["path"]) / "adapter_config.json").is_file() else policy["path"]
+    engine = f"transformers:{served}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start)
     with contextlib.ExitStack() as stack:
         proxy = serve(args, secret, engine, run / "calls.jsonl", tokenizer, admin)

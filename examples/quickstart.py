@@ -92,6 +92,13 @@ p.add_argument(
 p.add_argument("--eval-tasks", type=int, default=32, help="held-out instances measured (32: all)")
 p.add_argument("--eval-rollouts", type=int, default=2, help="rollouts per held-out (task, harness)")
 p.add_argument("--lr", type=float, default=1.5e-4, help="RL learning rate")
+p.add_argument(
+    "--lora-rank",
+    type=int,
+    default=0,
+    help="RL trains a LoRA adapter of this rank on the frozen SFT policy (0: every weight); "
+    "the proxy serves base + adapter",
+)
 p.add_argument("--backend", default="auto", help="claw-sandbox backend")
 p.add_argument(
     "--harness",
@@ -138,7 +145,7 @@ loop_args = [
     *("--model", str(run / "policy" / "sft"), "--max-new-tokens", "48", "--pack", args.pack),
     *("--algo", args.algo, "--steps", str(args.steps), "--rollouts", str(args.rollouts)),
     *("--tasks-per-step", str(args.tasks_per_step), "--lr", str(args.lr), "--adam-eps", "1e-5"),
-    *("--timeout-multiplier", str(args.timeout_multiplier)),
+    *("--timeout-multiplier", str(args.timeout_multiplier), "--lora-rank", str(args.lora_rank)),
 ]
 for h in HARNESSES:
     loop_args += ["--harness", h]

@@ -354,3 +354,30 @@ def test_killed_async_run_resumes_without_lost_or_duplicated_rollouts(tmp_path):
         assert len(trained) == len(set(trained)) and set(trained) <= {
             o["session"] for o in outcomes
         }
+
+
+@pytest.mark.slow
+def test_lora_loop_pushes_only_the_adapter_and_resumes_on_it(tmp_path):
+    """--lora-rank 4: each step's policy is a PEFT adapter directory over the start model (no
+    full weights), every call of step 2 is served by base + adapter v1, and a resumed run serves
+    its latest adapter on the same base."""
+    out = tmp_path / "run"
+    common = ("--run-dir", str(out), "--rollouts", "2", "--task", "toy-digits", "--lora-rank", "4")
+    r = _run("mix_harness_rl.py", *common, "--steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run("mix_harness_rl.py", *common, "--steps", "3")  # resumes after step 2
+    assert r.returncode == 0, r.stderr[-3000:]
+    policies = _rows(out / "policies.jsonl")
+    assert [p["version"] for p in policies] == [1, 2, 3]
+    base = out / "policy" / "v0"
+    for p in policies:
+        d = Path(p["path"])
+        cfg = json.loads((d / "adapter_config.json").read_text())
+        assert Path(cfg["base_model_name_or_path"]) == base and cfg["r"] == 4
+        assert not (d / "model.safetensors").exists()
+        adapter_bytes = sum(f.stat().st_size for f in d.iterdir())
+        assert adapter_bytes < (base / "model.safetensors").stat().st_size / 4
+    calls = _rows(out / "calls.jsonl")
+    for k, version in ((1, 1), (2, 2)):
+        sessions = {o["session"] for o in _rows(out / "steps" / f"{k:04d}" / "outcomes.jsonl")}
+        assert {c["policy"]["version"] for c in calls if c["session"] in sessions} == {version}

@@ -72,3 +72,33 @@ def test_adapter_without_peft_says_what_to_install(adapter, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)
     with pytest.raises(ConfigError, match=r"LoRA adapter directory.*claw-proxy\[lora\]"):
         _load_adapter(str(TINY), str(adapter), "float32")
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
+def test_engine_started_on_an_adapter_serves_its_base_plus_adapter(adapter, tmp_path):
+    """`transformers:ADAPTER_DIR` (a LoRA run's latest policy) starts on the base the adapter
+    names, merged, with the base's tokenizer; an adapter whose base is not here is refused."""
+    import json
+
+    from claw_proxy._transformers import TransformersEngine
+
+    want = TransformersEngine(str(TINY))
+    try:
+        asyncio.run(want.load_policy(Policy(name="tiny", version=1, path=str(adapter))))
+        engine = TransformersEngine(str(adapter))
+        try:
+            assert engine.base_dir == str(TINY) and engine.tokenizer_dir == str(TINY)
+            ids = [5, 17, 99, 3, 250, 8]
+            got = _logits(engine._current[0], ids) - _logits(want._current[0], ids)
+            assert got.abs().max() < 1e-5
+        finally:
+            asyncio.run(engine.aclose())
+    finally:
+        asyncio.run(want.aclose())
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(tmp_path / "gone")
+    (orphan / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"adapter_config.json: base_model_name_or_path = .*gone"):
+        TransformersEngine(str(orphan))

@@ -26,6 +26,7 @@ with two.
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 from pathlib import Path
@@ -69,6 +70,21 @@ def _load_adapter(base_dir: str, adapter_dir: str, dtype: str):
         raise ConfigError(f"cannot load the LoRA adapter {adapter_dir} on {base_dir}: {e}") from e
     model.eval()
     return model
+
+
+def _adapter_base(adapter_dir: str) -> str:
+    """The base model directory a PEFT adapter directory names (``base_model_name_or_path``)."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    try:
+        base = json.loads(path.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a readable PEFT adapter config ({e})") from e
+    if not isinstance(base, str) or not (Path(base) / "config.json").is_file():
+        raise ConfigError(
+            f"{path}: base_model_name_or_path = {base!r} is not a model directory here; "
+            "serve the base model and load the adapter as a policy instead"
+        )
+    return base
 
 
 def _cache_arg(model) -> str:
@@ -134,13 +150,16 @@ class TransformersEngine(Engine):
                 "the transformers engine needs torch: pip install 'claw-proxy[transformers]'"
             ) from e
         self.spec = f"transformers:{directory}"
-        self.tokenizer_dir = directory
-        self.base_dir = directory  # what a LoRA adapter policy is served on
+        adapter = (Path(directory) / "adapter_config.json").is_file()
+        # what a LoRA adapter policy is served on: started on an adapter, the base it names
+        self.base_dir = _adapter_base(directory) if adapter else directory
+        self.tokenizer_dir = self.base_dir  # an adapter keeps its base's vocabulary
         self.dtype = dtype
         self.max_batch = max_batch
         self.batch_wait = batch_wait
         self.policy = {"name": policy_name, "version": version}
-        self._current = (_load(directory, dtype), dict(self.policy))
+        model = _load_adapter(self.base_dir, directory, dtype) if adapter else None
+        self._current = (model or _load(directory, dtype), dict(self.policy))
         self.pad_id = self._current[0].config.pad_token_id or 0
         self.max_context = getattr(self._current[0].config, "max_position_embeddings", None)
         self._jobs: queue.Queue = queue.Queue()
