@@ -11,11 +11,14 @@ held-out Pass@1: examples/quickstart.py.
         --harness claw-agent-text --harness claw-agent-text-anthropic --suite claw-toy
 
 Run directory: config.json (the options; a resumed run must give the same), secret, admin-token,
-calls.jsonl, steps/<k>/ (jobs-a<attempt>, runs, outcomes, samples, calls-offset.json) and
-claw-rl's run directory (metrics.jsonl: a step is done once its row is there; policies.jsonl,
-policy/v<N>/, checkpoints/). --max-staleness S: the rollouts of the next S steps run while the
-learner trains (claw_rl.loop.schedule). A fixed --seed gives the same rollouts and rewards on one
-machine in the synchronous loop (claw-proxy serve --seed: a seed per call).
+calls.jsonl, steps/<k>/ (jobs-a<attempt>, runs, outcomes, samples, batch.json: the samples'
+marker, calls-offset.json) and claw-rl's run directory (metrics.jsonl: a step is done once its
+row is there; policies.jsonl, policy/v<N>/, checkpoints/). --learner follow: the loop publishes
+each step's batch and waits for its rows, written by `claw-rl follow RUN`, a learner job of its
+own (torchrun, one node or several; README: On a cluster). --max-staleness S: the rollouts of
+the next S steps run while the learner trains (claw_rl.loop.schedule). A fixed --seed gives the
+same rollouts and rewards on one machine in the synchronous loop (claw-proxy serve --seed: a
+seed per call).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--proxy-host", "127.0.0.1", "the proxy's address for the sandboxes (cluster: this node's)"),
     ("--replica", "append", "another vllm:URL replica of the policy behind the proxy, repeatable"),
     ("--max-new-tokens", 24, "proxy cap on tokens per model call"),
+    ("--learner", ["in-process", "follow"], "train here, or in `claw-rl follow RUN` (torchrun)"),
+    ("--learner-timeout", 3600.0, "--learner follow: seconds to wait for a step's policy"),
     ("--lr", 1e-2, "RL learning rate (PPO's critic: 3x)"),
     ("--adam-eps", 1e-8, "AdamW epsilon of the RL learner"),
     ("--kl-coef", 0.0, "GRPO: KL penalty to the start policy"),
@@ -96,6 +101,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.kl_coef and args.algo != "grpo":
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
+    if args.learner == "follow" and args.algo != "grpo":
+        p.error("--learner follow is GRPO's: PPO needs its critic's values (GAE) in the loop")
     args.harness = args.harness or ["claw-agent-text", "claw-agent-text-anthropic"]
     return args
 
@@ -109,7 +116,8 @@ def prepare_run_dir(args: argparse.Namespace) -> None:
     run, path = args.run_dir, args.run_dir / "config.json"
     run.mkdir(parents=True, exist_ok=True)
     resolved = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    free = ("steps", "tensorboard", "wandb", "executor", "ray_address", "proxy_host")
+    free = ("steps", "tensorboard", "wandb", "executor", "ray_address", "proxy_host", "learner",
+            "learner_timeout")  # fmt: skip
     resolved = {k: v for k, v in resolved.items() if k not in free}
     before = json.loads(path.read_text()) if path.exists() else resolved
     if changed := ", ".join(sorted(k for k in resolved if before.get(k) != resolved[k])):
@@ -210,8 +218,9 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
 
 
 def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], version: int) -> dict:
-    """Trees and advantages of the step's rollouts (PPO: GAE with the critic's values), the
-    forest's statistics, and the calls' staleness (versions behind the learner: calls)."""
+    """Trees and advantages of the step's rollouts (PPO: GAE with the critic's values, so a
+    learner; GRPO: None will do), the forest's statistics, and the calls' staleness (versions
+    behind the learner: calls)."""
     # only the calls recorded since the step began: the per-step cost does not grow with the run
     text, sessions = loop.step_records(run, step, "calls.jsonl"), {o["session"] for o in outcomes}
     records = claw_tree.read_calls(io.StringIO(text), skip_invalid=True).records
@@ -221,7 +230,6 @@ def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], ver
     samples = batch.samples
     if args.algo == "ppo":
         samples = claw_tree.gae_for_samples(samples, learner.values(samples))
-    write_rows(run / "steps" / f"{step:04d}" / "samples.jsonl", samples)
     return {
         "batch": batch, "samples": samples, "stats": claw_tree.forest_stats(forest),
         "tokens": sum(len(c.completion_ids) for c in calls),
@@ -245,6 +253,20 @@ def summarise(outcomes: list[dict], trained: dict, times: dict) -> dict:
     }
 
 
+def learn(args, learner, run: Path, step: int, samples: list, extra: dict, policy: dict, log):
+    """Step `step`'s update, after its batch is published (steps/<k>/samples.jsonl, batch.json):
+    here, or (--learner follow: `learner` is None) by `claw-rl follow RUN` in its own job, whose
+    rows this waits for. Returns (metrics row, policy record) as claw_rl.loop.train_step does."""
+    loop.publish_batch(run, step, samples, extra)
+    if learner is not None:
+        return loop.train_step(learner, samples, run, step, extra=extra, current=policy)
+    log(f"step {step}: {len(samples)} samples published; waiting for claw-rl follow")
+    try:
+        return loop.wait_trained(run, step, args.learner_timeout)
+    except claw_rl.ClawError as exc:  # the learner failed or never answered
+        raise SystemExit(f"step {step}: {exc}") from None
+
+
 # --- the loop ------------------------------------------------------------------------------------
 
 
@@ -264,7 +286,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     harnesses = [claw_bench.load_harness(h) for h in args.harness]
 
     history = loop.completed_steps(run)
-    learner = make_learner(args, run, start, len(history))
+    in_process = args.learner == "in-process"
+    learner = make_learner(args, run, start, len(history)) if in_process else None
     v0 = {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}
     policy = loop.latest_policy(run) or v0
     # a LoRA policy is an adapter over `start`: the in-process engine starts on that base
@@ -307,9 +330,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             times = {"wait_s": t1 - t0, "rollout_s": t1 - launched, "data_s": time.monotonic() - t1}
             extra = {**summarise(outcomes, trained, times), "rollouts_running": running}
             # claw-rl's step: update, policy/v<N>, checkpoint, then the rows that mark it done
-            row, policy = loop.train_step(
-                learner, trained["samples"], run, step, extra=extra, current=policy
-            )
+            row, policy = learn(args, learner, run, step, trained["samples"], extra, policy, log)
             history.append(row)
             for tracker in trackers:
                 tracker.log(row)

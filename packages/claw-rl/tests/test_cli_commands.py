@@ -213,3 +213,32 @@ def test_logprobs_reports_the_mismatch_per_call(tiny, tmp_path):
     calls.write_text(json.dumps({**base, "call_id": "x", "completion_logprobs": [0.0]}) + "\n")
     r = CliRunner().invoke(main, ["logprobs", "--model", str(tiny), "--calls", str(calls)])
     assert r.exit_code != 0 and "calls.jsonl:1" in r.output
+
+
+def test_follow_trains_a_published_batch_then_resumes_with_the_same_config(tiny, tmp_path):
+    """`follow` trains step 0's published batch (the loop's fields in its row, the policy on
+    stdout); rerun for 2 steps it resumes step 1 from the checkpoint, refuses a config flag the
+    checkpoint disagrees with, and a wait that times out is written to steps/0001/learner-error;
+    without --model a fresh run is a usage error."""
+    from claw_rl import loop
+
+    run = tmp_path / "run"
+    loop.publish_batch(
+        run, 0, [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000) for k in range(2)],
+        {"reward": 0.25},
+    )  # fmt: skip
+    args = ["follow", str(run), "--lr", "1e-3", "--wait-timeout", "0.2"]
+    r = _invoke([*args, "--model", str(tiny), "--steps", "1"])
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x)["version"] for x in r.stdout.splitlines()] == [1]
+    (row,) = loop.completed_steps(run)
+    assert row["reward"] == 0.25 and row["learner"]["world_size"] == 1
+    assert "lr = 0.001" in (run / "config.toml").read_text()
+    r = _invoke(["follow", str(run), "--lr", "2e-3", "--steps", "2"])
+    assert r.exit_code == 2 and "whose config differs in lr" in r.output, r.output
+    assert "differs in lr" in (run / "steps" / "0001" / "learner-error").read_text()
+    r = _invoke([*args, "--steps", "2"])
+    assert r.exit_code == 1 and "no batch for step 1 after 0.2 s" in r.output, r.output
+    assert "WaitTimeout" in (run / "steps" / "0001" / "learner-error").read_text()
+    r = _invoke(["follow", str(tmp_path / "new"), "--steps", "1"])
+    assert r.exit_code == 2 and "--model is required" in r.output, r.output

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
-from claw_rl import GRPOConfig, Learner, loop
+from claw_rl import BatchError, ClawError, GRPOConfig, Learner, LearnerFailed, WaitTimeout, loop
 from rl_testlib import tree_sample
 from safetensors.torch import load_file
 
@@ -138,3 +140,93 @@ def test_each_step_reads_only_the_whole_lines_appended_since_its_start(tmp_path)
         f.write('{"a": 4}\n')
     assert loop.step_records(tmp_path, 2) == '{"a": 4}\n'  # no mark: from step 1's end
     assert loop.step_records(tmp_path, 0, "calls.jsonl").startswith('{"a": 0}')
+
+
+# --- a learner in another job: publish_batch / wait_batch / wait_trained / follow ----------------
+
+
+def test_a_published_batch_reads_back_whole_with_the_loops_fields(tmp_path, monkeypatch):
+    """publish_batch renames samples.jsonl into place, then the marker (never written in place,
+    no temporary file left); a wait begun before the publish returns the samples (Sample objects
+    as their dicts) and the extra fields; a rerun of the step removes the old marker first."""
+    from claw_rl import Sample
+
+    rows = _batch(1000, 0)
+    replaced: list[str] = []
+    real_replace = loop.os.replace
+    monkeypatch.setattr(
+        loop.os, "replace", lambda a, b: (replaced.append(Path(b).name), real_replace(a, b))
+    )
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(loop.wait_batch, tmp_path, 3, 30, poll=0.01)
+        time.sleep(0.05)
+        assert not waiting.done()
+        marker = loop.publish_batch(
+            tmp_path, 3, [Sample.from_dict(rows[0]), rows[1]], {"reward": 0.5, "time": {"a": 1}}
+        )
+        samples, extra = waiting.result(timeout=30)
+    assert replaced == ["samples.jsonl", "batch.json"] and marker.name == "batch.json"
+    assert extra == {"reward": 0.5, "time": {"a": 1}}
+    assert [s["sample_id"] for s in samples] == ["0", "1"] and samples[1] == rows[1]
+    assert samples[0]["input_ids"] == rows[0]["input_ids"]
+    assert json.loads(marker.read_text())["samples"] == 2
+    assert sorted(p.name for p in marker.parent.iterdir()) == ["batch.json", "samples.jsonl"]
+    monkeypatch.setattr(loop, "_write_whole", lambda path, text: replaced.append(path.exists()))
+    loop.publish_batch(tmp_path, 3, rows[:1])  # a rerun, its writes recorded instead of done
+    assert replaced[2:] == [True, False]  # samples.jsonl was there, the marker was gone
+
+
+def test_a_batch_that_disagrees_with_its_marker_is_an_error_naming_the_file(tmp_path):
+    """A samples file with another count than its marker's, or other contents, or none, is a
+    BatchError naming the file."""
+    rows = _batch(1000, 0)
+    loop.publish_batch(tmp_path, 0, rows)
+    path = tmp_path / "steps" / "0000" / "samples.jsonl"
+    with path.open("a") as f:
+        f.write(json.dumps(rows[0]) + "\n")
+    with pytest.raises(BatchError, match=f"{path}: has 3 samples; its marker says 2"):
+        loop.wait_batch(tmp_path, 0, 5)
+    path.write_text(json.dumps(rows[1]) + "\n" + json.dumps(rows[0]) + "\n")
+    with pytest.raises(BatchError, match="sha256 differs"):
+        loop.wait_batch(tmp_path, 0, 5)
+    path.unlink()
+    with pytest.raises(BatchError, match=f"{path}: missing; its marker says 2"):
+        loop.wait_batch(tmp_path, 0, 5)
+
+
+def test_waits_that_get_nothing_time_out_and_a_learner_error_stops_the_loop(tmp_path):
+    """No batch: WaitTimeout naming the marker and the loop's option; no row: WaitTimeout naming
+    claw-rl follow; a learner-error file: LearnerFailed with its text at once."""
+    t0 = time.monotonic()
+    with pytest.raises(
+        WaitTimeout, match=r"steps/0002/batch.json: no batch for step 2 after 0.2 s"
+    ):
+        loop.wait_batch(tmp_path, 2, 0.2, poll=0.05)
+    assert 0.2 <= time.monotonic() - t0 < 10
+    with pytest.raises(WaitTimeout, match=r"step 0: no row in .*metrics.jsonl.*claw-rl follow"):
+        loop.wait_trained(tmp_path, 0, 0.1, poll=0.05)
+    loop.report_learner_error(tmp_path, 0, "rank 1: ClawError: out of memory")
+    t0 = time.monotonic()
+    with pytest.raises(LearnerFailed, match="failed on step 0: rank 1: ClawError: out of memory"):
+        loop.wait_trained(tmp_path, 0, 600)
+    assert time.monotonic() - t0 < 10
+
+
+def test_follow_trains_each_published_batch_and_reports_a_failure(tiny, tmp_path):
+    """follow() trains steps 0 and 1 as their batches come (rows with the loop's fields; the
+    loop's wait_trained returns them); a batch the learner refuses is written to
+    steps/0002/learner-error, which wait_trained raises."""
+    learner = Learner.grpo(GRPOConfig(lr=1e-3), tiny)
+    vocab = learner.policy.config.vocab_size
+    steps = loop.follow(learner, tmp_path, range(3), timeout=60, poll=0.01)
+    for k in range(2):
+        loop.publish_batch(tmp_path, k, _batch(vocab, k), {"reward": k})
+        row, policy = next(steps)
+        assert (row["step"], row["reward"], policy["version"]) == (k, k, k + 1)
+        assert loop.wait_trained(tmp_path, k, 1) == (row, policy)
+    assert row["learner"]["world_size"] == 1
+    loop.publish_batch(tmp_path, 2, [{**_batch(vocab, 2)[0], "algo": "sft"}])
+    with pytest.raises(ClawError, match="has algo 'sft'"):
+        next(steps)
+    with pytest.raises(LearnerFailed, match="step 2: rank 0: ClawError: sample '0' has algo"):
+        loop.wait_trained(tmp_path, 2, 60)

@@ -5,7 +5,15 @@ import typing as _typing
 from importlib.metadata import version as _version
 
 from claw_rl.config import GRPOConfig, PPOConfig, RLConfig, SFTConfig, TrainConfig
-from claw_rl.errors import CheckpointError, ClawError, ConfigError, RecordError
+from claw_rl.errors import (
+    BatchError,
+    CheckpointError,
+    ClawError,
+    ConfigError,
+    LearnerFailed,
+    RecordError,
+    WaitTimeout,
+)
 from claw_rl.records import Policy, Sample, read_samples
 from claw_rl.tiny import TinySpec, chat_template, init_tiny, prompt_corpus, prompt_spec
 
@@ -44,11 +52,13 @@ def __dir__() -> list[str]:
 __version__ = _version("claw-rl")
 __all__ = [
     "Batch",
+    "BatchError",
     "CheckpointError",
     "ClawError",
     "ConfigError",
     "GRPOConfig",
     "Learner",
+    "LearnerFailed",
     "PPOConfig",
     "Policy",
     "RLConfig",
@@ -57,6 +67,7 @@ __all__ = [
     "Sample",
     "TinySpec",
     "TrainConfig",
+    "WaitTimeout",
     "__version__",
     "ancestor_matrix",
     "chain_sample",

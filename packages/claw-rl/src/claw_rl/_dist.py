@@ -124,6 +124,14 @@ def rank0_decides(flag: bool) -> bool:
     return bool(box[0])
 
 
+def from_rank0(value: object) -> object:
+    """Rank 0's ``value`` (picklable) on every rank."""
+    box = [value]
+    if world()[1] > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if world()[1] > 1:
         dist.barrier()

@@ -419,6 +419,157 @@ def sft_cmd(
     )
 
 
+# -- follow: the learner of a loop in another job ------------------------------------------------
+
+
+def _start_learner(
+    algo: str, run: Path, model_dir: Path | None, config_path, flags: dict, done: int
+):
+    """The follower's learner: from RUN's checkpoint after ``done`` steps (the config flags and
+    file given must agree with its config), or new on ``model_dir``."""
+    from claw_rl import loop
+    from claw_rl.checkpoint import load_checkpoint
+    from claw_rl.config import config_from_toml
+    from claw_rl.learner import Learner
+
+    config = resolve_config(algo, config_path, flags)
+    if not done:
+        if model_dir is None:
+            raise click.UsageError(f"--model is required: {run} has no completed step to resume")
+        return Learner.from_config(config, model_dir)
+    learner = load_checkpoint(loop.checkpoint_dir(run, done), algo=algo)
+    given = {k for k, v in flags.items() if v is not None}
+    given |= set(config_from_toml(config_path, algo)) if config_path else set()
+    if differ := sorted(k for k in given if getattr(learner.config, k) != getattr(config, k)):
+        raise click.UsageError(
+            f"{run} resumes from {loop.checkpoint_dir(run, done)}, whose config differs in "
+            f"{', '.join(differ)}; give the options the run started with, or none"
+        )
+    return learner
+
+
+def _weights_digest(learner) -> str:
+    """sha256 of this rank's trained parameters (FSDP: its shards), in the optimizer's order."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for p in learner.params():
+        t = p.detach()
+        t = t.to_local() if hasattr(t, "to_local") else t
+        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@main.command("follow")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path), callback=run_dir)
+@click.option(
+    "--algo",
+    type=click.Choice(["grpo"]),
+    default="grpo",
+    show_default=True,
+    help="Learner algorithm (GRPO only: PPO's GAE needs the critic's values before a batch is "
+    "written, so its learner runs in the loop).",
+)
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="HF model directory to start from, the loop's start policy (not needed once RUN has a "
+    "completed step: its checkpoint is resumed).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config ([grpo] table or flat keys); flags override it.",
+)
+@click.option(
+    "--steps",
+    "n_steps",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Train the run's steps up to N - 1 (the completed ones are skipped), then exit.",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0),
+    default=86400.0,
+    show_default=True,
+    help="Seconds to wait for each step's batch (RUN/steps/K/batch.json) before giving up.",
+)
+@click.option(
+    "--weights-digest",
+    is_flag=True,
+    help="After the last step every rank logs the sha256 of its trained weights (under ddp "
+    "they agree).",
+)
+@_config_options(("grpo",))
+def follow_cmd(run, algo, model_dir, config_path, n_steps, wait_timeout, weights_digest, **flags):
+    """Be the learner of a loop that runs elsewhere: train each step's batch as it is published.
+
+    For each step K from RUN's completed steps to N - 1: wait until the loop has published
+    K's batch (RUN/steps/K/samples.jsonl and then its marker batch.json;
+    `examples/mix_harness_rl.py --learner follow` does it), update on it and write what
+    `claw-rl train` writes (policy/vN, checkpoints/K, the policies.jsonl and metrics.jsonl
+    rows, with the loop's fields) and the policy record on stdout; the loop waits for the
+    row and reloads its engines. Resumes from RUN's last checkpoint. A failure is written
+    to RUN/steps/K/learner-error, which stops the loop. Under torchrun (one node or several,
+    RUN on a filesystem they share) every rank reads the batch; rank 0 writes.
+
+    Example:
+
+    \b
+        torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+          --rdzv-endpoint HEAD:29400 --rdzv-id rl $(which claw-rl) follow /shared/runs/mix \\
+          --model /shared/models/M --steps 8 --lr 1e-5 --max-staleness 0 --drop-stale
+    """
+    from claw_rl import loop
+    from claw_rl._dist import from_rank0, init_from_env, shutdown
+    from claw_rl.config import dump_toml
+    from claw_rl.records import write_jsonl
+
+    rank, world = init_from_env()  # a no-op outside torchrun
+    done = 0
+    if rank == 0:
+        done = loop.drop_incomplete(run)
+        (loop.step_dir(run, done) / loop.LEARNER_ERROR).unlink(missing_ok=True)  # a past try's
+    done = int(from_rank0(done))
+    try:
+        learner = _start_learner(algo, run, model_dir, config_path, flags, done)
+    except Exception as exc:  # the loop waiting on step `done` stops at once
+        loop.report_learner_error(run, done, f"rank {rank}: {type(exc).__name__}: {exc}")
+        if isinstance(exc, ClawError):
+            raise _fail(exc) from exc
+        raise
+    if rank == 0:  # RUN may not exist yet: the loop can start after its learner
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "config.toml").write_text(dump_toml(learner.config, algo))
+    current = loop.latest_policy(run)
+    if current is None and model_dir is not None:  # the start policy, as the loop serves it
+        current = {"schema": "claw.policy/v1", "name": learner.config.name,
+                   "version": learner.version, "path": str(model_dir.resolve())}  # fmt: skip
+    steps = loop.follow(learner, run, range(done, n_steps), timeout=wait_timeout, current=current)
+    try:
+        for row, policy in steps:
+            if rank == 0:
+                write_jsonl([policy], sys.stdout)
+                click.echo(
+                    f"step {row['step']}: loss {row.get('loss', 0):.4g} -> policy "
+                    f"v{policy['version']} ({world} ranks)",
+                    err=True,
+                )
+    except ClawError as exc:
+        raise _fail(exc) from exc
+    if weights_digest:
+        click.echo(
+            f"claw-rl follow: rank {rank}/{world}: weights sha256 {_weights_digest(learner)}",
+            err=True,
+        )
+    shutdown()
+
+
 @main.command("values")
 @click.option(
     "--model",

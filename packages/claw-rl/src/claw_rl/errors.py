@@ -15,3 +15,15 @@ class ConfigError(ClawError):
 
 class CheckpointError(ClawError):
     """A checkpoint or model directory is missing, incomplete or does not match the config."""
+
+
+class BatchError(ClawError):
+    """A step's published batch does not match its marker (``steps/<k>/batch.json``)."""
+
+
+class WaitTimeout(ClawError):
+    """What a run directory was polled for (a step's batch, a step's rows) did not come in time."""
+
+
+class LearnerFailed(ClawError):
+    """The learner (``claw-rl follow``) reported an error for a step (``steps/<k>/learner-error``)."""

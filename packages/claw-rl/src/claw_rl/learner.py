@@ -384,7 +384,11 @@ class Learner:
         """One learner update on a batch of samples (every rank passes the same global batch)."""
         t0 = time.perf_counter()
         c = self.config
-        metrics: dict = {"step": self.step_count + 1, "version": self.version}
+        metrics: dict = {
+            "step": self.step_count + 1,
+            "version": self.version,
+            "world_size": self.world,
+        }
         samples = self._admit(self._samples(samples), metrics)
 
         # 1. old logprobs (and values), mismatch against the engine, importance weights

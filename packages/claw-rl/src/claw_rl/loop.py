@@ -26,11 +26,19 @@ between leaves step k not done: :func:`resume` loads checkpoint k (the rows say 
 drops a policies.jsonl row without its metrics row, and the rerun of step k overwrites what the
 killed one left (policy directory, checkpoint k+1). Under torchrun every rank calls these; rank 0
 writes the rows.
+
+The learner in a job of its own (``claw-rl follow RUN``, e.g. torchrun over several nodes) meets
+the loop only through the run directory on a shared filesystem: the loop publishes step k's batch
+(:func:`publish_batch`: ``steps/<k>/samples.jsonl``, then the marker ``steps/<k>/batch.json``),
+the learner waits for it (:func:`wait_batch`) and runs :func:`train_step` on it (:func:`follow`),
+and the loop waits for step k's rows (:func:`wait_trained`), or for ``steps/<k>/learner-error``,
+which the learner writes when it fails (:func:`report_learner_error`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +49,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from claw_rl.checkpoint import load_checkpoint, save_checkpoint, save_policy
+from claw_rl.errors import BatchError, LearnerFailed, WaitTimeout
 from claw_rl.learner import Learner
 from claw_rl.records import Sample
 
@@ -194,11 +203,17 @@ __all__ = [
     "append_rows",
     "checkpoint_dir",
     "completed_steps",
+    "follow",
     "latest_policy",
     "policy_dir",
+    "publish_batch",
     "read_rows",
+    "report_learner_error",
     "resume",
+    "step_dir",
     "train_step",
+    "wait_batch",
+    "wait_trained",
 ]
 
 
@@ -281,3 +296,152 @@ def step_records(run: str | Path, step: int, name: str = "calls.jsonl") -> str:
     data = data[: data.rfind(b"\n") + 1]
     _write_offset(run, step, name, {"start": start, "end": start + len(data)})
     return data.decode()
+
+
+# --- the learner in another job: a step's published batch, and the rows the loop waits for ------
+
+BATCH_MARKER = "batch.json"
+LEARNER_ERROR = "learner-error"
+
+
+def step_dir(run: str | Path, step: int) -> Path:
+    """``run/steps/<k>/`` (4 digits): the files of step ``step``."""
+    return Path(run) / "steps" / f"{step:04d}"
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write next to ``path``, then rename: a reader sees the old file or the new one, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: ranks may race
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def publish_batch(
+    run: str | Path, step: int, samples: Sequence[Sample | dict], extra: dict | None = None
+) -> Path:
+    """Hand step ``step``'s batch to the learner: ``steps/<k>/samples.jsonl``, then the marker
+    ``steps/<k>/batch.json`` = ``{"step", "samples": count, "sha256": of the samples file,
+    "extra": the caller's fields for the metrics row}``, each written whole (renamed into
+    place), the marker last: once it is there, so is its batch. A rerun of the step removes
+    the marker its first try left before it writes anything. Returns the marker's path."""
+    d = step_dir(run, step)
+    marker = d / BATCH_MARKER
+    marker.unlink(missing_ok=True)
+    rows = [s.to_dict() if isinstance(s, Sample) else s for s in samples]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    _write_whole(d / "samples.jsonl", text)
+    body = {
+        "step": step,
+        "samples": len(rows),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "extra": dict(extra or {}),
+    }
+    _write_whole(marker, json.dumps(body) + "\n")
+    return marker
+
+
+def _batch_mismatch(body: dict, samples_path: Path) -> tuple[list[dict], str | None]:
+    """The samples of ``samples_path`` and what in it disagrees with its marker ``body``."""
+    data = samples_path.read_bytes() if samples_path.exists() else None
+    if data is None:
+        return [], f"missing; its marker says {body['samples']} samples"
+    rows = [json.loads(x) for x in data.decode().splitlines() if x.strip()]
+    if len(rows) != body["samples"]:
+        return rows, f"has {len(rows)} samples; its marker says {body['samples']}"
+    if body.get("sha256") not in (None, hashlib.sha256(data).hexdigest()):
+        return rows, "is not the file its marker was written for (sha256 differs)"
+    return rows, None
+
+
+def wait_batch(
+    run: str | Path, step: int, timeout: float, *, poll: float = 0.5
+) -> tuple[list[dict], dict]:
+    """Step ``step``'s batch once :func:`publish_batch` has published it: ``(samples, extra)``.
+
+    Polls for the marker every ``poll`` s; none after ``timeout`` s is a :class:`WaitTimeout`.
+    A samples file whose count (or sha256) disagrees with its marker is a :class:`BatchError`
+    naming the file, unless the marker changed meanwhile (a rerun of the step republished
+    it): then the new one is read. Takes no collective, so under torchrun every rank waits
+    and reads on its own, however long the rollouts take."""
+    d = step_dir(run, step)
+    marker, path = d / BATCH_MARKER, d / "samples.jsonl"
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = _read_text(marker)
+        if seen is not None:
+            body = json.loads(seen)
+            rows, problem = _batch_mismatch(body, path)
+            if problem is None:
+                return rows, body.get("extra", {})
+            if _read_text(marker) == seen:
+                raise BatchError(f"{path}: {problem} ({marker})")
+            continue
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(
+                f"{marker}: no batch for step {step} after {timeout:g} s; is the loop running "
+                "on this run directory (examples/mix_harness_rl.py --learner follow)?"
+            )
+        time.sleep(poll)
+
+
+def report_learner_error(run: str | Path, step: int, text: str) -> Path:
+    """Write ``steps/<k>/learner-error`` (whole): the learner failed on step ``step``, and the
+    loop waiting for it (:func:`wait_trained`) stops with ``text``."""
+    path = step_dir(run, step) / LEARNER_ERROR
+    _write_whole(path, text.rstrip("\n") + "\n")
+    return path
+
+
+def wait_trained(
+    run: str | Path, step: int, timeout: float, *, poll: float = 0.5
+) -> tuple[dict, dict]:
+    """``(metrics row, policy record)`` of step ``step`` once the learner in another job has
+    written them (:func:`follow`). A ``steps/<k>/learner-error`` file is a
+    :class:`LearnerFailed` with its text; no row after ``timeout`` s is a :class:`WaitTimeout`."""
+    run = Path(run)
+    error = step_dir(run, step) / LEARNER_ERROR
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = completed_steps(run)
+        if len(rows) > step:  # the policies row is appended before the metrics row
+            return rows[step], read_rows(run / "policies.jsonl")[step]
+        if (text := _read_text(error)) is not None:
+            raise LearnerFailed(f"{error}: the learner failed on step {step}: {text.strip()}")
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(
+                f"step {step}: no row in {run / 'metrics.jsonl'} after {timeout:g} s; is "
+                f"`claw-rl follow {run} --steps N ...` running on this run directory?"
+            )
+        time.sleep(poll)
+
+
+def follow(
+    learner: Learner,
+    run: str | Path,
+    steps: range,
+    *,
+    timeout: float,
+    current: dict | None = None,
+    poll: float = 0.5,
+) -> Iterator[tuple[dict, dict]]:
+    """The learner's side of :func:`publish_batch`: for each step of ``steps``, wait for its
+    batch (:func:`wait_batch`, up to ``timeout`` s) and :func:`train_step` on it with the
+    loop's ``extra`` fields; yields ``(metrics row, policy record)``. ``current``: the policy
+    record in force before the first step. A failure is written to ``steps/<k>/learner-error``
+    (the loop's :func:`wait_trained` stops on it), then raised."""
+    for k in steps:
+        try:
+            samples, extra = wait_batch(run, k, timeout, poll=poll)
+            row, current = train_step(learner, samples, run, k, extra=extra, current=current)
+        except Exception as exc:
+            report_learner_error(run, k, f"rank {learner.rank}: {type(exc).__name__}: {exc}")
+            raise
+        yield row, current
