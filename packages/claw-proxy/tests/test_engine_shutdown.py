@@ -72,3 +72,44 @@ def test_vllm_engine_aclose_closes_its_fast_client():
     engine._fast = Fast()
     asyncio.run(engine.aclose())
     assert closed == ["fast"] and engine._client.is_closed
+
+
+def test_stopping_with_a_call_in_flight_leaves_no_socket_open(tmp_path):
+    """A proxy stopped while a harness still waits on a call the engine has not finished (past
+    uvicorn's graceful timeout) closes that connection's socket too, not leaving it for the
+    garbage collector (before: `unclosed <socket.socket ...>` raised in a later test)."""
+    import socket
+    import threading
+
+    fake = FakeVLLM(ANSWER, prefill_s=60.0).start()  # the engine outlasts the graceful shutdown
+    try:
+        cfg = ProxyConfig(
+            engine=f"vllm:{fake.url}",
+            tokenizer=str(TINY),
+            secret=SECRET,
+            record=str(tmp_path / "calls.jsonl"),
+        )
+        srv = ProxyServer(cfg).start()
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {token('s1')}\r\ncontent-length: {len(body)}\r\n\r\n"
+        )
+        client = socket.create_connection((srv.host, srv.port))
+        client.sendall(head.encode() + body)
+        deadline = threading.Event()
+        while not fake.completions and not deadline.wait(0.05):
+            pass  # the call reached the engine
+        srv.stop()
+        client.settimeout(30)
+        while client.recv(65536):  # an error answer at most, then the proxy hangs up
+            pass
+        client.close()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            del srv
+            gc.collect()
+        unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert unclosed == []
+    finally:
+        fake.stop()
