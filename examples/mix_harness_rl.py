@@ -131,19 +131,26 @@ def prepare_run_dir(args: argparse.Namespace) -> None:
             (run / name).write_text(secrets.token_hex(16) + "\n")
 
 
-def make_learner(args, run: Path, start: Path, done: int):
-    """The learner after `done` completed steps: from their checkpoint, or new on `start`."""
-    if done:
-        return loop.resume(run, algo=args.algo)
+def learner_fields(args) -> dict:
+    """The learner's config fields (claw_rl.GRPOConfig / PPOConfig); published with each batch,
+    so that a `claw-rl follow` learner trains with them too."""
     cfg = dict(
         name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps,
         epochs=args.epochs, minibatches=args.minibatches, seed=args.seed,
         max_staleness=args.max_staleness, drop_stale=True, lora_rank=args.lora_rank,
     )  # fmt: skip
     if args.algo == "grpo":
-        return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**cfg, kl_coef=args.kl_coef), start)
-    ppo = dict(critic_lr=args.lr * 3, whiten_center=args.ppo_whiten == "center")
-    return claw_rl.Learner.ppo(claw_rl.PPOConfig(**cfg, **ppo), start)
+        return {**cfg, "kl_coef": args.kl_coef}
+    return {**cfg, "critic_lr": args.lr * 3, "whiten_center": args.ppo_whiten == "center"}
+
+
+def make_learner(args, run: Path, start: Path, done: int):
+    """The learner after `done` completed steps: from their checkpoint, or new on `start`."""
+    if done:
+        return loop.resume(run, algo=args.algo)
+    if args.algo == "grpo":
+        return claw_rl.Learner.grpo(claw_rl.GRPOConfig(**learner_fields(args)), start)
+    return claw_rl.Learner.ppo(claw_rl.PPOConfig(**learner_fields(args)), start)
 
 
 def serve(args, secret: str, engine: str, record: Path, tokenizer=None, admin=None):
@@ -257,7 +264,7 @@ def learn(args, learner, run: Path, step: int, samples: list, extra: dict, polic
     """Step `step`'s update, after its batch is published (steps/<k>/samples.jsonl, batch.json):
     here, or (--learner follow: `learner` is None) by `claw-rl follow RUN` in its own job, whose
     rows this waits for. Returns (metrics row, policy record) as claw_rl.loop.train_step does."""
-    loop.publish_batch(run, step, samples, extra)
+    loop.publish_batch(run, step, samples, extra, learner_fields(args))
     if learner is not None:
         return loop.train_step(learner, samples, run, step, extra=extra, current=policy)
     log(f"step {step}: {len(samples)} samples published; waiting for claw-rl follow")

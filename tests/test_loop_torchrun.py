@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,8 @@ def test_loop_trains_through_a_two_node_torchrun_follower(tmp_path):
     """Two GRPO steps with --learner follow while `claw-rl follow` runs under torchrun --nnodes 2:
     the follower writes policies v1 and v2 and the metrics rows, which carry the loop's fields
     and the learner's world size 2; every call of step 2 is served by v1, and both ranks end
-    with the same weights (the sha256 each logs)."""
+    with the same weights (the sha256 each logs). The follower is given no learner settings: it
+    takes the loop's, published with the first batch."""
     from claw_rl import TinySpec, init_tiny
 
     model, run = tmp_path / "model", tmp_path / "run"
@@ -78,26 +80,17 @@ def test_loop_trains_through_a_two_node_torchrun_follower(tmp_path):
         str(model),
         "--steps",
         "2",
-        "--lr",
-        "1e-2",
-        "--epochs",
-        "2",
-        "--minibatches",
-        "2",
-        "--max-staleness",
-        "0",
-        "--drop-stale",
         "--wait-timeout",
         "600",
         "--weights-digest",
-    ]  # fmt: skip: the loop's learner
+    ]  # fmt: skip
     port = _free_port()
     nodes = [_start_node(k, port, learner, tmp_path) for k in (0, 1)]
     try:
         r = subprocess.run(
             [sys.executable, str(LOOP), "--run-dir", str(run), "--model", str(model),
              "--steps", "2", "--rollouts", "2", "--task", "toy-digits", "--learner", "follow",
-             "--learner-timeout", "600"],
+             "--learner-timeout", "600", "--lr", "5e-3"],
             cwd=ROOT, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         logs = [(tmp_path / f"node{k}.log").read_text for k in (0, 1)]
@@ -110,6 +103,10 @@ def test_loop_trains_through_a_two_node_torchrun_follower(tmp_path):
                     os.killpg(n.pid, signal.SIGKILL)
                 n.wait()
     assert "waiting for claw-rl follow" in r.stderr
+    # the follower, given no learner options, trained with the loop's (batch.json's "learner")
+    config = tomllib.loads((run / "config.toml").read_text())["grpo"]
+    assert (config["lr"], config["epochs"], config["max_staleness"]) == (5e-3, 2, 0)
+    assert config["drop_stale"] is True
     assert [p["version"] for p in _rows(run / "policies.jsonl")] == [1, 2]
     rows = _rows(run / "metrics.jsonl")
     assert [(m["step"], m["policy_version"]) for m in rows] == [(0, 1), (1, 2)]

@@ -242,3 +242,21 @@ def test_follow_trains_a_published_batch_then_resumes_with_the_same_config(tiny,
     assert "WaitTimeout" in (run / "steps" / "0001" / "learner-error").read_text()
     r = _invoke(["follow", str(tmp_path / "new"), "--steps", "1"])
     assert r.exit_code == 2 and "--model is required" in r.output, r.output
+
+
+def test_follow_trains_with_the_loops_published_settings(tiny, tmp_path):
+    """A new follower given no --config takes the learner settings the loop published with its
+    first batch; a flag that disagrees with them is a usage error naming the loop's value."""
+    from claw_rl import loop
+
+    run = tmp_path / "run"
+    loop.publish_batch(
+        run, 0, [tree_sample(PARENT, TRAIN, seed=k, sample_id=str(k), vocab=2000) for k in range(2)],
+        {"reward": 0.5}, {"lr": 3e-3, "epochs": 1, "max_staleness": 0, "drop_stale": True},
+    )  # fmt: skip
+    r = _invoke(["follow", str(run), "--model", str(tiny), "--steps", "1", "--lr", "1e-3"])
+    assert r.exit_code == 2 and "the loop trains with lr = 0.003" in r.output, r.output
+    r = _invoke(["follow", str(run), "--model", str(tiny), "--steps", "1", "--epochs", "1"])
+    assert r.exit_code == 0, r.output
+    config = (run / "config.toml").read_text()
+    assert "lr = 0.003" in config and "epochs = 1" in config and "drop_stale = true" in config

@@ -422,21 +422,39 @@ def sft_cmd(
 # -- follow: the learner of a loop in another job ------------------------------------------------
 
 
+def _loop_config(algo: str, run: Path, config_path, flags: dict, wait_s: float):
+    """A new follower's config: the loop's learner settings published with the first batch
+    (waited for), unless a --config file is given; a flag given must agree with the loop's."""
+    from claw_rl import loop
+
+    if config_path is not None:
+        return resolve_config(algo, config_path, flags)
+    published = loop.published_learner(run, 0, wait_s)
+    given = {k: v for k, v in flags.items() if v is not None}
+    if differ := sorted(k for k in given if k in published and published[k] != given[k]):
+        raise click.UsageError(
+            f"{run}: the loop trains with {', '.join(f'{k} = {published[k]!r}' for k in differ)} "
+            "(steps/0000/batch.json); drop those options or give the loop the same"
+        )
+    return resolve_config(algo, None, {**published, **given})
+
+
 def _start_learner(
-    algo: str, run: Path, model_dir: Path | None, config_path, flags: dict, done: int
-):
+    algo: str, run: Path, model_dir: Path | None, config_path, flags: dict, done: int,
+    wait_s: float,
+):  # fmt: skip
     """The follower's learner: from RUN's checkpoint after ``done`` steps (the config flags and
-    file given must agree with its config), or new on ``model_dir``."""
+    file given must agree with its config), or new on ``model_dir`` with the loop's settings."""
     from claw_rl import loop
     from claw_rl.checkpoint import load_checkpoint
     from claw_rl.config import config_from_toml
     from claw_rl.learner import Learner
 
-    config = resolve_config(algo, config_path, flags)
     if not done:
         if model_dir is None:
             raise click.UsageError(f"--model is required: {run} has no completed step to resume")
-        return Learner.from_config(config, model_dir)
+        return Learner.from_config(_loop_config(algo, run, config_path, flags, wait_s), model_dir)
+    config = resolve_config(algo, config_path, flags)
     learner = load_checkpoint(loop.checkpoint_dir(run, done), algo=algo)
     given = {k for k, v in flags.items() if v is not None}
     given |= set(config_from_toml(config_path, algo)) if config_path else set()
@@ -483,7 +501,8 @@ def _weights_digest(learner) -> str:
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="TOML config ([grpo] table or flat keys); flags override it.",
+    help="TOML config ([grpo] table or flat keys); flags override it. Default: the loop's "
+    "learner settings, published with its first batch.",
 )
 @click.option(
     "--steps",
@@ -516,14 +535,16 @@ def follow_cmd(run, algo, model_dir, config_path, n_steps, wait_timeout, weights
     rows, with the loop's fields) and the policy record on stdout; the loop waits for the
     row and reloads its engines. Resumes from RUN's last checkpoint. A failure is written
     to RUN/steps/K/learner-error, which stops the loop. Under torchrun (one node or several,
-    RUN on a filesystem they share) every rank reads the batch; rank 0 writes.
+    RUN on a filesystem they share) every rank reads the batch; rank 0 writes. The learner
+    settings (lr, epochs, ...) are the loop's, published with its first batch: a flag given
+    must agree with them.
 
     Example:
 
     \b
         torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
           --rdzv-endpoint HEAD:29400 --rdzv-id rl $(which claw-rl) follow /shared/runs/mix \\
-          --model /shared/models/M --steps 8 --lr 1e-5 --max-staleness 0 --drop-stale
+          --model /shared/models/M --steps 8
     """
     from claw_rl import loop
     from claw_rl._dist import from_rank0, init_from_env, shutdown
@@ -537,7 +558,7 @@ def follow_cmd(run, algo, model_dir, config_path, n_steps, wait_timeout, weights
         (loop.step_dir(run, done) / loop.LEARNER_ERROR).unlink(missing_ok=True)  # a past try's
     done = int(from_rank0(done))
     try:
-        learner = _start_learner(algo, run, model_dir, config_path, flags, done)
+        learner = _start_learner(algo, run, model_dir, config_path, flags, done, wait_timeout)
     except Exception as exc:  # the loop waiting on step `done` stops at once
         loop.report_learner_error(run, done, f"rank {rank}: {type(exc).__name__}: {exc}")
         if isinstance(exc, ClawError):

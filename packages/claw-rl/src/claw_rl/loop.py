@@ -207,6 +207,7 @@ __all__ = [
     "latest_policy",
     "policy_dir",
     "publish_batch",
+    "published_learner",
     "read_rows",
     "report_learner_error",
     "resume",
@@ -325,13 +326,18 @@ def _read_text(path: Path) -> str | None:
 
 
 def publish_batch(
-    run: str | Path, step: int, samples: Sequence[Sample | dict], extra: dict | None = None
+    run: str | Path,
+    step: int,
+    samples: Sequence[Sample | dict],
+    extra: dict | None = None,
+    learner: dict | None = None,
 ) -> Path:
     """Hand step ``step``'s batch to the learner: ``steps/<k>/samples.jsonl``, then the marker
     ``steps/<k>/batch.json`` = ``{"step", "samples": count, "sha256": of the samples file,
-    "extra": the caller's fields for the metrics row}``, each written whole (renamed into
-    place), the marker last: once it is there, so is its batch. A rerun of the step removes
-    the marker its first try left before it writes anything. Returns the marker's path."""
+    "extra": the caller's fields for the metrics row, "learner": the learner config fields the
+    caller wants trained with}``, each written whole (renamed into place), the marker last: once
+    it is there, so is its batch. A rerun of the step removes the marker its first try left
+    before it writes anything. Returns the marker's path."""
     d = step_dir(run, step)
     marker = d / BATCH_MARKER
     marker.unlink(missing_ok=True)
@@ -343,9 +349,20 @@ def publish_batch(
         "samples": len(rows),
         "sha256": hashlib.sha256(text.encode()).hexdigest(),
         "extra": dict(extra or {}),
+        "learner": dict(learner or {}),
     }
     _write_whole(marker, json.dumps(body) + "\n")
     return marker
+
+
+def published_learner(run: str | Path, step: int, timeout: float) -> dict:
+    """The learner config fields published with step ``step``'s batch (waits for it as
+    :func:`wait_batch` does): what a follower starting on that step trains with."""
+    while True:
+        wait_batch(run, step, timeout)
+        text = _read_text(step_dir(run, step) / BATCH_MARKER)
+        if text is not None:  # else a rerun of the step removed it meanwhile: wait again
+            return dict(json.loads(text).get("learner") or {})
 
 
 def _batch_mismatch(body: dict, samples_path: Path) -> tuple[list[dict], str | None]:
