@@ -27,6 +27,11 @@ Messages. The script (step 3 is examples/mix_harness_rl.py, the RL loop):
    policy); held-out Pass@1 of the last policy. Only the verifier's reward tells RL that stopping
    early fails, so RL has to go past its teacher.
 
+With --lora-rank R the RL steps train a LoRA adapter of rank R on the frozen SFT policy (peft:
+the workspace has it; pip install 'claw-rl[lora]' 'claw-proxy[lora]' elsewhere): each step saves
+and pushes only the adapter, and the proxy serves base + adapter. It takes a larger --lr (the
+README's LoRA row: rank 8, 1.5e-3).
+
 It prints the per-step table (reward and Pass@1 per harness on the step's training instances,
 tree ratio = the trained samples' tokens as flat per-trajectory sequences / as trained,
 train-inference mismatch, mean seconds per rollout in harness start-up and in model calls, the
