@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 def world() -> tuple[int, int]:
@@ -124,7 +127,7 @@ def rank0_decides(flag: bool) -> bool:
     return bool(box[0])
 
 
-def from_rank0(value: object) -> object:
+def from_rank0(value: T) -> T:
     """Rank 0's ``value`` (picklable) on every rank."""
     box = [value]
     if world()[1] > 1:

@@ -556,7 +556,7 @@ def follow_cmd(run, algo, model_dir, config_path, n_steps, wait_timeout, weights
     if rank == 0:
         done = loop.drop_incomplete(run)
         (loop.step_dir(run, done) / loop.LEARNER_ERROR).unlink(missing_ok=True)  # a past try's
-    done = int(from_rank0(done))
+    done = from_rank0(done)
     try:
         learner = _start_learner(algo, run, model_dir, config_path, flags, done, wait_timeout)
     except Exception as exc:  # the loop waiting on step `done` stops at once
