@@ -199,7 +199,7 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
     retry plans the rest under new session ids (attempt a<N>): a cut-off rollout's calls never mix
     with its rerun. The ids hold the seed, not the run directory: the same tokens anywhere.
     Rollouts lost with their Ray node (returned, not recorded) are retried so, at most twice."""
-    d = run / "steps" / f"{step:04d}"
+    d = loop.step_dir(run, step)
     d.mkdir(parents=True, exist_ok=True)
 
     def run_jobs(attempt: int, done: list, jobs: list[dict]) -> list[dict]:
@@ -297,9 +297,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
     learner = make_learner(args, run, start, len(history)) if in_process else None
     v0 = {"schema": "claw.policy/v1", "name": "policy", "version": 0, "path": str(start)}
     policy = loop.latest_policy(run) or v0
-    # a LoRA policy is an adapter over `start`: the in-process engine starts on that base
-    served = start if (Path(policy["path"]) / "adapter_config.json").is_file() else policy["path"]
-    engine = f"transformers:{served}" if args.engine == "transformers" else args.engine
+    # a LoRA policy (an adapter directory) is served on the base it names, adapter merged
+    engine = f"transformers:{policy['path']}" if args.engine == "transformers" else args.engine
     tokenizer = None if args.engine == "transformers" else str(args.tokenizer or start)
     with contextlib.ExitStack() as stack:
         proxy = serve(args, secret, engine, run / "calls.jsonl", tokenizer, admin)
@@ -324,7 +323,7 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
 
         def unfinished(k: int) -> int:
             planned = len(tasks_for_step(args, tasks, k)) * len(harnesses) * args.rollouts
-            return planned - len(loop.read_rows(run / "steps" / f"{k:04d}" / "runs.jsonl"))
+            return planned - len(loop.read_rows(loop.step_dir(run, k) / "runs.jsonl"))
 
         t0, steps = time.monotonic(), range(len(history), args.steps)
         for step, launched, outcomes, ahead in loop.schedule(steps, args.max_staleness, launch):

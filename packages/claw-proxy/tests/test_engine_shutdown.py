@@ -76,10 +76,10 @@ def test_vllm_engine_aclose_closes_its_fast_client():
 
 def test_stopping_with_a_call_in_flight_leaves_no_socket_open(tmp_path):
     """A proxy stopped while a harness still waits on a call the engine has not finished (past
-    uvicorn's graceful timeout) closes that connection's socket too, not leaving it for the
-    garbage collector (before: `unclosed <socket.socket ...>` raised in a later test)."""
+    uvicorn's graceful timeout) closes that connection's socket and its engine connection too,
+    leaving none for the garbage collector to find open in whichever test it next runs."""
     import socket
-    import threading
+    import time
 
     fake = FakeVLLM(ANSWER, prefill_s=60.0).start()  # the engine outlasts the graceful shutdown
     try:
@@ -97,9 +97,10 @@ def test_stopping_with_a_call_in_flight_leaves_no_socket_open(tmp_path):
         )
         client = socket.create_connection((srv.host, srv.port))
         client.sendall(head.encode() + body)
-        deadline = threading.Event()
-        while not fake.completions and not deadline.wait(0.05):
-            pass  # the call reached the engine
+        deadline = time.monotonic() + 60
+        while not fake.completions:  # the call reached the engine
+            assert time.monotonic() < deadline, "the call never reached the engine"
+            time.sleep(0.05)
         srv.stop()
         client.settimeout(30)
         while client.recv(65536):  # an error answer at most, then the proxy hangs up

@@ -77,7 +77,8 @@ def test_adapter_without_peft_says_what_to_install(adapter, monkeypatch):
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
 def test_engine_started_on_an_adapter_serves_its_base_plus_adapter(adapter, tmp_path):
     """`transformers:ADAPTER_DIR` (a LoRA run's latest policy) starts on the base the adapter
-    names, merged, with the base's tokenizer; an adapter whose base is not here is refused."""
+    names, merged, with the base's tokenizer; an adapter whose base is not here, or whose config
+    is cut off, is refused with the file named."""
     import json
 
     from claw_proxy._transformers import TransformersEngine
@@ -101,4 +102,7 @@ def test_engine_started_on_an_adapter_serves_its_base_plus_adapter(adapter, tmp_
     cfg["base_model_name_or_path"] = str(tmp_path / "gone")
     (orphan / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=r"adapter_config.json: base_model_name_or_path = .*gone"):
+        TransformersEngine(str(orphan))
+    (orphan / "adapter_config.json").write_text('{"base_model_name_or_path": ')  # cut off
+    with pytest.raises(ConfigError, match=r"adapter_config.json: not a readable PEFT adapter"):
         TransformersEngine(str(orphan))

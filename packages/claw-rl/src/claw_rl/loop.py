@@ -249,7 +249,7 @@ def schedule(
 
 
 def _offset_path(run: str | Path, step: int, name: str) -> Path:
-    return Path(run) / "steps" / f"{step:04d}" / f"{Path(name).stem}-offset.json"
+    return step_dir(run, step) / f"{Path(name).stem}-offset.json"
 
 
 def _read_offset(run: str | Path, step: int, name: str) -> dict:
@@ -358,11 +358,7 @@ def publish_batch(
 def published_learner(run: str | Path, step: int, timeout: float) -> dict:
     """The learner config fields published with step ``step``'s batch (waits for it as
     :func:`wait_batch` does): what a follower starting on that step trains with."""
-    while True:
-        wait_batch(run, step, timeout)
-        text = _read_text(step_dir(run, step) / BATCH_MARKER)
-        if text is not None:  # else a rerun of the step removed it meanwhile: wait again
-            return dict(json.loads(text).get("learner") or {})
+    return dict(_wait_marker(run, step, timeout, 0.5)[1].get("learner") or {})
 
 
 def _batch_mismatch(body: dict, samples_path: Path) -> tuple[list[dict], str | None]:
@@ -388,6 +384,12 @@ def wait_batch(
     naming the file, unless the marker changed meanwhile (a rerun of the step republished
     it): then the new one is read. Takes no collective, so under torchrun every rank waits
     and reads on its own, however long the rollouts take."""
+    rows, body = _wait_marker(run, step, timeout, poll)
+    return rows, body.get("extra", {})
+
+
+def _wait_marker(run: str | Path, step: int, timeout: float, poll: float) -> tuple[list, dict]:
+    """:func:`wait_batch`'s wait: the step's samples and its whole marker."""
     d = step_dir(run, step)
     marker, path = d / BATCH_MARKER, d / "samples.jsonl"
     deadline = time.monotonic() + timeout
@@ -397,7 +399,7 @@ def wait_batch(
             body = json.loads(seen)
             rows, problem = _batch_mismatch(body, path)
             if problem is None:
-                return rows, body.get("extra", {})
+                return rows, body
             if _read_text(marker) == seen:
                 raise BatchError(f"{path}: {problem} ({marker})")
             continue
