@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import re
 import secrets
 import shutil
 import sys
@@ -88,6 +90,15 @@ p.add_argument(
     "--teacher-rollouts", type=int, default=2, help="teacher rollouts per (task, harness)"
 )
 p.add_argument("--sft-epochs", type=int, default=60, help="SFT passes over the teacher's calls")
+p.add_argument("--layers", type=int, default=2, help="the tiny policy's transformer layers")
+p.add_argument("--hidden", type=int, default=128, help="the tiny policy's width (a multiple of 64)")
+p.add_argument(
+    "--sft-swap-numbers",
+    action="store_true",
+    help="every SFT epoch sees each teacher session with the number it copies (tool result -> "
+    "tool call) replaced by fresh digits, none of them a held-out number: the student cannot "
+    "learn the training answers by heart, only the copy",
+)
 p.add_argument(
     "--teacher-slip",
     type=float,
@@ -139,6 +150,10 @@ args = p.parse_args()
 HARNESSES = args.harness or DEFAULT_HARNESSES
 if not 0.0 <= args.teacher_slip <= 1.0:
     p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
+if args.layers < 1 or args.hidden < 64 or args.hidden % 64:
+    p.error(
+        f"--layers must be >= 1 and --hidden a multiple of 64, got {args.layers}, {args.hidden}"
+    )
 for name in ("teacher_rollouts", "eval_rollouts", "sft_epochs"):
     if getattr(args, name) < 1:
         p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -187,10 +202,19 @@ def expert(tasks, **kw) -> list[dict]:
     ]
 
 
+def policy_spec() -> claw_rl.TinySpec:
+    """The tiny policy's shape (--layers, --hidden; heads of 32 dimensions), one token per digit."""
+    h = args.hidden
+    return claw_rl.TinySpec(
+        split_digits=True, num_hidden_layers=args.layers, hidden_size=h, intermediate_size=2 * h,
+        num_attention_heads=h // 32, num_key_value_heads=h // 64,
+    )  # fmt: skip
+
+
 def harness_spec(d: Path) -> claw_rl.TinySpec:
     """The tiny policy's spec with --harness-tokenizer: its tokenizer also learns the prompts
     the harnesses send, recorded from one expert rollout of a training task each (harvest/)."""
-    spec = claw_rl.TinySpec(split_digits=True)
+    spec = policy_spec()
     stock = d / "tokenizer"
     if not (stock / "tokenizer.json").exists():
         claw_rl.tiny.build_tokenizer(spec).save_pretrained(stock)
@@ -207,20 +231,44 @@ def harness_spec(d: Path) -> claw_rl.TinySpec:
     return claw_rl.prompt_spec([c.prompt_ids for c in calls], tok, spec)
 
 
-def teacher_sft(start: Path, tasks) -> dict:
+def teacher(start: Path, tasks) -> list[dict]:
     """Record the scripted expert through the proxy (the student's chat template renders its tool
-    calls), then SFT the start policy on all its rollouts, slips included (claw-tree SFT samples,
-    teacher sessions merged up to 1024 tokens, one sample per optimizer step; claw-rl's SFT
-    learner, lr 1.5e-3 decayed linearly to 0). Writes teacher/ and policy/sft/."""
-    t0, d, script, n = (
-        time.monotonic(),
-        run / "teacher",
-        run / "expert.jsonl",
-        args.teacher_rollouts,
-    )
-    lines = expert(tasks, slip=args.teacher_slip, samples=n)
-    mix_harness_rl.write_rows(script, lines)
-    outcomes = play(d, f"scripted:{script}", str(start), tasks, n, "teacher")
+    calls) on `tasks` x every harness, --teacher-rollouts times, slips included. Writes teacher/
+    (teacher/outcomes.jsonl last: the stage is done once it exists)."""
+    d, script, n = run / "teacher", run / "expert.jsonl", args.teacher_rollouts
+    if (d / "outcomes.jsonl").exists():
+        return read_rows(d / "outcomes.jsonl")
+    mix_harness_rl.write_rows(script, expert(tasks, slip=args.teacher_slip, samples=n))
+    return play(d, f"scripted:{script}", str(start), tasks, n, "teacher")
+
+
+def held_out_numbers() -> set[str]:
+    """Every number in a held-out task (instruction and files, answers and decoys): the digits
+    --sft-swap-numbers never draws, so the augmented training data shares none with them."""
+    every = suite.select(tags=["toy-steps", "heldout"]).tasks
+    texts = [t.instruction for t in every] + [str(v) for t in every for v in t.workspace.values()]
+    return {m for x in texts for m in re.findall(r"[0-9]+", x)}
+
+
+def swapped_epochs(samples: list[dict], tokenizer_dir: Path):
+    """--sft-swap-numbers: each epoch's SFT batch, the teacher's samples with every copied number
+    replaced by fresh digits, drawn anew every epoch (seeded) and never a held-out number."""
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    digits = [tok.encode(str(k), add_special_tokens=False) for k in range(10)]
+    if any(len(ids) != 1 for ids in digits):
+        raise SystemExit(f"{tokenizer_dir}: --sft-swap-numbers needs one token per digit")
+    ids, avoid = [d[0] for d in digits], held_out_numbers()
+    rng = random.Random(f"swap:{args.seed}")
+    for _ in range(args.sft_epochs):
+        yield [claw_tree.swap_copied_numbers(x, ids, rng, avoid=avoid)[0] for x in samples]
+
+
+def sft(start: Path, outcomes: list[dict]) -> dict:
+    """SFT the start policy on all the teacher's rollouts, slips included (claw-tree SFT samples,
+    teacher sessions merged up to --sft-max-tokens, one sample per optimizer step; claw-rl's SFT
+    learner, lr 1.5e-3 decayed linearly to 0 over --sft-epochs). Writes policy/sft/ and
+    teacher/sft.json (the stage is done once it exists)."""
+    t0, d = time.monotonic(), run / "teacher"
     forest = claw_tree.build_forest(claw_tree.read_calls(d / "calls.jsonl").records)
     batch = claw_tree.build_sft_samples(
         forest, outcomes=outcomes, pack="group", max_tokens=args.sft_max_tokens
@@ -232,12 +280,18 @@ def teacher_sft(start: Path, tasks) -> dict:
     if not batch.samples:
         raise SystemExit(f"{d}: the teacher left no call to fine-tune on")
     steps = len(batch.samples)  # one optimizer step per sample, per epoch
+    swap = args.sft_swap_numbers  # then one learner step per epoch, each on fresh numbers
     cfg = claw_rl.SFTConfig(
-        name="policy", lr=1.5e-3, decay_steps=args.sft_epochs * steps, epochs=args.sft_epochs,
-        minibatches=steps, micro_batch_size=1, seed=args.seed,
+        name="policy", lr=1.5e-3, decay_steps=args.sft_epochs * steps,
+        epochs=1 if swap else args.sft_epochs, minibatches=steps, micro_batch_size=1,
+        seed=args.seed,
     )  # fmt: skip
     learner = claw_rl.Learner.sft(cfg, start)
-    metrics = learner.step(batch.samples)
+    epochs = swapped_epochs(batch.samples, start) if swap else [batch.samples]
+    loss, swapped = 0.0, 0
+    for samples in epochs:
+        swapped += sum(x["tags"].get("numbers_swapped", 0) for x in samples)
+        loss = learner.step(samples)["loss"]
     shutil.rmtree(run / "policy" / "sft", ignore_errors=True)
     claw_rl.save_policy(learner, run / "policy" / "sft")
     stats = claw_tree.forest_stats(forest)
@@ -245,10 +299,10 @@ def teacher_sft(start: Path, tasks) -> dict:
         "teacher_rollouts": len(outcomes), "teacher_passed": passed,
         "sft_sessions": len(outcomes) - len(batch.excluded), "teacher_calls": stats["calls"],
         "dedup_factor": stats["dedup_factor"], "sft_samples": len(batch.samples),
-        "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples), "loss": metrics["loss"],
-        "seconds": round(time.monotonic() - t0, 2),
+        "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples), "loss": loss,
+        "numbers_swapped": swapped, "seconds": round(time.monotonic() - t0, 2),
     }  # fmt: skip
-    (d / "sft.json").write_text(json.dumps(summary) + "\n")  # the stage is done once this exists
+    (d / "sft.json").write_text(json.dumps(summary) + "\n")
     return summary
 
 
@@ -281,7 +335,7 @@ held_out = suite.select(tags=["toy-steps", "heldout"]).tasks[: args.eval_tasks o
 start = run / "policy" / "v0"
 if not (start / "config.json").exists():  # a tiny random policy, one token per digit
     shutil.rmtree(start, ignore_errors=True)
-    spec = claw_rl.TinySpec(split_digits=True)
+    spec = policy_spec()
     if args.harness_tokenizer:
         spec = harness_spec(run / "harvest")
     claw_rl.init_tiny(start, spec)
@@ -290,7 +344,7 @@ if ("start", None) not in done:
     evaluate("start", start)
 if not (run / "teacher" / "sft.json").exists():
     taught = suite.select(tags=["toy-steps", "train"]).tasks[: args.sft_tasks or None]
-    print(f"SFT: {teacher_sft(start, taught)}", file=sys.stderr)
+    print(f"SFT: {sft(start, teacher(start, taught))}", file=sys.stderr)
 if ("sft", None) not in done:
     evaluate("sft", run / "policy" / "sft")
 history = mix_harness_rl.main(loop_args)

@@ -182,8 +182,23 @@ def test_show_prints_branches_and_decoded_text(tmp_path):
         json.dumps(
             {
                 "model": {"type": "BPE", "vocab": vocab, "merges": []},
-                "added_tokens": [{"id": 0, "content": "<s>"}],
-                "decoder": {"type": "ByteLevel"},
+                "added_tokens": [  # every field: newer tokenizers refuse a token without them
+                    {
+                        "id": 0,
+                        "content": "<s>",
+                        "single_word": False,
+                        "lstrip": False,
+                        "rstrip": False,
+                        "normalized": False,
+                        "special": True,
+                    }  # fmt: skip
+                ],
+                "decoder": {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": True,
+                    "use_regex": True,
+                },
             }
         )
     )

@@ -12,6 +12,7 @@ from claw_tree.advantages import (
     turn_gae_on_tree,
     turn_starts,
 )
+from claw_tree.augment import swap_copied_numbers
 from claw_tree.corpus import CallIndex, index_calls, stream_file_samples, stream_indexed_samples
 from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
 from claw_tree.options import SampleOptions
@@ -69,6 +70,7 @@ __all__ = [
     "rloo_advantages",
     "sample_rewards",
     "session_stats",
+    "swap_copied_numbers",
     "stream_file_samples",
     "stream_indexed_samples",
     "token_sessions",
