@@ -179,10 +179,6 @@ def sandbox(args, runs: Path):
     )
 
 
-def write_rows(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 # --- one step ------------------------------------------------------------------------------------
 
 
@@ -203,7 +199,7 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
     d.mkdir(parents=True, exist_ok=True)
 
     def run_jobs(attempt: int, done: list, jobs: list[dict]) -> list[dict]:
-        write_rows(d / f"jobs-a{attempt}.jsonl", jobs)
+        claw_tree.write_jsonl(jobs, d / f"jobs-a{attempt}.jsonl")
         log(f"step {step}: running {len(jobs)} rollouts ({len(done)} already done)")
         return sandbox(args, d / "runs.jsonl")(jobs)
 
@@ -220,7 +216,8 @@ def rollouts(args, run: Path, step: int, proxy_url: str, secret: bytes, tasks, h
         log(f"step {step}: {lost} rollouts lost with their Ray node or worker; planning them again")
     else:
         raise SystemExit(f"step {step}: rollouts lost three times over; rerun to resume the step")
-    write_rows(d / "outcomes.jsonl", batch.outcomes)  # sorted: concurrency decides no order
+    # sorted: concurrency decides no order
+    claw_tree.write_jsonl(batch.outcomes, d / "outcomes.jsonl")
     return batch.outcomes
 
 

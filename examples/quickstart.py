@@ -186,7 +186,7 @@ def play(d: Path, engine: str, tokenizer, tasks, samples: int, label: str) -> li
             proxy_url=proxy.url, secret=secret.encode(), run_id=f"seed{args.seed}-{label}",
             group_by=opts.group_by, timeout_multiplier=opts.timeout_multiplier,
         )  # fmt: skip
-    mix_harness_rl.write_rows(d / "outcomes.jsonl", batch.outcomes)
+    claw_tree.write_jsonl(batch.outcomes, d / "outcomes.jsonl")
     return batch.outcomes
 
 
@@ -219,7 +219,7 @@ def harness_spec(d: Path) -> claw_rl.TinySpec:
     if not (stock / "tokenizer.json").exists():
         claw_rl.tiny.build_tokenizer(spec).save_pretrained(stock)
     task = suite.select(tags=["toy-steps", "train"]).tasks[:1]
-    mix_harness_rl.write_rows(d / "expert.jsonl", expert(task))
+    claw_tree.write_jsonl(expert(task), d / "expert.jsonl")
     play(d / "calls", f"scripted:{d / 'expert.jsonl'}", str(stock), task, 1, "harvest")
     calls = claw_tree.read_calls(d / "calls" / "calls.jsonl").records
     for h in HARNESSES:  # a harness left out would keep its ~25K-token prompt
@@ -238,7 +238,7 @@ def teacher(start: Path, tasks) -> list[dict]:
     d, script, n = run / "teacher", run / "expert.jsonl", args.teacher_rollouts
     if (d / "outcomes.jsonl").exists():
         return read_rows(d / "outcomes.jsonl")
-    mix_harness_rl.write_rows(script, expert(tasks, slip=args.teacher_slip, samples=n))
+    claw_tree.write_jsonl(expert(tasks, slip=args.teacher_slip, samples=n), script)
     return play(d, f"scripted:{script}", str(start), tasks, n, "teacher")
 
 
