@@ -66,6 +66,7 @@ import claw_bench  # noqa: E402
 import claw_rl  # noqa: E402
 import claw_rl.loop  # noqa: E402
 import claw_tree  # noqa: E402
+import copy_stage  # noqa: E402
 import mix_harness_rl  # noqa: E402
 import transformers  # noqa: E402
 from claw_rl.loop import append_rows, read_rows  # noqa: E402
@@ -98,6 +99,17 @@ p.add_argument(
     help="every SFT epoch sees each teacher session with the number it copies (tool result -> "
     "tool call) replaced by fresh digits, none of them a held-out number: the student cannot "
     "learn the training answers by heart, only the copy",
+)
+p.add_argument(
+    "--copy-curriculum",
+    default="",
+    help="a copy stage before SFT (examples/copy_stage.py): HARNESS:STEPS,... -- stage k trains "
+    "--copy-batch of the first k harnesses' teacher sessions a step, each with its copied number "
+    "swapped for fresh digits (e.g. claw-agent-steps:1500,openclaw-chat:1000,claude-code:3000)",
+)
+p.add_argument("--copy-batch", type=int, default=8, help="teacher sessions per copy-stage step")
+p.add_argument(
+    "--copy-probe-every", type=int, default=250, help="copy-stage steps between copy probes"
 )
 p.add_argument(
     "--teacher-slip",
@@ -154,9 +166,15 @@ if args.layers < 1 or args.hidden < 64 or args.hidden % 64:
     p.error(
         f"--layers must be >= 1 and --hidden a multiple of 64, got {args.layers}, {args.hidden}"
     )
-for name in ("teacher_rollouts", "eval_rollouts", "sft_epochs"):
+for name in ("teacher_rollouts", "eval_rollouts", "sft_epochs", "copy_batch"):
     if getattr(args, name) < 1:
         p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+CURRICULUM: list[tuple[str, int]] = []
+if args.copy_curriculum:
+    try:
+        CURRICULUM = copy_stage.parse_curriculum(args.copy_curriculum, HARNESSES)
+    except ValueError as exc:
+        p.error(str(exc))
 run = args.out.resolve()
 # the loop's options; the teacher and the held-out rollouts below use the same proxy settings
 loop_args = [
@@ -250,14 +268,67 @@ def held_out_numbers() -> set[str]:
     return {m for x in texts for m in re.findall(r"[0-9]+", x)}
 
 
-def swapped_epochs(samples: list[dict], tokenizer_dir: Path):
-    """--sft-swap-numbers: each epoch's SFT batch, the teacher's samples with every copied number
-    replaced by fresh digits, drawn anew every epoch (seeded) and never a held-out number."""
+def digit_ids(tokenizer_dir: Path) -> list[int]:
+    """The token ids of "0".."9" (number swaps and the copy probe need one token per digit)."""
     tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     digits = [tok.encode(str(k), add_special_tokens=False) for k in range(10)]
     if any(len(ids) != 1 for ids in digits):
-        raise SystemExit(f"{tokenizer_dir}: --sft-swap-numbers needs one token per digit")
-    ids, avoid = [d[0] for d in digits], held_out_numbers()
+        raise SystemExit(f"{tokenizer_dir}: swapping numbers needs one token per digit")
+    return [d[0] for d in digits]
+
+
+def probe(policy, calls: list[dict], ids: list[int]) -> dict[str, list[int]]:
+    """Per harness [copied, probed] over the teacher's write calls with fresh numbers swapped in
+    (copy_stage.probe; the same seeded numbers at every probe of a run)."""
+    rng = random.Random(f"probe:{args.seed}")
+    return copy_stage.probe(policy, calls, ids, rng, avoid=held_out_numbers())
+
+
+def copy(start: Path, outcomes: list[dict]) -> Path:
+    """--copy-curriculum: the copy stage (examples/copy_stage.py) on the teacher's passed
+    sessions, lr 1.5e-3 constant, probed every --copy-probe-every steps. Writes policy/copy/ and
+    teacher/copy.json (the stage is done once it exists). Returns the policy SFT starts from."""
+    d, out = run / "teacher", run / "policy" / "copy"
+    if not CURRICULUM:
+        return start
+    if (d / "copy.json").exists():
+        return out
+    t0 = time.monotonic()
+    calls = claw_tree.read_calls(d / "calls.jsonl").records
+    batch = claw_tree.build_sft_samples(
+        claw_tree.build_forest(calls), outcomes=outcomes, pack="session", passed_only=True
+    )
+    ids = digit_ids(start)
+    sessions = copy_stage.copy_sessions(batch.samples, ids)
+    probed = copy_stage.probe_calls(calls, ids)
+    cfg = claw_rl.SFTConfig(name="policy", lr=1.5e-3, micro_batch_size=args.copy_batch)
+    learner = claw_rl.Learner.sft(cfg, start)
+
+    def on_probe(step: int, stage: str) -> dict:
+        got = probe(learner.policy, probed, ids)
+        print(f"copy stage step {step} ({stage}): copied {got}", file=sys.stderr)
+        return {"copied": got}
+
+    log = copy_stage.train(
+        learner, sessions, CURRICULUM, batch=args.copy_batch, digit_ids=ids,
+        rng=random.Random(f"copy:{args.seed}"), avoid=held_out_numbers(),
+        every=args.copy_probe_every, on_probe=on_probe,
+    )  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+    claw_rl.save_policy(learner, out)
+    summary = {
+        "curriculum": CURRICULUM, "batch": args.copy_batch,
+        "sessions": {h: len(v) for h, v in sessions.items()}, "probe_calls": len(probed),
+        "log": log, "seconds": round(time.monotonic() - t0, 2),
+    }  # fmt: skip
+    (d / "copy.json").write_text(json.dumps(summary) + "\n")
+    return out
+
+
+def swapped_epochs(samples: list[dict], tokenizer_dir: Path):
+    """--sft-swap-numbers: each epoch's SFT batch, the teacher's samples with every copied number
+    replaced by fresh digits, drawn anew every epoch (seeded) and never a held-out number."""
+    ids, avoid = digit_ids(tokenizer_dir), held_out_numbers()
     rng = random.Random(f"swap:{args.seed}")
     for _ in range(args.sft_epochs):
         yield [claw_tree.swap_copied_numbers(x, ids, rng, avoid=avoid)[0] for x in samples]
@@ -269,7 +340,8 @@ def sft(start: Path, outcomes: list[dict]) -> dict:
     learner, lr 1.5e-3 decayed linearly to 0 over --sft-epochs). Writes policy/sft/ and
     teacher/sft.json (the stage is done once it exists)."""
     t0, d = time.monotonic(), run / "teacher"
-    forest = claw_tree.build_forest(claw_tree.read_calls(d / "calls.jsonl").records)
+    calls = claw_tree.read_calls(d / "calls.jsonl").records
+    forest = claw_tree.build_forest(calls)
     batch = claw_tree.build_sft_samples(
         forest, outcomes=outcomes, pack="group", max_tokens=args.sft_max_tokens
     )
@@ -294,13 +366,14 @@ def sft(start: Path, outcomes: list[dict]) -> dict:
         loss = learner.step(samples)["loss"]
     shutil.rmtree(run / "policy" / "sft", ignore_errors=True)
     claw_rl.save_policy(learner, run / "policy" / "sft")
-    stats = claw_tree.forest_stats(forest)
+    stats, ids = claw_tree.forest_stats(forest), digit_ids(start)
+    copied = probe(learner.policy, copy_stage.probe_calls(calls, ids), ids)
     summary = {
         "teacher_rollouts": len(outcomes), "teacher_passed": passed,
         "sft_sessions": len(outcomes) - len(batch.excluded), "teacher_calls": stats["calls"],
         "dedup_factor": stats["dedup_factor"], "sft_samples": len(batch.samples),
         "sft_tokens": sum(len(x["input_ids"]) for x in batch.samples), "loss": loss,
-        "numbers_swapped": swapped, "seconds": round(time.monotonic() - t0, 2),
+        "numbers_swapped": swapped, "copied": copied, "seconds": round(time.monotonic() - t0, 2),
     }  # fmt: skip
     (d / "sft.json").write_text(json.dumps(summary) + "\n")
     return summary
@@ -344,7 +417,8 @@ if ("start", None) not in done:
     evaluate("start", start)
 if not (run / "teacher" / "sft.json").exists():
     taught = suite.select(tags=["toy-steps", "train"]).tasks[: args.sft_tasks or None]
-    print(f"SFT: {sft(start, teacher(start, taught))}", file=sys.stderr)
+    outcomes = teacher(start, taught)
+    print(f"SFT: {sft(copy(start, outcomes), outcomes)}", file=sys.stderr)
 if ("sft", None) not in done:
     evaluate("sft", run / "policy" / "sft")
 history = mix_harness_rl.main(loop_args)
