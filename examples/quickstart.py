@@ -46,6 +46,11 @@ harness of the same policy (the README's real-harness table):
 
 --harness-tokenizer first records the expert once through each harness and trains the policy's
 tokenizer on those prompts too, so Claude Code's ~25K-token request is ~600 tokens.
+Through them a tiny policy learns the tool formats from plain SFT but not the copy of the number
+(it recalls training answers instead); --sft-swap-numbers removes the recall, and
+--copy-curriculum adds a copy stage before SFT (examples/copy_stage.py): batches of the teacher's
+passed sessions with fresh numbers swapped in, one harness added per stage, its copy probed on
+the teacher's write calls (teacher/copy.json; sft.json has the probe after SFT).
 """
 
 from __future__ import annotations
