@@ -81,13 +81,17 @@ def test_counts_below_one_are_refused_before_anything_runs(tmp_path, flag):
 def test_quickstart_smallest(tmp_path, algo):
     """The quickstart at its smallest (teacher on 1 task, 1 SFT epoch, 2 RL steps, 1 held-out
     task), with GRPO and with PPO, leaves teacher and RL records, multi-call trees, newer
-    policies, held-out Pass@1 of every stage, the tables and the PNG."""
+    policies, held-out Pass@1 of every stage, the tables and the PNG. The GRPO run also has the
+    copy stage (two harnesses, 2 steps each, probed every 3) and swapped-number SFT."""
     out = tmp_path / "q"
+    copy_stage = ("--copy-curriculum", "claw-agent-steps:2,claw-agent-steps-anthropic:2")
+    copy_stage += ("--copy-probe-every", "3", "--copy-batch", "2", "--sft-swap-numbers")
     r = _run(
         "quickstart.py",
         *("--output", str(out), "--steps", "2", "--rollouts", "2", "--tasks-per-step", "1"),
         *("--algo", algo),
         *("--sft-tasks", "1", "--sft-epochs", "1", "--eval-tasks", "1", "--eval-rollouts", "1"),
+        *(copy_stage if algo == "grpo" else ()),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     calls = _rows(out / "calls.jsonl")
@@ -107,6 +111,17 @@ def test_quickstart_smallest(tmp_path, algo):
     for h in ("claw-agent-steps", "claw-agent-steps-anthropic"):  # one of the two slipped
         assert sorted(n for (harness, _), n in n_calls.items() if harness == h) == [2, 3]
     assert sft["sft_samples"] < sft["sft_sessions"]  # --pack group: sessions share samples
+    if algo == "grpo":  # the copy stage: probed at step 3 and at each stage's end, SFT after it
+        copy = json.loads((out / "teacher" / "copy.json").read_text())
+        assert copy["curriculum"] == [["claw-agent-steps", 2], ["claw-agent-steps-anthropic", 2]]
+        assert [(x["step"], x["stage"]) for x in copy["log"]] == [
+            (2, "claw-agent-steps"), (3, "claw-agent-steps-anthropic"),
+            (4, "claw-agent-steps-anthropic"),
+        ]  # fmt: skip
+        probed = sum(n for _, n in copy["log"][-1]["copied"].values())
+        assert copy["probe_calls"] == probed > 0 and copy["sessions"]["claw-agent-steps"] == 1
+        assert (out / "policy" / "copy" / "model.safetensors").exists()
+        assert sum(n for _, n in sft["copied"].values()) == probed and sft["numbers_swapped"] > 0
     samples = _rows(out / "steps" / "0001" / "samples.jsonl")
     assert samples and all(s["schema"] == "claw.sample/v1" for s in samples)
     policies = _rows(out / "policies.jsonl")
