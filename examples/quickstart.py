@@ -289,7 +289,7 @@ def probe(policy, calls: list[dict], ids: list[int]) -> dict[str, list[int]]:
     return copy_stage.probe(policy, calls, ids, rng, avoid=held_out_numbers())
 
 
-def copy(start: Path, outcomes: list[dict]) -> Path:
+def copy(start: Path, calls: list, outcomes: list[dict], ids: list[int]) -> Path:
     """--copy-curriculum: the copy stage (examples/copy_stage.py) on the teacher's passed
     sessions, lr 1.5e-3 constant, probed every --copy-probe-every steps. Writes policy/copy/ and
     teacher/copy.json (the stage is done once it exists). Returns the policy SFT starts from."""
@@ -299,11 +299,9 @@ def copy(start: Path, outcomes: list[dict]) -> Path:
     if (d / "copy.json").exists():
         return out
     t0 = time.monotonic()
-    calls = claw_tree.read_calls(d / "calls.jsonl").records
     batch = claw_tree.build_sft_samples(
         claw_tree.build_forest(calls), outcomes=outcomes, pack="session", passed_only=True
     )
-    ids = digit_ids(start)
     sessions = copy_stage.copy_sessions(batch.samples, ids)
     probed = copy_stage.probe_calls(calls, ids)
     cfg = claw_rl.SFTConfig(name="policy", lr=1.5e-3, micro_batch_size=args.copy_batch)
@@ -330,22 +328,20 @@ def copy(start: Path, outcomes: list[dict]) -> Path:
     return out
 
 
-def swapped_epochs(samples: list[dict], tokenizer_dir: Path):
+def swapped_epochs(samples: list[dict], ids: list[int]):
     """--sft-swap-numbers: each epoch's SFT batch, the teacher's samples with every copied number
     replaced by fresh digits, drawn anew every epoch (seeded) and never a held-out number."""
-    ids, avoid = digit_ids(tokenizer_dir), held_out_numbers()
-    rng = random.Random(f"swap:{args.seed}")
+    avoid, rng = held_out_numbers(), random.Random(f"swap:{args.seed}")
     for _ in range(args.sft_epochs):
         yield [claw_tree.swap_copied_numbers(x, ids, rng, avoid=avoid)[0] for x in samples]
 
 
-def sft(start: Path, outcomes: list[dict]) -> dict:
+def sft(start: Path, calls: list, outcomes: list[dict], ids: list[int]) -> dict:
     """SFT the start policy on all the teacher's rollouts, slips included (claw-tree SFT samples,
     teacher sessions merged up to --sft-max-tokens, one sample per optimizer step; claw-rl's SFT
     learner, lr 1.5e-3 decayed linearly to 0 over --sft-epochs). Writes policy/sft/ and
     teacher/sft.json (the stage is done once it exists)."""
     t0, d = time.monotonic(), run / "teacher"
-    calls = claw_tree.read_calls(d / "calls.jsonl").records
     forest = claw_tree.build_forest(calls)
     batch = claw_tree.build_sft_samples(
         forest, outcomes=outcomes, pack="group", max_tokens=args.sft_max_tokens
@@ -364,14 +360,14 @@ def sft(start: Path, outcomes: list[dict]) -> dict:
         seed=args.seed,
     )  # fmt: skip
     learner = claw_rl.Learner.sft(cfg, start)
-    epochs = swapped_epochs(batch.samples, start) if swap else [batch.samples]
+    epochs = swapped_epochs(batch.samples, ids) if swap else [batch.samples]
     loss, swapped = 0.0, 0
     for samples in epochs:
         swapped += sum(x["tags"].get("numbers_swapped", 0) for x in samples)
         loss = learner.step(samples)["loss"]
     shutil.rmtree(run / "policy" / "sft", ignore_errors=True)
     claw_rl.save_policy(learner, run / "policy" / "sft")
-    stats, ids = claw_tree.forest_stats(forest), digit_ids(start)
+    stats = claw_tree.forest_stats(forest)
     copied = probe(learner.policy, copy_stage.probe_calls(calls, ids), ids)
     summary = {
         "teacher_rollouts": len(outcomes), "teacher_passed": passed,
@@ -422,8 +418,9 @@ if ("start", None) not in done:
     evaluate("start", start)
 if not (run / "teacher" / "sft.json").exists():
     taught = suite.select(tags=["toy-steps", "train"]).tasks[: args.sft_tasks or None]
-    outcomes = teacher(start, taught)
-    print(f"SFT: {sft(copy(start, outcomes), outcomes)}", file=sys.stderr)
+    outcomes = teacher(start, taught)  # the teacher's calls, read once for both stages
+    calls, ids = claw_tree.read_calls(run / "teacher" / "calls.jsonl").records, digit_ids(start)
+    print(f"SFT: {sft(copy(start, calls, outcomes, ids), calls, outcomes, ids)}", file=sys.stderr)
 if ("sft", None) not in done:
     evaluate("sft", run / "policy" / "sft")
 history = mix_harness_rl.main(loop_args)
