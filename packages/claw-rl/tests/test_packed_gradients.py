@@ -114,12 +114,17 @@ def _flat(samples: list[dict]) -> list[dict]:
 
 
 def _grads(learner, samples: list[dict]) -> tuple[dict, dict]:
-    """One step; the gradient of every trained parameter as the optimizer saw it, and the metrics."""
+    """One step; the gradient of every trained parameter as the optimizer saw it at its first
+    update, and the metrics. Only the first: after one Adam update (~lr * sign g) the two runs'
+    weights differ by 2 lr wherever an entry of g is ~0 with opposite signs in the two runs, so a
+    later update's gradient compares two different models (PPO's default epochs = 2)."""
     seen: dict[str, torch.Tensor] = {}
     orig = learner.optimizer.step
     modules = learner.trained_modules()
 
     def capture(*a, **kw):
+        if seen:
+            return orig(*a, **kw)
         for name, m in modules.items():
             for n, p in m.named_parameters():
                 if p.grad is not None:
