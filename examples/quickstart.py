@@ -56,6 +56,7 @@ the teacher's write calls (teacher/copy.json; sft.json has the probe after SFT).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import re
@@ -265,12 +266,14 @@ def teacher(start: Path, tasks) -> list[dict]:
     return play(d, f"scripted:{script}", str(start), tasks, n, "teacher")
 
 
-def held_out_numbers() -> set[str]:
+@functools.cache
+def held_out_numbers() -> frozenset[str]:
     """Every number in a held-out task (instruction and files, answers and decoys): the digits
-    --sft-swap-numbers never draws, so the augmented training data shares none with them."""
+    --sft-swap-numbers never draws, so the augmented training data shares none with them (read
+    once: the copy stage, its probes and SFT all ask)."""
     every = suite.select(tags=["toy-steps", "heldout"]).tasks
     texts = [t.instruction for t in every] + [str(v) for t in every for v in t.workspace.values()]
-    return {m for x in texts for m in re.findall(r"[0-9]+", x)}
+    return frozenset(m for x in texts for m in re.findall(r"[0-9]+", x))
 
 
 def digit_ids(tokenizer_dir: Path) -> list[int]:

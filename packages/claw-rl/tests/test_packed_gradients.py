@@ -3,7 +3,7 @@ aggregator x training-inference correction, at the default caps, for GRPO and PP
 
 The flat reference turns every root-to-leaf path of every packed sample into its own chain
 sample whose tokens carry the path's share u_{p,t} of the packed loss weight (sum_p u_{p,t} =
-w_t). Both runs take one optimizer step; the gradient the optimizer sees is compared.
+w_t). Both runs take one learner step; the gradient of its first optimizer update is compared.
 
 Tolerance: the packed forward reproduces the per-path forward up to fp32 summation order
 (the tree mask sums attention over the same keys in another order), about 1e-6 relative on the
