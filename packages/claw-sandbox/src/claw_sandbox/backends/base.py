@@ -6,6 +6,7 @@ import abc
 import contextlib
 import functools
 import os
+import posixpath
 import shlex
 import shutil
 import sys
@@ -42,6 +43,23 @@ def effective_limits(limits: Limits, defaults: Limits, *, cgroup: bool, disk: bo
     if not disk and limits.disk_mb is not None:
         filled["disk_mb"] = None
     return attrs.evolve(limits, **filled) if filled else limits
+
+
+def job_path(runner_path: str, writable: list[str]) -> str:
+    """The runner's PATH without what would let a job's own files run as programs: relative and
+    empty entries (``bin``, ``''``, ``.``, ``~/bin``: looked up from the step's cwd, the job's
+    workspace) and entries inside a place the job can write (`writable`, e.g. its workspace or
+    /tmp); `DEFAULT_PATH` when nothing is left."""
+    places = [posixpath.normpath(w) for w in writable if w.startswith("/")]
+    kept = []
+    for entry in runner_path.split(os.pathsep):
+        if not entry.startswith("/"):
+            continue
+        norm = posixpath.normpath(entry)
+        if any(norm == w or norm.startswith(w.rstrip("/") + "/") for w in places):
+            continue
+        kept.append(entry)
+    return os.pathsep.join(dict.fromkeys(kept)) or DEFAULT_PATH
 
 
 def argv_of(command: Command) -> list[str]:
@@ -192,10 +210,21 @@ class Sandbox(abc.ABC):
         if self.owner:
             chown_tree(self.workspace, *self.owner)
 
+    def writable_places(self) -> list[str]:
+        """Directories, as the sandboxed code sees them, that it can write (and so plant a
+        program in): the workspace, its /tmp, its mounts."""
+        return [self.inside_workspace, self.inside_tmp, *self.job.mount_targets()]
+
+    def inherited_path(self) -> str:
+        """The runner's PATH as a job inherits it (`job_path`)."""
+        return job_path(os.environ.get("PATH", ""), self.writable_places())
+
     def env(self) -> dict[str, str]:
-        """The step environment: a small clean base (nothing of the runner's leaks) + job env."""
+        """The step environment: a small clean base (nothing of the runner's leaks) + job env.
+        The runner's PATH comes without entries the job could plant a program in
+        (`inherited_path`); a PATH in the job's own env is its author's and stays as given."""
         env = {
-            "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+            "PATH": self.inherited_path(),
             "LANG": "C.UTF-8",
             "HOME": f"{self.inside_tmp}/home",
             "TMPDIR": self.inside_tmp,

@@ -213,6 +213,11 @@ class BwrapSandbox(Sandbox):
             if not any(p.startswith("/") and _under(p, {t}) for p in read)
         ]
 
+    def writable_places(self) -> list[str]:
+        # /var/tmp links to the job's /tmp; harbor's /root is the job's own home
+        extra = ["/var/tmp"] + (["/root"] if self.job.profile == "harbor" else [])
+        return [*super().writable_places(), *extra]
+
     def env(self) -> dict[str, str]:
         env = super().env()
         if self.job.profile == "harbor":
