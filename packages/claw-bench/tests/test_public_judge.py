@@ -93,7 +93,7 @@ def test_openai_and_anthropic_requests_carry_rubric_instruction_and_files():
         assert (
             "Write RELEASE.md" in text
             and "Score 1 when clear" in text
-            and "=== RELEASE.md ===" in text
+            and 'FILE \\"RELEASE.md\\"' in text
         )
         assert "secret" not in text and "instruction.md" not in text
 

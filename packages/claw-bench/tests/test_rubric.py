@@ -300,7 +300,8 @@ def test_claw_task_rubric_chain_end_to_end(tmp_path):
     judge = Judge(base_url="http://judge.test/v1", model="m", transport=httpx.MockTransport(spy))
     out = run_task(task, tmp_path, task.solution.text, judge=judge)
     assert out["status"] == "ok" and out["reward"] == pytest.approx(0.75)
-    assert "=== memo.md ===\n# Memo" in seen[0] and "memo.md written" in seen[0]
+    assert re.search(r'^\[\w+\] FILE "memo\.md"\n# Memo', seen[0], re.M)
+    assert re.search(r"^\[\w+\] FINAL MESSAGE\n.*memo\.md written", seen[0], re.M | re.S)
 
 
 def test_pinchbench_criterion_rubrics_are_judged_criterion_by_criterion(tmp_path):

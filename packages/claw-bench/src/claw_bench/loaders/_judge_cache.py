@@ -1,8 +1,10 @@
 """The rubric judge's answers cache: one JSONL file, one line per answered criterion.
 
 A line is ``{"key", "criterion", "model", "verdict", "score", "reason", "call_id"}``; ``key`` is
-:func:`cache_key` of the criterion's text and scale, the evidence digest and the judge model, so
-scoring the same runs again asks the judge nothing it already answered. Only parsed answers are
+:func:`cache_key` of the criterion's text and scale, the evidence digest (over each file, name and
+the final message as one JSON value, so two evidences never share it), the prompt's fingerprint
+(its system message and evidence layout) and the judge model, so scoring the same runs again asks
+the judge nothing it already answered, and an answer given to another prompt is never reused. Only parsed answers are
 written (never an infrastructure error). A line that is not a JSON object with a string ``key``
 is an error naming the file and line: the cache is never silently half-read.
 """
@@ -19,9 +21,10 @@ import attrs
 from claw_bench.errors import ClawError
 
 
-def cache_key(*, text: str, scale: str, evidence_digest: str, model: str) -> str:
-    """sha256 over the criterion (text, scale), the evidence digest and the judge model."""
-    blob = json.dumps([text, scale, evidence_digest, model], ensure_ascii=False)
+def cache_key(*, text: str, scale: str, evidence_digest: str, prompt: str, model: str) -> str:
+    """sha256 over the criterion (text, scale), the evidence digest, the prompt's fingerprint and
+    the judge model."""
+    blob = json.dumps([text, scale, evidence_digest, prompt, model], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
