@@ -1,14 +1,17 @@
 """`claw-sandbox build`: a Dockerfile into an OCI image layout without a daemon (COPY, ENV,
 WORKDIR, USER, ARG, CMD; RUN inside bwrap over the root being built), read back by `_oci`."""
 
+import concurrent.futures
 import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -103,7 +106,24 @@ def _busybox_image(top: Path) -> Path:
     busybox = shutil.which("busybox")
     if busybox is None or b"ld-linux" in Path(busybox).read_bytes()[:4096]:
         pytest.skip("a static busybox is needed for a base image with a shell")
-    applets = ("sh", "mkdir", "echo", "rm", "cat", "chmod", "id", "ls", "printf")
+    applets = (
+        "sh",
+        "mkdir",
+        "echo",
+        "rm",
+        "cat",
+        "chmod",
+        "id",
+        "ls",
+        "printf",
+        "cp",
+        "grep",
+        "awk",
+        "sleep",
+        "touch",
+        "[",
+        "unshare",
+    )
     base = layer(("bin", "dir"), ("bin/busybox", "file-bytes", Path(busybox).read_bytes(), 0o755),
                  *((f"bin/{a}", "sym", "busybox") for a in applets), ("etc", "dir"),
                  ("etc/passwd", "file", "root:x:0:0::/root:/bin/sh\ntool:x:1234:1234::/:/bin/sh\n"),
@@ -147,3 +167,165 @@ def test_a_failing_run_step_is_an_error_with_its_output(tmp_path):
     with pytest.raises(BuildError, match=r"Dockerfile:3: RUN: exited"):
         build_image(ctx, tmp_path / "img")
     assert not (tmp_path / "img").exists()
+
+
+# --- hostile: a RUN step is never host root ---
+
+
+def _hostile_top(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A 0755 directory under the system temp dir that the build's work dir is made in (so the
+    test can watch it from the host), as root (the case where host root is at stake)."""
+    if os.geteuid() != 0:
+        pytest.skip("run as root: the build must not keep host root")
+    top = Path(tempfile.mkdtemp(prefix="claw-sandbox-test-build-"))
+    os.chmod(top, 0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(top))
+    return top
+
+
+def _layer_members(layout: Path) -> list[list[tarfile.TarInfo]]:
+    manifest, _, _ = _read(layout)
+    out = []
+    for d in manifest["layers"]:
+        plain = gzip.decompress(_blob(layout, d["digest"]))
+        with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
+            out.append(tar.getmembers())
+    return out
+
+
+@pytest.mark.skipif(BWRAP is not None, reason=f"bwrap unavailable: {BWRAP}")
+def test_a_setuid_run_step_makes_no_host_root_file(monkeypatch):
+    """Hostile: a RUN copies a binary, `chmod 4755`s it and the COPYd one, then waits. Seen from
+    the host meanwhile: the build's work dir is 0700 and what the RUN made belongs to an
+    unprivileged uid, never root (a setuid-root file there gave any local user euid 0); by the
+    next step no file of the root has an s-bit; the layer has none and gives the files to uid 0."""
+    top = _hostile_top(monkeypatch)
+    try:
+        base = _busybox_image(top)
+        ctx = _context(top, (
+            "FROM bb\nCOPY tool/mytool /opt/x\n"
+            "RUN cp /bin/busybox /opt/suid && chmod 4755 /opt/suid /opt/x && touch /opt/ready && "
+            "i=0; while [ ! -e /opt/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+            "rm -f /opt/ready /opt/go\n"
+            "ENV DONE=1\n"
+        ))  # fmt: skip
+        after: list[os.stat_result] = []
+
+        def work() -> Path:
+            (found,) = top.glob("claw-sandbox-build-*")
+            return found
+
+        def progress(line: str) -> None:
+            if "ENV DONE=1" in line:  # the RUN is over, its layer applied
+                after.extend(os.lstat(work() / "rootfs/opt" / n) for n in ("suid", "x"))
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(
+                build_image, ctx, top / "img", bases={"bb": base}, progress=progress
+            )
+            seen: dict[str, os.stat_result] = {}
+            try:
+                deadline = time.monotonic() + 60
+                while not seen and time.monotonic() < deadline and not future.done():
+                    ready = list(top.glob("claw-sandbox-build-*/rootfs/opt/ready"))
+                    if ready:
+                        rootfs = ready[0].parent.parent
+                        seen = {n: os.lstat(rootfs / "opt" / n) for n in ("suid", "x", "ready")}
+                        seen["work"] = os.stat(rootfs.parent)
+                    time.sleep(0.05)
+            finally:
+                for go in top.glob("claw-sandbox-build-*/rootfs/opt"):
+                    (go / "go").touch()
+            built = future.result(timeout=120)
+        assert seen, "the RUN step never got to its wait"
+        assert stat.S_IMODE(seen["work"].st_mode) == 0o700, oct(seen["work"].st_mode)
+        for name in ("suid", "x", "ready"):  # made or changed by the RUN: not host root's
+            st = seen[name]
+            assert st.st_uid != 0 and st.st_gid != 0, (name, st.st_uid, st.st_gid)
+        assert seen["suid"].st_uid == seen["ready"].st_uid == seen["work"].st_uid
+        assert len(after) == 2
+        for st in after:
+            assert st.st_uid != 0 and not st.st_mode & (stat.S_ISUID | stat.S_ISGID), st
+        run = {m.name: m for m in _layer_members(built.layout)[2]}
+        assert {"opt/suid", "opt/x"} <= set(run)
+        for name in ("opt/suid", "opt/x"):
+            assert (run[name].mode, run[name].uid, run[name].gid) == (0o755, 0, 0), run[name]
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.skipif(BWRAP is not None, reason=f"bwrap unavailable: {BWRAP}")
+def test_a_run_step_is_namespace_root_without_capabilities(monkeypatch):
+    """Hostile: a RUN records what it is: uid 0 inside (namespace root, kept for builds that
+    expect it), but no capability (effective and bounding sets empty), no_new_privs, the job's
+    seccomp filter (a new user namespace is refused), its root mounted nosuid; writing a
+    host-wide sysctl (vm.swappiness, its own value back) is refused, so nothing outside its
+    root can be written."""
+    top = _hostile_top(monkeypatch)
+    try:
+        base = _busybox_image(top)
+        ctx = _context(top, (
+            "FROM bb\n"
+            "RUN mkdir /out && id -u > /out/uid && "
+            "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status > /out/status && "
+            "awk '$5 == \"/\" {print $6}' /proc/self/mountinfo > /out/root-mount && "
+            "(unshare -U true 2>/dev/null && echo made || echo refused) > /out/userns && "
+            "v=$(cat /proc/sys/vm/swappiness) && "
+            "( (echo $v > /proc/sys/vm/swappiness) 2>/dev/null && echo wrote || echo refused ) "
+            "> /out/sysctl\n"
+        ))  # fmt: skip
+        built = build_image(ctx, top / "img", bases={"bb": base})
+        image = _oci.unpack(built.layout, top / "cache")
+        out = {p.name: p.read_text() for p in (image.rootfs / "out").iterdir()}
+        status = dict(line.split(":\t") for line in out["status"].splitlines())
+        assert out["uid"] == "0\n"
+        assert int(status["CapEff"], 16) == 0 and int(status["CapBnd"], 16) == 0, status
+        assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", status
+        assert "nosuid" in out["root-mount"].split(","), out["root-mount"]
+        assert out["userns"] == "refused\n"
+        assert out["sysctl"] == "refused\n"
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.skipif(BWRAP is not None, reason=f"bwrap unavailable: {BWRAP}")
+def test_built_layers_carry_no_setuid_bits(monkeypatch):
+    """Hostile: a context file with mode 6755, `COPY --chmod=4755`, and RUN steps that chmod
+    files 4755/6755 (one the base image's): no member of any built layer is setuid, and none but
+    a directory setgid; the modes are otherwise kept."""
+    top = _hostile_top(monkeypatch)
+    try:
+        base = _busybox_image(top)
+        ctx = _context(top, (
+            "FROM bb\nCOPY tool/mytool /opt/a\nCOPY --chmod=4755 tool/mytool /opt/b\n"
+            "RUN cp /bin/busybox /opt/c && chmod 6755 /opt/c /opt/a && chmod 4755 /bin/busybox "
+            "&& mkdir -m 2775 /shared\n"
+        ))  # fmt: skip
+        (ctx / "tool/mytool").chmod(0o6755)
+        built = build_image(ctx, top / "img", bases={"bb": base})
+        members = [m for layer_ in _layer_members(built.layout)[1:] for m in layer_]
+        modes = {m.name: m.mode for m in members}
+        assert {"opt/a", "opt/b", "opt/c", "bin/busybox", "shared"} <= set(modes)
+        for m in members:
+            assert not m.mode & stat.S_ISUID, (m.name, oct(m.mode))
+            assert m.isdir() or not m.mode & stat.S_ISGID, (m.name, oct(m.mode))
+        assert modes["opt/c"] == modes["bin/busybox"] == 0o755 and modes["shared"] == 0o2775
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.skipif(BWRAP is not None, reason=f"bwrap unavailable: {BWRAP}")
+def test_a_work_dir_the_build_uid_cannot_reach_is_a_clear_error(monkeypatch, tmp_path):
+    """As root, a RUN runs as the unprivileged build uid: a temp dir under a 0700 parent (pytest's
+    own) is refused before the step runs, naming the line, the parent and TMPDIR."""
+    if os.geteuid() != 0:
+        pytest.skip("run as root: only then does the build drop to another uid")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(closed))
+    ctx = _context(tmp_path, "FROM scratch\nCOPY tool/mytool /bin/x\nRUN /bin/x\n")
+    with pytest.raises(BuildError, match=r"Dockerfile:3: RUN: runs as uid \d+, which cannot "
+                       r"reach the build's work dir under (\S+) \(mode 700\): set TMPDIR") as exc:  # fmt: skip
+        build_image(ctx, tmp_path / "img")
+    assert closed.is_relative_to(exc.value.args[0].split(" under ")[1].split(" (mode")[0])
+    assert not (tmp_path / "img").exists() and not any(closed.iterdir())

@@ -4,16 +4,28 @@ The image's root filesystem is assembled in a temporary directory: the base imag
 scratch``, or a local OCI layout / `docker save` archive named by ``--from NAME=PATH``) is
 unpacked there by `_oci.unpack`, each ``COPY``/``ADD`` becomes a layer made from the build
 context's files (applied to the root by the same code that unpacks images), and each ``RUN``
-runs inside bwrap with that root as ``/`` (writable, uid 0 in a user namespace, or the
-``USER``'s uid; no network unless asked), its changes (new, changed and removed paths, as
-whiteouts) becoming the next layer. ``ENV``, ``WORKDIR``, ``USER``, ``CMD``, ``ENTRYPOINT``,
+runs inside bwrap with that root as ``/`` (writable; no network unless asked), its changes (new,
+changed and removed paths, as whiteouts) becoming the next layer. ``ENV``, ``WORKDIR``, ``USER``, ``CMD``, ``ENTRYPOINT``,
 ``LABEL`` and ``EXPOSE`` go into the config. The result is an OCI image layout: gzip layers,
 the config with their ``diff_ids`` and a history, a manifest and ``index.json`` (the tag as
 ``org.opencontainers.image.ref.name``), every blob named by its sha256.
 
-Deviations from ``docker build``: one stage; files a ``RUN`` makes belong to the uid it ran as
-(``chown`` to another uid fails, as in any user namespace with one uid mapped); device nodes
-are not carried; ``ADD`` takes only local files and does not unpack archives.
+A ``RUN`` is never host root. As root, the build's work dir (0700, in the system temp dir) and
+the root in it belong to `BUILD_UID`, an unprivileged uid no host account has, and every ``RUN``
+runs as that uid (``setpriv``, no_new_privs) in a user namespace that maps only it, to 0 or to
+``USER``'s uid: ``id -u`` says 0, but the step has no capability (``--cap-drop ALL``), runs under
+the job seccomp filter (`_seccomp`: no mounts, no new namespaces, ...) with its root mounted
+``nosuid``, and reaches nothing of the host but what the root holds: a host-wide sysctl or a
+host file is as closed to it as to any unprivileged user. After each step the root is given back
+to `BUILD_UID` and setuid/setgid bits are cleared, by file descriptors that follow no link.
+Built layers carry no setuid bit, and a setgid bit only on a directory (a base image's layers are
+kept as they are).
+
+Deviations from ``docker build``: one stage; a ``RUN`` owns every file of the root (it may change
+a file another uid owns in the image; files it makes or changes belong to the uid it ran as) and
+has no capability (``chown`` to another uid, ``mknod`` and a package manager that drops to its
+own user fail); device nodes are not carried; setuid bits are cleared; ``ADD`` takes only local
+files and does not unpack archives.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from typing import Any
 
 import attrs
 
-from claw_sandbox import _oci
+from claw_sandbox import _fsat, _oci, _seccomp
 from claw_sandbox._dockerfile import Step, expand, pairs, steps, words
 from claw_sandbox.errors import BuildError, ImageError
 
@@ -45,6 +57,9 @@ WHITEOUT = _oci.WHITEOUT
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SKIP = ("dev", "proc", "sys")  # mount points of a RUN step, never part of a layer
 LAYER_MEDIA = "application/vnd.oci.image.layer.v1.tar+gzip"
+BUILD_UID = 2147483646  # a RUN's host uid when the build runs as root: an unused uid, not nobody
+# (no host account or process has it, so nothing else on the host can reach the root being built)
+_SUID_BITS = stat.S_ISUID | stat.S_ISGID
 
 
 @attrs.define
@@ -53,6 +68,7 @@ class _State:
 
     rootfs: Path
     config: dict[str, Any]
+    owner: tuple[int, int]  # the host uid/gid the root belongs to and RUN steps run as
     layers: list[tuple[bytes, str]] = attrs.field(factory=list)  # (gzip blob, diff_id)
     history: list[dict[str, Any]] = attrs.field(factory=list)
     args: dict[str, str] = attrs.field(factory=dict)
@@ -104,10 +120,11 @@ def build(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BuildError(f"{out}: the output must be a new or empty directory")
     todo = steps(text, str(path))
-    work = Path(tempfile.mkdtemp(prefix="claw-sandbox-build-"))
+    work = Path(tempfile.mkdtemp(prefix="claw-sandbox-build-"))  # 0700
     try:
-        os.chmod(work, 0o755)
-        state = _State(rootfs=work / "rootfs", config={})
+        owner = (BUILD_UID, BUILD_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+        os.chown(work, *owner)
+        state = _State(rootfs=work / "rootfs", config={}, owner=owner)
         state.args.update(build_args or {})
         for n, step in enumerate(todo, 1):
             if progress:
@@ -167,6 +184,7 @@ def _from(step: Step, state: _State, bases: dict[str, Any], where: str, work: Pa
     name = parts[0]
     if name == "scratch":
         state.rootfs.mkdir(mode=0o755)
+        _own(state)
         state.config = {"architecture": _arch(), "os": "linux", "config": {}}
         return
     if name not in bases:
@@ -184,6 +202,7 @@ def _from(step: Step, state: _State, bases: dict[str, Any], where: str, work: Pa
     state.config.pop("rootfs", None)
     state.history = list(config.pop("history", None) or [])
     state.layers = layers
+    _own(state)
 
 
 def _base_blobs(source: Path) -> tuple[dict[str, Any], list[tuple[bytes, str]]]:
@@ -216,11 +235,49 @@ def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _own(state: _State) -> None:
+    """Give the root being built to the build's uid (as root) and clear every setuid/setgid bit
+    of its files, through directory fds that follow no link."""
+    uid, gid = state.owner
+    as_root = os.geteuid() == 0
+    root_fd = _fsat.open_root(state.rootfs)
+    try:
+        if as_root:
+            os.fchown(root_fd, uid, gid)
+        for dir_fd, _, name, kind in _fsat.walk(root_fd, lambda parts: True):
+            try:
+                if as_root:
+                    os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+                if kind == "file":
+                    _clear_suid(dir_fd, name)
+            except FileNotFoundError:
+                continue
+    finally:
+        os.close(root_fd)
+
+
+def _clear_suid(dir_fd: int, name: str) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & _SUID_BITS:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~_SUID_BITS)
+    finally:
+        os.close(fd)
+
+
+def _strip(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A built layer's member: no setuid bit, and a setgid bit only on a directory."""
+    info.mode &= ~(stat.S_ISUID if info.isdir() else _SUID_BITS)
+    return info
+
+
 def _add_layer(state: _State, tar: bytes, step: Step) -> None:
     """Apply a layer (plain tar) to the rootfs and keep it (gzip) for the layout."""
     notes: list[str] = []
     _oci._apply_layer(io.BytesIO(tar), state.rootfs, f"{step.kind} line {step.line}", (None, None),
                       notes)  # fmt: skip
+    _own(state)
     state.layers.append((gzip.compress(tar, mtime=0), _sha(tar)))
     state.note(step, empty=False)
 
@@ -293,7 +350,7 @@ def _parents(tar: tarfile.TarFile, rootfs: Path, dest: str, owner: tuple[int, in
         if not os.path.lexists(rootfs / rel):
             info = tarfile.TarInfo(rel)
             info.type, info.mode, (info.uid, info.gid) = tarfile.DIRTYPE, 0o755, owner
-            tar.addfile(info)
+            tar.addfile(_strip(info))
 
 
 def _add_tree(tar: tarfile.TarFile, src: Path, name: str, owner: tuple[int, int],
@@ -303,6 +360,7 @@ def _add_tree(tar: tarfile.TarFile, src: Path, name: str, owner: tuple[int, int]
     info.uid, info.gid, info.uname, info.gname = *owner, "", ""
     if mode is not None and not info.issym():
         info.mode = mode
+    _strip(info)
     if info.isdir():
         tar.addfile(info)
         for child in sorted(src.iterdir()):
@@ -341,26 +399,56 @@ def _run_layer(step: Step, state: _State, where: str, network: bool) -> bytes:
     env = {"PATH": DEFAULT_PATH, **state.scope()}
     argv = words(step.text, where) if step.text.startswith("[") else ["/bin/sh", "-c", step.text]
     before = _snapshot(state.rootfs)
-    cmd = [bwrap, "--die-with-parent", "--unshare-all", "--unshare-user", "--uid", str(uid),
-           "--gid", str(gid), "--bind", str(state.rootfs), "/", "--dev", "/dev", "--proc", "/proc",
+    cmd = [*_drop(state, where), bwrap, "--die-with-parent", "--new-session", "--unshare-all",
+           "--unshare-user", "--uid", str(uid), "--gid", str(gid), "--cap-drop", "ALL",
+           "--bind", str(state.rootfs), "/", "--dev", "/dev", "--proc", "/proc",
            "--chdir", cfg.get("WorkingDir") or "/", "--clearenv"]  # fmt: skip
     if network:
         cmd[cmd.index("--unshare-all") + 1 : cmd.index("--unshare-all") + 1] = ["--share-net"]
         cmd += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
     for k, v in env.items():
         cmd += ["--setenv", k, v]
-    proc = subprocess.run([*cmd, "--", *argv], capture_output=True, text=True)
+    seccomp_fd = _seccomp.program_fd()
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    try:
+        proc = subprocess.run([*cmd, "--", *argv], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL,
+                              pass_fds=() if seccomp_fd is None else (seccomp_fd,))  # fmt: skip
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip()[-2000:]
         raise BuildError(f"{where}: exited {proc.returncode}:\n{tail}")
     return _diff_layer(state.rootfs, before, _snapshot(state.rootfs), (uid, gid))
 
 
+def _drop(state: _State, where: str) -> list[str]:
+    """As root: ``setpriv`` to the build's unprivileged uid (no groups, no_new_privs) before
+    bwrap, whose user namespace then maps only that uid. Otherwise nothing: the caller's own uid
+    is already unprivileged."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        raise BuildError(f"{where}: RUN as root needs setpriv (util-linux) to drop host root")
+    for d in reversed(state.rootfs.parents[1:]):  # the work dir's parents: walked by BUILD_UID
+        if not os.stat(d).st_mode & 0o001:
+            raise BuildError(
+                f"{where}: runs as uid {state.owner[0]}, which cannot reach the build's work "
+                f"dir under {d} (mode {stat.S_IMODE(os.stat(d).st_mode):o}): set TMPDIR to a "
+                "directory whose parents all have mode o+x"
+            )
+    uid, gid = state.owner
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs"]
+
+
 def _diff_layer(rootfs: Path, before: dict[str, tuple[int, ...]],
                 after: dict[str, tuple[int, ...]], runner: tuple[int, int]) -> bytes:  # fmt: skip
-    """A tar of what changed between two snapshots: new and changed paths (files the step made
-    belong to ``runner``, the uid it ran as), whiteouts for removed ones (not their children)."""
-    me = (os.geteuid(), os.getegid())
+    """A tar of what changed between two snapshots: new and changed paths (belonging to
+    ``runner``, the uid the step ran as: on the host every path belongs to the build's uid),
+    whiteouts for removed ones (not their children). No RUN process is left when it is read."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         gone = set(before) - set(after)
@@ -372,8 +460,8 @@ def _diff_layer(rootfs: Path, before: dict[str, tuple[int, ...]],
                 continue
             info = tar.gettarinfo(str(rootfs / rel), arcname=rel)
             info.uname = info.gname = ""
-            info.uid = runner[0] if info.uid == me[0] else info.uid
-            info.gid = runner[1] if info.gid == me[1] else info.gid
+            info.uid, info.gid = runner
+            _strip(info)
             if stat.S_ISREG(after[rel][0]):
                 with open(rootfs / rel, "rb") as f:
                     tar.addfile(info, f)
