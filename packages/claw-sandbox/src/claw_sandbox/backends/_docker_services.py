@@ -6,13 +6,25 @@ containers, which join the same network, reach ``db:5432`` as they would under C
 start in order; one with a healthcheck (Docker's own, run by the engine) must be healthy before
 the next starts, one without must be running. Everything is labelled with the runner that made
 it (``claw-sandbox.runner``: host name and pid), so a later runner removes what a killed one left.
+
+An ``internal`` network still routes to the host: its gateway is the host's address on the bridge,
+and through it docker0's and every other host address answer (anything listening on 0.0.0.0).
+So the job's bridge gets a name of ours (``claw`` + 11 hex digits) and, before any container
+joins it, an INPUT rule that rejects every packet arriving from it (IPv4, and IPv6 where
+``ip6tables`` is present): the containers on it reach each other (bridged, never INPUT) and
+nothing of the host's. That takes root and iptables on the engine's own host (a local engine).
+Services run confined like their job (:func:`JobServices` ``confine``: capabilities, read-only
+root, limits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import socket
+import subprocess
 import time
 import uuid
 from typing import Any
@@ -25,6 +37,53 @@ from claw_sandbox.records import Healthcheck, Job, Service
 RUNNER_LABEL = "claw-sandbox.runner"
 JOB_LABEL = "claw-sandbox.job"
 POLL_S = 0.2
+#: the job networks' bridge interfaces: ``claw`` and 11 hex digits (IFNAMSIZ allows 15)
+BRIDGE_PREFIX = "claw"
+_BRIDGE = re.compile(r"-i (claw[0-9a-f]{11})(?: |$)", re.MULTILINE)
+
+
+def firewall_tools() -> list[str]:
+    """The iptables programs that fence a job's bridge off from the host (ip6tables where
+    present); raises InfraError naming what is missing (root, iptables)."""
+    if os.geteuid() != 0:
+        raise InfraError(
+            "sidecars on docker need root: the job's network is firewalled from the host "
+            "(iptables), or its containers would reach every host service on 0.0.0.0"
+        )
+    v4 = shutil.which("iptables")
+    if not v4:
+        raise InfraError(
+            "sidecars on docker need iptables on the host: the job's network is firewalled from "
+            "the host, or its containers would reach every host service on 0.0.0.0"
+        )
+    v6 = shutil.which("ip6tables")
+    return [v4, v6] if v6 and os.path.exists("/proc/net/if_inet6") else [v4]
+
+
+def _iptables(tool: str, op: str, bridge: str) -> subprocess.CompletedProcess:
+    """Insert (-I), check (-C) or delete (-D) the rule that rejects what `bridge` sends the host."""
+    rule = ["INPUT", "-i", bridge, "-j", "REJECT"]
+    return subprocess.run([tool, "-w", op, *rule], capture_output=True, text=True)
+
+
+def fence(bridge: str) -> None:
+    """Reject every packet from `bridge` to any address of the host (INPUT, first rule)."""
+    for tool in firewall_tools():
+        r = _iptables(tool, "-I", bridge)
+        if r.returncode != 0 or _iptables(tool, "-C", bridge).returncode != 0:
+            unfence(bridge)
+            raise InfraError(
+                f"could not firewall the job's network {bridge} from the host: "
+                f"{os.path.basename(tool)} -I INPUT: {r.stderr.strip()[-300:]}"
+            )
+
+
+def unfence(bridge: str) -> None:
+    """Remove the rules :func:`fence` inserted for `bridge` (every copy; none is fine)."""
+    for tool in (shutil.which("iptables"), shutil.which("ip6tables")):
+        for _ in range(100):
+            if not tool or _iptables(tool, "-D", bridge).returncode != 0:
+                break
 
 
 def runner_id() -> str:
@@ -52,9 +111,11 @@ def _argv(command: Any) -> list[str] | None:
 class JobServices:
     """The network and service containers of one job; :meth:`remove` takes them all down."""
 
-    def __init__(self, client: Any, job: Job) -> None:
+    def __init__(self, client: Any, job: Job, confine: dict[str, Any] | None = None) -> None:
         self.client = client
         self.job = job
+        self.confine = dict(confine or {})  # container settings every service gets
+        self.bridge = ""  # the network's bridge interface, fenced off from the host
         self.labels = {RUNNER_LABEL: runner_id(), JOB_LABEL: job.job_id[:200]}
         self.network: Any = None
         self.containers: list[Any] = []
@@ -69,13 +130,18 @@ class JobServices:
         running when it has no healthcheck), all before ``deadline`` (time.monotonic)."""
         import docker.errors
 
-        name = f"claw-{uuid.uuid4().hex[:16]}"
+        firewall_tools()  # root and iptables, before anything is made
+        key = uuid.uuid4().hex
+        bridge = BRIDGE_PREFIX + key[:11]
         try:
             self.network = self.client.networks.create(
-                name, driver="bridge", internal=True, labels=self.labels
-            )
+                f"claw-{key[:16]}", driver="bridge", internal=True, labels=self.labels,
+                options={"com.docker.network.bridge.name": bridge},
+            )  # fmt: skip
         except docker.errors.APIError as exc:
             raise InfraError(f"docker could not create the job's network: {exc}") from exc
+        self.bridge = bridge
+        fence(bridge)  # before any container joins it
         for svc in self.job.services:
             self._ready(self._start_one(svc), svc, deadline)
 
@@ -93,6 +159,7 @@ class JobServices:
         }  # fmt: skip
         if svc.healthcheck is not None:
             config["healthcheck"] = _health(svc.healthcheck)
+        config.update(self.confine)
         try:
             container = self.client.containers.create(**config)  # create never pulls
         except docker.errors.ImageNotFound:
@@ -145,6 +212,9 @@ class JobServices:
             with contextlib.suppress(docker.errors.APIError):
                 self.network.remove()
             self.network = None
+        if self.bridge:  # after the network: no container is left on the bridge
+            unfence(self.bridge)
+            self.bridge = ""
 
 
 def _dead_runner(labels: dict[str, str] | None) -> bool:
@@ -155,7 +225,8 @@ def _dead_runner(labels: dict[str, str] | None) -> bool:
 
 def sweep_services(client: Any) -> int:
     """Remove the service containers and job networks that runners on this host left when they
-    were killed; returns how many containers and networks were removed."""
+    were killed, then the firewall rules of bridges that no longer exist; returns how many
+    containers and networks were removed."""
     import docker.errors
 
     removed = 0
@@ -170,7 +241,20 @@ def sweep_services(client: Any) -> int:
             with contextlib.suppress(docker.errors.APIError):
                 n.remove()
                 removed += 1
+    for bridge in _fenced_bridges():
+        if not os.path.exists(f"/sys/class/net/{bridge}"):
+            unfence(bridge)
     return removed
+
+
+def _fenced_bridges() -> set[str]:
+    """The job bridges that INPUT rules name (iptables -S, as far as this runner may read it)."""
+    found: set[str] = set()
+    for tool in (shutil.which("iptables"), shutil.which("ip6tables")):
+        if tool and os.geteuid() == 0:
+            out = subprocess.run([tool, "-w", "-S", "INPUT"], capture_output=True, text=True)
+            found.update(m.group(1) for m in _BRIDGE.finditer(out.stdout))
+    return found
 
 
 #: how many of a container's last log lines an error about it quotes

@@ -108,8 +108,20 @@ class DockerSandbox(Sandbox):
     def _start_services(self) -> None:
         """The job's network and sidecars, ready within the job's timeout (their start counts)."""
         self.backend.sweep_services()
-        self.services = JobServices(self.backend.client(), self.job)
+        self.services = JobServices(self.backend.client(), self.job, self._service_confinement())
         self.services.start(time.monotonic() + self.job.timeout_s)
+
+    def _service_confinement(self) -> dict[str, Any]:
+        """What every sidecar gets from its job: the job's memory, pids and cpu limits, and in the
+        claw profile its confinement too (all capabilities dropped, no-new-privileges, a read-only
+        root with a fresh /tmp and /run); a harbor job's sidecars keep docker's defaults there,
+        as its trial container does."""
+        config = {k: v for k, v in self._config(("true",)).items()
+                  if k in ("mem_limit", "memswap_limit", "pids_limit", "nano_cpus")}  # fmt: skip
+        if self.job.profile != "harbor":
+            config.update(cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+                          tmpfs={"/tmp": "", "/run": ""})  # fmt: skip
+        return config
 
     def _harbor_config(self) -> dict:
         """The trial container: docker's defaults (capabilities, writable filesystem, the image's
