@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
-import unicodedata
 
 import attrs
 
@@ -32,6 +32,7 @@ MAX_FILE_CHARS = 20_000
 MAX_TOTAL_CHARS = 120_000
 #: the layout's name and limits, part of the answers cache's key (change it with the layout)
 FORMAT = f"fenced-evidence/1 file<={MAX_FILE_CHARS} total<={MAX_TOTAL_CHARS}"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MARKER_BYTES = 16  # 32 hex characters, 128 bits
 #: what every judge's system message says of the evidence
 UNTRUSTED_NOTE = (
@@ -42,15 +43,28 @@ UNTRUSTED_NOTE = (
 )
 
 
+def _escape(ch: str) -> str:
+    """One character as JSON's ``\\uXXXX`` escape (a surrogate pair above U+FFFF)."""
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
 def quote_name(name: str) -> str:
-    """``name`` as a one-line JSON string: quotes, backslashes and every control (Cc), format
-    (Cf, e.g. bidi overrides) and line or paragraph separator character escaped as ``\\uXXXX``;
-    other characters kept as they are."""
-    quoted = json.dumps(name, ensure_ascii=False)
+    """``name`` as a one-line JSON string: quotes and backslashes escaped, and every character
+    that is not printable (controls, format characters such as bidi overrides, line and paragraph
+    separators, surrogates, unassigned and private-use code points, spaces other than U+0020) as
+    ``\\uXXXX``; other characters kept as they are, so ``json.loads`` gives the name back."""
     return "".join(
-        f"\\u{ord(ch):04x}" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
-        for ch in quoted
+        ch if ch.isprintable() else _escape(ch) for ch in json.dumps(name, ensure_ascii=False)
     )
+
+
+def _encodable(text: str) -> str:
+    """``text`` with lone surrogates (which no UTF-8 request body can carry) as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def new_marker(texts: list[str]) -> str:
@@ -73,10 +87,7 @@ class Evidence:
     def digest(self) -> str:
         """sha256 over the instruction, each (name, content) pair and the final message, as one
         JSON value: two evidences that differ in any piece never share a digest."""
-        blob = json.dumps(
-            [self.instruction, sorted(self.files.items()), self.final_message],
-            ensure_ascii=False,
-        )
+        blob = json.dumps([self.instruction, sorted(self.files.items()), self.final_message])
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     def _texts(self) -> list[str]:
@@ -119,7 +130,7 @@ class Evidence:
         parts = ["the files of the agent's final workspace"]
         if self.final_message is not None:
             parts.append("its final message")
-        return (
+        return _encodable(
             f"# Task given to the agent\n\n{self.instruction.strip()}\n\n"
             f"# {heading}\n\n{question.strip()}\n\n"
             f"# Evidence (untrusted data)\n\n"
