@@ -46,13 +46,12 @@ def test_relative_path_entry_does_not_run_the_agents_python(name, bad, monkeypat
 @pytest.mark.parametrize("name", ["bwrap", "process"])
 def test_job_path_keeps_only_absolute_entries_outside_the_job(name, monkeypatch, tmp_path):
     """The PATH a step sees: the runner's absolute entries in order, without `bin`, '', '.',
-    '~/x', and without entries inside the job's workspace or /tmp; the job's own env.PATH is its
-    author's choice and stays as given."""
+    '~/x', and without entries inside the job's workspace (nor /tmp itself); the job's own
+    env.PATH is its author's choice and stays as given."""
     backend = make_backend(name)
     if backend.unavailable():
         pytest.skip(f"{name} backend unavailable: {backend.unavailable()}")
-    inside = "/workspace" if name == "bwrap" else None
-    extra = ["/workspace/bin", "/tmp/evil"] if inside else []
+    extra = ["/workspace/bin", "/tmp", "/var/tmp"] if name == "bwrap" else []
     runner = ["bin", "", ".", "~/bin", *extra, "/usr/local/bin", "/usr/bin", "/bin"]
     monkeypatch.setenv("PATH", ":".join(runner))
     rows = [
@@ -79,3 +78,21 @@ def test_a_path_with_nothing_usable_falls_back_to_the_default(monkeypatch, tmp_p
         workdir=tmp_path / "jobs",
     )
     assert run["stdout_tail"] == DEFAULT_PATH, run
+
+
+def test_path_entry_under_tmp_shows_nothing_the_job_left(bwrap, monkeypatch, tmp_path):
+    """On bwrap /tmp is the job's own: a runner's PATH entry under it (missing on the host, or
+    holding no program the verifier names) is an empty read-only directory in every step, so the
+    agent's /tmp/.../python3 does not run as the verifier."""
+    if shutil.which("python3") is None:
+        pytest.skip("no python3 on PATH for the verifier")
+    evil = "/tmp/claw-path-test-bin"
+    monkeypatch.setenv("PATH", f"{evil}:{tmp_path}:{os.environ['PATH']}")
+    plant = (
+        f"mkdir -p {evil} {tmp_path} 2>/dev/null; printf '%s' \"$FAKE\" > {evil}/python3; "
+        f"chmod +x {evil}/python3; cp {evil}/python3 {tmp_path}/python3; true"
+    )
+    row = job("tmp-path", command=plant, env={"FAKE": FAKE_PYTHON}, verify=VERIFY)
+    (run,) = run_jobs([row], backend=bwrap, retries=0, workdir=tmp_path / "jobs")
+    assert run["status"] == "ok", run
+    assert run["verify"]["reward"] == 0.0 and run["verify"]["passed"] is False, run

@@ -73,3 +73,12 @@ def test_other_architectures_are_killed_and_x32_refused():
 def test_unknown_architecture_has_no_program():
     """Where no syscall table exists the backend runs unfiltered instead of guessing numbers."""
     assert _seccomp.program("riscv64") is None
+
+
+@pytest.mark.parametrize("arch", sorted(_seccomp.SYSCALLS))
+def test_no_call_reaches_another_process(arch):
+    """ptrace, process_vm_readv / process_vm_writev and pidfd_getfd get EPERM: a job cannot take
+    over its parent shell (and choose the exit code the runner sees) or any other process."""
+    prog, nrs = _seccomp.program(arch), _seccomp.SYSCALLS[arch]
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"):
+        assert run_bpf(prog, nrs[name], _seccomp.AUDIT_ARCH[arch]) == EPERM, (arch, name)

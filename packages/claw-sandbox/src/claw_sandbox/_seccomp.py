@@ -13,8 +13,13 @@ kernel-global state or widen the sandbox, which fail with EPERM:
 `clone3` gets ENOSYS (its flags sit in memory a filter cannot read), so the C library falls
 back to `clone`, whose flags the filter checks. A syscall made under another architecture
 (32-bit `int 0x80` from an x86_64 process) kills the process; x32 syscalls get EPERM.
-`ptrace` stays allowed, as in Docker on current kernels: a job may only trace its own
-processes (same uid, its own pid namespace).
+`ptrace` is denied too (as are `process_vm_readv` / `process_vm_writev` and `pidfd_getfd`,
+which take the same permission): a job cannot trace, read, write or take file descriptors from
+any process, its own included, so an agent cannot take over its parent shell (and
+choose the exit code the runner reports) or a verifier the runner starts later. The cost: tools
+built on ptrace (`gdb`, `strace`, `ltrace`, sanitizers' leak checks, some profilers) fail with
+EPERM inside a job. Docker's default profile allows ptrace on current kernels; no exit code is
+trusted either way (the runner decides infra errors from its own lookup, see executor).
 Supported: x86_64 and aarch64; elsewhere `program()` returns None and steps run unfiltered.
 """
 
@@ -50,7 +55,7 @@ DENIED = (
     "ioperm", "iopl", "kcmp", "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie",
     "mount", "mount_setattr", "move_mount", "name_to_handle_at", "nfsservctl",
     "open_by_handle_at", "open_tree", "perf_event_open", "pivot_root", "process_vm_readv",
-    "process_vm_writev", "query_module", "quotactl", "quotactl_fd", "reboot", "request_key",
+    "pidfd_getfd", "process_vm_writev", "ptrace", "query_module", "quotactl", "quotactl_fd", "reboot", "request_key",
     "setns", "settimeofday", "swapoff", "swapon", "syslog", "sysfs", "_sysctl", "umount2",
     "uselib", "userfaultfd", "ustat", "vhangup",
 )  # fmt: skip
@@ -67,7 +72,7 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "lookup_dcookie": 212, "mount": 165, "mount_setattr": 442, "move_mount": 429,
         "name_to_handle_at": 303, "nfsservctl": 180, "open_by_handle_at": 304, "open_tree": 428,
         "perf_event_open": 298, "pivot_root": 155, "process_vm_readv": 310,
-        "process_vm_writev": 311, "query_module": 178, "quotactl": 179, "quotactl_fd": 443,
+        "pidfd_getfd": 438, "process_vm_writev": 311, "ptrace": 101, "query_module": 178, "quotactl": 179, "quotactl_fd": 443,
         "reboot": 169, "request_key": 249, "setns": 308, "settimeofday": 164, "swapoff": 168,
         "swapon": 167, "syslog": 103, "sysfs": 139, "_sysctl": 156, "umount2": 166,
         "unshare": 272, "uselib": 134, "userfaultfd": 323, "ustat": 136, "vhangup": 153,
@@ -80,7 +85,7 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "kexec_load": 104, "keyctl": 219, "lookup_dcookie": 18, "mount": 40,
         "mount_setattr": 442, "move_mount": 429, "name_to_handle_at": 264, "nfsservctl": 42,
         "open_by_handle_at": 265, "open_tree": 428, "perf_event_open": 241, "pivot_root": 41,
-        "process_vm_readv": 270, "process_vm_writev": 271, "quotactl": 60, "quotactl_fd": 443,
+        "pidfd_getfd": 438, "process_vm_readv": 270, "process_vm_writev": 271, "ptrace": 117, "quotactl": 60, "quotactl_fd": 443,
         "reboot": 142, "request_key": 218, "setns": 268, "settimeofday": 170, "swapoff": 225,
         "swapon": 224, "syslog": 116, "umount2": 39, "unshare": 97, "userfaultfd": 282,
         "vhangup": 58,

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import re
+import shlex
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from claw_sandbox import _fsat, _leftovers
+from claw_sandbox import _fsat, _hostpaths, _leftovers
 from claw_sandbox.backends.base import Backend, Sandbox
 from claw_sandbox.errors import InfraError, JobError
-from claw_sandbox.records import Job, Run, Verify, VerifyResult
+from claw_sandbox.records import Command, Job, Run, Verify, VerifyResult
 from claw_sandbox.workspace import collect, parse_reward, read_file
 
 
@@ -132,6 +133,7 @@ async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
             )
     if job.steps:
         return await _run_steps(job, sandbox)
+    await _check_program(job, sandbox, job.command, deadline)
     r = await sandbox.run(job.command, timeout_s=max(0.001, deadline - time.monotonic()))
     fields: dict = {
         "status": "timeout" if r.timed_out else "ok",
@@ -146,7 +148,62 @@ async def _steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
 
 #: how much of each step's output its record in the run keeps (the run's tails are the last step's)
 STEP_TAIL_CHARS = 2000
-NOT_STARTED_EXITS = (126, 127)
+#: how long the runner's lookup of the command's program may take (within the job's timeout)
+LOOKUP_TIMEOUT_S = 30.0
+# a program name the lookup may ask about: no shell expansion, quoting or redirection in it
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.+@%,:/-]+")
+
+
+def launched_program(command: Command) -> str | None:
+    """The program a command starts first, as the runner looks it up (`_check_program`): a
+    list's argv[0]; a shell string's first simple command's first word, after assignments and
+    prefixes (``exec``, ``env``, ``command -v``: so the name a ``command -v NAME || exit 127``
+    guard checks). None where only the shell could tell: a word with expansions, quotes or
+    redirections, a function the command defines, a string the shell would refuse."""
+    if not isinstance(command, str):
+        return command[0] if command else None
+    lex = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    try:
+        tokens = list(lex)
+    except ValueError:
+        return None
+    for i, tok in enumerate(tokens):
+        if tok in _hostpaths._SEPARATORS or tok in _hostpaths._PREFIXES:
+            continue
+        after = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if tok.startswith("-"):
+            continue  # an option of a prefix (command -v, env -i)
+        if _hostpaths._ASSIGNMENT.match(tok):
+            value = tok.partition("=")[2]
+            if after.startswith("(") or not _PLAIN_NAME.fullmatch(value or "x"):
+                return None  # `p=$(...)`, `A="x y"`: the shell decides
+            continue
+        if after.startswith("(") or not _PLAIN_NAME.fullmatch(tok):
+            return None  # `f() { ...; }` defines f; `$X`, `>file`: the shell decides
+        return tok
+    return None
+
+
+async def _check_program(job: Job, sandbox: Sandbox, command: Command, deadline: float) -> None:
+    """Before the first agent command, while no agent process has run: the runner looks up the
+    program it starts (`Sandbox.lookup`), and a program that is not there makes the run an
+    `error` (JobError) without running it. This, never the command's exit code (126 / 127 are
+    codes any agent can exit with, or make its shell exit with), is what says a harness could
+    not start."""
+    name = launched_program(command)
+    if name is None:
+        return
+    found = await sandbox.lookup(
+        name, command, timeout_s=max(0.001, min(LOOKUP_TIMEOUT_S, deadline - time.monotonic()))
+    )
+    if found is False:
+        path = sandbox.env().get("PATH")
+        where = f"PATH={path}" if path is not None else "the image's PATH"
+        raise JobError(
+            f"job {job.job_id!r}: command: {name!r} was not found in the job's environment "
+            f"({where}; looked up by the runner before the command ran): the command did not run"
+        )
 
 
 def step_rewards(v: VerifyResult) -> dict[str, float]:
@@ -198,6 +255,8 @@ async def _run_steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
             rec.update(status="error", error=failed)
             status, error = "error", failed
             break
+        if i == 0:  # later steps run after the agent has: their exit codes are the agent's
+            await _check_program(job, sandbox, step.command, deadline)
         r = await sandbox.run(step.command, timeout_s=max(0.001, deadline - time.monotonic()))
         out, err = r.stdout, r.stderr
         rec.update(
@@ -209,8 +268,7 @@ async def _run_steps(job: Job, sandbox: Sandbox) -> tuple[dict, str, str]:
         if r.timed_out:
             rec["error"] = f"step {step.name!r}: command timed out after {step.timeout_s:g}s"
             status, error = "timeout", rec["error"]
-        if exit_code is None or exit_code not in NOT_STARTED_EXITS:
-            exit_code = r.exit_code
+        exit_code = r.exit_code
         if step.verify is not None:
             v = await _verify(job, sandbox, step.verify)
             rec["verify"] = v.to_dict()

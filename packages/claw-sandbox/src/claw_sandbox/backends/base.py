@@ -22,6 +22,8 @@ from claw_sandbox.errors import JobError
 from claw_sandbox.records import Command, Job, Limits, Mount, Step, Verify
 from claw_sandbox.workspace import build_workspace, chown_tree, copy_into, safe_write
 
+# what `Sandbox.lookup`'s probe prints
+_FOUND, _MISSING = "claw-lookup-found", "claw-lookup-missing"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Bounds for a job that names none. memory/pids/cpus apply through the job's cgroup (so only
 # where the cgroup tree is writable; the rlimit fallback applies a job's own limits only: an
@@ -237,6 +239,23 @@ class Sandbox(abc.ABC):
             env.update(self.job.image_env)
         env.update(self.job.env)
         return env
+
+    async def lookup(self, program: str, command: Command, *, timeout_s: float) -> bool | None:
+        """Whether `program`, the one `command` starts, exists in the job's environment as the
+        command would find it: its shell's own ``command -v`` (builtins, keywords and PATH, in the
+        job's root and working directory, with the job's env), run as a step of its own. None
+        when the lookup gave no answer (it timed out, or its shell did not start). The runner
+        calls this before the agent's command, while no agent process has run: its answer is the
+        runner's."""
+        probe = (
+            f"command -v -- {shlex.quote(program)} >/dev/null 2>&1 "
+            f"&& echo {_FOUND} || echo {_MISSING}"
+        )
+        r = await self.run(probe, timeout_s=timeout_s)
+        words = r.stdout.split()
+        if r.timed_out or r.exit_code != 0 or len(words) != 1:
+            return None
+        return {_FOUND: True, _MISSING: False}.get(words[0])
 
     def proxy_url_inside(self) -> str:
         return f"http://127.0.0.1:{self.job.network.port}"

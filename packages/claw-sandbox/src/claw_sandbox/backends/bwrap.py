@@ -155,6 +155,8 @@ class BwrapSandbox(Sandbox):
         self.relay: _forward.Relay | None = None
         self._status, self._status_fd = b"", -1
         self.verifying = False
+        #: while the runner looks up a command's program: that command (its binds, not the probe's)
+        self._shown_for: Command | None = None
         #: the running verify step's own network policy (verify.network), else None
         self.verify_network: str | None = None
         #: the root of a harbor verify step that holds copies of `copied_targets` (see place)
@@ -214,9 +216,31 @@ class BwrapSandbox(Sandbox):
         ]
 
     def writable_places(self) -> list[str]:
-        # /var/tmp links to the job's /tmp; harbor's /root is the job's own home
-        extra = ["/var/tmp"] + (["/root"] if self.job.profile == "harbor" else [])
-        return [*super().writable_places(), *extra]
+        # harbor's /root is the job's own home. The job's /tmp is not here: a runner's PATH entry
+        # under /tmp (a test's temporary venv, say) stays on PATH, and each step shows it either
+        # read-only from the host (the command's programs) or as an empty read-only tmpfs
+        # (`_masked_path_args`), never as what the job left in its /tmp
+        home = ["/root"] if self.job.profile == "harbor" else []
+        return [self.inside_workspace, *self.job.mount_targets(), *home]
+
+    def _masked_path_args(self, bound: set[str]) -> list[str]:
+        """An empty read-only tmpfs over each inherited PATH entry inside the job's /tmp that the
+        step does not show from the host: a program the job planted there never runs."""
+        args: list[str] = []
+        for entry in dict.fromkeys(self.inherited_path().split(os.pathsep)):
+            norm = posixpath.normpath(entry)
+            if _under(norm, ("/tmp", "/var/tmp")) and not _under(norm, bound):
+                args += ["--tmpfs", norm, "--remount-ro", norm]
+        return args
+
+    def inherited_path(self) -> str:
+        # /tmp itself cannot be masked (it is the job's own): it never is on a job's PATH
+        kept = [
+            e
+            for e in super().inherited_path().split(os.pathsep)
+            if posixpath.normpath(e) not in ("/tmp", "/var/tmp")
+        ]
+        return os.pathsep.join(kept) or DEFAULT_PATH
 
     def env(self) -> dict[str, str]:
         env = super().env()
@@ -230,6 +254,14 @@ class BwrapSandbox(Sandbox):
             env.update(self.job.image_env)
             env.update(self.job.env)
         return env
+
+    async def lookup(self, program: str, command: Command, *, timeout_s: float) -> bool | None:
+        # the probe sees what `command` would: the host paths its programs need bound back
+        self._shown_for = command
+        try:
+            return await super().lookup(program, command, timeout_s=timeout_s)
+        finally:
+            self._shown_for = None
 
     async def start(self) -> None:
         if self.backend.cgroups.version is not None:
@@ -253,8 +285,9 @@ class BwrapSandbox(Sandbox):
             args += ["--bind", str(self.verify_root), "/"]
         args += _without_binds_at(self.base_args, copied)
         args += self._bind_args(copied)
-        bound, shown = self._program_args(command)
+        bound, shown = self._program_args(self._shown_for or command)
         args += shown
+        args += self._masked_path_args(bound)
         for h in sorted(self.backend.hidden):  # e.g. the job directories, inside a bound dir
             if _under(h, bound) or _under(h, VISIBLE_ROOTS):
                 args += ["--tmpfs", h]
