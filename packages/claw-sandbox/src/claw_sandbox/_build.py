@@ -246,10 +246,11 @@ def _own(state: _State) -> None:
             os.fchown(root_fd, uid, gid)
         for dir_fd, _, name, kind in _fsat.walk(root_fd, lambda parts: True):
             try:
-                if as_root:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if as_root and (st.st_uid, st.st_gid) != (uid, gid):
                     os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
-                if kind == "file":
-                    _clear_suid(dir_fd, name)
+                if kind == "file" and st.st_mode & _SUID_BITS:
+                    _clear_suid(dir_fd, name)  # rechecked on the file it opens
             except FileNotFoundError:
                 continue
     finally:
