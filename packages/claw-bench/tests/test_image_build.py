@@ -124,10 +124,10 @@ def test_task_passes_its_oracle_only_in_its_image_built_without_a_daemon():
             rewards[name] = (outcome["status"], outcome["reward"], run["verify"]["reward"])
             errors = outcome.get("error")
             logs[name] = (run["stderr_tail"], run["verify"]["output"])
-        # on the host's root solve.sh exits 127 (scored as a harness that could not start) and
-        # the verifier's reward is 0
-        assert rewards == {"image": ("ok", 1.0, 1.0), "host": ("infra_error", None, 0.0)}, logs
-        assert "mytool: command not found" in errors
+        # on the host's root solve.sh exits 127 (mytool: command not found): a failed rollout
+        # the verifier scores 0, not an infra error (the exit code is the agent's)
+        assert rewards == {"image": ("ok", 1.0, 1.0), "host": ("ok", 0.0, 0.0)}, logs
+        assert errors is None and "mytool: command not found" in logs["host"][0]
     finally:
         shutil.rmtree(top)
 

@@ -263,8 +263,11 @@ def test_plan_cli_oracle_needs_no_proxy(tmp_path):
     assert r.exit_code == 2 and "give --proxy and --proxy-secret-file" in r.output
 
 
-def test_harness_that_cannot_start_is_an_infra_error(tmp_path):
-    """A harness whose executable is missing exits 127 with the reason and scores infra_error, not 0."""
+def test_harness_exit_127_is_a_failed_rollout_and_only_the_sandbox_says_it_did_not_start(tmp_path):
+    """A harness whose executable is missing: the job's own guard exits 127 with the reason, and
+    that exit code (which any agent can produce) scores as a failed rollout, reward 0.0. Only a
+    run the sandbox marks `error` (its lookup, before the agent ran, found no such program) is an
+    infra_error with reward null."""
     adapter = tmp_path / "ghost.toml"
     adapter.write_text(
         'api = "chat"\nrequires = ["claw-no-such-tool"]\ninstruction = "file"\n'
@@ -279,14 +282,13 @@ def test_harness_that_cannot_start_is_an_infra_error(tmp_path):
         secret=SECRET,
     )
     run = run_job(job, tmp_path / "runs")
-    assert run["exit_code"] == 127
+    assert run["exit_code"] == 127 and "claw-no-such-tool is not installed" in run["stderr_tail"]
     out = score_run(run)
-    assert out["status"] == "infra_error" and out["reward"] is None
-    assert (
-        "could not start" in out["error"] and "claw-no-such-tool is not installed" in out["error"]
-    )
-    plain = score_run({**run, "stderr_tail": "bash: line 1: claude: command not found\n"})
-    assert plain["status"] == "infra_error" and "command not found" in plain["error"]
+    assert (out["status"], out["reward"], out["passed"]) == ("ok", 0.0, False), out
+    why = "job 'x': command: 'claw-no-such-tool' was not found in the job's environment"
+    refused = {**run, "status": "error", "exit_code": None, "verify": None, "error": why}
+    out = score_run(refused)
+    assert out["status"] == "infra_error" and out["reward"] is None and out["error"] == why
 
 
 def _flow(tmp_path: Path, backend: str, *extra: str) -> dict:

@@ -35,6 +35,45 @@ def test_infra_errors_are_not_zero_rewards():
         )
 
 
+@pytest.mark.parametrize("code", [126, 127, 1, 139])
+def test_a_failed_agent_command_is_a_failed_rollout(code):
+    """Any exit code of the agent's command, 126 / 127 included (an agent can exit so, or make its
+    shell exit so through ptrace, with "command not found" on stderr), is a failed rollout its
+    verifier scores: reward 0.0, never infra_error with reward null. Only the sandbox's own
+    `error` (its lookup found no program before the agent ran) is an infra error."""
+    run = _run(
+        exit_code=code,
+        stderr_tail="claw-bench: harness h could not start: x is not installed\nbash: claude: command not found\n",
+        verify={"exit_code": 1, "passed": False, "reward": 0.0, "details": {}},
+    )
+    o = score_run(run)
+    validate(o, "outcome")
+    assert (o["status"], o["reward"], o["passed"]) == ("ok", 0.0, False), o
+    assert o["meta"]["exit_code"] == code
+    steps = _run(
+        exit_code=code,
+        steps=[
+            {
+                "name": "a",
+                "exit_code": code,
+                "verify": {"exit_code": 1, "passed": False, "reward": 0.0},
+            }
+        ],
+        verify={"exit_code": 1, "passed": False, "reward": 0.0},
+        meta={**META, "multi_step_reward_strategy": "mean"},
+    )
+    assert (score_run(steps)["status"], score_run(steps)["reward"]) == ("ok", 0.0)
+    missing = _run(
+        "error",
+        exit_code=None,
+        error="job 'j': command: 'x' was not found in the job's environment",
+    )
+    o = score_run(missing)
+    assert (
+        o["status"] == "infra_error" and o["reward"] is None and "'x' was not found" in o["error"]
+    )
+
+
 def test_reward_sources_in_order():
     """Verifier reward first, then mean of sub-scores, then the collected reward file, then the exit code."""
     assert (

@@ -1,11 +1,13 @@
 """Scoring: claw.run/v1 records in, claw.outcome/v1 records out.
 
 Rules:
-- A run the sandbox could not carry out (``infra_error``, or ``error``: the job was invalid), or
-  an ok/timeout run without a verify result, is ``status: infra_error`` with reward null: never
-  a zero reward, so it neither trains nor counts against Pass@k. So is a run whose harness could
-  not start: exit 126 / 127 (not executable / command not found, e.g. the harness is not
-  installed in the job's environment), with the reason from its stderr.
+- A run the sandbox could not carry out (``infra_error``, or ``error``: the job was invalid, e.g.
+  the sandbox's own lookup before the agent ran found no harness program in the job's
+  environment), or an ok/timeout run without a verify result, is ``status: infra_error`` with
+  reward null: never a zero reward, so it neither trains nor counts against Pass@k. Only the
+  sandbox decides this, from what it saw: the agent command's exit code never does. Any exit
+  code, 126 / 127 included (an agent can exit with them, or make its shell exit with them), is a
+  failed rollout its verifier scores, as in Harbor.
 - A run planned as not scorable (the oracle of a task without a reference solution) is
   ``status: not_scorable`` with the reason.
 - Otherwise the reward is the verifier's reward when it gave one; else the mean of its numeric
@@ -42,26 +44,6 @@ def _sub_scores(details: Any) -> dict[str, float]:
         for k, v in details.items()
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
-
-
-#: harness exit codes that mean it never ran: 126 not executable, 127 command not found
-NOT_STARTED_EXITS = (126, 127)
-
-
-def _not_started(run: dict[str, Any]) -> str:
-    """Why the harness could not start: its last stderr line naming the problem, and the exit code."""
-    code = run.get("exit_code")
-    lines = [ln.strip() for ln in str(run.get("stderr_tail") or "").splitlines() if ln.strip()]
-    hint = next((ln for ln in reversed(lines) if "could not start" in ln), None) or next(
-        (
-            ln
-            for ln in reversed(lines)
-            if "not found" in ln or "No such file" in ln or "ermission denied" in ln
-        ),
-        lines[-1] if lines else None,
-    )
-    what = "command not found" if code == 127 else "not executable"
-    return f"harness could not start (exit {code}: {what})" + (f": {hint[-300:]}" if hint else "")
 
 
 def _no_reward(verify: dict[str, Any]) -> str | None:
@@ -186,12 +168,11 @@ def _outcome_head(run: dict[str, Any], meta: dict[str, Any], status: str) -> dic
 
 
 def _unscored(run: dict[str, Any], meta: dict[str, Any], status: str) -> tuple[str, str] | None:
-    """(status, error) of a run that gets no reward: planned as not scorable, a harness that could
-    not start, a run the sandbox could not carry out, a run without a verify result."""
+    """(status, error) of a run that gets no reward: planned as not scorable, a run the sandbox
+    could not carry out (its harness program missing included), a run without a verify result.
+    The command's exit code is not looked at: it is the agent's."""
     if isinstance(meta.get("not_scorable"), str):
         return "not_scorable", meta["not_scorable"]
-    if status == "ok" and run.get("exit_code") in NOT_STARTED_EXITS:
-        return "infra_error", _not_started(run)
     if status in ("error", "infra_error"):
         return "infra_error", run.get("error") or f"run status {status}"
     if not isinstance(run.get("verify"), dict):
