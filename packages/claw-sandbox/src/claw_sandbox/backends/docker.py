@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import gc
 import io
 import os
@@ -41,27 +40,12 @@ from claw_sandbox.records import Command, Job, Limits, Step, Verify, is_under, p
 from claw_sandbox.workspace import copy_into
 
 WAIT_READY = 'while [ ! -e /run/claw/ready ]; do sleep 0.01; done; exec "$@"'
-# the trial container's processes (pid 1, docker's init, and its `sleep infinity`), listed at start
-LIST_PIDS = 'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] || printf "%s " "$p"; done'
-# SIGKILL every process of the trial container but those listed at start ($1) and this shell, in
-# rounds until none is left (zombies wait for init, they run nothing); only shell builtins
-KILL_LEFTOVERS = """keep=" $1 $$ "; n=0
-while [ $n -lt 50 ]; do
-  left=
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case $keep in *" $p "*) continue ;; esac
-    read -r s 2>/dev/null < "$d/stat" || continue
-    case ${s##*) } in Z*|X*) continue ;; esac
-    kill -9 "$p" 2>/dev/null && left=1
-  done
-  [ -z "$left" ] && exit 0
-  n=$((n+1))
-done
-echo "the job's processes keep coming back"; exit 1"""
+#: how long a restarted trial container's keep-alive has to come up before the verify step
+KEEPALIVE_WAIT_S = 30.0
 HARBOR_NOTE = """
 A job with `profile: "harbor"` runs as Harbor runs a trial: one container for every step (setup,
-command, verify), started from the image with a `sleep infinity` under docker's init; each step
+command, verify), started from the image with a `sleep infinity` under docker's init (and started
+again, every process of it killed, before each verify step); each step
 is a `docker exec` at the job's `workdir`, as the image's USER (root unless the Dockerfile says
 otherwise), with the image's PATH and HOME (the job's env over them), docker's default
 capabilities and a writable container filesystem. The job's files are copied into the workdir
@@ -85,7 +69,7 @@ class DockerSandbox(Sandbox):
         self.container: Any = None  # the trial container of a `profile: "harbor"` job
         self.placed: set[str] = set()  # verify-only mount targets now copied into the container
         self.forwarder: subprocess.Popen | None = None
-        self.trial_pids = "1"  # the trial container's own processes (in its pid namespace)
+        self.broken = ""  # why a restarted trial container did not come up again (the job's doing)
         self.services: JobServices | None = None  # the job's sidecars and their network
         if job.profile == "harbor":
             self.owner = None  # root (or the image's USER) inside owns what it writes
@@ -160,8 +144,6 @@ class DockerSandbox(Sandbox):
             raise InfraError(not_running(self.container, self.env(), "the trial container"))
         if self.relay is not None:
             self.forwarder = self._start_forwarder(self.container)
-        listed = self._exec(("/bin/sh", "-c", LIST_PIDS), 60.0, True, user="0:0")
-        self.trial_pids = listed.stdout.strip() if listed.exit_code == 0 else "1"
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for entry in sorted(os.listdir(self.workspace)):
@@ -174,16 +156,71 @@ class DockerSandbox(Sandbox):
             ) from exc
 
     def clear_for_verify(self, verify: Verify) -> None:
-        """A trial container outlives each step, and so would a process the agent left running
-        (one that keeps writing the reward file): every process of the container but its own is
-        killed first. Then the host directories are cleared (check_job keeps a harbor job's reward
-        file and reset paths in mounts, which are bound from the host)."""
+        """A trial container outlives each step, and so would anything the agent left running in
+        it: a process that keeps writing the reward file, or the container's own `sleep infinity`
+        and docker's init, which the agent (root inside, as in Harbor) can ptrace or rewrite
+        through /proc/<pid>/mem. So the whole container is killed (its pid namespace with it) and
+        started again: the verify step finds only a fresh init and keep-alive, and the container's
+        files as the agent left them. Then the host directories are cleared (check_job keeps a
+        harbor job's reward file and reset paths in mounts, which are bound from the host)."""
         if self.job.profile == "harbor" and self.container is not None:
-            r = self._exec(("/bin/sh", "-c", KILL_LEFTOVERS, "claw-kill", self.trial_pids),
-                           120.0, True, user="0:0")  # fmt: skip
-            if r.exit_code != 0:
-                raise OSError(errno.EBUSY, f"the job's processes could not be stopped: {r.stdout}")
+            self._restart_trial()
         super().clear_for_verify(verify)
+
+    def _restart_trial(self) -> None:
+        """Kill every process of the trial container and start it again. It started from this
+        config before, so when it does not start now, or its keep-alive does not come up, it is
+        what the job left in it that fails (`sleep` removed, the workdir made a file): `broken`
+        says so and the steps that follow fail. That is the job's failure, never an infra error
+        (which an agent could choose to hide its failures)."""
+        import docker.errors
+
+        assert self.container is not None
+        if self.forwarder is not None:
+            self.forwarder.kill()
+            self.forwarder.wait()
+            self.forwarder = None
+        try:
+            with contextlib.suppress(docker.errors.APIError):  # not running: already stopped
+                self.container.kill()
+            self.container.wait(timeout=60)
+        except docker.errors.APIError as exc:
+            raise InfraError(
+                f"docker could not stop the trial container: {exc.explanation or exc}"
+            ) from exc
+        try:
+            self.container.start()
+        except docker.errors.APIError as exc:
+            self.broken = "the trial container did not start again for the verify step: " + str(
+                exc.explanation or exc
+            )
+            return
+        if not self._keepalive_up(time.monotonic() + KEEPALIVE_WAIT_S):
+            self.container.reload()
+            self.broken = "the trial container did not come up again for the verify step: " + (
+                not_running(self.container, {}, "it")
+            )
+            return
+        if self.relay is not None:
+            self.forwarder = self._start_forwarder(self.container)
+
+    def _keepalive_up(self, deadline: float) -> bool:
+        """Whether the trial container runs its init and keep-alive (two processes or more, still
+        running a moment later) before `deadline` (time.monotonic)."""
+        import docker.errors
+
+        assert self.container is not None
+        while time.monotonic() < deadline:
+            with contextlib.suppress(docker.errors.APIError):  # not running (yet, or any more)
+                if len(self.container.top()["Processes"]) >= 2:
+                    time.sleep(0.1)
+                    self.container.reload()
+                    return self.container.status == "running"
+            self.container.reload()
+            if self.container.status not in ("created", "running", "restarting"):
+                return False
+            time.sleep(0.02)
+        return False
 
     def place_verify_files(self, verify: Verify | None = None) -> None:
         super().place_verify_files(verify)
@@ -392,6 +429,8 @@ class DockerSandbox(Sandbox):
     async def run(
         self, command: Command, *, timeout_s: float, merge_stderr: bool = False
     ) -> StepResult:
+        if self.broken:  # nothing runs in a trial container the job broke: the step fails
+            return StepResult(exit_code=1, timed_out=False, stdout=self.broken + "\n", stderr="")
         if self.job.profile == "harbor":
             return await asyncio.to_thread(self._exec, command, timeout_s, merge_stderr)
         return await asyncio.to_thread(self._run, command, timeout_s, merge_stderr)
