@@ -79,3 +79,34 @@ def test_a_broken_trial_container_is_a_failed_rollout(docker_backend, tmp_path):
     assert "did not come up again" in runs["nosleep"]["verify"]["output"], runs["nosleep"]
     for run in runs.values():
         assert run["status"] != "infra_error" and run["verify"]["reward"] == 0.0, run
+
+
+def test_the_proxy_answers_the_restarted_container(docker_backend, tmp_path):  # noqa: F811
+    """A harbor job with policy proxy: its verify step, in the container started again, still
+    reaches the proxy on 127.0.0.1:PORT (the forwarder follows the container's new namespace)."""
+    import os
+    import subprocess
+    import sys
+
+    from test_docker import _free_port
+
+    if os.geteuid() != 0:
+        pytest.skip("the docker proxy forwarder needs root (nsenter)")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("hello from the proxy\n")
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              cwd=site, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    get = "wget -q -O- http://127.0.0.1:18080/ > /logs/verifier/got"
+    net = {"policy": "proxy", "proxy_url": f"http://127.0.0.1:{port}", "port": 18080}
+    j = job("hbproxy", image=IMAGE, profile="harbor", workdir="/app", command=get, network=net,
+            mounts=[{"target": "/logs/verifier"}], collect=["/logs/verifier/got"],
+            verify={"command": get})  # fmt: skip
+    try:
+        (run,) = run_jobs([j], backend=docker_backend, workdir=tmp_path)
+    finally:
+        server.kill()
+        server.wait()
+    assert run["verify"]["exit_code"] == 0, run
+    assert run["collected"]["/logs/verifier/got"] == "hello from the proxy\n", run
