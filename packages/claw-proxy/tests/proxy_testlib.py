@@ -85,3 +85,119 @@ def reference_logprobs(model, call) -> list[float]:
             row[idx[drop]] = -torch.inf
         out.append(float(torch.log_softmax(row, -1)[tok]))
     return out
+
+
+def _bpe_corpus() -> list[str]:
+    """A small, fixed training text: prose, code, numbers, non-ASCII and long runs of dashes
+    and spaces (so the vocabulary gets tokens hundreds of bytes long, as real ones have)."""
+    import random
+
+    rnd = random.Random(7)
+    words = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "that",
+        "for",
+        "it",
+        "with",
+        "as",
+        "was",
+        "on",
+        "be",
+        "by",
+        "this",
+        "are",
+        "from",
+        "at",
+        "or",
+        "an",
+        "not",
+        "def",
+        "return",
+        "import",
+        "class",
+        "self",
+        "value",
+        "list",
+        "dict",
+        "print",
+        "if",
+        "else",
+        "for",
+        "while",
+        "yield",
+        "None",
+        "proxy",
+        "token",
+        "prompt",
+        "limit",
+        "render",
+        "session",
+        "tool",
+        "call",
+        "answer",
+        "model",
+        "über",
+        "café",
+        "naïve",
+        "日本語",
+        "テキスト",
+        "한국어",
+        "Привет",
+        "мир",
+    ]
+    lines = []
+    for i in range(3000):
+        n = rnd.randint(3, 14)
+        line = " ".join(rnd.choice(words) for _ in range(n))
+        if i % 7 == 0:
+            line = "    " * rnd.randint(1, 4) + line + f" = {rnd.randint(0, 99999)}"
+        lines.append(line)
+    lines += ["-" * 512, "=" * 256, " " * 300 + "x", "#" * 128] * 40
+    return lines
+
+
+def bpe_dir(path: Path, *, normalizer: str | None = None) -> Path:
+    """An HF directory like the tiny model's (chat template, special tokens, eos), but with a
+    byte-level BPE vocabulary of 4,000 entries trained here on `_bpe_corpus` (its longest token
+    is 512 bytes). `normalizer="NFC"` gives a Qwen2-style tokenizer: NFC, then a Split on a
+    regex, then ByteLevel without its own regex."""
+    import shutil
+
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    path.mkdir(parents=True, exist_ok=True)
+    for f in TINY.iterdir():
+        if f.name not in ("model.safetensors", "tokenizer.json"):
+            shutil.copy(f, path / f.name)
+    spec = json.loads((TINY / "tokenizer.json").read_text())
+    specials = [a["content"] for a in spec["added_tokens"]]
+    tok = Tokenizer(models.BPE())
+    if normalizer == "NFC":
+        tok.normalizer = normalizers.NFC()
+        split = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4000,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_bpe_corpus(), trainer)
+    trained = json.loads(tok.to_str())
+    for added, old in zip(trained["added_tokens"], spec["added_tokens"], strict=True):
+        added.update({k: old[k] for k in ("special", "normalized", "lstrip", "rstrip")})
+    (path / "tokenizer.json").write_text(json.dumps(trained))
+    return path

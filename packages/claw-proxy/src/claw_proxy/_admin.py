@@ -112,7 +112,7 @@ class _Routes:
         engine = proxy.route(req.model)
         if engine.tokenizer_dir is None:
             raise RequestError("token counting is not available for a passthrough model", "model")
-        proxy.check_prompt_bound(req, engine.tokenizer_dir)
+        await proxy.check_prompt_bound(req, engine.tokenizer_dir)
         proxy.thinking(req, engine.tokenizer_dir)  # counted as the call would be rendered
         n = len(await proxy.offload(proxy.renderers[engine.tokenizer_dir].render_full, req))
         proxy.check_prompt_tokens(n)

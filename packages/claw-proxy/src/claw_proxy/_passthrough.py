@@ -342,7 +342,7 @@ async def _forward(proxy, api, engine, request, body: dict, session: str, state,
     student = None
     if proxy.config.student_ids:  # render the student's prompt before paying for the teacher
         req = await proxy.offload(api.parse, body)
-        proxy.check_prompt_bound(req, engine.tokenizer_dir)
+        await proxy.check_prompt_bound(req, engine.tokenizer_dir)
         rendered = await proxy.offload(proxy.caches[engine.tokenizer_dir].render, session, req)
         proxy.check_prompt_tokens(len(rendered.prompt_array))
         student = (api, rendered)

@@ -233,9 +233,10 @@ class Proxy:
 
     # --- limits -----------------------------------------------------------------------------
 
-    def check_prompt_bound(self, req: ChatRequest, directory: str | None) -> None:
+    async def check_prompt_bound(self, req: ChatRequest, directory: str | None) -> None:
         """413 before rendering when the request's message text alone proves the prompt longer
-        than --max-prompt-tokens (the rule: `_bound`)."""
+        than --max-prompt-tokens (the rules: `_bound`): from its characters, then by counting
+        its text's fewest tokens, which stops once past the limit."""
         bound = self.bounds.get(directory) if directory else None
         if bound is None:
             return
@@ -246,6 +247,21 @@ class Proxy:
                 f"the prompt has at least {n} tokens ({chars} characters of message text; a "
                 f"token of this tokenizer covers at most {bound.bytes_per_token}), over this "
                 f"proxy's limit of {limit} (--max-prompt-tokens)",
+                status=413,
+            )
+        floor = bound.floor
+        if floor is None or 4 * chars <= limit:  # a token holds a byte, a character <= 4
+            return
+        texts = bound.texts(req)
+        if chars > 65536:  # tens of milliseconds or more: not on the event loop
+            n = await self.offload(floor.count, texts, limit)
+        else:
+            n = floor.count(texts, limit)
+        if n > limit:
+            raise LimitError(
+                f"the prompt has at least {n} tokens (counted in its message text, stopped "
+                f"once past the limit), over this proxy's limit of {limit} "
+                "(--max-prompt-tokens)",
                 status=413,
             )
 
@@ -381,7 +397,7 @@ class Proxy:
         renderer = cache.renderer
         started = time.time()
         try:  # the session's slot (taken by the caller) is held: renders count too
-            self.check_prompt_bound(req, engine.tokenizer_dir)
+            await self.check_prompt_bound(req, engine.tokenizer_dir)
             thinking = self.thinking(req, engine.tokenizer_dir)
             # a call that extends an earlier one by a few messages is rendered here (less than a
             # millisecond of work), others on the worker threads
