@@ -30,7 +30,7 @@ template that trims or drops a role's content does not get that role counted).
    pieces any suffix, prefix or substring of a token needs. These come from the BPE merges: a
    token made by merging `a` and `b` has ``P(ab) <= max(P(a), 1 + P(b))``,
    ``S(ab) <= max(S(b), 1 + S(a))``, ``U(ab) <= max(U(a), U(b), S(a) + P(b))``, a single byte
-   1, any other token (an added one) its length. With ``slack = max(S + P - 2, U - 1) + 1``
+   1; a token no merge makes (an added one) is measured directly (its length when over 32). With ``slack = max(S + P - 2, U - 1) + 1``
    (the last 1: a token that starts before `R` is counted with the chunk before), the tokens
    that start inside `R` number at least ``m(R) - slack``, and chunks do not overlap, so the
    prompt has at least the sum over chunks of ``max(0, m(R) - slack)`` tokens.
