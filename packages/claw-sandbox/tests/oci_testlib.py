@@ -9,8 +9,10 @@ from pathlib import Path
 
 
 def layer(*entries, gz: bool = False) -> bytes:
-    """A layer tar from entries: (name, "file", text[, mode]), (name, "dir"), (name, "sym",
-    target), (name, "link", target), (name, "chr"), (name, "file-bytes", data[, mode])."""
+    """A layer tar from entries: (name, "file", text[, mode]), (name, "dir"[, mode]), (name,
+    "sym", target), (name, "link", target), (name, "chr"), (name, "file-bytes", data[, mode]),
+    (name, "sparse", size, [(offset, data), ...]): a GNU sparse (PAX 0.1) file of `size` bytes
+    that stores only the data regions (each whole 512-byte blocks, as GNU tar writes them)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, kind, *rest in entries:
@@ -20,7 +22,16 @@ def layer(*entries, gz: bool = False) -> bytes:
                 data = rest[0].encode() if kind == "file" else rest[0]
                 info.size, info.mode = len(data), rest[1] if len(rest) > 1 else 0o644
             elif kind == "dir":
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                info.type, info.mode = tarfile.DIRTYPE, rest[0] if rest else 0o755
+            elif kind == "sparse":
+                size, regions = rest
+                data = b"".join(chunk for _, chunk in regions)
+                ends = [(off, len(chunk)) for off, chunk in regions] + [(size, 0)]  # as GNU tar
+                spans = ",".join(f"{off},{n}" for off, n in ends)
+                info.size, info.mode = len(data), 0o644
+                info.pax_headers = {"GNU.sparse.size": str(size),  # in GNU tar's order
+                                    "GNU.sparse.numblocks": str(len(ends)),
+                                    "GNU.sparse.name": name, "GNU.sparse.map": spans}  # fmt: skip
             elif kind in ("sym", "link"):
                 info.type = tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE
                 info.linkname = rest[0]
@@ -79,14 +90,15 @@ def oci_layout(root: Path, layers: list[bytes], cfg: bytes, *, bad_digest: bool 
     return root
 
 
-def docker_save(path: Path, layers: list[bytes], cfg: bytes) -> Path:
-    """A `docker save` archive: manifest.json naming <config>.json and <id>/layer.tar files."""
+def docker_save(
+    path: Path, layers: list[bytes], cfg: bytes, names: list[str] | None = None
+) -> Path:
+    """A `docker save` archive: manifest.json naming <config>.json and <id>/layer.tar files
+    (or the layer names given)."""
     files = {f"{_sha(cfg)[7:]}.json": cfg}
-    names = []
-    for data in layers:
-        name = f"{_sha(data)[7:]}/layer.tar"
+    names = names or [f"{_sha(data)[7:]}/layer.tar" for data in layers]
+    for name, data in zip(names, layers, strict=True):
         files[name] = data
-        names.append(name)
     manifest = [{"Config": f"{_sha(cfg)[7:]}.json", "RepoTags": ["t:latest"], "Layers": names}]
     files["manifest.json"] = json.dumps(manifest).encode()
     with tarfile.open(path, "w") as tar:
