@@ -104,9 +104,11 @@ def build(
     tag: str | None = None,
     network: bool = False,
     progress: Callable[[str], None] | None = None,
+    image_budget: _oci.Budget | None = None,
 ) -> Built:
     """Build ``dockerfile`` (default ``CONTEXT/Dockerfile``) into an OCI image layout at
-    ``output`` (a new or empty directory). ``bases`` maps a FROM name to a local image;
+    ``output`` (a new or empty directory). ``bases`` maps a FROM name to a local image
+    (unpacked within ``image_budget``, default ``_oci.Budget()``);
     BuildError names the Dockerfile line that fails."""
     ctx = Path(context)
     path = Path(dockerfile) if dockerfile is not None else ctx / "Dockerfile"
@@ -129,18 +131,18 @@ def build(
         for n, step in enumerate(todo, 1):
             if progress:
                 progress(f"step {n}/{len(todo)}: {step.kind} {step.text}"[:200])
-            _do(step, state, ctx, str(path), dict(bases or {}), work, network)
+            _do(step, state, ctx, str(path), dict(bases or {}), work, network, image_budget)
         return _write_layout(state, out, tag)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _do(step: Step, state: _State, ctx: Path, path: str, bases: dict[str, Any], work: Path,
-        network: bool) -> None:  # fmt: skip
+        network: bool, budget: _oci.Budget | None = None) -> None:  # fmt: skip
     where = step.where(path)
     cfg = state.config.setdefault("config", {})
     if step.kind == "FROM":
-        _from(step, state, bases, where, work)
+        _from(step, state, bases, where, work, budget)
     elif step.kind == "ARG":
         for word in words(step.text, where):
             name, eq, default = word.partition("=")
@@ -177,7 +179,8 @@ def _do(step: Step, state: _State, ctx: Path, path: str, bases: dict[str, Any], 
     state.note(step, empty=True)
 
 
-def _from(step: Step, state: _State, bases: dict[str, Any], where: str, work: Path) -> None:
+def _from(step: Step, state: _State, bases: dict[str, Any], where: str, work: Path,
+          budget: _oci.Budget | None = None) -> None:  # fmt: skip
     parts = [w for w in words(expand(step.text, state.args), where) if not w.startswith("--")]
     if not parts:
         raise BuildError(f"{where}: FROM needs an image")
@@ -193,7 +196,7 @@ def _from(step: Step, state: _State, bases: dict[str, Any], where: str, work: Pa
             "or a `docker save` archive), or build FROM scratch"
         )
     try:
-        image = _oci.unpack(bases[name], work / "base")
+        image = _oci.unpack(bases[name], work / "base", budget=budget)
         config, layers = _base_blobs(Path(bases[name]))
     except ImageError as exc:
         raise BuildError(f"{where}: {exc}") from None

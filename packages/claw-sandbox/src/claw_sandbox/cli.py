@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ def _log(msg: str) -> None:
 
 def _backend(
     name: str, ro_paths: tuple[str, ...], image: str | None = None, rootfs: str | None = None,
-    oci: tuple[str, ...] = (),
+    oci: tuple[str, ...] = (), budget: _oci.Budget | None = None,
 ):  # fmt: skip
     options: dict = {"ro_paths": ro_paths} if ro_paths and name in ("auto", "bwrap") else {}
     if rootfs and name in ("auto", "bwrap"):
@@ -38,7 +39,7 @@ def _backend(
             if name not in ("auto", "bwrap") or rootfs:
                 raise click.UsageError("--oci needs the bwrap backend and no --rootfs")
             name = "bwrap"
-            options.update(_images(oci))
+            options.update(_images(oci, budget))
         return get_backend(name, **options)
     except ClawError as exc:
         raise click.ClickException(
@@ -46,9 +47,9 @@ def _backend(
         ) from None
 
 
-def _images(values: tuple[str, ...]) -> dict:
+def _images(values: tuple[str, ...], budget: _oci.Budget | None = None) -> dict:
     """--oci values as bwrap's options: PATH (every job's image), NAME=PATH (the jobs whose
-    `image` is NAME), each unpacked (or found in the cache) now."""
+    `image` is NAME), each unpacked (or found in the cache) now, within the budget."""
     options: dict = {"images": {}}
     for value in values:
         name, sep, path = value.partition("=")
@@ -56,7 +57,12 @@ def _images(values: tuple[str, ...]) -> dict:
             name, path = "", value
         if not os.path.exists(path):
             raise click.BadParameter(f"{value}: no such file or directory", param_hint="--oci")
-        image = _oci.unpack(path)
+        try:
+            image = _oci.unpack(path, budget=budget)
+        except ClawError as exc:
+            over = "image budget" in str(exc)
+            hint = "\nhint: --image-max-bytes / --image-max-files raise it" if over else ""
+            raise click.ClickException(f"{exc}{hint}") from None
         _log(f"image {name or '(every job)'}: {image.digest[:19]}... unpacked at {image.rootfs}")
         if name:
             options["images"][name] = image
@@ -94,6 +100,26 @@ image_option = click.option(
     default=None,
     help="docker backend: image for jobs that name none (else CLAW_SANDBOX_IMAGE)",
 )
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A byte count: digits with an optional K, M, G or T (powers of 1024), e.g. 8G."""
+    m = re.fullmatch(r"(\d+)\s*([KMGT]?)(?:I?B)?", value.strip().upper())
+    if not m or int(m[1]) == 0:
+        raise click.BadParameter(f"{value!r} is not a size such as 8G, 512M or 1048576")
+    return int(m[1]) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m[2]]
+
+
+max_bytes_option = click.option(
+    "--image-max-bytes", default=f"{_oci.MAX_BYTES >> 30}G", show_default=True, metavar="SIZE",
+    callback=_size,
+    help="the most an OCI image may write when unpacked, all layers together: regular files by "
+    "apparent size (a sparse file counts its holes); K, M, G, T suffixes",
+)  # fmt: skip
+max_files_option = click.option(
+    "--image-max-files", default=_oci.MAX_FILES, show_default=True, type=click.IntRange(1),
+    metavar="N", help="the most entries (files, directories, links) an OCI image may unpack to",
+)  # fmt: skip
 ro_option = click.option(
     "--ro-path", "ro_paths", multiple=True, metavar="DIR",
     help="host directory to show read-only inside bwrap sandboxes (repeatable), e.g. a venv under /home",
@@ -164,6 +190,8 @@ def main() -> None:
     "(unpacked once, cached by digest; its ENV, WORKDIR and USER apply); NAME=PATH: only the jobs "
     "whose `image` is NAME (repeatable)",
 )
+@max_bytes_option
+@max_files_option
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
@@ -175,7 +203,7 @@ def main() -> None:
     "--ray-address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)"
 )
 def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, image, rootfs, oci,
-        executor, ray_address) -> None:  # fmt: skip
+        image_max_bytes, image_max_files, executor, ray_address) -> None:  # fmt: skip
     """Run every job of a claw.job/v1 JSONL file; stream claw.run/v1 lines as jobs finish.
 
     A bad line becomes a `status: error` run naming file, line and field; the other jobs run.
@@ -191,7 +219,8 @@ def run(jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, 
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
     _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=image, rootfs=rootfs, oci=oci)  # fmt: skip
+         ray_address, image=image, rootfs=rootfs, oci=oci,
+         budget=_oci.Budget(max_bytes=image_max_bytes, max_files=image_max_files))  # fmt: skip
     if not any(isinstance(i, Job) for i in items):
         bad = len(items)
         raise click.ClickException(
@@ -219,7 +248,7 @@ def _check_out(out: str) -> None:
 
 
 def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro_paths, executor,
-         ray_address, image=None, rootfs=None, oci=()) -> None:  # fmt: skip
+         ray_address, image=None, rootfs=None, oci=(), budget=None) -> None:  # fmt: skip
     if executor == "ray":
         if oci:
             raise click.UsageError("--oci runs with the local executor only")
@@ -248,7 +277,7 @@ def _run(items, jobs, out, retry_errors, backend, parallel, retries, workdir, ro
         )
         return
     sched = Scheduler(
-        _backend(backend, ro_paths, image, rootfs, oci),
+        _backend(backend, ro_paths, image, rootfs, oci, budget),
         parallel,
         retries,
         Path(workdir) if workdir else None,
@@ -479,12 +508,15 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 )
 @click.option("--build-arg", "build_args", multiple=True, metavar="NAME=VALUE",
               help="an ARG's value (repeatable)")  # fmt: skip
+@max_bytes_option
+@max_files_option
 @click.option("--tag", "-t", default=None, help="the image's name, as index.json's ref.name")
 @click.option(
     "--network", type=click.Choice(["none", "host"]), default="none", show_default=True,
     help="RUN steps' network: none, or the host's",
 )  # fmt: skip
-def build_(context, output, dockerfile, bases, build_args, tag, network) -> None:
+def build_(context, output, dockerfile, bases, build_args, image_max_bytes, image_max_files, tag,
+           network) -> None:  # fmt: skip
     """Build a Dockerfile into an OCI image layout without a daemon: COPY/ADD from CONTEXT and
     ENV, WORKDIR, USER, ARG, CMD, ENTRYPOINT, LABEL, EXPOSE as Docker does; RUN inside bwrap over
     the root being built. One stage, FROM scratch or a local image (--from). Prints the
@@ -501,6 +533,7 @@ def build_(context, output, dockerfile, bases, build_args, tag, network) -> None
         built = build(
             context, output, dockerfile=dockerfile, bases=_pairs(bases, "--from"), tag=tag,
             build_args=_pairs(build_args, "--build-arg"), network=network == "host", progress=_log,
+            image_budget=_oci.Budget(max_bytes=image_max_bytes, max_files=image_max_files),
         )  # fmt: skip
     except ClawError as exc:
         raise click.ClickException(str(exc)) from None
