@@ -18,15 +18,19 @@ which take the same permission): a job cannot trace, read, write or take file de
 any process, its own included, so an agent cannot take over its parent shell (and
 choose the exit code the runner reports) or a verifier the runner starts later. The cost: tools
 built on ptrace (`gdb`, `strace`, `ltrace`, sanitizers' leak checks, some profilers) fail with
-EPERM inside a job. Docker's default profile allows ptrace on current kernels; no exit code is
-trusted either way (the runner decides infra errors from its own lookup, see executor).
-Supported: x86_64 and aarch64; elsewhere `program()` returns None and steps run unfiltered.
+EPERM inside a job. No exit code is trusted either way (the runner decides infra errors from its
+own lookup, see executor). The docker backend's claw profile gets this same list as a Docker
+seccomp profile (`docker_profile()`, at the end), in place of the engine's default profile, which
+allows ptrace on current kernels; its Harbor profile keeps the engine's default.
+`program()` supports x86_64 and aarch64; elsewhere it returns None and bwrap steps run
+unfiltered (`docker_profile()` names syscalls, which the engine resolves on any architecture).
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import json
 import os
 import platform
 import struct
@@ -157,3 +161,51 @@ def program_fd() -> int | None:
     finally:
         os.close(w)
     return r
+
+
+# Docker's seccomp profile format (moby's profiles/seccomp): a syscall's rules are ORed, the
+# conditions of one rule ANDed; SCMP_CMP_MASKED_EQ holds when (arg & value) == valueTwo. Engines
+# match archMap and includes/excludes against their Go architecture name.
+DOCKER_ARCH_MAP = (
+    {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X32"]},
+    {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
+)
+CLONE_FLAGS_SECOND = ["s390", "s390x"]  # clone(stack, flags, ...) there; (flags, ...) elsewhere
+
+
+@functools.cache
+def docker_profile() -> str:
+    """The same filter as a Docker seccomp profile, JSON for `--security-opt seccomp=<json>`.
+
+    Built from DENIED and CLONE_NEW_FLAGS above, so the docker backend's claw profile refuses
+    exactly what bwrap's filter refuses: every DENIED syscall (ptrace, pidfd_getfd,
+    process_vm_* included) gets EPERM, so do `clone` and `unshare` with any CLONE_NEW* flag
+    (one masked rule per flag), `clone3` gets ENOSYS, everything else is allowed. It replaces
+    the engine's default profile (a container has one), by name rather than number, so it
+    needs no table per architecture; the engine's 32-bit sub-architectures (x86 and x32 under
+    x86_64, arm under aarch64) get the same rules where bwrap kills or refuses them. `errnoRet`
+    needs Docker 20.10 or later (older engines drop it, and `clone3` would get EPERM)."""
+    eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    bits = [1 << i for i in range(32) if CLONE_NEW_FLAGS >> i & 1]
+
+    def masked(index: int, bit: int) -> list[dict]:
+        return [{"index": index, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}]
+
+    rules: list[dict] = [
+        {"names": sorted(DENIED), **eperm},
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+    ]
+    for bit in bits:
+        rules += [
+            {"names": ["unshare"], **eperm, "args": masked(0, bit)},
+            {"names": ["clone"], **eperm, "args": masked(0, bit),
+             "excludes": {"arches": CLONE_FLAGS_SECOND}},
+            {"names": ["clone"], **eperm, "args": masked(1, bit),
+             "includes": {"arches": CLONE_FLAGS_SECOND}},
+        ]  # fmt: skip
+    profile = {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "archMap": list(DOCKER_ARCH_MAP),
+        "syscalls": rules,
+    }
+    return json.dumps(profile, separators=(",", ":"))

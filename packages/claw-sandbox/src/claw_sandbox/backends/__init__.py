@@ -85,7 +85,7 @@ def _good(name: str) -> str:
     return {
         "bwrap": "namespaces (pid, net, mount, ipc, uts), allow-list host view (read-only "
         "system dirs), seccomp filter, separate uid",
-        "docker": "container per job; the engine's seccomp profile; network none or only the proxy",
+        "docker": "container per job; the job seccomp filter; network none or only the proxy",
         "process": "works everywhere but does NOT isolate (trusted code only)",
     }[name]
 

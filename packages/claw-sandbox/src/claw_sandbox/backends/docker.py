@@ -3,9 +3,9 @@
 Every step of a job runs in a fresh container of the job's image with the job's workspace at
 /workspace and the job's /tmp bind-mounted (so setup, command and verify share files), a
 read-only root filesystem, all capabilities dropped, no-new-privileges, an unprivileged user,
-the engine's default seccomp profile (no keyrings, mounts or new namespaces), memory/pids/cpu
-limits (the job's, else the backend's defaults), a disk bound like bwrap's (a tmpfs job
-directory under a root runner), and network `none`. Policy `proxy` adds exactly one thing to that
+bwrap's seccomp filter as a Docker profile (`_seccomp.docker_profile`: no keyrings, mounts, new
+namespaces or ptrace), memory/pids/cpu limits (the job's, else the backend's defaults), a disk
+bound like bwrap's (a tmpfs job directory under a root runner), and network `none`. Policy `proxy` adds exactly one thing to that
 empty network namespace: a forwarder listening on 127.0.0.1:PORT, started from the host inside
 the container's namespace (nsenter), which relays to a per-job unix socket and from there to
 the proxy. Nothing else is reachable. Policy `host` uses the host network (explicit opt-in).
@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from claw_sandbox import _forward, _tmpfs
+from claw_sandbox import _forward, _seccomp, _tmpfs
 from claw_sandbox._proc import StepResult
 from claw_sandbox.backends._docker_services import JobServices, not_running, sweep_services
 from claw_sandbox.backends.base import DEFAULT_LIMITS, Backend, Sandbox, argv_of, effective_limits
@@ -109,7 +109,8 @@ class DockerSandbox(Sandbox):
 
     def _harbor_config(self) -> dict:
         """The trial container: docker's defaults (capabilities, writable filesystem, the image's
-        USER), the job's limits and network, its mounts bound, cwd = workdir."""
+        USER, the engine's seccomp profile, which allows ptrace: as in Harbor, see
+        docs/security.md), the job's limits and network, its mounts bound, cwd = workdir."""
         config = self._config(("sleep", "infinity"))
         for key in ("read_only", "cap_drop", "security_opt", "user"):
             config.pop(key, None)
@@ -397,7 +398,8 @@ class DockerSandbox(Sandbox):
         config: dict[str, Any] = {
             "image": self.image, "command": argv, "detach": True, "working_dir": "/workspace",
             "environment": self.env(), "read_only": True, "cap_drop": ["ALL"], "init": True,
-            "security_opt": ["no-new-privileges"], "hostname": "sandbox",
+            "security_opt": ["no-new-privileges", "seccomp=" + _seccomp.docker_profile()],
+            "hostname": "sandbox",
             "volumes": {str(self.workspace): {"bind": "/workspace", "mode": "rw"},
                         str(self.tmp): {"bind": "/tmp", "mode": "rw"},
                         str(self.jobdir / "run"): {"bind": "/run/claw", "mode": "ro"}},
