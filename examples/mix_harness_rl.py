@@ -333,11 +333,13 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             times = {"wait_s": t1 - t0, "rollout_s": t1 - launched, "data_s": time.monotonic() - t1}
             extra = {**summarise(outcomes, trained, times), "rollouts_running": running}
             # claw-rl's step: update, policy/v<N>, checkpoint, then the rows that mark it done
+            served = policy["version"]
             row, policy = learn(args, learner, run, step, trained["samples"], extra, policy, log)
             history.append(row)
             for tracker in trackers:
                 tracker.log(row)
-            proxy_admin.reload(policy)
+            if policy["version"] != served:  # a step without signal keeps the version: no reload
+                proxy_admin.reload(policy)
             failed, dropped = row["rollouts_failed"], row.get("dropped_stale", 0)
             log(
                 f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy "

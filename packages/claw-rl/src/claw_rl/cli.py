@@ -11,7 +11,7 @@ import click
 
 from claw_rl import __version__
 from claw_rl._cli_paths import input_path, output_path, refuse_taken_policies, run_dir
-from claw_rl.errors import ClawError
+from claw_rl.errors import ClawError, ConfigError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -305,8 +305,9 @@ def _run(
                     tracker.log(row)
                 write_jsonl([policy], sys.stdout)
                 metrics = row["learner"]
+                loss = f"loss {metrics['loss']:.4g}" if "loss" in metrics else metrics["skipped"]
                 click.echo(
-                    f"step {row['step']}: loss {metrics['loss']:.4g}  {describe(metrics)}  "
+                    f"step {row['step']}: {loss}  {describe(metrics)}  "
                     f"{metrics['tokens_per_s']:.0f} tok/s",
                     err=True,
                 )
@@ -365,7 +366,7 @@ def train_cmd(
         resume_dir,
         start_version,
         flags,
-        lambda m: f"clip {m['clip_frac']:.3f}  mismatch {m['mismatch_mean_abs']:.3g}",
+        lambda m: f"clip {m.get('clip_frac', 0.0):.3f}  mismatch {m['mismatch_mean_abs']:.3g}",
     )
 
 
@@ -415,7 +416,7 @@ def sft_cmd(
         resume_dir,
         start_version,
         flags,
-        lambda m: f"grad_norm {m['grad_norm']:.3g}",
+        lambda m: f"grad_norm {m.get('grad_norm', 0.0):.3g}",
     )
 
 
@@ -436,7 +437,11 @@ def _loop_config(algo: str, run: Path, config_path, flags: dict, wait_s: float):
             f"{run}: the loop trains with {', '.join(f'{k} = {published[k]!r}' for k in differ)} "
             "(steps/0000/batch.json); drop those options or give the loop the same"
         )
-    return resolve_config(algo, None, {**published, **given})
+    try:
+        return resolve_config(algo, None, {**published, **given})
+    except ConfigError as exc:  # the loop's settings are range-checked as a config file's are
+        marker = loop.step_dir(run, 0) / loop.BATCH_MARKER
+        raise ConfigError(f"{marker} (the loop's learner settings): {exc}") from None
 
 
 def _start_learner(

@@ -14,6 +14,7 @@ the same keys (flags win). Every run writes its resolved config as ``config.toml
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -30,11 +31,44 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
 IS_CHOICES = ("tis", "mis_token", "mis_sequence", "none")
 KL_CHOICES = ("k3", "k2")
 AGG_CHOICES = ("weights", "token_mean", "constant")
+MAX_EPOCHS = 1000  # passes over one batch; SFT runs use tens, PPO a few
+
+
+def _in_range(config: object, name: str, low: float, high: float, *, low_open: bool) -> None:
+    """Refuse ``config.<name>`` unless it is a finite number in ``(low, high]`` (``low_open``)
+    or ``[low, high]``, naming the field: a NaN or huge learner setting trains a NaN or wrecked
+    policy while every step looks normal."""
+    val = getattr(config, name)
+    number = isinstance(val, int | float) and not isinstance(val, bool)
+    ok = number and math.isfinite(val) and (val > low if low_open else val >= low) and val <= high
+    if not ok:
+        lo = f"{'>' if low_open else '>='} {low:g}"
+        hi = f" and <= {high:g}" if math.isfinite(high) else ""
+        raise ConfigError(f"{name} = {val!r} must be a finite number {lo}{hi}")
+
+
+def _int_in_range(config: object, name: str, low: int, high: int | None = None) -> None:
+    val = getattr(config, name)
+    if not isinstance(val, int) or isinstance(val, bool) or val < low or (high and val > high):
+        bound = f">= {low}" + (f" and <= {high}" if high else "")
+        raise ConfigError(f"{name} = {val!r} must be an integer {bound}")
 
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
-    """Fields every learner shares: optimizer, batching and runtime."""
+    """Fields every learner shares: optimizer, batching and runtime.
+
+    Every number is range-checked where a config is built (constructor, TOML, flags, a
+    checkpoint's ``state.json``, the settings a loop publishes to ``claw-rl follow``), and a
+    value out of range is a :class:`ConfigError` naming the field. Floats must be finite;
+    ``0 < lr <= 1`` (and PPO's ``critic_lr``): AdamW moves a weight by about lr per step, so
+    lr > 1 is never fine-tuning; ``0 <= weight_decay <= 1`` (with lr <= 1 AdamW's decay factor
+    ``1 - lr * wd`` stays in [0, 1]); ``0 < adam_eps <= 1``; ``0 <= adam_beta1, adam_beta2 <
+    1``; ``max_grad_norm >= 0``; ``1 <= epochs <= 1000`` (``MAX_EPOCHS``); ``minibatches``,
+    ``micro_batch_size`` >= 1; the RL coefficients (``clip_eps_*``, ``entropy_coef``,
+    ``kl_coef``, ``vf_coef``, ``value_clip``, ``whiten_std_floor``, ``mismatch_threshold``)
+    >= 0, with ``clip_eps_low <= 1``; ``max_staleness >= 0``.
+    """
 
     algo: ClassVar[str] = ""
 
@@ -92,12 +126,21 @@ class TrainConfig:
             raise ConfigError("lora_targets is empty; name the modules or use all-linear")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype = {self.dtype!r}; choose float32, bfloat16 or float16")
-        for name in ("lr", "micro_batch_size", "epochs", "minibatches"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} = {getattr(self, name)!r} must be > 0")
+        # ranges (see the class docstring): lr <= 1 and weight_decay <= 1 keep AdamW's decay
+        # factor 1 - lr * wd in [0, 1]; adam_eps > 0 keeps 0 / sqrt(0) out of the update
+        _in_range(self, "lr", 0.0, 1.0, low_open=True)
+        _in_range(self, "weight_decay", 0.0, 1.0, low_open=False)
+        _in_range(self, "adam_eps", 0.0, 1.0, low_open=True)
+        _in_range(self, "max_grad_norm", 0.0, math.inf, low_open=False)
+        for name in ("adam_beta1", "adam_beta2"):
+            val = getattr(self, name)
+            if not (isinstance(val, int | float) and 0 <= val < 1):
+                raise ConfigError(f"{name} = {val!r} must be a number >= 0 and < 1")
+        _int_in_range(self, "epochs", 1, MAX_EPOCHS)
+        for name in ("micro_batch_size", "minibatches"):
+            _int_in_range(self, name, 1)
         for name in ("warmup_steps", "decay_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} = {getattr(self, name)!r} must be >= 0")
+            _int_in_range(self, name, 0)
         if self.parallelism not in ("ddp", "fsdp"):
             raise ConfigError(f"parallelism = {self.parallelism!r}; choose ddp or fsdp")
 
@@ -139,16 +182,17 @@ class RLConfig(TrainConfig):
             raise ConfigError(
                 f"is_correction = {self.is_correction!r}; choose one of {', '.join(IS_CHOICES)}"
             )
-        if self.is_cap <= 0:
-            raise ConfigError(f"is_cap = {self.is_cap!r} must be > 0")
+        _in_range(self, "is_cap", 0.0, math.inf, low_open=True)
         if not 0 < self.is_min <= 1 <= self.is_cap:
             raise ConfigError(
                 f"need 0 < is_min <= 1 <= is_cap, got is_min={self.is_min}, is_cap={self.is_cap}"
             )
-        if self.clip_eps_low < 0 or self.clip_eps_high < 0:
-            raise ConfigError("clip_eps_low and clip_eps_high must be >= 0")
-        if not self.mis_seq_tol > 0:
-            raise ConfigError(f"mis_seq_tol = {self.mis_seq_tol!r} must be > 0")
+        _in_range(self, "clip_eps_low", 0.0, 1.0, low_open=False)  # r >= 1 - eps_low >= 0
+        _in_range(self, "clip_eps_high", 0.0, math.inf, low_open=False)
+        _in_range(self, "mis_seq_tol", 0.0, math.inf, low_open=True)
+        _in_range(self, "mismatch_threshold", 0.0, math.inf, low_open=False)
+        _in_range(self, "entropy_coef", 0.0, math.inf, low_open=False)
+        _int_in_range(self, "max_staleness", 0)
 
 
 @attrs.frozen(kw_only=True)
@@ -193,6 +237,8 @@ class GRPOConfig(RLConfig):
             raise ConfigError(
                 f"kl_estimator = {self.kl_estimator!r}; choose {' or '.join(KL_CHOICES)}"
             )
+        _in_range(self, "kl_coef", 0.0, math.inf, low_open=False)
+        _int_in_range(self, "constant_len", 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -235,10 +281,10 @@ class PPOConfig(RLConfig):
         super().__attrs_post_init__()
         if self.critic not in ("head", "model"):
             raise ConfigError(f"critic = {self.critic!r}; choose head or model")
-        if self.critic_lr <= 0:
-            raise ConfigError("critic_lr must be > 0")
-        if self.whiten_std_floor < 0:
-            raise ConfigError(f"whiten_std_floor = {self.whiten_std_floor!r} must be >= 0")
+        _in_range(self, "critic_lr", 0.0, 1.0, low_open=True)
+        _in_range(self, "whiten_std_floor", 0.0, math.inf, low_open=False)
+        _in_range(self, "vf_coef", 0.0, math.inf, low_open=False)
+        _in_range(self, "value_clip", 0.0, math.inf, low_open=False)
 
 
 @attrs.frozen(kw_only=True)

@@ -13,9 +13,21 @@ One step, in three phases:
    (mismatch report); importance weights (TIS / MIS); whiten the advantages (PPO);
 2. **losses** - per minibatch: objective (clipped surrogate; weighted NLL for SFT) - entropy
    bonus + KL penalty + value loss, backward;
-3. **update** - sum gradients over ranks, clip the norm, AdamW step;
+3. **update** - sum gradients over ranks, clip the norm, AdamW step (a non-finite loss,
+   gradient or resulting weight fails the step: nothing is saved);
 
-phases 2-3 repeat ``epochs`` x ``minibatches`` times. Under torchrun each rank forwards its share
+phases 2-3 repeat ``epochs`` x ``minibatches`` times.
+
+A batch without learning signal (``no_signal``: every advantage 0 as the loss sees it, or no
+trainable token with loss weight) does not update the policy: no AdamW step on its parameters
+(whose momentum and weight decay would move every weight), its KL and entropy terms included,
+so the learner is not ``dirty`` and the next :func:`~claw_rl.checkpoint.save_policy` keeps the
+version (engines need not reload); the metrics say ``skipped`` and ``policy_updates: 0``. The
+ranks decide this together. The learning-rate schedule counts policy updates, so such a step does
+not advance it. PPO's critic still learns from the batch (its value loss has a target whatever
+the advantages): its epochs x minibatches steps run on the critic's parameters alone
+(``critic_updates``); its new weights go into the checkpoint and are published with the next
+policy version. Under torchrun each rank forwards its share
 of every minibatch (:mod:`claw_rl._dist` keeps the bookkeeping: padding passes under FSDP,
 gradient sums, reductions of the metrics).
 """
@@ -23,6 +35,7 @@ gradient sums, reductions of the metrics).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -394,35 +407,49 @@ class Learner:
         # 1. old logprobs (and values), mismatch against the engine, importance weights
         old = self._old(samples, metrics)
 
-        # 2-3. losses and update, epochs x minibatches
+        # no learning signal: the policy is not updated at all (no AdamW step: its momentum and
+        # weight decay would move every weight), so it keeps its version. Decided together (one
+        # all-reduce): every rank then runs the same collectives, or none.
+        train_policy = _dist.reduce_max(0.0 if metrics["no_signal"] else 1.0) > 0
+        self._reshard()
+
+        # 2-3. losses and update, epochs x minibatches (without signal: the critic's alone)
         sums = dict.fromkeys(_LOSS_SUMS, 0.0)
         grad_norm, n_updates = 0.0, 0
-        self._reshard()
-        for _ in range(c.epochs):
-            perm = torch.randperm(len(samples), generator=self.generator).tolist()
-            n_mb = min(c.minibatches, len(samples))
-            for m in range(n_mb):
-                mb = perm[m * len(samples) // n_mb : (m + 1) * len(samples) // n_mb]
-                self._losses(mb, samples, old, sums)
-                grad_norm += self._update()
-                n_updates += 1
+        if train_policy or self.critic is not None:
+            for _ in range(c.epochs):
+                perm = torch.randperm(len(samples), generator=self.generator).tolist()
+                n_mb = min(c.minibatches, len(samples))
+                for m in range(n_mb):
+                    mb = perm[m * len(samples) // n_mb : (m + 1) * len(samples) // n_mb]
+                    self._losses(mb, samples, old, sums)
+                    grad_norm += self._update(train_policy, loss_finite=math.isfinite(sums["loss"]))
+                    n_updates += 1
 
-        sums = _dist.reduce_sums(sums)
-        metrics.update(
-            loss=sums["loss"] / n_updates,
-            pg_loss=sums["pg_loss"] / n_updates,
-            clip_frac=sums["clip_frac"] / n_updates,
-            approx_kl=sums["approx_kl"] / n_updates,
-            grad_norm=grad_norm / n_updates,
-        )
-        if self.reference is not None:
-            metrics["kl_ref"] = sums["kl"] / n_updates
+        metrics["policy_updates"] = n_updates if train_policy else 0
+        if not train_policy:
+            metrics["skipped"] = "no signal: no optimizer step on the policy, its version kept"
+            if self.rank == 0:
+                log.warning("claw-rl: step skipped: %s", metrics["skipped"])
+        if n_updates:
+            sums = _dist.reduce_sums(sums)
+            metrics.update(
+                loss=sums["loss"] / n_updates,
+                pg_loss=sums["pg_loss"] / n_updates,
+                clip_frac=sums["clip_frac"] / n_updates,
+                approx_kl=sums["approx_kl"] / n_updates,
+                grad_norm=grad_norm / n_updates,
+            )
+            if self.reference is not None:
+                metrics["kl_ref"] = sums["kl"] / n_updates
         if self.critic is not None:
+            metrics["critic_updates"] = n_updates
             metrics["value_loss"] = sums["value_loss"] / n_updates
             metrics.update(_metrics.values(samples, {k: old.tokens[k] for k in old.own}))
         metrics.update(_metrics.batch(samples, old.n_tokens, time.perf_counter() - t0))
         self.step_count += 1
-        self.dirty = True
+        if train_policy:
+            self.dirty = True  # the next save_policy takes a new version
         self.last_metrics = _metrics.finite(metrics)
         return dict(self.last_metrics)
 
@@ -626,18 +653,40 @@ class Learner:
             d["values_old"] = batch.returns[b, i].float()
         return d
 
-    def _update(self) -> float:
-        """Phase 3: gradients summed over ranks, norm clipped, one AdamW step; the norm."""
+    def _update(self, train_policy: bool = True, *, loss_finite: bool = True) -> float:
+        """Phase 3: gradients summed over ranks, norm clipped, one AdamW step; the norm.
+
+        ``train_policy`` False (a batch without learning signal): the policy's gradients are
+        dropped first, so AdamW skips its parameters entirely (no moment update, no weight
+        decay, no step count) and only the critic's are summed, clipped and stepped.
+
+        A non-finite loss (``loss_finite`` False on any rank) or gradient norm is refused before
+        anything is applied; non-finite weights after the step (an overflow in AdamW) are
+        refused too. Either is a :class:`ClawError` on every rank: the step fails loudly and
+        nothing is saved (the learner is not to be used further after the second)."""
         params = self.params()
+        policy_params = self.optimizer.param_groups[0]["params"]
+        if not train_policy:
+            for p in policy_params:
+                p.grad = None
+            params = params[len(policy_params) :]
         _dist.sum_grads(params)
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        norm = _dist.clip_grads(params, max_norm)
+        norm = _dist.clip_grads(params, max_norm)  # the same on every rank
+        if _dist.reduce_max(0.0 if loss_finite and math.isfinite(norm) else 1.0) > 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise ClawError(
+                f"learner step {self.step_count + 1}: non-finite "
+                f"{'loss' if not loss_finite else 'gradient'} (gradient norm {norm}); the update "
+                "is refused, nothing is applied or saved (check lr and the samples' advantages)"
+            )
         warmup, decay = self.config.warmup_steps, self.config.decay_steps
         if warmup or decay:
             # the k-th optimizer step (1-based) runs at lr * min(1, k / warmup) * max(0, (decay -
-            # k + 1) / decay); k comes from AdamW's own per-parameter step count, so a resumed
-            # learner continues the schedule
-            state = self.optimizer.state.get(params[0], {}) if params else {}
+            # k + 1) / decay); k comes from AdamW's own per-parameter step count of the policy's
+            # first parameter, so a resumed learner continues the schedule and a step without
+            # signal (no policy update) does not advance it (the critic steps at its factor)
+            state = self.optimizer.state.get(policy_params[0], {}) if policy_params else {}
             k = int(state.get("step", 0)) + 1
             factor = min(1.0, k / warmup) if warmup else 1.0
             if decay:
@@ -646,6 +695,15 @@ class Learner:
                 group["lr"] = group["base_lr"] * factor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        local = [p.detach().to_local() if _dist.is_sharded(p) else p.detach() for p in params]
+        finite = (
+            bool(torch.stack([torch.isfinite(t).all() for t in local]).all()) if local else True
+        )
+        if _dist.reduce_max(0.0 if finite else 1.0) > 0:
+            raise ClawError(
+                f"learner step {self.step_count + 1}: the AdamW step made non-finite weights (lr "
+                f"{self.optimizer.param_groups[0]['lr']}); refused: nothing is saved"
+            )
         return norm
 
 

@@ -66,6 +66,7 @@ HEADLINE = (
     "staleness_max",
     "dropped_stale",
     "no_signal",
+    "skipped",
     "tree_ratio",
 )
 
@@ -157,7 +158,11 @@ def train_step(
     saved to ``policy/v<N>/``, checkpoint ``step + 1``, then its policies.jsonl and metrics.jsonl
     rows. ``extra``: the caller's fields for the metrics row (its ``time`` dict is merged with the
     phases timed here). ``current``: the policy record in force before this step, given again
-    when the step changed no weights. Returns ``(metrics row, policy record)``."""
+    when the step changed no policy weight (no samples, or no learning signal: the learner
+    skips its update, see :mod:`claw_rl.learner`), so no policy directory is written and the
+    version stays (engines need not reload). Without ``current`` such a step writes the
+    weights in force as ``policy/v<N>/`` at the learner's version. Returns ``(metrics row,
+    policy record)``."""
     run = Path(run)
     extra = dict(extra or {})
     times = dict(extra.pop("time", {}))
@@ -166,6 +171,7 @@ def train_step(
         metrics = learner.step(samples)
     else:  # said, not silent: the row's no_signal is true like that of a step that learns nothing
         metrics = {"skipped": "no samples", "no_signal": True, "no_signal_reason": "no samples"}
+        metrics["policy_updates"] = 0
         log.warning("claw-rl step %d: NO LEARNING SIGNAL: no samples; no update", step)
     t1 = time.monotonic()
     if learner.dirty or current is None:
@@ -361,6 +367,34 @@ def published_learner(run: str | Path, step: int, timeout: float) -> dict:
     return dict(_wait_marker(run, step, timeout, 0.5)[1].get("learner") or {})
 
 
+def _marker_body(text: str, marker: Path) -> dict:
+    """A batch marker's fields, checked: ``samples`` a count and ``sha256`` the samples file's
+    digest (64 hex digits) are required, so no batch trains unchecked."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BatchError(f"{marker}: not a JSON batch marker ({exc})") from None
+    if not isinstance(body, dict):
+        raise BatchError(f"{marker}: a batch marker is a JSON object, got {type(body).__name__}")
+    count = body.get("samples")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise BatchError(
+            f"{marker}: field 'samples' must be the batch's sample count, got {count!r}"
+        )
+    digest = body.get("sha256")
+    if not (
+        isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")
+    ):
+        raise BatchError(
+            f"{marker}: field 'sha256' (the samples file's digest, 64 lowercase hex digits) is "
+            f"required, got {digest!r}; publish batches with claw_rl.loop.publish_batch"
+        )
+    for key in ("extra", "learner"):
+        if not isinstance(body.get(key, {}), dict):
+            raise BatchError(f"{marker}: field {key!r} must be an object, got {body[key]!r}")
+    return body
+
+
 def _batch_mismatch(body: dict, samples_path: Path) -> tuple[list[dict], str | None]:
     """The samples of ``samples_path`` and what in it disagrees with its marker ``body``."""
     data = samples_path.read_bytes() if samples_path.exists() else None
@@ -369,7 +403,7 @@ def _batch_mismatch(body: dict, samples_path: Path) -> tuple[list[dict], str | N
     rows = [json.loads(x) for x in data.decode().splitlines() if x.strip()]
     if len(rows) != body["samples"]:
         return rows, f"has {len(rows)} samples; its marker says {body['samples']}"
-    if body.get("sha256") not in (None, hashlib.sha256(data).hexdigest()):
+    if hashlib.sha256(data).hexdigest() != body["sha256"]:
         return rows, "is not the file its marker was written for (sha256 differs)"
     return rows, None
 
@@ -380,8 +414,9 @@ def wait_batch(
     """Step ``step``'s batch once :func:`publish_batch` has published it: ``(samples, extra)``.
 
     Polls for the marker every ``poll`` s; none after ``timeout`` s is a :class:`WaitTimeout`.
-    A samples file whose count (or sha256) disagrees with its marker is a :class:`BatchError`
-    naming the file, unless the marker changed meanwhile (a rerun of the step republished
+    A marker without its ``samples`` count or ``sha256`` is a :class:`BatchError` naming the
+    marker and the field; a samples file whose count or sha256 disagrees with its marker is a
+    :class:`BatchError` naming the file, unless the marker changed meanwhile (a rerun of the step republished
     it): then the new one is read. Takes no collective, so under torchrun every rank waits
     and reads on its own, however long the rollouts take."""
     rows, body = _wait_marker(run, step, timeout, poll)
@@ -396,7 +431,7 @@ def _wait_marker(run: str | Path, step: int, timeout: float, poll: float) -> tup
     while True:
         seen = _read_text(marker)
         if seen is not None:
-            body = json.loads(seen)
+            body = _marker_body(seen, marker)
             rows, problem = _batch_mismatch(body, path)
             if problem is None:
                 return rows, body
