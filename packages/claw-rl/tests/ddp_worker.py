@@ -1,5 +1,6 @@
 """Worker for test_ddp.py: GRPO (with a KL reference) and PPO (value head, and a separate critic
-model) updates on a fixed global batch, a checkpoint and resume in between, then save.
+model) updates on a fixed global batch, a checkpoint and resume in between, a batch without
+learning signal (the ranks skip the policy update together: weights bit-identical), then save.
 
 Run as ``python ddp_worker.py MODEL OUT`` (1 process) or under
 ``torchrun --nproc_per_node 2 ddp_worker.py MODEL OUT [ddp|fsdp]`` (gloo on CPU).
@@ -28,6 +29,15 @@ PARENT = [-1, 0, 1, 2, 2, 4, 3, 1, 7]
 # element's rounding gap grows to 1e-6-1e-5, by an amount that differs between CPUs' kernels
 OPT = {"lr": 1.0, "adam_eps": 1.0}
 TRAIN = [0, 0, 1, 1, 1, 1, 1, 0, 1]
+
+
+def _local_weights(module) -> list:
+    """This rank's copy of every parameter (its shard under FSDP)."""
+    return [(p.to_local() if is_sharded(p) else p).detach().clone() for p in module.parameters()]
+
+
+def _changed(a: list, b: list) -> list[int]:
+    return [k for k, (x, y) in enumerate(zip(a, b, strict=True)) if not x.equal(y)]
 
 
 def main(model: str, out: str, parallelism: str = "ddp") -> None:
@@ -60,11 +70,21 @@ def main(model: str, out: str, parallelism: str = "ddp") -> None:
     save_checkpoint(g, o / "grpo-ckpt")
     g = load_checkpoint(o / "grpo-ckpt")
     g.step(grpo_rows[::-1])
-    save_policy(g, o / "grpo")
+    # no signal (every advantage 0): the ranks skip the update together, weights bit-identical
+    before = _local_weights(g.policy)
+    zero = [{**r, "advantages": [0.0] * len(PARENT)} for r in grpo_rows]
+    assert g.step(zero)["policy_updates"] == 0
+    assert _changed(before, _local_weights(g.policy)) == []
+    assert save_policy(g, o / "grpo")["version"] == 1
     p = Learner.ppo(
         PPOConfig(**OPT, critic_lr=1.0, micro_batch_size=2, parallelism=parallelism), model
     )
     m = p.step(rows)
+    # no policy signal (equal advantages, whitened to 0): only the value head steps
+    before = _local_weights(p.policy)
+    same = [{**r, "advantages": [0.5 * t for t in TRAIN]} for r in rows]
+    assert p.step(same)["critic_updates"] == 2 * 2
+    assert _changed(before, _local_weights(p.policy)) == []
     save_policy(p, o / "ppo")
     c = Learner.ppo(
         PPOConfig(

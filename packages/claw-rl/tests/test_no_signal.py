@@ -130,3 +130,32 @@ def test_the_loop_publishes_no_new_version_for_a_step_without_signal(tiny, tmp_p
     assert [p["version"] for p in loop.read_rows(tmp_path / "policies.jsonl")] == [1, 1]
     resumed = loop.resume(tmp_path, algo="grpo")  # the checkpoint agrees: nothing to publish
     assert resumed.version == 1 and resumed.dirty is False
+
+
+def test_claw_rl_train_keeps_the_version_over_a_batch_without_signal(tiny, tmp_path):
+    """`claw-rl train` over a batch with signal, then one without: the policy records on stdout
+    say v1 twice, only policy/v1 is written, and stderr says the second step was skipped."""
+    import json
+
+    from claw_rl.cli import main
+    from click.testing import CliRunner
+
+    samples = tmp_path / "s.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in [_signal(0), _zero(5)]))
+    out = tmp_path / "out"
+    args = [
+        "train",
+        "--algo",
+        "grpo",
+        "--model",
+        str(tiny),
+        "--samples",
+        str(samples),
+        "--output",
+        str(out),
+    ]
+    r = CliRunner().invoke(main, [*args, "--batch-size", "1", "--lr", "1e-2"])
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x)["version"] for x in r.stdout.splitlines()] == [1, 1]
+    assert sorted(p.name for p in (out / "policy").iterdir()) == ["v1"]
+    assert "step 1: no signal: no optimizer step on the policy" in r.stderr

@@ -234,6 +234,13 @@ def _progress(n_steps: int, rank: int, algo: str):
     return tqdm(steps, desc=desc, unit="step", file=sys.stderr)
 
 
+def _step_line(row: dict, describe) -> str:
+    """The progress line of a step (stderr); a step without an update says why."""
+    m = row["learner"]
+    loss = f"loss {m['loss']:.4g}" if "loss" in m else m.get("skipped", "no update")
+    return f"step {row['step']}: {loss}  {describe(m)}  {m['tokens_per_s']:.0f} tok/s"
+
+
 def _run(
     algo: str,
     model_dir: Path | None,
@@ -304,13 +311,7 @@ def _run(
                 for tracker in trackers:
                     tracker.log(row)
                 write_jsonl([policy], sys.stdout)
-                metrics = row["learner"]
-                loss = f"loss {metrics['loss']:.4g}" if "loss" in metrics else metrics["skipped"]
-                click.echo(
-                    f"step {row['step']}: {loss}  {describe(metrics)}  "
-                    f"{metrics['tokens_per_s']:.0f} tok/s",
-                    err=True,
-                )
+                click.echo(_step_line(row, describe), err=True)
     except ClawError as exc:
         raise _fail(exc) from exc
     finally:
