@@ -69,6 +69,7 @@ def test_follow_refuses_a_marker_without_sha256(tiny, tmp_path):
         ({"epochs": 1_000_000}, "epochs"),
         ({"epochs": 0}, "epochs"),
         ({"weight_decay": math.nan}, "weight_decay"),
+        ({"lr": 0.5, "weight_decay": 3.0}, "weight_decay"),
         ({"adam_eps": 0.0}, "adam_eps"),
         ({"adam_beta2": 1.0}, "adam_beta2"),
         ({"max_grad_norm": math.nan}, "max_grad_norm"),
@@ -108,10 +109,11 @@ def test_ppo_settings_out_of_range_are_refused_naming_the_field(kw, field):
 
 
 def test_the_bounds_themselves_are_accepted():
-    """lr 1 (the test_ddp workers' setting), 1000 epochs and zero coefficients are in range."""
-    cfg = GRPOConfig(lr=1.0, adam_eps=1.0, epochs=1000, weight_decay=1.0, kl_coef=0.0)
-    assert (cfg.lr, cfg.epochs) == (1.0, 1000)
-    assert PPOConfig(critic_lr=1.0, vf_coef=0.0, value_clip=0.0).critic_lr == 1.0
+    """lr 10 (with adam_eps 1: the gradient-equivalence tests' setting), weight decay 1 / lr,
+    1000 epochs and zero coefficients are in range."""
+    cfg = GRPOConfig(lr=10.0, adam_eps=1.0, epochs=1000, weight_decay=0.1, kl_coef=0.0)
+    assert (cfg.lr, cfg.epochs) == (10.0, 1000)
+    assert PPOConfig(critic_lr=10.0, vf_coef=0.0, value_clip=0.0).critic_lr == 10.0
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,9 @@ IS_CHOICES = ("tis", "mis_token", "mis_sequence", "none")
 KL_CHOICES = ("k3", "k2")
 AGG_CHOICES = ("weights", "token_mean", "constant")
 MAX_EPOCHS = 1000  # passes over one batch; SFT runs use tens, PPO a few
+# AdamW moves a weight by about lr per step (by lr * gradient / adam_eps when adam_eps dominates,
+# as the gradient-equivalence tests set it, with lr up to 10); beyond that no lr trains a policy
+MAX_LR = 10.0
 
 
 def _in_range(config: object, name: str, low: float, high: float, *, low_open: bool) -> None:
@@ -61,10 +64,11 @@ class TrainConfig:
     Every number is range-checked where a config is built (constructor, TOML, flags, a
     checkpoint's ``state.json``, the settings a loop publishes to ``claw-rl follow``), and a
     value out of range is a :class:`ConfigError` naming the field. Floats must be finite;
-    ``0 < lr <= 1`` (and PPO's ``critic_lr``): AdamW moves a weight by about lr per step, so
-    lr > 1 is never fine-tuning; ``0 <= weight_decay <= 1`` (with lr <= 1 AdamW's decay factor
-    ``1 - lr * wd`` stays in [0, 1]); ``0 < adam_eps <= 1``; ``0 <= adam_beta1, adam_beta2 <
-    1``; ``max_grad_norm >= 0``; ``1 <= epochs <= 1000`` (``MAX_EPOCHS``); ``minibatches``,
+    ``0 < lr <= 10`` (``MAX_LR``; also PPO's ``critic_lr``): AdamW moves a weight by about lr
+    per step, by lr * gradient / adam_eps when adam_eps dominates; ``0 <= weight_decay <= 1 /
+    lr`` (AdamW's decay factor ``1 - lr * wd`` stays in [0, 1]); ``0 < adam_eps <= 1``; ``0 <=
+    adam_beta1, adam_beta2 < 1``; ``max_grad_norm >= 0``; ``1 <= epochs <= 1000``
+    (``MAX_EPOCHS``); ``minibatches``,
     ``micro_batch_size`` >= 1; the RL coefficients (``clip_eps_*``, ``entropy_coef``,
     ``kl_coef``, ``vf_coef``, ``value_clip``, ``whiten_std_floor``, ``mismatch_threshold``)
     >= 0, with ``clip_eps_low <= 1``; ``max_staleness >= 0``.
@@ -126,10 +130,9 @@ class TrainConfig:
             raise ConfigError("lora_targets is empty; name the modules or use all-linear")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype = {self.dtype!r}; choose float32, bfloat16 or float16")
-        # ranges (see the class docstring): lr <= 1 and weight_decay <= 1 keep AdamW's decay
-        # factor 1 - lr * wd in [0, 1]; adam_eps > 0 keeps 0 / sqrt(0) out of the update
-        _in_range(self, "lr", 0.0, 1.0, low_open=True)
-        _in_range(self, "weight_decay", 0.0, 1.0, low_open=False)
+        # ranges (see the class docstring); adam_eps > 0 keeps 0 / sqrt(0) out of the update
+        _in_range(self, "lr", 0.0, MAX_LR, low_open=True)
+        _in_range(self, "weight_decay", 0.0, 1.0 / self.lr, low_open=False)
         _in_range(self, "adam_eps", 0.0, 1.0, low_open=True)
         _in_range(self, "max_grad_norm", 0.0, math.inf, low_open=False)
         for name in ("adam_beta1", "adam_beta2"):
@@ -281,7 +284,7 @@ class PPOConfig(RLConfig):
         super().__attrs_post_init__()
         if self.critic not in ("head", "model"):
             raise ConfigError(f"critic = {self.critic!r}; choose head or model")
-        _in_range(self, "critic_lr", 0.0, 1.0, low_open=True)
+        _in_range(self, "critic_lr", 0.0, MAX_LR, low_open=True)
         _in_range(self, "whiten_std_floor", 0.0, math.inf, low_open=False)
         _in_range(self, "vf_coef", 0.0, math.inf, low_open=False)
         _in_range(self, "value_clip", 0.0, math.inf, low_open=False)
