@@ -262,3 +262,66 @@ def test_no_bound_where_text_may_be_dropped_or_absorbed():
     prefixed = {**spec, "pre_tokenizer": {**spec["pre_tokenizer"], "add_prefix_space": True}}
     for bad in (ws, stripping, prefixed):
         assert not _covering(bad) and not TokenFloor.supports(bad)
+
+
+def _tiny_messages(n: int, seed: int) -> list[dict]:
+    """`n` short user and tool messages (1 to 12 characters), as a harness replaying many
+    small tool results would send them."""
+    rnd = random.Random(seed)
+    msgs: list[dict] = []
+    for i in range(n):
+        text = "".join(rnd.choice(_PIECES[8:]) for _ in range(rnd.randint(1, 3)))[:12] or "x"
+        if i % 3 == 2:
+            call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": text})
+        else:
+            msgs.append({"role": "user", "content": text})
+    return msgs
+
+
+def test_the_template_separates_every_counted_message(kind):
+    """The test templates put an added token (<|im_end|>, <|im_start|>, </tool_response>)
+    between any two user or tool texts, so each message counts at least one token; a
+    template that writes two messages' texts side by side does not get the rule."""
+    _, _, r, bound = kind
+    assert bound.separated
+    spec = json.loads(r.tokenizer.backend_tokenizer.to_str())
+    joined = Renderer(str(kind[1]))
+    joined._template = lambda msgs, tools, gen: "".join(m.get("content") or "" for m in msgs)
+    assert not _bound.separated(joined, bound.roles, spec)
+
+
+def test_many_tiny_messages_are_refused_after_counting_messages(make_server, kind):
+    """Hostile: 4 MB as 400,000 messages of a few characters each. Each is shorter than the
+    fewest-pieces count's edge slack, so that count alone gives 0 for every one; the
+    message rule refuses the prompt with 413 before the template or the tokenizer runs."""
+    name, d, _, _ = kind
+    limit = 10_000
+    srv = make_server(tokenizer=str(d), max_prompt_tokens=limit, max_body_bytes=64 << 20)
+    msgs = [{"role": "user", "content": "ab cd efgh"} for _ in range(400_000)]
+    renders = _Counting(srv.proxy.renderers[str(d)])
+    body = {"model": "m", "messages": msgs}
+    h = {"content-type": "application/json", "x-api-key": token("s1")}
+    with httpx.Client(base_url=srv.url, timeout=600) as c:
+        r = c.post("/v1/chat/completions", content=json.dumps(body).encode(), headers=h)
+    assert r.status_code == 413, r.text
+    assert renders.chars == 0, f"{renders.chars} characters rendered before the 413"
+    msg = r.json()["error"]["message"]
+    assert "400000 messages, each at least one token" in msg, msg
+    assert f"limit of {limit} (--max-prompt-tokens)" in msg
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_message_rule_never_exceeds_the_rendered_prompt(kind, seed):
+    """Over 40 random conversations of up to 300 short user and tool messages (added tokens,
+    long runs and combining marks among them), the rules' bound is never more than the
+    rendered prompt's tokens: no false 413 from counting messages."""
+    _, _, r, bound = kind
+    rnd = random.Random(seed)
+    for _ in range(40):
+        msgs = _tiny_messages(rnd.randint(1, 300), rnd.randrange(1 << 30))
+        req = api_chat.parse({"model": "m", "messages": msgs})
+        n, _ = bound.at_least(req)
+        assert n >= len(bound.texts(req)) > 0
+        assert n <= len(r.render_full(req)), msgs

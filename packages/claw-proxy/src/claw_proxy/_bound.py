@@ -45,6 +45,14 @@ template that trims or drops a role's content does not get that role counted).
    A message counted once is remembered (by its text's hash and length), so a conversation
    that grows by a few messages a turn pays for the new ones only.
 
+3. Messages (free), when the template puts an added token between any two counted texts (found
+   once per template from a probe conversation with consecutive user and tool messages, see
+   `separated`): the tokenizer splits added tokens out before anything else, so no token
+   crosses one, and the stretches of the prompt between them are tokenised apart. Each
+   non-empty counted text lies in a stretch of its own, which has at least one token. So
+   ``tokens >= the number of non-empty counted texts``: a prompt of many messages too short
+   for rule 2's slack is refused after counting its messages, whatever its size.
+
 Other tokenizers, or normalisers that can drop text (Strip, Replace, BERT's): no bound, every
 prompt is rendered and only `--max-body-bytes` caps the work.
 """
@@ -391,6 +399,41 @@ def verbatim_roles(renderer) -> frozenset[str]:
     return frozenset()
 
 
+def separated(renderer, roles: frozenset[str], spec: dict) -> bool:
+    """Whether the chat template writes an added token between every two consecutive texts of
+    `roles` (rule 3 of the module docstring), on a probe with a first system message,
+    consecutive user messages and consecutive tool results."""
+    barriers = [
+        a["content"]
+        for a in spec.get("added_tokens") or []
+        if a.get("content") and not a.get("single_word") and not a.get("lstrip")
+        and not a.get("rstrip")
+    ]  # fmt: skip
+    if not roles or not barriers:
+        return False
+    call = {"id": "call_probe", "type": "function", "function": {"name": "probe", "arguments": {}}}
+    msgs: list[dict] = [
+        {"role": "system", "content": "claw-probe-0"},
+        {"role": "user", "content": "claw-probe-1"},
+        {"role": "user", "content": "claw-probe-2"},
+        {"role": "assistant", "content": "", "tool_calls": [call, {**call, "id": "call_2"}]},
+        {"role": "tool", "content": "claw-probe-3", "tool_call_id": "call_probe"},
+        {"role": "tool", "content": "claw-probe-4", "tool_call_id": "call_2"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "claw-probe-5"},
+    ]
+    try:
+        text = renderer._template(msgs, None, True)
+    except RequestError:
+        return False
+    marks = [m["content"] for m in msgs if m["role"] in roles]
+    at = [text.find(m) for m in marks]
+    if any(i < 0 for i in at) or at != sorted(at) or any(text.count(m) != 1 for m in marks):
+        return False
+    gaps = [text[a + len(m) : b] for a, m, b in zip(at, marks, at[1:], strict=False)]
+    return all(any(t in gap for t in barriers) for gap in gaps)
+
+
 class PromptBound:
     """The lower bounds for one tokenizer and chat template (set up once, at start)."""
 
@@ -400,12 +443,14 @@ class PromptBound:
         self.bytes_per_token = bytes_per_token(renderer.tokenizer)
         self.roles = verbatim_roles(renderer) if self.bytes_per_token else frozenset()
         self.floor = TokenFloor(backend, spec) if self.roles and TokenFloor.supports(spec) else None
+        self.separated = separated(renderer, self.roles, spec)
         log.info(
             "prompt bound for %s: %s",
             renderer.directory,
             f"a token covers at most {self.bytes_per_token} characters of "
             f"{', '.join(sorted(self.roles))} text"
             + (f"; fewest pieces counted (slack {self.floor.slack})" if self.floor else "")
+            + ("; each message's text at least one token" if self.separated else "")
             if self.roles
             else "none (every prompt is rendered before --max-prompt-tokens is checked)",
         )
@@ -422,11 +467,19 @@ class PromptBound:
         ]
 
     def at_least(self, req: ChatRequest) -> tuple[int, int]:
-        """Rule 1: (tokens the rendered prompt has at least, characters counted)."""
+        """Rules 1 and 3: (tokens the rendered prompt has at least, characters counted)."""
         if not self.bytes_per_token:
             return 0, 0
-        chars = sum(map(len, self.texts(req)))
-        return -(-chars // self.bytes_per_token), chars
+        texts = self.texts(req)
+        chars = sum(map(len, texts))
+        return max(-(-chars // self.bytes_per_token), len(texts) if self.separated else 0), chars
 
 
-__all__ = ["PromptBound", "TokenFloor", "bytes_per_token", "edge_slack", "verbatim_roles"]
+__all__ = [
+    "PromptBound",
+    "TokenFloor",
+    "bytes_per_token",
+    "edge_slack",
+    "separated",
+    "verbatim_roles",
+]

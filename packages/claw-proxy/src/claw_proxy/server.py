@@ -243,10 +243,15 @@ class Proxy:
         n, chars = bound.at_least(req)
         limit = self.config.max_prompt_tokens
         if n > limit:
+            each = (
+                f"; {len(bound.texts(req))} messages, each at least one token"
+                if bound.separated
+                else ""
+            )
             raise LimitError(
                 f"the prompt has at least {n} tokens ({chars} characters of message text; a "
-                f"token of this tokenizer covers at most {bound.bytes_per_token}), over this "
-                f"proxy's limit of {limit} (--max-prompt-tokens)",
+                f"token of this tokenizer covers at most {bound.bytes_per_token}{each}), over "
+                f"this proxy's limit of {limit} (--max-prompt-tokens)",
                 status=413,
             )
         floor = bound.floor
