@@ -7,7 +7,9 @@ tree attention (claw_rl._tree_attention; memory linear in N), hidden states put 
 batch's order afterwards; the LM head is applied only to the rows that predict a trainable
 token (``parent[i]``), in chunks, so a large vocabulary never materialises (B, N, V) logits.
 Each token's logprob is that of the distribution the engine drew it from: its call's
-temperature, top_k and top_p (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``).
+temperature, top_k and top_p (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``). The
+kept set of a truncated token is decided once, in the first pass of a learner step, as an integer
+(its size, ``TokenStats.kept``) and replayed by every later pass of that step.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class TokenStats:
     logprobs: torch.Tensor  # (M,) log pi(token | prefix) under the token's sampling settings
     entropy: torch.Tensor  # (M,) entropy of that (truncated) distribution (no grad)
     greedy: torch.Tensor  # (M,) bool: sampled at temperature 0, logprob taken at temperature 1
+    kept: torch.Tensor  # (M,) long: size of each token's kept set less the token (-1: untruncated)
 
 
 def _dropped(z: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -100,12 +103,86 @@ def _dropped(z: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch
     return out
 
 
+def _replayed_drop(z: torch.Tensor, kept: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(m, V) bool: the dropped tokens of a kept set decided in an earlier pass, replayed on ``z``.
+
+    Row r keeps its target and the ``kept[r]`` largest of its other logits (the ``_SORT_CHUNK``
+    rows sorted at once; of exactly tied logits, the sort's pick: their values are the same);
+    ``kept[r] < 0`` keeps the whole row. The kept mass is a sum of the largest logits, so the
+    logprob is continuous in ``z``: a near-tie at the set's edge moves it by float round-off, not
+    by a token's probability. No gradient.
+    """
+    m, V = z.shape
+    out = torch.zeros_like(z, dtype=torch.bool)
+    rows = torch.arange(m, device=z.device)
+    for lo in range(0, m, _SORT_CHUNK):
+        sl = slice(lo, lo + _SORT_CHUNK)
+        if not bool((kept[sl] >= 0).any()):
+            continue
+        others = z[sl].clone()
+        others[rows[sl] - lo, targets[sl]] = float("-inf")  # the target is kept apart
+        _, si = torch.sort(others, dim=-1, descending=True)  # (c, V)
+        rank = torch.arange(V, device=z.device)[None, :]
+        drop_sorted = (rank >= kept[sl, None]) & (kept[sl, None] >= 0)
+        out[sl] = torch.zeros_like(drop_sorted).scatter_(1, si, drop_sorted)
+    out[rows, targets] = False
+    return out
+
+
+def sampling_log_softmax_kept(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    targets: torch.Tensor,
+    kept: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sampling_log_softmax` with each row's kept set as an integer: ``(logp (m, V), kept
+    (m,) long)``, ``kept[r]`` = how many tokens other than ``targets[r]`` row r keeps (-1: the row
+    is not truncated - top_p 1 and top_k off, or greedy).
+
+    ``kept`` None: the sets are decided from these logits (:func:`_dropped`, the targets kept).
+    ``kept`` given (from an earlier pass over the same tokens): the sets are not decided again
+    but replayed by size (:func:`_replayed_drop`: the target and the ``kept[r]`` largest other
+    logits). Without ties this is the set :func:`_dropped` picks (top_k and top_p keep a prefix of
+    the logits, largest first); at a near-tie it keeps the size, so passes whose logits differ by
+    round-off (another micro-batch padding or packing layout) give logprobs that differ by
+    round-off, not by whether a token sits just inside or outside the set.
+    """
+    greedy = temperature <= 0
+    T = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
+    z = logits / T[:, None]
+    m, V = z.shape
+    if kept is None:
+        top_p = torch.where(greedy, torch.ones_like(top_p), top_p)
+        top_k = torch.where(greedy, torch.zeros_like(top_k), top_k)
+        truncated = (top_p < 1.0) | ((top_k > 0) & (top_k < V))  # (m,)
+        kept = torch.full((m,), -1, dtype=torch.long, device=z.device)
+        if not bool(truncated.any()):
+            return F.log_softmax(z, dim=-1), kept
+        with torch.no_grad():
+            drop = _dropped(z.detach(), top_p, top_k)
+            rows = torch.arange(m, device=z.device)
+            target_in = ~drop[rows, targets]
+            kept = torch.where(truncated, (~drop).sum(-1) - target_in.long(), kept)
+            drop[rows, targets] = False
+    elif kept.shape != (m,):
+        raise ValueError(f"kept counts of shape {tuple(kept.shape)} for {m} rows of logits")
+    elif bool((kept >= 0).any()):
+        with torch.no_grad():
+            drop = _replayed_drop(z.detach(), kept, targets)
+    else:
+        return F.log_softmax(z, dim=-1), kept
+    return F.log_softmax(z.masked_fill(drop, float("-inf")), dim=-1), kept
+
+
 def sampling_log_softmax(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     targets: torch.Tensor | None = None,
+    kept: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probabilities (m, V) of the distribution each row was sampled from, -inf outside it.
 
@@ -113,10 +190,16 @@ def sampling_log_softmax(
     logits under no_grad; gradient flows through the kept logits) and renormalised over it.
     ``targets`` (m,), when given, always count as kept, so that a sampled token whose learner
     probability sits just outside the learner's own set (a tie at the top_p boundary, a policy that
-    moved since sampling) gets a finite logprob. Rows with T = 0 (greedy: the engine drew from a
+    moved since sampling) gets a finite logprob. ``kept`` (m,), with ``targets``: the sets' sizes
+    decided in an earlier pass, replayed instead of decided again
+    (:func:`sampling_log_softmax_kept`). Rows with T = 0 (greedy: the engine drew from a
     point mass) are taken at T = 1 without truncation; callers leave those tokens out.
     logits: (m, V) float; temperature, top_p: (m,) float; top_k: (m,) long.
     """
+    if targets is not None:
+        return sampling_log_softmax_kept(logits, temperature, top_p, top_k, targets, kept)[0]
+    if kept is not None:
+        raise ValueError("sampling_log_softmax: replaying kept counts needs the targets")
     greedy = temperature <= 0
     T = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
     z = logits / T[:, None]
@@ -125,8 +208,6 @@ def sampling_log_softmax(
     if bool(((top_p < 1.0) | ((top_k > 0) & (top_k < z.shape[-1]))).any()):
         with torch.no_grad():
             drop = _dropped(z.detach(), top_p, top_k)
-            if targets is not None:
-                drop[torch.arange(len(targets), device=drop.device), targets] = False
         z = z.masked_fill(drop, float("-inf"))
     return F.log_softmax(z, dim=-1)
 
@@ -136,44 +217,60 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
     return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
 
 
-def _head_chunk(head, h, T, top_p, top_k, targets, with_entropy: bool):
-    """(logprob of ``targets`` (m,), entropy (m,) or None) of one chunk of predictor rows."""
-    logp = sampling_log_softmax(head(h).float(), T, top_p, top_k, targets)  # (m, V)
+def _head_chunk(head, h, T, top_p, top_k, targets, kept, with_entropy: bool):
+    """(logprob of ``targets`` (m,), entropy (m,) or None, kept counts (m,)) of one chunk of
+    predictor rows; ``kept`` None decides the kept sets, else replays them."""
+    logp, kept = sampling_log_softmax_kept(head(h).float(), T, top_p, top_k, targets, kept)
     ent = None
     if with_entropy:
         with torch.no_grad():
             ent = entropy(logp)
-    return logp.gather(-1, targets[:, None]).squeeze(-1), ent
+    return logp.gather(-1, targets[:, None]).squeeze(-1), ent, kept
 
 
 def token_logprobs(
-    model: torch.nn.Module, hidden: torch.Tensor, batch: Batch, *, with_entropy: bool = True
+    model: torch.nn.Module,
+    hidden: torch.Tensor,
+    batch: Batch,
+    *,
+    with_entropy: bool = True,
+    kept: torch.Tensor | None = None,
 ) -> TokenStats:
     """Logprob of every trainable token i, read from the hidden state of ``parent[i]``, under the
     sampling settings token i was drawn with (``batch.temperatures / top_ps / top_ks``; see
-    :func:`sampling_log_softmax`)."""
+    :func:`sampling_log_softmax`).
+
+    ``kept`` (M,): the kept-set sizes an earlier pass over the same tokens returned
+    (``TokenStats.kept``), replayed instead of decided again from this pass's logits, so that
+    every pass and layout of one learner step uses the same sets (see
+    :func:`sampling_log_softmax_kept`)."""
     b, i, p = batch.predictor_index()
     head = model.get_output_embeddings()
     h = hidden[b, p]  # (M, H)
     targets = batch.input_ids[b, i]  # (M,)
     T, top_p, top_k = batch.temperatures[b, i], batch.top_ps[b, i], batch.top_ks[b, i]  # (M,) each
-    lps, ents = [], []
+    if kept is not None and kept.shape != T.shape:
+        raise ValueError(f"kept counts of shape {tuple(kept.shape)} for {T.numel()} tokens")
+    lps, ents, keeps = [], [], []
     grad = torch.is_grad_enabled() and h.requires_grad
     for lo in range(0, h.shape[0], _CHUNK):
         sl = slice(lo, lo + _CHUNK)
-        args = (head, h[sl], T[sl], top_p[sl], top_k[sl], targets[sl], with_entropy)
+        k_sl = None if kept is None else kept[sl]
+        args = (head, h[sl], T[sl], top_p[sl], top_k[sl], targets[sl], k_sl, with_entropy)
         # under autograd the (m, V) logits are recomputed in backward instead of kept: memory
         # per trainable token is then H, not V (V = 151K floats for Qwen3)
-        lp, ent = (
+        lp, ent, kc = (
             checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
         )
         lps.append(lp)
+        keeps.append(kc)
         if with_entropy:
             ents.append(ent)
     empty = hidden.new_zeros(0)
     lp = torch.cat(lps) if lps else empty
     ent = torch.cat(ents) if ents else empty.detach()
-    return TokenStats(logprobs=lp, entropy=ent, greedy=T <= 0)
+    kc = torch.cat(keeps) if keeps else T.new_zeros(0, dtype=torch.long)
+    return TokenStats(logprobs=lp, entropy=ent, greedy=T <= 0, kept=kc)
 
 
 def scatter_tokens(values: torch.Tensor, batch: Batch, fill: float = 0.0) -> torch.Tensor:

@@ -10,7 +10,8 @@ One step, in three phases:
 
 1. **old logprobs** - drop or report stale samples; recompute log pi_old of the recorded tokens
    (and the critic's old values, the reference's logprobs); compare with the engine's logprobs
-   (mismatch report); importance weights (TIS / MIS); whiten the advantages (PPO);
+   (mismatch report); importance weights (TIS / MIS); whiten the advantages (PPO); the kept set
+   of every top_k / top_p token is decided here, once, and replayed by every pass of phase 2;
 2. **losses** - per minibatch: objective (clipped surrogate; weighted NLL for SFT) - entropy
    bonus + KL penalty + value loss, backward;
 3. **update** - sum gradients over ranks, clip the norm, AdamW step (a non-finite loss,
@@ -521,6 +522,7 @@ class Learner:
                 "logp_old": _split(st.logprobs, batch),
                 "lp_eng": _split(lp_eng, batch),
                 "greedy": _split(g, batch),
+                "kept": _split(st.kept, batch),  # the kept sets, decided here once (_losses)
             }
             if values is not None:
                 per_sample["values_old"] = _split(values[b, i], batch)
@@ -600,13 +602,18 @@ class Learner:
         shortest = _shortest([samples[k] for k in mb])
         for batch, padding in self._micro_batches([samples[k] for k in mine], shortest):
             hidden = backbone_hidden(self.policy, batch)
-            lp = token_logprobs(self.policy, hidden, batch, with_entropy=False).logprobs  # (M,)
-            if padding:  # same passes as a real micro-batch (FSDP's collectives), zero weight
-                o, acc = self._stand_in(batch, lp), dict.fromkeys(sums, 0.0)
-            else:
+            o: Tokens = {}
+            if not padding:
                 ks = mine[pos : pos + len(batch.samples)]
                 pos += len(batch.samples)
                 o = {key: torch.cat([old.tokens[k][key] for k in ks]) for key in old.tokens[ks[0]]}
+            # every token's kept set (top_k / top_p) as phase 1 decided it, whatever this
+            # micro-batch's padding and layout: a near-tie at its edge cannot flip between passes
+            kept = o.get("kept")
+            lp = token_logprobs(self.policy, hidden, batch, with_entropy=False, kept=kept).logprobs
+            if padding:  # same passes as a real micro-batch (FSDP's collectives), zero weight
+                o, acc = self._stand_in(batch, lp), dict.fromkeys(sums, 0.0)
+            else:
                 acc = sums
             b, i, p = batch.predictor_index()
             tok = agg.tok(batch, o["keep"])
@@ -620,6 +627,7 @@ class Learner:
                     batch.top_ps[b, i],
                     batch.top_ks[b, i],
                     batch.input_ids[b, i],
+                    kept,
                 )
                 loss = loss - self.entropy_coef * agg.loss(entropy(logq), tok)
             if self.reference is not None:
