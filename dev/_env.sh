@@ -17,9 +17,10 @@ make_venv() {
 }
 
 # The environment holding all five packages (examples, workspace tests, the demo); Ray, W&B and
-# peft for the loop's --executor ray, --wandb and --lora-rank tests.
+# peft for the loop's --executor ray, --wandb and --lora-rank tests; the docker SDK so that
+# claw-bench's Harbor-on-docker tests (marked other_clis) run here instead of skipping.
 make_workspace_venv() {
   make_venv workspace "$TORCH_SPEC" --group test \
-    -e packages/claw-tree -e "packages/claw-sandbox[ray]" -e "packages/claw-proxy[transformers,lora]" \
+    -e packages/claw-tree -e "packages/claw-sandbox[ray,docker]" -e "packages/claw-proxy[transformers,lora]" \
     -e "packages/claw-rl[wandb,lora]" -e "packages/claw-bench[plot]"
 }
