@@ -568,19 +568,7 @@ class Learner:
             kept=_dist.all_reduce_sum(kept).numpy(),
         )
         if self.whiten_std_floor is not None:
-            A = torch.cat(
-                [
-                    torch.tensor(s.advantages)[torch.tensor(s.trainable, dtype=torch.bool)]
-                    for s in samples
-                ]
-            )
-            old.adv_mean, old.adv_scale = losses.whiten(
-                A,
-                torch.from_numpy(np.concatenate(q)),
-                std_floor=self.whiten_std_floor,
-                center=self.whiten_center,
-            )
-            metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = old.adv_mean, old.adv_scale
+            self._whiten(samples, q, old, metrics, self.whiten_std_floor)
         uses_advantages = not isinstance(self.objective, WeightedNLL)
         metrics.update(_metrics.signal(samples, q, old.adv_mean, old.adv_scale, uses_advantages))
         if metrics["no_signal"] and self.rank == 0:
@@ -589,6 +577,25 @@ class Learner:
                 metrics["no_signal_reason"],
             )
         return old
+
+    def _whiten(
+        self, samples: list[Sample], q: list, old: _Old, metrics: dict, floor: float
+    ) -> None:
+        """The advantages' weighted mean and scale over the batch (std floored at ``floor``),
+        kept on ``old`` for the losses and reported in ``metrics``."""
+        A = torch.cat(
+            [
+                torch.tensor(s.advantages)[torch.tensor(s.trainable, dtype=torch.bool)]
+                for s in samples
+            ]
+        )
+        old.adv_mean, old.adv_scale = losses.whiten(
+            A,
+            torch.from_numpy(np.concatenate(q)),
+            std_floor=floor,
+            center=self.whiten_center,
+        )
+        metrics["adv_whiten_mean"], metrics["adv_whiten_std"] = old.adv_mean, old.adv_scale
 
     def _losses(self, mb: list[int], samples: list[Sample], old: _Old, sums: dict) -> None:
         """Phase 2: the loss of one minibatch on this rank's share of it, backward."""
