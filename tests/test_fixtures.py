@@ -1,4 +1,4 @@
-"""The committed tiny model fixture is exactly what `claw-rl init-tiny` writes today."""
+"""The committed tiny model fixtures are exactly what `claw-rl init-tiny` (`--moe`) writes today."""
 
 import json
 from pathlib import Path
@@ -7,6 +7,7 @@ from claw_rl.cli import main as claw_rl
 from click.testing import CliRunner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-qwen3"
+MOE_FIXTURE = Path(__file__).parent / "fixtures" / "tiny-qwen3-moe"
 
 
 def test_fixture_matches_init_tiny(tmp_path):
@@ -15,15 +16,25 @@ def test_fixture_matches_init_tiny(tmp_path):
     match the fixture exactly; the default kernels differ by up to 4.5e-8 in ~36% of elements):
     the same tensors, shapes and dtypes, within 1e-6 (init std 0.02: another seed or init is far
     outside)."""
-    result = CliRunner().invoke(claw_rl, ["init-tiny", str(tmp_path / "tiny")])
+    _same_as_init_tiny(tmp_path / "tiny", FIXTURE, [])
+
+
+def test_moe_fixture_matches_init_tiny_moe(tmp_path):
+    """The tiny Qwen3-MoE fixture is what `claw-rl init-tiny --moe` writes (same tolerance as
+    the dense one for the weights, router and experts included)."""
+    _same_as_init_tiny(tmp_path / "moe", MOE_FIXTURE, ["--moe"])
+
+
+def _same_as_init_tiny(out: Path, fixture: Path, flags: list[str]) -> None:
+    result = CliRunner().invoke(claw_rl, ["init-tiny", str(out), *flags])
     assert result.exit_code == 0, result.output
-    made = sorted(p.name for p in (tmp_path / "tiny").iterdir())
-    assert made == sorted(p.name for p in FIXTURE.iterdir())
+    made = sorted(p.name for p in out.iterdir())
+    assert made == sorted(p.name for p in fixture.iterdir())
     for name in made:
         if name.endswith(".safetensors"):
-            _same_weights(tmp_path / "tiny" / name, FIXTURE / name)
+            _same_weights(out / name, fixture / name)
             continue
-        new, old = (tmp_path / "tiny" / name).read_bytes(), (FIXTURE / name).read_bytes()
+        new, old = (out / name).read_bytes(), (fixture / name).read_bytes()
         if name.endswith(".json") and b"transformers_version" in old:
             # transformers stamps its own version into these files; a newer
             # release on a fresh machine must not fail the fixture.

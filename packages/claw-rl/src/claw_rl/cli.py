@@ -53,13 +53,34 @@ def _fail(exc: ClawError, hint: str = "") -> click.ClickException:
     help="Let BPE merges span spaces (no split into words first): with --corpus and a larger "
     "--vocab-size, a harness's system prompt shrinks about 20x.",
 )
+@click.option(
+    "--moe/--dense",
+    default=False,
+    show_default=True,
+    help="A Qwen3-MoE model: every layer a sparse block of --experts experts, each token routed "
+    "to --experts-per-token of them.",
+)
+@click.option(
+    "--experts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Experts per MoE layer (implies --moe).  [default: 8]",
+)
+@click.option(
+    "--experts-per-token",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Experts each token is routed to (top-k), with --moe.",
+)
 def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int, split_digits: bool,
-                  corpus: tuple[Path, ...], vocab_size: int, cross_word_merges: bool) -> None:  # fmt: skip
+                  corpus: tuple[Path, ...], vocab_size: int, cross_word_merges: bool, moe: bool,
+                  experts: int | None, experts_per_token: int) -> None:  # fmt: skip
     """Write a tiny random-weight Qwen3 model and a locally trained tokenizer to OUT_DIR.
 
     The tokenizer is a byte-level BPE trained in-process (no hub download) and carries a
     Qwen3-style chat template with tools. The directory loads with AutoModelForCausalLM /
-    AutoTokenizer offline.
+    AutoTokenizer offline. With --moe it is a Qwen3MoeForCausalLM (8 experts, top-2).
 
     Example:
 
@@ -69,9 +90,11 @@ def init_tiny_cmd(out_dir: Path, seed: int, layers: int, hidden: int, split_digi
 
     try:
         texts = tuple(p.read_text(encoding="utf-8", errors="replace") for p in corpus)
+        num_experts = (experts or 8) if moe or experts else 0
         spec = TinySpec(
             seed=seed, num_hidden_layers=layers, hidden_size=hidden, split_digits=split_digits,
             corpus=texts, vocab_size=vocab_size, cross_word_merges=cross_word_merges,
+            num_experts=num_experts, num_experts_per_tok=experts_per_token,
         )  # fmt: skip
         path = init_tiny(out_dir, spec)
     except ClawError as exc:

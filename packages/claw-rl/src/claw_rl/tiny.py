@@ -94,6 +94,22 @@ class TinySpec:
     # the names (toy-steps held-out Pass@1 0 after SFT through all three harnesses).
     corpus: tuple[str, ...] = attrs.field(default=(), converter=_texts)
     cross_word_merges: bool = False
+    # Mixture of experts: num_experts > 0 makes every layer a Qwen3-MoE sparse block (a
+    # `Qwen3MoeForCausalLM`) that routes each token to its num_experts_per_tok largest router
+    # weights, renormalised over them when norm_topk_prob. 0 is the dense Qwen3 model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
+    norm_topk_prob: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_experts < 0:
+            raise ClawError(f"TinySpec.num_experts: {self.num_experts} < 0")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ClawError(
+                f"TinySpec.num_experts_per_tok: {self.num_experts_per_tok} is not in "
+                f"[1, num_experts={self.num_experts}]"
+            )
 
 
 def chat_template() -> str:
@@ -173,16 +189,17 @@ def build_tokenizer(spec: TinySpec):
 
 
 def init_tiny(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
-    """Write a random-weight Qwen3 model and its tokenizer to ``out_dir``; return the path."""
+    """Write a random-weight Qwen3 model (Qwen3-MoE when ``spec.num_experts``) and its
+    tokenizer to ``out_dir``; return the path."""
     spec = spec or TinySpec()
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ClawError(f"{out}: directory exists and is not empty; choose a new directory")
     tokenizer = build_tokenizer(spec)
-    config = Qwen3Config(
+    common = dict(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -198,11 +215,44 @@ def init_tiny(out_dir: str | Path, spec: TinySpec | None = None) -> Path:
         torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config)
+    model = _moe_model(spec, common) if spec.num_experts else _dense_model(common)
     model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+        eos_token_id=model.config.eos_token_id,
+        pad_token_id=model.config.pad_token_id,
+        do_sample=True,
     )
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _dense_model(common: dict):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**common))
+
+
+def _moe_model(spec: TinySpec, common: dict):
+    """Every layer a sparse MoE block; no aux loss in the config (the learner adds its own)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        **common,
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        norm_topk_prob=spec.norm_topk_prob,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        router_aux_loss_coef=0.0,
+        output_router_logits=False,
+    )
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():  # a zero router sends every token to the same experts
+        for layer in model.model.layers:
+            weight = layer.mlp.gate.weight
+            if not weight.abs().sum():
+                weight.normal_(0.0, config.initializer_range)
+    return model
