@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from claw_rl import Policy, RecordError, Sample, read_samples
+from claw_rl.records import append_routing
 from rl_testlib import tree_sample
 
 
@@ -83,3 +85,70 @@ def test_policy_record():
     assert rec["schema"] == "claw.policy/v1" and Policy.from_dict(rec).version == 2
     with pytest.raises(RecordError, match="unsupported version"):
         Policy.from_dict({**rec, "schema": "claw.policy/v9"})
+
+
+# -- routing references (docs/formats.md, Routing store) ---------------------------------------
+
+
+def _routed(tmp_path, rows=None, **patch):
+    """A 3-token sample whose routing (3 tokens x 2 MoE layers x top 2 of 8) lies in
+    s.routing next to s.jsonl; ``patch`` overrides fields of the reference."""
+    rows = (
+        np.array([[[0, 1], [2, 3]], [[-1, -1], [-1, -1]], [[7, 6], [5, 4]]])
+        if rows is None
+        else rows
+    )
+    ref = append_routing(tmp_path / "s.routing", rows, experts=8)
+    return {**tree_sample([-1, 0, 1], [0, 1, 1]), "routing": {**ref, **patch}}
+
+
+def test_routing_reference_round_trip(tmp_path, monkeypatch):
+    """A sample's routing file resolves next to its JSONL file, loads lazily as (N, L, K), and
+    to_dict writes it back (relative to a base directory, else absolute)."""
+    row = _routed(tmp_path)
+    (tmp_path / "s.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.chdir("/")
+    (s,) = read_samples(tmp_path / "s.jsonl")
+    assert s.routing is not None and s.routing.shape == (3, 2, 2)
+    assert s.routing.load()[2].tolist() == [[7, 6], [5, 4]] and (s.routing.load()[1] == -1).all()
+    assert s.to_dict(base=tmp_path)["routing"] == row["routing"]
+    assert Sample.from_dict(s.to_dict()) == s  # absolute path, in memory
+    assert "routing" not in Sample.from_dict(tree_sample([-1, 0], [0, 1])).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"file": "../s.routing"}, r"routing.file.*'\.\.'"),
+        ({"file": "nope.routing"}, r"routing.file.*cannot open"),
+        ({"offset": 4}, r"routing.offset.*>= 8"),
+        ({"offset": 20}, r"routing.offset.*run past the end"),
+        ({"shape": [3, 2]}, r"routing.shape.*\[N, L, K\]"),
+        ({"shape": [2, 2, 2]}, r"routing.shape.*2 rows for 3 tokens"),
+        ({"dtype": "uint8"}, r"routing.dtype.*'int16'"),
+        ({"experts": 0}, r"routing.experts.*>= 1"),
+    ],
+)
+def test_bad_routing_names_file_line_and_field(tmp_path, patch, message):
+    """Each defect of a routing reference is reported with file, line and field."""
+    row = _routed(tmp_path, **patch)
+    p = _file(tmp_path, [json.dumps(tree_sample([-1, 0], [0, 1])), json.dumps(row)])
+    with pytest.raises(RecordError, match=message) as err:
+        read_samples(p)
+    assert "s.jsonl:2" in str(err.value)
+
+
+def test_routing_values_checked_when_loaded(tmp_path):
+    """A file that is not a routing file is refused on reading; out-of-range experts and
+    half-recorded rows when the rows are loaded (a batch is made), naming token and layer."""
+    (tmp_path / "bad.routing").write_bytes(b"NOTMAGIC" + bytes(24))
+    with pytest.raises(RecordError, match="not a routing file"):
+        Sample.from_dict(_routed(tmp_path, file="bad.routing"), "x.jsonl:1", tmp_path)
+    for rows, where in [
+        (np.array([[[0, 1], [2, 8]]] * 3), "token 0, MoE layer 1, slot 1 holds 8"),
+        (np.array([[[0, 1], [2, 3]], [[-1, 2], [0, 1]], [[0, 1], [2, 3]]]), "token 1, MoE layer 0"),
+    ]:
+        (tmp_path / "s.routing").unlink()
+        s = Sample.from_dict(_routed(tmp_path, rows), "x.jsonl:1", tmp_path)
+        with pytest.raises(RecordError, match=where):
+            s.routing.load()

@@ -31,6 +31,7 @@ def _f(default: Any, help: str, choices: tuple | None = None) -> Any:
 IS_CHOICES = ("tis", "mis_token", "mis_sequence", "none")
 KL_CHOICES = ("k3", "k2")
 AGG_CHOICES = ("weights", "token_mean", "constant")
+ROUTING_CHOICES = ("auto", "r3", "r2", "off")
 MAX_EPOCHS = 1000  # passes over one batch; SFT runs use tens, PPO a few
 # AdamW moves a weight by about lr per step (by lr * gradient / adam_eps when adam_eps dominates,
 # as the gradient-equivalence tests set it, with lr up to 10); beyond that no lr trains a policy
@@ -71,7 +72,7 @@ class TrainConfig:
     (``MAX_EPOCHS``); ``minibatches``,
     ``micro_batch_size`` >= 1; the RL coefficients (``clip_eps_*``, ``entropy_coef``,
     ``kl_coef``, ``vf_coef``, ``value_clip``, ``whiten_std_floor``, ``mismatch_threshold``)
-    >= 0, with ``clip_eps_low <= 1``; ``max_staleness >= 0``.
+    >= 0, with ``clip_eps_low <= 1``; ``max_staleness >= 0``; ``moe_aux_loss >= 0``.
     """
 
     algo: ClassVar[str] = ""
@@ -119,6 +120,19 @@ class TrainConfig:
         "modules that get an adapter: all-linear (every linear layer but the LM head) or "
         "comma-separated module names (q_proj,v_proj)",
     )
+    routing_replay: str = _f(
+        "auto",
+        "MoE expert routing in the learner's passes: r3 (each token's experts as the engine "
+        "recorded them, the samples' routing; unrecorded tokens as r2), r2 (every pass of a step "
+        "replays the experts the step's first pass chose), off (live top-k in every pass), auto "
+        "(r3 for an MoE model; nothing for a dense one)",
+        ROUTING_CHOICES,
+    )
+    moe_aux_loss: float = _f(
+        0.0,
+        "coefficient of the load-balancing auxiliary loss of an MoE model (Qwen3-MoE's "
+        "router_aux_loss_coef; 0 = off), added to the policy loss",
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.lora_rank < 0 or self.lora_alpha <= 0:
@@ -146,6 +160,11 @@ class TrainConfig:
             _int_in_range(self, name, 0)
         if self.parallelism not in ("ddp", "fsdp"):
             raise ConfigError(f"parallelism = {self.parallelism!r}; choose ddp or fsdp")
+        if self.routing_replay not in ROUTING_CHOICES:
+            raise ConfigError(
+                f"routing_replay = {self.routing_replay!r}; choose {', '.join(ROUTING_CHOICES)}"
+            )
+        _in_range(self, "moe_aux_loss", 0.0, math.inf, low_open=False)
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config") -> Self:

@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 import torch
 
+from claw_rl.errors import RecordError
 from claw_rl.records import Sample
 
 # Largest padded length N packed with a dense mask under attention="auto". Measured on CPU (the
@@ -193,6 +194,8 @@ def keep_sessions(sample: Sample, keep: Sequence[bool]) -> Sample:
         )
     }
     fields["parent"] = tuple(np.where(parent >= 0, new_index[parent], -1)[tok].tolist())
+    if sample.routing is not None:
+        fields["routing"] = sample.routing.take(tok)
     tags = dict(sample.tags or {})
     kept = np.flatnonzero(keep_s)
     fields["sessions"] = tuple(sample.sessions[k] for k in kept)
@@ -246,6 +249,9 @@ class Batch:
     # the "tree" layout (mask is None and the batch is not all chains), else both None:
     tree_order: torch.Tensor | None = None  # (B, N) long: token at preorder position k
     tree_end: torch.Tensor | None = None  # (B, N) long: end of position k's subtree (exclusive)
+    # the engine's experts (B, N, L, K) long per token and MoE layer, -1 on padding and on rows
+    # not recorded; None when no sample has routing (docs/formats.md, Routing store)
+    routing: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -325,7 +331,29 @@ def pack(
         samples=tuple(samples),
         tree_order=tree_order,
         tree_end=tree_end,
+        routing=pack_routing(samples, n),
     )
+
+
+def pack_routing(samples: Sequence[Sample], n: int) -> torch.Tensor | None:
+    """The samples' recorded experts padded to (B, n, L, K) long (-1: padding, not recorded), or
+    None when none has routing. Every sample's L and K must agree (one model)."""
+    refs = [s.routing for s in samples if s.routing is not None]
+    if not refs:
+        return None
+    L, K = refs[0].layers, refs[0].top_k
+    out = torch.full((len(samples), n, L, K), -1, dtype=torch.long)
+    for k, s in enumerate(samples):
+        if s.routing is None:
+            continue
+        if (s.routing.layers, s.routing.top_k) != (L, K):
+            raise RecordError(
+                f"{s.routing.where}: field 'routing.shape' = {list(s.routing.shape)}: "
+                f"{s.routing.layers} MoE layers x top {s.routing.top_k}, but {refs[0].where} in "
+                f"the same batch has {L} x {K}"
+            )
+        out[k, : len(s)] = torch.from_numpy(s.routing.load().astype(np.int64))
+    return out
 
 
 def chain_sample(

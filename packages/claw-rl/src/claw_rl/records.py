@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import IO, Any, TextIO
 
 import attrs
+import numpy as np
 
 from claw_rl.errors import RecordError
 
@@ -30,6 +32,9 @@ CALL_SCHEMA = "claw.call/v1"
 
 _PER_TOKEN_INT = ("input_ids", "position_ids", "parent", "trainable")
 _PER_TOKEN_FLOAT = ("logprobs", "advantages", "loss_weights")
+
+ROUTING_MAGIC = b"CLAWRT1\n"  # first bytes of a routing file (docs/formats.md, Routing store)
+_ROUTING_DTYPES: dict[str, np.dtype] = {"uint8": np.dtype("<u1"), "int16": np.dtype("<i2")}
 
 
 def _check_schema(row: dict, want: str, where: str) -> None:
@@ -58,6 +63,161 @@ def _num_list(row: dict, key: str, where: str, *, ints: bool, n: int | None) -> 
     return tuple(val)
 
 
+def _int_field(ref: dict, key: str, where: str, low: int) -> int:
+    val = ref.get(key)
+    if not isinstance(val, int) or isinstance(val, bool) or val < low:
+        raise RecordError(
+            f"{where}: field 'routing.{key}' must be an integer >= {low}, got {val!r}"
+        )
+    return val
+
+
+@attrs.frozen(kw_only=True)
+class Routing:
+    """The experts the engine chose for every token of a sample: a reference into a routing file
+    (docs/formats.md, Routing store), or, for a sample cut by ``keep_sessions``, the rows in
+    memory (``array``). ``shape`` (N, L, K): per token, per MoE layer, the K experts in the
+    engine's order; -1 (the whole row) = not recorded. The array is read only by :meth:`load`."""
+
+    file: str = attrs.field(eq=False)  # as written in the record; "" for rows held in memory
+    path: Path | None  # the file, resolved
+    offset: int
+    shape: tuple[int, int, int]
+    dtype: str
+    experts: int
+    where: str = attrs.field(default="routing", eq=False)  # file:line (sample id) for errors
+    array: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def layers(self) -> int:
+        return self.shape[1]
+
+    @property
+    def top_k(self) -> int:
+        return self.shape[2]
+
+    @classmethod
+    def from_dict(cls, ref: Any, where: str, n_tokens: int, base: Path) -> Routing:
+        """Validate a sample's ``routing`` reference against its ``n_tokens``; the file (relative
+        to ``base``, or absolute) must hold the magic and the array's bytes."""
+        if not isinstance(ref, dict):
+            raise RecordError(f"{where}: field 'routing' must be an object")
+        file = ref.get("file")
+        if not isinstance(file, str) or not file:
+            raise RecordError(f"{where}: field 'routing.file' must be a non-empty string")
+        if ".." in PurePath(file).parts:
+            raise RecordError(f"{where}: field 'routing.file' = {file!r} has a '..' component")
+        offset = _int_field(ref, "offset", where, len(ROUTING_MAGIC))
+        experts = _int_field(ref, "experts", where, 1)
+        shape: Any = ref.get("shape")
+        ok = isinstance(shape, list) and len(shape) == 3
+        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in shape)
+        if not ok or shape[0] < 0 or shape[1] < 1 or shape[2] < 1:
+            raise RecordError(
+                f"{where}: field 'routing.shape' must be [N, L, K] (ints, L and K >= 1), got "
+                f"{shape!r}"
+            )
+        if shape[0] != n_tokens:
+            raise RecordError(
+                f"{where}: field 'routing.shape' = {shape}: {shape[0]} rows for {n_tokens} tokens"
+            )
+        if ref.get("dtype") != "int16":  # a sample's rows may be -1 (not recorded)
+            raise RecordError(
+                f"{where}: field 'routing.dtype' is {ref.get('dtype')!r}; a sample's is 'int16'"
+            )
+        if experts > 32767:
+            raise RecordError(f"{where}: field 'routing.experts' = {experts} does not fit int16")
+        path = Path(file) if os.path.isabs(file) else base / file
+        out = cls(file=file, path=path, offset=offset, shape=tuple(shape), dtype="int16",
+                  experts=experts, where=where)  # fmt: skip
+        out._check_file()
+        return out
+
+    def _nbytes(self) -> int:
+        return int(np.prod(self.shape)) * _ROUTING_DTYPES[self.dtype].itemsize
+
+    def _check_file(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:  # type: ignore[arg-type]
+                magic = fh.read(len(ROUTING_MAGIC))
+                size = os.fstat(fh.fileno()).st_size
+        except OSError as exc:
+            raise RecordError(
+                f"{self.where}: field 'routing.file': cannot open {self.path} ({exc.strerror})"
+            ) from exc
+        if magic != ROUTING_MAGIC:
+            raise RecordError(
+                f"{self.where}: field 'routing.file': {self.path} is not a routing file (magic "
+                f"{magic!r}, want {ROUTING_MAGIC!r})"
+            )
+        if size < self.offset + self._nbytes():
+            raise RecordError(
+                f"{self.where}: field 'routing.offset': {self.offset} + {self._nbytes()} bytes "
+                f"of shape {list(self.shape)} run past the end of {self.path} ({size} bytes)"
+            )
+
+    def load(self) -> np.ndarray:
+        """The rows (N, L, K) int16, values checked: experts in [0, E), or a whole row -1."""
+        if self.array is not None:
+            return self.array
+        self._check_file()
+        assert self.path is not None  # a reference (rows in memory returned above)
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            raw = fh.read(self._nbytes())
+        a = np.frombuffer(raw, dtype=_ROUTING_DTYPES[self.dtype]).astype(np.int16)
+        a = a.reshape(self.shape)
+        bad = (a < -1) | (a >= self.experts)
+        unset = a == -1
+        bad |= unset.any(-1, keepdims=True) & ~unset.all(-1, keepdims=True)
+        if bad.any():
+            t, layer, k = (int(x) for x in np.argwhere(bad)[0])
+            raise RecordError(
+                f"{self.where}: field 'routing': token {t}, MoE layer {layer}, slot {k} holds "
+                f"{int(a[t, layer, k])}: experts are in [0, {self.experts}) and an unrecorded row "
+                f"is -1 in all {self.top_k} slots ({self.path} at offset {self.offset})"
+            )
+        return a
+
+    def take(self, index: np.ndarray) -> Routing:
+        """The rows ``index`` (token indices or a boolean mask), held in memory."""
+        rows = self.load()[index]
+        return attrs.evolve(self, file="", path=None, offset=0, shape=rows.shape, array=rows)
+
+    def to_dict(self, base: str | Path | None = None) -> dict:
+        """The reference; ``file`` relative to ``base`` (the directory of the JSONL file it goes
+        into: the file must lie under it), else the resolved absolute path (in-memory use)."""
+        if self.path is None:
+            raise RecordError(
+                f"{self.where}: routing rows held in memory (a sample cut by keep_sessions) have "
+                "no file to reference; write them with append_routing first"
+            )
+        file = str(Path(self.path).resolve())
+        if base is not None:
+            rel = os.path.relpath(file, Path(base).resolve())
+            if ".." in PurePath(rel).parts:
+                raise RecordError(f"{self.where}: routing file {file} is not under {base}")
+            file = rel
+        return {"file": file, "offset": self.offset, "shape": list(self.shape),
+                "dtype": self.dtype, "experts": self.experts}  # fmt: skip
+
+
+def append_routing(path: str | Path, rows: np.ndarray, experts: int) -> dict:
+    """Append ``rows`` (N, L, K) to the routing file ``path`` (created with its magic) as int16;
+    the ``routing`` reference of a sample written next to it (``file`` is the bare name)."""
+    a = np.ascontiguousarray(rows, dtype=_ROUTING_DTYPES["int16"])
+    if a.ndim != 3:
+        raise ValueError(f"routing rows must be (N, L, K), got shape {a.shape}")
+    with open(path, "ab") as fh:
+        if fh.tell() == 0:
+            fh.write(ROUTING_MAGIC)
+        offset = fh.tell()
+        fh.write(a.tobytes())
+        fh.flush()
+    return {"file": Path(path).name, "offset": offset, "shape": list(a.shape),
+            "dtype": "int16", "experts": experts}  # fmt: skip
+
+
 @attrs.frozen(kw_only=True)
 class Sample:
     """One tree-packed training sample (``claw.sample/v1``); see docs/formats.md, Tree packing."""
@@ -81,13 +241,16 @@ class Sample:
     groups: tuple[str, ...] = ()
     n_paths: int | None = None
     tags: dict = attrs.field(factory=dict)
+    routing: Routing | None = None  # the engine's expert choices per token (MoE policies)
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     @classmethod
-    def from_dict(cls, row: Any, where: str = "sample") -> Sample:
-        """Validate a ``claw.sample/v1`` dict; errors name ``where`` (file:line or sample id)."""
+    def from_dict(cls, row: Any, where: str = "sample", base: str | Path | None = None) -> Sample:
+        """Validate a ``claw.sample/v1`` dict; errors name ``where`` (file:line or sample id).
+        A relative ``routing.file`` is resolved against ``base`` (the samples file's directory;
+        default: the working directory)."""
         if not isinstance(row, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
         _check_schema(row, SAMPLE_SCHEMA, where)
@@ -116,24 +279,16 @@ class Sample:
                     f"{where}: field 'policy_versions' must hold versions >= 0 (-1: context)"
                 )
         opt.update(_sampling_lists(row, where, n))
-        for key in ("sessions", "groups"):
-            val = row.get(key, [])
-            if not isinstance(val, list) or not all(isinstance(s, str) for s in val):
-                raise RecordError(f"{where}: field {key!r} must be a list of strings")
-            opt[key] = tuple(val)
-        if "n_paths" in row and row["n_paths"] is not None:
-            if (
-                not isinstance(row["n_paths"], int)
-                or isinstance(row["n_paths"], bool)
-                or row["n_paths"] < 0
-            ):
-                raise RecordError(f"{where}: field 'n_paths' must be an integer >= 0")
-            opt["n_paths"] = row["n_paths"]
+        opt.update(_packing_fields(row, where))
         if not isinstance(row.get("tags", {}), dict):
             raise RecordError(f"{where}: field 'tags' must be an object")
         if any(t < 0 for t in ints["input_ids"]):
             raise RecordError(f"{where}: field 'input_ids' must hold token ids >= 0")
         _check_tree(ints, floats, where)
+        if row.get("routing") is not None:
+            opt["routing"] = Routing.from_dict(
+                row["routing"], where, len(ints["input_ids"]), Path(base or os.getcwd())
+            )
         return cls(
             sample_id=row["sample_id"],
             algo=row["algo"],
@@ -143,7 +298,9 @@ class Sample:
             **opt,
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self, base: str | Path | None = None) -> dict:
+        """The record; a ``routing`` file relative to ``base`` (the directory of the JSONL file
+        it goes into), else absolute (for records handed around in memory)."""
         out: dict[str, Any] = {
             "schema": SAMPLE_SCHEMA,
             "sample_id": self.sample_id,
@@ -163,7 +320,25 @@ class Sample:
         if self.n_paths is not None:
             out["n_paths"] = self.n_paths
         out["tags"] = dict(self.tags)
+        if self.routing is not None:
+            out["routing"] = self.routing.to_dict(base)
         return out
+
+
+def _packing_fields(row: dict, where: str) -> dict:
+    """The optional ``sessions``, ``groups`` (lists of strings) and ``n_paths`` (int >= 0)."""
+    opt: dict[str, Any] = {}
+    for key in ("sessions", "groups"):
+        val = row.get(key, [])
+        if not isinstance(val, list) or not all(isinstance(s, str) for s in val):
+            raise RecordError(f"{where}: field {key!r} must be a list of strings")
+        opt[key] = tuple(val)
+    if "n_paths" in row and row["n_paths"] is not None:
+        n = row["n_paths"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise RecordError(f"{where}: field 'n_paths' must be an integer >= 0")
+        opt["n_paths"] = n
+    return opt
 
 
 def _sampling_lists(row: dict, where: str, n: int | None) -> dict:
@@ -321,8 +496,9 @@ def read_samples(path: str | Path) -> list[Sample]:
     """Read and validate a ``claw.sample/v1`` JSONL file; sample ids must be unique."""
     out: list[Sample] = []
     seen: dict[str, str] = {}
+    base = Path(os.getcwd()) if str(path) == "-" else Path(path).parent
     for where, obj in iter_jsonl(path):
-        s = Sample.from_dict(obj, where)
+        s = Sample.from_dict(obj, where, base)
         if s.sample_id in seen:
             raise RecordError(f"{where}: sample_id {s.sample_id!r} repeats {seen[s.sample_id]}")
         seen[s.sample_id] = where
@@ -330,10 +506,11 @@ def read_samples(path: str | Path) -> list[Sample]:
     return out
 
 
-def as_samples(rows: Iterable[Sample | dict]) -> list[Sample]:
-    """Accept in-memory dicts (as the examples pass them) or Sample objects."""
+def as_samples(rows: Iterable[Sample | dict], base: str | Path | None = None) -> list[Sample]:
+    """Accept in-memory dicts (as the examples pass them) or Sample objects; relative routing
+    files resolve against ``base`` (default: the working directory)."""
     return [
-        r if isinstance(r, Sample) else Sample.from_dict(r, f"samples[{k}]")
+        r if isinstance(r, Sample) else Sample.from_dict(r, f"samples[{k}]", base)
         for k, r in enumerate(rows)
     ]
 
