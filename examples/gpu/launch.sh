@@ -18,6 +18,17 @@
 #     fail here, prints the exact vLLM and loop commands, starts nothing
 #
 # Runs unchanged on one GPU box (vLLM and the learner share the GPU: VLLM_MEM caps vLLM's share).
+#
+# A mixture-of-experts checkpoint (config.json: num_experts / num_local_experts / n_routed_experts
+# > 0, e.g. Qwen3-30B-A3B) is detected by preflight.py, which prints its experts, top-k, MoE
+# layers and routing bytes, and refuses a vLLM older than 0.22.0 (the first whose OpenAI server
+# returns routed experts). Then vLLM starts with --enable-return-routed-experts (claw-proxy
+# records each call's experts), the learner with --routing-replay r3 (its forward uses them),
+# and over several vLLM GPUs with --tensor-parallel-size N --enable-expert-parallel: attention
+# split N ways as usual, but each GPU holds E/N whole experts (Qwen3-30B-A3B: 128/N) instead of
+# a 1/N slice of every expert, so a token's top-k experts run whole where they live (one
+# all-to-all each way) rather than all N GPUs computing every expert's slice. A dense model's
+# commands are unchanged.
 # Environment (defaults in brackets):
 #   MODEL         Qwen3-style HF model directory (required)
 #   SUITE         claw-bench suite: a name or a task directory / ClawGym JSONL [the loop's default]
@@ -26,6 +37,7 @@
 #   RUN_DIR       run directory, resumable [runs/gpu]
 #   VLLM_PY       python of the vLLM venv [.venvs/vllm/bin/python]   CLAW_PY  python with claw [.venvs/workspace/bin/python]
 #   VLLM_GPUS     CUDA_VISIBLE_DEVICES for vLLM [0]                   LEARNER_GPUS  ... for the learner [0]
+#   VLLM_TP       MoE only: vLLM's tensor (and expert) parallel size [the number of VLLM_GPUS]
 #   VLLM_PORT     [8001]   VLLM_MEM  vLLM --gpu-memory-utilization [0.45]   MAX_LEN  --max-model-len [32768]
 #   BACKEND       claw-sandbox backend [bwrap]                        PARALLEL  sandbox jobs at once [32]
 #   CLAW_TOOLS    where ./dev/install-harnesses put the harnesses [.tools]
@@ -73,12 +85,6 @@ mapfile -t POLICY_FLAGS < <(grep -v '^#' examples/gpu/vllm-policy.args)
 VLLM_CMD=("$VLLM_PY" -m vllm.entrypoints.openai.api_server "${POLICY_FLAGS[@]}"
   --model "$MODEL" --port "$VLLM_PORT" --host 127.0.0.1 --gpu-memory-utilization "$VLLM_MEM"
   --max-model-len "$MAX_LEN")
-LOOP_ARGS=()
-[ -n "$SUITE" ] && LOOP_ARGS+=(--suite "$SUITE")
-for h in $HARNESSES; do LOOP_ARGS+=(--harness "$h"); done
-LOOP_CMD=("$CLAW_PY" examples/mix_harness_rl.py --run-dir "$RUN_DIR" --model "$MODEL"
-  --engine "vllm:http://127.0.0.1:$VLLM_PORT" --tokenizer "$MODEL" --backend "$BACKEND" --parallel "$PARALLEL"
-  --max-new-tokens 4096 --lr 1e-6 --epochs 1 --minibatches 4 --pack batch "${LOOP_ARGS[@]}" "$@")
 
 # --- checks before anything starts -------------------------------------------------------------
 [ -f "$MODEL/config.json" ] || fail "$MODEL has no config.json: not an HF model directory"
@@ -91,18 +97,38 @@ say "model $MODEL: $(sed -n 's/.*"model_type": *"\([^"]*\)".*/\1/p' "$MODEL/conf
 # binaries are on PATH
 PREFLIGHT=()
 for h in ${HARNESSES:-claw-agent-text claw-agent-text-anthropic}; do PREFLIGHT+=(--harness "$h"); done
-"$CLAW_PY" examples/gpu/preflight.py --suite "${SUITE:-claw-toy}" "${PREFLIGHT[@]}" \
-  || fail "inputs missing (above); harness binaries come from ./dev/install-harnesses (CLAW_TOOLS=$TOOLS)"
+# the model: dense or MoE (prints its experts and routing bytes; an MoE needs vLLM >= 0.22.0)
+VLLM_VERSION=$("$VLLM_PY" -c "import vllm; print(vllm.__version__)" 2>/dev/null || true)
+MODEL_KIND=$("$CLAW_PY" examples/gpu/preflight.py --suite "${SUITE:-claw-toy}" "${PREFLIGHT[@]}" \
+  --model "$MODEL" --vllm-version "$VLLM_VERSION") \
+  || fail "inputs missing or refused (above); harness binaries come from ./dev/install-harnesses (CLAW_TOOLS=$TOOLS)"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >&2 || gpu_need "nvidia-smi cannot see a GPU"
 else
   gpu_need "nvidia-smi not found: no NVIDIA driver on this machine"
 fi
-"$VLLM_PY" -c "import vllm" 2>/dev/null || gpu_need "$VLLM_PY cannot import vllm (pip install vllm into its own venv)"
+[ -n "$VLLM_VERSION" ] || gpu_need "$VLLM_PY cannot import vllm (pip install vllm into its own venv)"
 CUDA_VISIBLE_DEVICES=$LEARNER_GPUS "$CLAW_PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null \
   || gpu_need "$CLAW_PY's torch sees no GPU (a CUDA build of torch is needed)"
 DOCTOR=$("$CLAW_PY" -m claw_sandbox doctor 2>&1 || true)
 grep -q "^ok  $BACKEND " <<<"$DOCTOR" || gpu_need "sandbox backend $BACKEND does not work here ($CLAW_PY -m claw_sandbox doctor)"
+
+# an MoE policy: vLLM returns each call's routed experts, the learner replays them (R3); over
+# several GPUs its experts are spread whole (expert parallel), see the top of this file
+LOOP_ARGS=()
+if [ "$MODEL_KIND" = moe ]; then
+  VLLM_CMD+=(--enable-return-routed-experts)
+  IFS=, read -ra GPU_LIST <<<"$VLLM_GPUS"
+  VLLM_TP=${VLLM_TP:-${#GPU_LIST[@]}}
+  [[ "$VLLM_TP" =~ ^[1-9][0-9]*$ ]] || fail "VLLM_TP=$VLLM_TP: not a positive integer"
+  [ "$VLLM_TP" -gt 1 ] && VLLM_CMD+=(--tensor-parallel-size "$VLLM_TP" --enable-expert-parallel)
+  LOOP_ARGS+=(--routing-replay r3)
+fi
+[ -n "$SUITE" ] && LOOP_ARGS+=(--suite "$SUITE")
+for h in $HARNESSES; do LOOP_ARGS+=(--harness "$h"); done
+LOOP_CMD=("$CLAW_PY" examples/mix_harness_rl.py --run-dir "$RUN_DIR" --model "$MODEL"
+  --engine "vllm:http://127.0.0.1:$VLLM_PORT" --tokenizer "$MODEL" --backend "$BACKEND" --parallel "$PARALLEL"
+  --max-new-tokens 4096 --lr 1e-6 --epochs 1 --minibatches 4 --pack batch "${LOOP_ARGS[@]}" "$@")
 
 if [ "$DRY_RUN" = 1 ]; then
   say "dry run: the commands (nothing started)"
@@ -125,9 +151,11 @@ for _ in $(seq 600); do
   sleep 1
 done
 curl -sf "http://127.0.0.1:$VLLM_PORT/health" >/dev/null || fail "vLLM not healthy after 600 s; see $RUN_DIR/vllm.log"
-curl -sf "http://127.0.0.1:$VLLM_PORT/v1/completions" -H 'content-type: application/json' \
-  -d "{\"model\": \"$MODEL\", \"prompt\": [1, 2, 3], \"max_tokens\": 2, \"logprobs\": 0, \"return_token_ids\": true}" \
-  | grep -q token_ids || fail "vLLM does not answer token-id prompts with token ids (needs return_token_ids)"
+PROBE=$(curl -sf "http://127.0.0.1:$VLLM_PORT/v1/completions" -H 'content-type: application/json' \
+  -d "{\"model\": \"$MODEL\", \"prompt\": [1, 2, 3], \"max_tokens\": 2, \"logprobs\": 0, \"return_token_ids\": true}" || true)
+grep -q token_ids <<<"$PROBE" || fail "vLLM does not answer token-id prompts with token ids (needs return_token_ids)"
+[ "$MODEL_KIND" != moe ] || grep -q '"routed_experts"' <<<"$PROBE" \
+  || fail "vLLM $VLLM_VERSION started with --enable-return-routed-experts answers without routed_experts"
 say "vLLM healthy"
 
 # --- the loop ----------------------------------------------------------------------------------
