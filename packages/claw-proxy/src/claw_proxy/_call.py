@@ -206,6 +206,18 @@ class Run:
             getattr(p, "close_think", "</think>"),
         )
 
+    async def settle(self) -> None:
+        """Wait (up to the call's deadline) for the routing of an MoE engine whose generation
+        a stop sequence cut short: it comes with the engine's end, after the tokens read."""
+        gen = self.gen
+        if not getattr(gen, "routes", False) or gen.routing is not None or gen.ended:
+            return
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                await gen.settle()
+        except TimeoutError:
+            pass
+
     def record(self, answer: Answer, body: dict) -> None:
         proxy, r = self.proxy, self.rendered
         call = Call(
@@ -243,7 +255,17 @@ class Run:
             response=body if proxy.config.record_bodies else None,
             extra={"teacher": self.engine.teacher} if self.engine.teacher else {},
         )
-        where = proxy.writer.write(call, prompt_ids_json=r.prompt_json) if proxy.writer else None
+        where = None
+        if proxy.writer:
+            routing = (
+                proxy.routing.rows(self.gen, call, r.reused_tokens, proxy.writer.path)
+                if getattr(self.gen, "routing", None) is not None
+                or getattr(self.gen, "routes", False)
+                else None
+            )
+            where = proxy.writer.write(call, prompt_ids_json=r.prompt_json, routing=routing)
+            if routing is not None:
+                proxy.routing.remember(call, routing)
         proxy.stats["calls_recorded"] += 1
         proxy.stats["prompt_tokens"] += answer.prompt_tokens
         proxy.stats["completion_tokens"] += answer.completion_tokens

@@ -15,6 +15,12 @@ in flight finishes on the weights it started with and reports that version. A Lo
 directory (a `claw-rl --lora-rank` policy) is merged into the model the engine started with
 (needs peft: the `lora` extra).
 
+An MoE policy (decoder layers whose ``mlp.gate`` is a top-k router returning (logits, scores,
+indices), as transformers' Qwen3-MoE) gets forward hooks on its routers (`_Routers`): each
+forward's expert indices are kept per request, the prompt's rows from the prefill (left padding
+dropped) and one row per token fed back, and put as the generation's ``"routing"`` (T, L, K)
+before its end (`Generation`). A dense model gets no hooks and runs the same code as before.
+
 The worker runs its torch ops on `threads` intra-op threads (default 1), leaving the process
 default to the rest of the process (a learner in the same process keeps its threads). A decode
 step of a small model is many tiny ops that a second thread does not speed up, and an OpenMP
@@ -29,6 +35,7 @@ import asyncio
 import json
 import queue
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +131,52 @@ def sampling_logprobs(logits, temperature: float, top_p: float = 1.0, top_k: int
 
 
 class _Job:
-    __slots__ = ("req", "gen", "generator")
+    __slots__ = ("req", "gen", "generator", "routing")
 
     def __init__(self, req: GenRequest, gen: Generation) -> None:
         self.req, self.gen = req, gen
         self.generator: Any = None  # a torch.Generator, made on the first sampled token
+        self.routing: list = []  # (n, L, K) arrays of an MoE policy's forwarded tokens
+
+
+class _Routers:
+    """Forward hooks on an MoE model's top-k routers, in model order: after each forward,
+    `take` gives the expert indices it routed every input position to."""
+
+    def __init__(self, routers: list) -> None:
+        import torch
+
+        self.experts = int(routers[0].num_experts)
+        self.k = int(routers[0].top_k)
+        self.dtype = torch.uint8 if self.experts <= 255 else torch.int16
+        self._got: list = []
+        self.handles = [r.register_forward_hook(self._hook) for r in routers]
+
+    @classmethod
+    def of(cls, model) -> _Routers | None:
+        """Hooks on `model`'s routers; None for a dense model (nothing hooked)."""
+        layers = getattr(getattr(model, "model", None), "layers", None) or ()
+        routers = [
+            gate
+            for layer in layers
+            if (gate := getattr(getattr(layer, "mlp", None), "gate", None)) is not None
+            and hasattr(gate, "top_k")
+            and hasattr(gate, "num_experts")
+        ]
+        return cls(routers) if routers else None
+
+    def _hook(self, module, args, output) -> None:
+        self._got.append(output[2])  # (logits, scores, indices): indices (B*S, K)
+
+    def take(self, B: int, S: int):
+        """The last forward's expert indices as a numpy array (B, S, L, K)."""
+        import torch
+
+        got, self._got = self._got, []
+        if len(got) != len(self.handles):
+            raise EngineError(f"{len(got)} MoE routers ran, expected {len(self.handles)}")
+        idx = torch.stack(got, dim=1).to(self.dtype)  # (B*S, L, K)
+        return idx.view(B, S, len(got), self.k).cpu().numpy()
 
 
 class TransformersEngine(Engine):
@@ -160,6 +208,10 @@ class TransformersEngine(Engine):
         self.policy = {"name": policy_name, "version": version}
         model = _load_adapter(self.base_dir, directory, dtype) if adapter else None
         self._current = (model or _load(directory, dtype), dict(self.policy))
+        # each model's router hooks (None: dense); a model loaded later gets its own
+        self._routers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._routers[self._current[0]] = _Routers.of(self._current[0])
+        self.routes = self._routers[self._current[0]] is not None
         self.pad_id = self._current[0].config.pad_token_id or 0
         self.max_context = getattr(self._current[0].config, "max_position_embeddings", None)
         self._jobs: queue.Queue = queue.Queue()
@@ -176,6 +228,7 @@ class TransformersEngine(Engine):
 
     def generate(self, req: GenRequest) -> Generation:
         gen = Generation()
+        gen.routes = self.routes
         self._jobs.put(_Job(req, gen))
         return gen
 
@@ -187,6 +240,8 @@ class TransformersEngine(Engine):
         else:
             model = await asyncio.to_thread(_load, policy.path, self.dtype)
         new = {"name": policy.name, "version": policy.version}
+        self._routers[model] = _Routers.of(model)
+        self.routes = self._routers[model] is not None
         self._current = (model, new)  # atomic swap: the next batch uses it
         self.policy = new
 
@@ -258,8 +313,9 @@ class TransformersEngine(Engine):
         tok = int(torch.multinomial(logp.exp(), 1, generator=job.generator))
         return tok, float(logp[tok])
 
-    def _prefill(self, model, jobs: list[_Job]):
-        """Left-padded forward pass over new prompts: (cache, mask, last positions, logits)."""
+    def _prefill(self, model, jobs: list[_Job], routers: _Routers | None = None):
+        """Left-padded forward pass over new prompts: (cache, mask, last positions, logits).
+        With `routers`, each job's routing starts with its prompt's rows (padding dropped)."""
         import torch
 
         B = len(jobs)
@@ -272,7 +328,21 @@ class TransformersEngine(Engine):
             mask[i, L - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        if routers is not None:
+            got = routers.take(B, L)
+            for i, j in enumerate(jobs):
+                j.routing = [got[i, L - len(j.req.prompt_ids) :]]
         return _cache_of(out), mask, pos[:, -1:], out.logits[:, -1, :].float()
+
+    @staticmethod
+    def _end(job: _Job, reason: str | None, routers: _Routers | None) -> None:
+        """End a job's generation; an MoE policy's routing goes first."""
+        if routers is not None and job.routing:
+            import numpy as np
+
+            job.gen.experts = routers.experts
+            job.gen.put("routing", np.concatenate(job.routing))
+        job.gen.put("end", reason)
 
     def _admit(self, model, room: int) -> list[_Job]:
         """Requests waiting now that can join the running batch (same weights, room left)."""
@@ -297,21 +367,22 @@ class TransformersEngine(Engine):
 
         rows = list(batch)
         policy = dict(self._current[1]) if self._current[0] is model else None
+        routers = self._routers.get(model)
         with torch.inference_mode():
-            past, mask, pos, logits = self._prefill(model, rows)
+            past, mask, pos, logits = self._prefill(model, rows, routers)
             counts = [0] * len(rows)
             growable = _layers(past) is not None
             while True:
                 nxt, keep = [], []
                 for i, j in enumerate(rows):
                     if j.gen.cancelled:
-                        j.gen.put("end", None)
+                        self._end(j, None, routers)
                         continue
                     tok, lp = self._sample(logits[i], j)
                     j.gen.put("tokens", [(tok, lp)])
                     counts[i] += 1
                     if tok in j.req.stop_ids or counts[i] >= j.req.max_tokens:
-                        j.gen.put("end", "stop" if tok in j.req.stop_ids else "length")
+                        self._end(j, "stop" if tok in j.req.stop_ids else "length", routers)
                         continue
                     nxt.append(tok)
                     keep.append(i)
@@ -336,12 +407,16 @@ class TransformersEngine(Engine):
                     past = _cache_of(out)
                     logits = out.logits[:, -1, :].float()
                     mask, past = _trim(mask, past)
+                    if routers is not None:
+                        got = routers.take(len(rows), 1)
+                        for i, j in enumerate(rows):
+                            j.routing.append(got[i])
                 if new:
                     assert policy is not None  # jobs are admitted only under a policy
                     for j in new:
                         j.gen.put("policy", dict(policy))
                     batch.extend(new)
-                    past2, mask2, pos2, logits2 = self._prefill(model, new)
+                    past2, mask2, pos2, logits2 = self._prefill(model, new, routers)
                     if keep:
                         past, mask = _merge(past, mask, past2, mask2)
                         pos, logits = torch.cat([pos, pos2]), torch.cat([logits, logits2])

@@ -50,7 +50,19 @@ class GenRequest:
 
 
 class Generation:
-    """One running generation: an async stream of (id, logprob) chunks, fed from any thread."""
+    """One running generation: an async stream of (id, logprob) chunks, fed from any thread.
+
+    An engine that serves an MoE policy and knows where it routed each token (``routes``:
+    set when the generation is made) puts one ``"routing"`` item before ``"end"``: a numpy
+    array (T, L, K) of the expert indices of every token it forwarded, in order: the prompt
+    (T_p = len(prompt_ids) rows), then each sampled token it fed back (every one but the last;
+    a generation cancelled mid-way may have fed the last one too, so T >= P + C - 1 where C is
+    the tokens the call keeps). L = the model's MoE layers in model order (dense layers
+    skipped), K = experts per token, each row in the router's order (largest weight first);
+    dtype uint8 when the model has <= 255 experts, else int16. `experts` (E) is set with it.
+    The proxy stores the first P + C - 1 rows (`routing.RoutingRows`, docs/formats.md,
+    Routing store). Engines that do not route (scripted, passthrough, dense) never put it.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
@@ -59,9 +71,14 @@ class Generation:
         self.cancelled = False
         self.finish: str | None = None  # engine's own finish hint (stop / length)
         self.task: asyncio.Future | None = None  # the engine's task, where it runs one
+        self.routes = False  # the engine puts a "routing" item before "end"
+        self.routing = None  # that item: (T, L, K) expert indices, once it came
+        self.experts = 0  # E of `routing`
+        self.ended = False  # "end" or "error" was read
 
     def put(self, kind: str, value=None) -> None:
-        """Thread-safe: 'policy' (dict), 'tokens' (list of (id, logprob)), 'end', 'error'."""
+        """Thread-safe: 'policy' (dict), 'tokens' (list of (id, logprob)), 'routing' ((T, L,
+        K) array; set `experts` first), 'end', 'error'."""
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
 
     def put_nowait(self, kind: str, value=None) -> None:
@@ -81,16 +98,31 @@ class Generation:
                 yield value
             elif kind == "policy":
                 self.policy = value
+            elif kind == "routing":
+                self.routing = value
             elif kind == "end":
+                self.ended = True
                 if value:
                     self.finish = value
                 return
             elif kind == "error":
+                self.ended = True
                 raise (
                     value
                     if isinstance(value, EngineError)
                     else EngineError(f"engine failed: {value}")
                 )
+
+    async def settle(self) -> None:
+        """After the reader stopped early (a stop sequence cancelled the generation): read what
+        the engine still puts until its "end" or "error", keeping the routing. Call it under a
+        deadline; tokens read here are dropped (the call ended before them)."""
+        while not self.ended:
+            kind, value = await self._queue.get()
+            if kind == "routing":
+                self.routing = value
+            elif kind in ("end", "error"):
+                self.ended = True
 
 
 class Engine:

@@ -7,6 +7,12 @@ shard by size: ``calls.jsonl``, then ``calls.00001.jsonl``, ``calls.00002.jsonl`
 (``POST /admin/rotate``) closes the open shard on demand, so a training step reads only the
 shards closed since the previous step. `read_calls` and `follow_calls` read such a series in order, the latter while it grows.
 
+An MoE policy's calls also carry a `routing` reference into the shard's binary side store
+(``calls.jsonl`` -> ``calls.routing``, ``calls.00003.jsonl`` -> ``calls.00003.routing``): the
+experts the engine routed every forwarded token to (docs/formats.md, Routing store). The writer
+appends and flushes a call's routing bytes before its line, so every line on disk has its bytes;
+`read_routing` loads them back, checked.
+
 Reader kinds (docs/formats.md, Readers; held to formats/conformance by tests/test_conformance.py):
 `Call.from_dict` (so `read_calls` / `follow_calls`) and `Policy.from_dict` are *strict*: they
 validate every field the record defines, accept fields they do not know (a call keeps them in
@@ -27,6 +33,7 @@ from pathlib import Path
 import attrs
 
 from claw_proxy.errors import RecordError
+from claw_proxy.routing import MAGIC, RoutingRows, check_call_routing, routing_bytes, routing_path
 
 CALL_SCHEMA = "claw.call/v1"
 POLICY_SCHEMA = "claw.policy/v1"
@@ -215,6 +222,8 @@ class Call:
     tags: dict
     request: dict | None = None
     response: dict | None = None
+    # where the experts of an MoE policy's forwarded tokens are (`_routing_field`); None: no MoE
+    routing: dict | None = None
     extra: dict = attrs.field(factory=dict)  # fields of a newer writer, written back unchanged
 
     @classmethod
@@ -240,6 +249,7 @@ class Call:
                 f"{where}: completion_logprobs: {len(lps)} values for {len(out)} completion_ids"
             )
         trainable = _field(d, "trainable", bool, where, required=False)
+        prefix = _prefix(d, where)
         return cls(
             call_id=_text(d, "call_id", where),
             session=_text(d, "session", where),
@@ -252,7 +262,7 @@ class Call:
             prompt_ids=ids,
             completion_ids=out,
             completion_logprobs=lps,
-            prefix=_prefix(d, where),
+            prefix=prefix,
             finish_reason=finish,
             sampling=_sampling_field(d, where),
             usage=_field(d, "usage", dict, where, required=False) or {},
@@ -261,6 +271,7 @@ class Call:
             tags=_field(d, "tags", dict, where),
             request=_field(d, "request", dict, where, required=False),
             response=_field(d, "response", dict, where, required=False),
+            routing=_routing_field(d, where, len(ids) + len(out), prefix),
             extra=extra,
         )
 
@@ -276,11 +287,16 @@ class Call:
         d = {"schema": CALL_SCHEMA}
         for f in attrs.fields(type(self)):
             v = getattr(self, f.name)
-            if (f.name in ("request", "response") and v is None) or f.name == "extra":
+            if (f.name in ("request", "response", "routing") and v is None) or f.name == "extra":
                 continue
             d[f.name] = v
         d.update(self.extra)
         return d
+
+
+def _routing_field(d: dict, where: str, tokens: int, prefix: dict) -> dict | None:
+    r = d.get("routing")
+    return None if r is None else check_call_routing(r, where, tokens, prefix)
 
 
 def _sampling_field(d: dict, where: str) -> dict:
@@ -303,9 +319,12 @@ class CallWriter:
 
     def __init__(self, path: str | Path, max_bytes: int | None = None, fsync: bool = False) -> None:
         self.path = Path(path)
+        if self.path.suffix == ".routing":
+            raise RecordError(f"{self.path}: a record file cannot end in .routing (its side store's)")
         self.max_bytes = max_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
+        self._rfd = -1  # the open shard's routing file, opened at its first MoE call
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._index = 0
         while shard_path(self.path, self._index + 1).exists():
@@ -328,13 +347,18 @@ class CallWriter:
         record: Call | dict,
         prompt_ids_json: str | None = None,
         raw: dict[str, str] | None = None,
+        routing: RoutingRows | None = None,
     ) -> tuple[int, int, int]:
         """Append one record; return where its line is: (shard index, byte offset, length).
         `prompt_ids_json` ("1,2,3") is the prompt ids already serialised: long prompts that
         extend an earlier call's are not re-encoded from scratch. `raw` maps fields to their
         values already serialised as one-line JSON (a passthrough request's bytes as they
-        came), written as they are instead of the record's values."""
+        came), written as they are instead of the record's values. `routing` (an MoE call's
+        expert indices) is appended to the shard's routing file and flushed (fsynced with
+        `fsync`) before the line, which gets the `routing` reference (also set on `routing.ref`)."""
         d = record.to_dict() if isinstance(record, Call) else dict(record)
+        if routing is not None:
+            d.pop("routing", None)  # the reference is the writer's to make
         # the line is put together as bytes in one join: the long parts (a 25K-token prompt's
         # ids are ~150 KB) are copied twice (encoded, joined), not four times
         parts: list[bytes] = []
@@ -351,10 +375,14 @@ class CallWriter:
             data = b"".join((line[:-1].encode("utf-8"), *parts, b"}\n"))
         else:
             data = (line + "\n").encode("utf-8")
+        blob = routing_bytes(routing.rows, routing.experts) if routing is not None else None
         with self._lock:
             size = os.fstat(self._fd).st_size if self.max_bytes else 0
-            if self.max_bytes and size > 0 and size + len(data) > self.max_bytes:
+            grow = len(data) + (200 if blob else 0)  # a routing reference is < 200 bytes
+            if self.max_bytes and size > 0 and size + grow > self.max_bytes:
                 self._next_shard()
+            if routing is not None and blob is not None:
+                data = self._with_routing(data, routing, *blob)
             view = memoryview(data)
             while view:
                 n = os.write(self._fd, view)
@@ -366,9 +394,54 @@ class CallWriter:
             # appends move the offset to the end first: the line ends where the offset is now
             return self._index, os.lseek(self._fd, 0, os.SEEK_CUR) - len(data), len(data)
 
+    def _with_routing(
+        self, data: bytes, routing: RoutingRows, blob: bytes, shape: list[int], dtype: str
+    ) -> bytes:
+        """Append a call's routing bytes to the open shard's routing file (the lock is held);
+        return its line `data` with the `routing` reference added."""
+        offset = self._append_routing(blob)
+        ref = {
+            "file": routing_path(shard_path(self.path, self._index)).name,
+            "offset": offset,
+            "shape": shape,
+            "dtype": dtype,
+            "experts": routing.experts,
+            "start": routing.start,
+        }
+        routing.ref = ref
+        tail = json.dumps(ref, separators=(",", ":")).encode("ascii")
+        return b"".join((data[:-2], b',"routing":', tail, b"}\n"))
+
+    def _append_routing(self, blob: bytes) -> int:
+        """Append `blob` to the open shard's routing file (magic first when it is new), flushed;
+        return its offset. A file left by a crash keeps its bytes: they are appended after."""
+        path = routing_path(shard_path(self.path, self._index))
+        try:
+            if self._rfd < 0:
+                self._rfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            size = os.fstat(self._rfd).st_size
+            if 0 < size < len(MAGIC):  # a torn magic: no line can point into such a file
+                os.ftruncate(self._rfd, 0)
+                size = 0
+            elif size and os.pread(self._rfd, len(MAGIC), 0) != MAGIC:
+                raise RecordError(f"{path}: not a routing file (no {MAGIC!r} magic); move it away")
+            view = memoryview(MAGIC + blob if size == 0 else blob)
+            offset = size + (len(MAGIC) if size == 0 else 0)
+            while view:
+                n = os.write(self._rfd, view)
+                view = view[n:]
+            if self.fsync:
+                os.fsync(self._rfd)
+        except OSError as e:
+            raise RecordError(f"{path}: cannot append routing: {e.strerror}") from None
+        return offset
+
     def _next_shard(self) -> None:
         """Close the open shard and open the next one (the lock is held)."""
         os.close(self._fd)
+        if self._rfd >= 0:
+            os.close(self._rfd)
+            self._rfd = -1
         self._closed.append((shard_path(self.path, self._index), self._lines))
         self._index += 1
         self._lines = 0
@@ -398,6 +471,9 @@ class CallWriter:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+            if self._rfd >= 0:
+                os.close(self._rfd)
+                self._rfd = -1
 
 
 def _count_lines(path: Path) -> int:

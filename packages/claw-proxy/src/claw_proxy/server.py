@@ -30,6 +30,7 @@ from claw_proxy._hygiene import TrimAfterBig
 from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
 from claw_proxy._reparse import ParseMemo
 from claw_proxy._responses import error_response
+from claw_proxy._routing import RoutingLedger
 from claw_proxy._thinking import template_has_switch
 from claw_proxy.config import ProxyConfig, call_seed, resolve_sampling, split_spec
 from claw_proxy.engines import Engine, GenRequest, PassthroughEngine, ScriptedEngine, VLLMEngine
@@ -95,6 +96,7 @@ class Proxy:
             if config.record
             else None
         )
+        self.routing = RoutingLedger(self.stats)  # what MoE calls stored of their routing
         # sessions already in the records: their numbering continues after a restart
         self._last_seq = last_seqs(config.record) if config.record else {}
         # where each recorded call's ids are: a call the prefix cache forgot is read back
@@ -474,6 +476,7 @@ class Proxy:
             events += run.finish_events()
             answer = run.answer()
             body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
+            await run.settle()
             run.record(answer, body)
             return JSONResponse(body, headers={CALL_ID_HEADER: run.call_id})
         finally:
@@ -500,6 +503,7 @@ class Proxy:
                 for frame in stream.event(ev):
                     yield frame
             answer = run.answer()
+            await run.settle()
             run.record(
                 answer,
                 run.api.response(
