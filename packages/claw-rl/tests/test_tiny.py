@@ -194,3 +194,66 @@ def test_cli_init_tiny_takes_a_corpus(tmp_path, tiny):
     assert len(tok) > 10000 and 3 * len(tok.encode(text)) < len(stock.encode(text))
     res = CliRunner().invoke(main, ["init-tiny", str(tmp_path / "x"), "--corpus", "nope.txt"])
     assert res.exit_code == 2 and "nope.txt" in res.output
+
+
+#: the committed dense fixture (claw-rl init-tiny tests/fixtures/tiny-qwen3, seed 0)
+DENSE_FIXTURE = Path(__file__).parents[3] / "tests" / "fixtures" / "tiny-qwen3"
+
+
+def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+
+
+def test_dense_default_is_unchanged(tiny):
+    """TinySpec() still writes the dense Qwen3: the committed fixture's config keys, tensor names
+    and shapes, and no MoE field."""
+    assert TinySpec().num_experts == 0
+    config = json.loads((tiny / "config.json").read_text())
+    assert config.keys() == json.loads((DENSE_FIXTURE / "config.json").read_text()).keys()
+    assert config["model_type"] == "qwen3" and "num_experts" not in config
+    assert _tensor_shapes(tiny) == _tensor_shapes(DENSE_FIXTURE)
+
+
+def test_moe_loads_and_routes_tokens_to_many_experts(tmp_path, monkeypatch):
+    """num_experts > 0 writes a Qwen3MoeForCausalLM (every layer MoE, no aux loss, tied
+    embeddings, the dense model's eos/pad) whose random router spreads a short prompt over at
+    least 4 of the 8 experts in every layer."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = init_tiny(tmp_path / "moe", TinySpec(num_experts=8))
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    config = model.config
+    assert type(model).__name__ == "Qwen3MoeForCausalLM" and config.model_type == "qwen3_moe"
+    assert (config.num_experts, config.num_experts_per_tok, config.norm_topk_prob) == (8, 2, True)
+    assert config.router_aux_loss_coef == 0 and not config.output_router_logits
+    assert config.tie_word_embeddings and config.eos_token_id == tok.eos_token_id
+    assert config.pad_token_id == tok.pad_token_id
+    routed = []
+    for layer in model.model.layers:
+        assert type(layer.mlp).__name__ == "Qwen3MoeSparseMoeBlock"
+        layer.mlp.gate.register_forward_hook(lambda _m, _a, out: routed.append(out[2]))
+    ids = torch.tensor([tok.encode("Please list the files in the workspace and count the lines.")])
+    with torch.no_grad():
+        model(ids)
+    assert len(routed) == config.num_hidden_layers
+    assert all(len(r.unique()) >= 4 for r in routed), [r.unique().tolist() for r in routed]
+
+
+def test_cli_init_tiny_moe_flags(tmp_path):
+    """`--experts E --experts-per-token K` (implying --moe) sets the MoE shape; a K above E is
+    refused with the field named."""
+    from claw_rl.cli import main
+    from click.testing import CliRunner
+
+    args = ["init-tiny", str(tmp_path / "m"), "--layers", "1", "--experts", "4"]
+    res = CliRunner().invoke(main, [*args, "--experts-per-token", "1"])
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (config["num_local_experts"], config["num_experts_per_tok"]) == (4, 1)
+    res = CliRunner().invoke(
+        main, ["init-tiny", str(tmp_path / "x"), "--moe", "--experts-per-token", "9"]
+    )
+    assert res.exit_code == 1 and "num_experts_per_tok" in res.output
