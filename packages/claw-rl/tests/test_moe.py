@@ -321,6 +321,8 @@ def test_expert_load_counts_used_experts_of_real_tokens():
     load = expert_load(indices, 6, mask)
     assert load.tolist() == [[2, 1, 0, 1, 0, 0], [0, 0, 2, 0, 0, 0]]
     assert expert_load(indices, 6)[0, 5] == 2
+    with pytest.raises(ValueError, match="num_experts=5"):
+        expert_load(indices, 5)
 
 
 def test_fsdp2_wrapped_model_finds_routers_and_replays(model, tmp_path):

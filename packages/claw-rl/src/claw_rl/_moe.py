@@ -256,11 +256,13 @@ def expert_load(
 ) -> torch.Tensor:
     """(L, E) long: how often each expert of each MoE layer was used by the real tokens
     (``mask`` (B, N) bool, ``None`` = all) of ``indices`` (B, N, L, K); -1 values are skipped."""
+    if bool((indices >= num_experts).any()):
+        raise ValueError(f"expert_load: an expert index is >= num_experts={num_experts}")
     flat = indices.reshape(-1, *indices.shape[-2:])  # (T, L, K)
     if mask is not None:
         flat = flat[mask.reshape(-1).to(flat.device, torch.bool)]
     out = torch.zeros(flat.shape[1], num_experts, dtype=torch.long, device=flat.device)
     for layer in range(flat.shape[1]):
         values = flat[:, layer].reshape(-1)
-        out[layer] = torch.bincount(values[values >= 0], minlength=num_experts)[:num_experts]
+        out[layer] = torch.bincount(values[values >= 0], minlength=num_experts)
     return out
