@@ -58,9 +58,7 @@ def reference_routing(model, ids: list[int]):
     import torch
 
     got: list = []
-    gates = [
-        layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")
-    ]
+    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
     handles = [g.register_forward_hook(lambda m, a, out: got.append(out[2])) for g in gates]
     try:
         with torch.no_grad():

@@ -18,6 +18,7 @@ from claw_proxy.errors import (
     RequestError,
 )
 from claw_proxy.records import Call, CallWriter, Policy, follow_calls, read_calls
+from claw_proxy.routing import RoutingRows, read_routing
 from claw_proxy.tokens import SessionToken, mint_token, read_secret, verify_token
 
 if _typing.TYPE_CHECKING:
@@ -79,12 +80,14 @@ __all__ = [
     "ProxyServer",
     "RecordError",
     "RequestError",
+    "RoutingRows",
     "SessionToken",
     "__version__",
     "follow_calls",
     "mint_token",
     "read_calls",
     "read_policy",
+    "read_routing",
     "read_secret",
     "serve",
     "serve_in_thread",

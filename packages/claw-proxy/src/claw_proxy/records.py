@@ -320,7 +320,9 @@ class CallWriter:
     def __init__(self, path: str | Path, max_bytes: int | None = None, fsync: bool = False) -> None:
         self.path = Path(path)
         if self.path.suffix == ".routing":
-            raise RecordError(f"{self.path}: a record file cannot end in .routing (its side store's)")
+            raise RecordError(
+                f"{self.path}: a record file cannot end in .routing (its side store's)"
+            )
         self.max_bytes = max_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
