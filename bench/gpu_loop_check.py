@@ -42,7 +42,12 @@ SMALL = dict(
     vocab_size=8192, hidden_size=1024, intermediate_size=3072, num_hidden_layers=12,
     num_attention_heads=16, num_key_value_heads=8, head_dim=64,
 )  # fmt: skip
+#: --moe: every layer a Qwen3-MoE block of 16 experts, top-4 (tiny: init_tiny's 8, top-2)
+SMALL_MOE = dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=768)
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2)
 STEP_LINE = re.compile(r"^step (\d+): reward")
+sys.path.insert(0, str(ROOT / "examples/gpu"))
+import preflight  # noqa: E402  (examples/gpu/preflight.py: MoE detection, vLLM version rule)
 
 
 def options(argv: list[str] | None) -> argparse.Namespace:
@@ -52,6 +57,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=2, help="RL steps")
     ap.add_argument("--harness", default="auto", help="auto, claude-code, claw-agent-text, ...")
     ap.add_argument("--engine", choices=["auto", "vllm", "transformers"], default="auto")
+    ap.add_argument("--moe", action="store_true", help="a Qwen3-MoE policy: routed experts, R3")
     ap.add_argument("--tasks-per-step", type=int, help="claw-toy tasks per step (tiny: 2, else 6)")
     ap.add_argument("--rollouts", type=int, help="rollouts per task per step (tiny: 2, else 8)")
     ap.add_argument("--vllm-python", default=os.environ.get("VLLM_PY", sys.executable))
@@ -148,6 +154,33 @@ def _healthy(port: int) -> bool:
         return False
 
 
+def is_moe(model: Path) -> bool:
+    """Whether `model`'s config.json is a mixture of experts (launch.sh's rule: preflight.py)."""
+    return preflight.moe_shape(preflight.read_config(model), str(model / "config.json")) is not None
+
+
+def vllm_command(args, model: Path) -> list[str]:
+    """vLLM's server command for `model` as launch.sh builds it on one GPU: an MoE model's
+    returns each call's routed experts."""
+    cmd = [
+        args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+        "--worker-extension-cls", "claw_vllm_worker.ClawWorkerExtension", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(args.vllm_port), "--max-model-len", "32768",
+        "--gpu-memory-utilization", str(args.vllm_mem), "--enable-prefix-caching",
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    return cmd + ["--enable-return-routed-experts"] if is_moe(model) else cmd
+
+
+def vllm_too_old(version: str, model: Path) -> str | None:
+    """Why this vLLM cannot serve `model` for the loop (an MoE needs routed experts), or None."""
+    found = preflight.vllm_version(version)
+    if not is_moe(model) or (found is not None and found >= preflight.MIN_VLLM_ROUTED):
+        return None
+    need = ".".join(map(str, preflight.MIN_VLLM_ROUTED))
+    return f"too old for routed experts: {version} < {need}"
+
+
 @contextlib.contextmanager
 def vllm_server(args, model: Path, log_path: Path):
     """vLLM serving `model` as examples/gpu/launch.sh starts it; yields None, or the reason it
@@ -156,13 +189,7 @@ def vllm_server(args, model: Path, log_path: Path):
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT / "examples/gpu"), env.get("PYTHONPATH")])
     )
-    cmd = [
-        args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
-        "--worker-extension-cls", "claw_vllm_worker.ClawWorkerExtension", "--model", str(model),
-        "--host", "127.0.0.1", "--port", str(args.vllm_port), "--max-model-len", "32768",
-        "--gpu-memory-utilization", str(args.vllm_mem), "--enable-prefix-caching",
-        "--logprobs-mode", "processed_logprobs",
-    ]  # fmt: skip
+    cmd = vllm_command(args, model)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
@@ -239,6 +266,8 @@ def loop_argv(args, run: Path, model: Path, engine: str, harness: str) -> list[s
     ]  # fmt: skip
     if engine.startswith("vllm:"):
         argv += ["--engine", engine, "--tokenizer", str(model)]
+    if is_moe(model):  # the learner replays the engine's routed experts
+        argv += ["--routing-replay", "r3"]
     return argv
 
 
@@ -304,14 +333,20 @@ def main(argv: list[str] | None = None) -> dict:
     with contextlib.ExitStack() as stack:
         work = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         model, run = work / "model", work / "run"
-        spec = claw_rl.TinySpec() if args.tiny else claw_rl.TinySpec(**SMALL)
+        moe = (TINY_MOE if args.tiny else SMALL_MOE) if args.moe else {}
+        spec = claw_rl.TinySpec(**moe) if args.tiny else claw_rl.TinySpec(**SMALL, **moe)
         claw_rl.init_tiny(model, spec)
         report["model"] = {"random_init": True, **{k: getattr(spec, k) for k in SMALL}}
+        if is_moe(model):
+            report["model"]["moe"] = preflight.moe_shape(preflight.read_config(model))
         report["setup_s"] = round(time.perf_counter() - started, 2)
         want_vllm = args.engine == "vllm" or (args.engine == "auto" and not args.tiny)
         report["vllm"] = vllm_status(args.vllm_python) if want_vllm else "not used (--tiny)"
         engine = "transformers"
-        if report["vllm"] not in ("missing", "not used (--tiny)"):
+        served = report["vllm"] not in ("missing", "not used (--tiny)")
+        if served and (old := vllm_too_old(report["vllm"], model)):
+            report["vllm"], served = old, False  # the loop runs on the transformers engine
+        if served:
             t0 = time.perf_counter()
             failed = stack.enter_context(vllm_server(args, model, work / "vllm.log"))
             report["vllm_start_s"] = round(time.perf_counter() - t0, 2)
