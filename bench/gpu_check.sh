@@ -10,7 +10,10 @@
 # extension) when this Python imports vllm, else claw-proxy's transformers engine ("vllm":
 # "missing" in the JSON), the learner on the GPU, one harness (claude-code when installed,
 # else claw-agent-text). Per step: rollout, train, save and reload seconds, Pass@1.
-# Writes $OUT/gpu_loop_check.json (or the path given after --loop).
+# Writes $OUT/gpu_loop_check.json (or the path given after --loop). Arguments after the JSON
+# path go to gpu_loop_check.py: `--moe` makes the policy a Qwen3-MoE (16 experts, top-4): vLLM
+# returns routed experts (needs vLLM >= 0.22.0, else the transformers engine runs and the JSON
+# says why) and the learner replays them (--routing-replay r3).
 #
 # Needs Python with torch and transformers (as preinstalled there) plus the claw packages'
 # small dependencies; the claw packages themselves come from this checkout (PYTHONPATH, with
@@ -21,6 +24,7 @@
 #   bench/gpu_check.sh                  # on the GPU machine: tree training
 #   bench/gpu_check.sh --loop           # on the GPU machine: the loop smoke
 #   bench/gpu_check.sh --loop --tiny /tmp/gpu_loop_check.json    # CPU dry run of the smoke
+#   bench/gpu_check.sh --loop "$OUT/gpu_loop_check.json" --moe  # the smoke with an MoE policy
 #   python bench/gpu_check.py --tiny --out /tmp/gpu_check.json   # CPU dry run of tree training
 set -euo pipefail
 cd "$(dirname "$0")/.."
