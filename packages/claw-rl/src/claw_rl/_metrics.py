@@ -1,15 +1,17 @@
 """The learner's step metrics that are not part of the losses: staleness, the critic's fit, the
-batch's shape and speed. Sums over ranks go through :mod:`claw_rl._dist`."""
+batch's shape and speed, an MoE model's routing. Sums over ranks go through :mod:`claw_rl._dist`."""
 
 from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 import torch
 
 from claw_rl import _dist
-from claw_rl.packing import leaf_counts, session_index, session_units, trajectory_tokens
+from claw_rl._moe import expert_load, flip_rate
+from claw_rl.packing import Batch, leaf_counts, session_index, session_units, trajectory_tokens
 from claw_rl.records import Sample
 
 
@@ -143,3 +145,56 @@ def finite(metrics: dict) -> dict:
         k: (None if isinstance(v, float) and not math.isfinite(v) else v)
         for k, v in metrics.items()
     }
+
+
+@attrs.define
+class RoutingTally:
+    """The MoE routing metrics of a step's first pass (pi_old), summed over its micro-batches:
+    flips of the live top-k against the recorded rows, recorded rows, and each expert's load."""
+
+    layers: int
+    num_experts: int
+    flipped: int = 0
+    compared: int = 0
+    recorded: int = 0
+    rows: int = 0
+    load: torch.Tensor = attrs.field(default=None)  # (L, E) float64: real tokens' assignments
+
+    def __attrs_post_init__(self) -> None:
+        self.load = torch.zeros(self.layers, self.num_experts, dtype=torch.float64)
+
+    def add(self, used: torch.Tensor, live: torch.Tensor, batch: Batch) -> None:
+        """One micro-batch: ``used`` / ``live`` (B, N, L, K) experts in batch order."""
+        real = (
+            torch.arange(used.shape[1], device=used.device)[None, :]
+            < torch.tensor(batch.lengths, device=used.device)[:, None]
+        )  # (B, N)
+        self.rows += int(real.sum()) * used.shape[2]
+        if batch.routing is not None:
+            flipped, compared = flip_rate(live, batch.routing)  # padding rows are -1
+            self.flipped, self.compared = self.flipped + flipped, self.compared + compared
+            self.recorded += compared
+        self.load += expert_load(used, self.num_experts, real).cpu().to(torch.float64)
+
+    def finish(self) -> dict:
+        """``routing_flip_rate`` (flipped / compared recorded (token, layer) rows; absent when
+        none is recorded), ``routing_recorded_fraction`` (recorded rows / rows of real tokens),
+        ``expert_load_max`` (max over layers of the busiest expert's share x E: 1 = balanced,
+        E = one expert takes everything), over all ranks."""
+        s = _dist.reduce_sums(
+            {
+                "flipped": self.flipped,
+                "compared": self.compared,
+                "recorded": self.recorded,
+                "rows": self.rows,
+            }  # fmt: skip
+        )
+        load = _dist.all_reduce_sum(self.load.clone())
+        share = load.max(1).values / load.sum(1).clamp(min=1)  # (L,)
+        out = {
+            "routing_recorded_fraction": s["recorded"] / max(s["rows"], 1),
+            "expert_load_max": float(share.max()) * self.num_experts,
+        }
+        if s["compared"]:
+            out["routing_flip_rate"] = s["flipped"] / s["compared"]
+        return out

@@ -9,7 +9,8 @@ token (``parent[i]``), in chunks, so a large vocabulary never materialises (B, N
 Each token's logprob is that of the distribution the engine drew it from: its call's
 temperature, top_k and top_p (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``). The
 kept set of a truncated token is decided once, in the first pass of a learner step, as an integer
-(its size, ``TokenStats.kept``) and replayed by every later pass of that step.
+(its size, ``TokenStats.kept``) and replayed by every later pass of that step. An MoE model's
+experts are replayed alike (:func:`moe_hidden`: the recorded or first-pass routing, R3 / R2).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from claw_rl._moe import RouteState
 from claw_rl.packing import Batch
 
 _CHUNK = 2048  # rows of the LM head evaluated at once
@@ -45,6 +47,54 @@ def backbone_hidden(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     h = _run_backbone(model, inputs)  # (B, N, H) in preorder
     back = torch.argsort(order, dim=1)  # token i sits at preorder position back[i]
     return h.gather(1, back[:, :, None].expand(-1, -1, h.shape[-1]))
+
+
+@attrs.frozen
+class Routed:
+    """What the MoE layers of one forward did. ``used`` and ``live`` are in the batch's token
+    order; ``state`` (router logits, captured experts) in the order the model saw the tokens
+    (the "tree" layout's preorder, which keeps padding at the end: a (B, N) mask of real tokens
+    is the same in both orders)."""
+
+    state: RouteState
+    used: torch.Tensor  # (B, N, L, K) long: the experts each token went to (replayed or live)
+    live: torch.Tensor | None  # (B, N, L, K) long: the live router's top-k (when asked for)
+
+
+def _permute(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x`` (B, N, ...) with x[b, k] = old x[b, index[b, k]]."""
+    shape = index.shape + (1,) * (x.dim() - 2)
+    return x.gather(1, index.reshape(shape).expand(*index.shape, *x.shape[2:]))
+
+
+def moe_hidden(
+    model: torch.nn.Module, batch: Batch, replay: torch.Tensor | None, *, live: bool = False
+) -> tuple[torch.Tensor, Routed]:
+    """:func:`backbone_hidden` of an MoE model whose tokens go to the experts of ``replay``
+    (B, N, L, K) long, in the batch's token order (rows of -1, or None: the live router's top-k);
+    the gate weights come from the live router (claw_rl._moe.route). With ``live``, also the
+    live router's own top-k of every token (for flip rates; the same float32 softmax and topk
+    as the router's)."""
+    from claw_rl._moe import route
+
+    order = batch.tree_order  # the "tree" layout runs the tokens in preorder
+    if replay is not None and order is not None:
+        replay = _permute(replay, order)
+    with route(model, replay=replay, capture=True) as state:
+        hidden = backbone_hidden(model, batch)
+    assert state.captured is not None  # one forward ran inside the block
+    used, seen = state.captured, None
+    if live:
+        K = used.shape[-1]
+        with torch.no_grad():
+            top = [torch.topk(F.softmax(z.detach(), dtype=torch.float, dim=-1), K).indices
+                   for z in state.router_logits]  # fmt: skip
+        seen = torch.stack(top, dim=1).reshape(used.shape)
+    if order is not None:
+        back = torch.argsort(order, dim=1)
+        used = _permute(used, back)
+        seen = None if seen is None else _permute(seen, back)
+    return hidden, Routed(state=state, used=used, live=seen)
 
 
 def _run_backbone(model: torch.nn.Module, inputs: dict) -> torch.Tensor:

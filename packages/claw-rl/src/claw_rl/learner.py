@@ -47,12 +47,19 @@ import attrs
 import numpy as np
 import torch
 
-from claw_rl import _dist, _lora, _metrics, losses
+from claw_rl import _dist, _lora, _metrics, _moe, losses
 from claw_rl.config import GRPOConfig, PPOConfig, TrainConfig
 from claw_rl.consistency import finish_mismatch, mismatch_stats
 from claw_rl.critic import Critic
 from claw_rl.errors import ClawError
-from claw_rl.forward import backbone_hidden, entropy, sampling_log_softmax, token_logprobs
+from claw_rl.forward import (
+    Routed,
+    backbone_hidden,
+    entropy,
+    moe_hidden,
+    sampling_log_softmax,
+    token_logprobs,
+)
 from claw_rl.packing import Batch, keep_sessions, pack, to_device
 from claw_rl.parts import (
     Aggregation,
@@ -173,6 +180,9 @@ class Learner:
         self.dirty = False  # weights changed since the last save (the next save takes a version)
         self.last_metrics: dict = {}
         self.generator = torch.Generator().manual_seed(config.seed)
+        # MoE: the routers of the policy's MoE layers and the step's routing replay (None: dense)
+        self.routers = _moe.moe_routers(policy)
+        self.replay = _replay_mode(config.routing_replay, bool(self.routers))
         if self.fsdp and adapter is not None:
             raise ClawError(
                 "LoRA (lora_rank > 0) runs under torchrun with parallelism = ddp; fsdp is not "
@@ -353,9 +363,53 @@ class Learner:
         """Validated samples; for an objective on the model's own distribution (SFT), without
         their sampling settings (every token at temperature 1, none greedy)."""
         samples = as_samples(rows)
+        if self.replay is not None:
+            for s in samples:
+                self._check_routing(s)
         if self.objective.at_sampling_settings:
             return samples
         return [attrs.evolve(s, temperatures=None, top_ps=None, top_ks=None) for s in samples]
+
+    def _check_routing(self, s: Sample) -> None:
+        """A sample's recorded routing must fit the policy's MoE layers, top-k and experts."""
+        if s.routing is None:
+            return
+        r0 = self.routers[0]
+        want = (len(self.routers), int(r0.top_k), int(r0.num_experts))
+        got = (s.routing.layers, s.routing.top_k, s.routing.experts)
+        if got != want:
+            raise ClawError(
+                f"{s.routing.where}: field 'routing': {got[0]} MoE layers x top {got[1]} of "
+                f"{got[2]} experts, but the policy has {want[0]} x top {want[1]} of {want[2]}"
+            )
+
+    def _hidden(
+        self, batch: Batch, replay: torch.Tensor | None, *, live: bool = False
+    ) -> tuple[torch.Tensor, Routed | None]:
+        """The policy backbone's hidden states; an MoE policy's tokens go to the experts of
+        ``replay`` (B, N, L, K; -1 rows and None: the live router's)."""
+        if self.replay is None:
+            return backbone_hidden(self.policy, batch), None
+        return moe_hidden(self.policy, batch, replay, live=live)
+
+    def _recorded(self, batch: Batch) -> torch.Tensor | None:
+        """The engine's recorded experts, when r3 replays them."""
+        return batch.routing if self.replay == "r3" else None
+
+    def _replayed(self, batch: Batch, old: list[Tokens]) -> torch.Tensor | None:
+        """(B, N, L, K): the routing phase 1 merged for each sample (recorded rows, its own
+        choices elsewhere), replayed by every later pass of the step; None: live (off, dense, or
+        an FSDP padding pass)."""
+        if not old or "routing" not in old[0]:
+            return None
+        first = old[0]["routing"]
+        out = torch.full(
+            (len(old), batch.input_ids.shape[1], *first.shape[1:]), -1, dtype=torch.long,
+            device=first.device,
+        )  # fmt: skip
+        for k, o in enumerate(old):
+            out[k, : o["routing"].shape[0]] = o["routing"]
+        return out
 
     def _reshard(self) -> None:
         if self.fsdp:
@@ -366,7 +420,7 @@ class Learner:
         """Learner logprob of each sample's trainable tokens, aligned with its tokens (0 elsewhere)."""
         out: list[list[float]] = []
         for batch, _ in self._micro_batches(self._samples(samples)):
-            hidden = backbone_hidden(self.policy, batch)
+            hidden = self._hidden(batch, self._recorded(batch))[0]
             lp = token_logprobs(self.policy, hidden, batch, with_entropy=False).logprobs
             for k, part in enumerate(_split(lp, batch)):
                 row = [0.0] * batch.lengths[k]
@@ -386,7 +440,11 @@ class Learner:
             raise ClawError(f"this {self.algo} learner has no critic: no values")
         out = []
         for batch, _ in self._micro_batches(self._samples(samples)):
-            hidden = backbone_hidden(self.policy, batch) if self.critic.backbone is None else None
+            hidden = (
+                self._hidden(batch, self._recorded(batch))[0]
+                if self.critic.backbone is None
+                else None
+            )
             v = self.critic.values(batch, hidden)
             for k, s in enumerate(batch.samples):
                 out.append({"sample_id": s.sample_id, "values": v[k, : len(s)].tolist()})
@@ -416,6 +474,8 @@ class Learner:
 
         # 2-3. losses and update, epochs x minibatches (without signal: the critic's alone)
         sums = dict.fromkeys(_LOSS_SUMS, 0.0)
+        if self.replay is not None and c.moe_aux_loss > 0:
+            sums["moe_aux_loss"] = 0.0
         grad_norm, n_updates = 0.0, 0
         if train_policy or self.critic is not None:
             for _ in range(c.epochs):
@@ -443,6 +503,8 @@ class Learner:
             )
             if self.reference is not None:
                 metrics["kl_ref"] = sums["kl"] / n_updates
+            if "moe_aux_loss" in sums:
+                metrics["moe_aux_loss"] = sums["moe_aux_loss"] / n_updates
         if self.critic is not None:
             metrics["critic_updates"] = n_updates
             metrics["value_loss"] = sums["value_loss"] / n_updates
@@ -501,13 +563,18 @@ class Learner:
         mm = {"n": 0.0, "abs_sum": 0.0, "abs_max": 0.0, "k1_sum": 0.0, "k3_sum": 0.0, "beyond": 0.0}
         ent_sum = greedy_sum = 0.0
         pos = 0
+        tally = self._tally()
         for batch, padding in self._micro_batches([samples[k] for k in own], _shortest(samples)):
-            hidden = backbone_hidden(self.policy, batch)
+            # the routing of an MoE policy: recorded rows (r3), its own choices elsewhere
+            hidden, routed = self._hidden(batch, self._recorded(batch), live=True)
             st = token_logprobs(self.policy, hidden, batch)  # (M,) each
             values = self.critic.values(batch, hidden) if self.critic else None  # (B, N)
             logp_ref = self.reference.logprobs(batch) if self.reference else None  # (M,)
             if padding:
                 continue
+            if routed is not None and tally is not None:
+                assert routed.live is not None
+                tally.add(routed.used, routed.live, batch)
             b, i, _ = batch.predictor_index()
             # greedy tokens (T = 0) were drawn from a point mass: off-policy, no ratio to take;
             # they leave the loss (keep 0) and the mismatch metrics, and are counted
@@ -535,6 +602,8 @@ class Learner:
                 )
                 d["keep"] = torch.where(d.pop("greedy"), torch.zeros_like(keep), keep)
                 d["is_w"] = is_w
+                if routed is not None and self.replay != "off":  # replayed by _losses
+                    d["routing"] = routed.used[k, : len(sample)]
                 tokens[own[pos + k]] = d
             pos += len(batch.samples)
 
@@ -546,6 +615,8 @@ class Learner:
         metrics["entropy"] = red["entropy"] / n_tok
         metrics["greedy_tokens"] = int(red["greedy"])
         metrics["is_weight_mean"] = red["is"] / n_tok
+        if tally is not None:
+            metrics.update(tally.finish())
 
         # each sample's mass in the loss (sum of q over its trainable tokens), and what MIS kept
         q = [self.aggregation.mass(s) for s in samples]
@@ -608,12 +679,17 @@ class Learner:
         pos = 0
         shortest = _shortest([samples[k] for k in mb])
         for batch, padding in self._micro_batches([samples[k] for k in mine], shortest):
-            hidden = backbone_hidden(self.policy, batch)
+            ks = [] if padding else mine[pos : pos + len(batch.samples)]
+            pos += len(ks)
+            # an MoE policy's tokens go to the experts phase 1 fixed for them (R3 / R2)
+            hidden, routed = self._hidden(batch, self._replayed(batch, [old.tokens[k] for k in ks]))
             o: Tokens = {}
             if not padding:
-                ks = mine[pos : pos + len(batch.samples)]
-                pos += len(batch.samples)
-                o = {key: torch.cat([old.tokens[k][key] for k in ks]) for key in old.tokens[ks[0]]}
+                o = {
+                    key: torch.cat([old.tokens[k][key] for k in ks])
+                    for key in old.tokens[ks[0]]
+                    if key != "routing"
+                }
             # every token's kept set (top_k / top_p) as phase 1 decided it, whatever this
             # micro-batch's padding and layout: a near-tie at its edge cannot flip between passes
             kept = o.get("kept")
@@ -648,6 +724,10 @@ class Learner:
                 vl = agg.loss(self.critic.loss(v, o["values_old"], R), tok)
                 loss = loss + self.critic.vf_coef * vl
                 acc["value_loss"] += float(vl.detach())
+            if routed is not None and "moe_aux_loss" in acc:
+                aux = self._aux_loss(routed, batch)
+                loss = loss + self.config.moe_aux_loss * aux
+                acc["moe_aux_loss"] += float(aux.detach())
             if not loss.requires_grad:  # no trainable token here: a zero loss on the graph,
                 loss = loss + 0.0 * hidden.sum()  # so backward (FSDP's collectives) still runs
             (loss * 0.0 if padding else loss).backward()
@@ -655,6 +735,21 @@ class Learner:
             acc["pg_loss"] += float(pg_loss.detach())
             acc["clip_frac"] += float(agg.mean(clipped, tok))
             acc["approx_kl"] += float(agg.mean(losses.approx_kl(lp.detach(), o["logp_old"]), tok))
+
+    def _tally(self) -> _metrics.RoutingTally | None:
+        if self.replay is None:
+            return None
+        return _metrics.RoutingTally(len(self.routers), int(self.routers[0].num_experts))
+
+    def _aux_loss(self, routed: Routed, batch: Batch) -> torch.Tensor:
+        """The load-balancing loss of one pass over the batch's real tokens."""
+        n = batch.input_ids.shape[1]
+        real = (
+            torch.arange(n, device=self.device)[None, :]
+            < torch.tensor(batch.lengths, device=self.device)[:, None]
+        )  # (B, N); padding stays at the end in the model's order too
+        r0 = self.routers[0]
+        return _moe.load_balancing_loss(routed.state, real, int(r0.num_experts), int(r0.top_k))
 
     def _stand_in(self, batch: Batch, lp: torch.Tensor) -> Tokens:
         """Old tokens for a padding pass (its loss is multiplied by zero)."""
@@ -746,6 +841,13 @@ def _checks(config: GRPOConfig | PPOConfig) -> dict:
         "max_staleness": config.max_staleness,
         "drop_stale": config.drop_stale,
     }
+
+
+def _replay_mode(option: str, moe: bool) -> str | None:
+    """The routing replay of a step (``r3``, ``r2``, ``off``), None for a dense model."""
+    if not moe:
+        return None
+    return "r3" if option == "auto" else option
 
 
 def _correction(config: GRPOConfig | PPOConfig) -> Correction:
