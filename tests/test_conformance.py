@@ -64,7 +64,11 @@ BEYOND_SCHEMA = {
         "verify.reward_file outside the workspace",
         "workdir a system directory",
     },
-    "call": {"completion_logprobs shorter than completion_ids"},
+    "call": {
+        "completion_logprobs shorter than completion_ids",
+        "routing.shape with T not P + C - 1 - start",
+        "routing.start past prefix.reused_tokens",
+    },
     "outcome": {
         "reward null although status is ok",
         "passed null although status is ok",

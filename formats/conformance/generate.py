@@ -208,6 +208,57 @@ def calls() -> list[dict]:
             ("engine", 3, "a number"),
         ],
     )
+    return out + call_routing(g)
+
+
+# an MoE call's routing (docs/formats.md, Routing store): golden line 2 holds 9 + 2 tokens and
+# reuses 7 of its parent's (4 + 3, whose routing covers 6): its own rows are tokens 6 .. 9
+ROUTING = {"file": "calls.routing", "offset": 8, "shape": [4, 2, 2], "dtype": "uint8", "experts": 8}
+
+
+def call_routing(g: dict) -> list[dict]:
+    routed = {**g, "routing": {**ROUTING, "start": 6}}
+    every_row = {**g, "routing": {**ROUTING, "shape": [10, 2, 2]}}
+    out = [
+        case("routing with start (rows after the parent's)", line(routed), "accept"),
+        case("routing.start absent (0) with every row", line(every_row), "accept"),
+    ]
+    out += good(
+        routed,
+        [
+            ("routing.file", "/runs/a/calls.routing", "absolute (in memory)"),
+            ("routing.dtype", "int16", "int16"),
+            ("routing.x_future", 1, "unknown key"),
+        ],
+    )
+    out += missing(
+        routed,
+        ["routing.file", "routing.offset", "routing.shape", "routing.dtype", "routing.experts"],
+    )
+    out += bad(
+        routed,
+        [
+            ("routing", "calls.routing", "a string"),
+            ("routing.file", "", "empty"),
+            ("routing.file", "../calls.routing", "with a .. component"),
+            ("routing.file", "runs/../../calls.routing", "with a .. component inside"),
+            ("routing.offset", -1, "negative"),
+            ("routing.offset", 4, "inside the magic"),
+            ("routing.offset", "8", "a string"),
+            ("routing.dtype", "float32", "not an index type"),
+            ("routing.dtype", "uint16", "uint16"),
+            ("routing.shape", [4, 2], "of two dimensions"),
+            ("routing.shape", [4, 0, 2], "with no layers"),
+            ("routing.shape", [5, 2, 2], "with T not P + C - 1 - start"),
+            ("routing.experts", 0, "zero"),
+            ("routing.start", -1, "negative"),
+            ("routing.start", 8, "past prefix.reused_tokens"),
+        ],
+    )
+    orphan = changed(routed, "prefix.parent_call", None)
+    out.append(
+        case("routing.start without prefix.parent_call", line(orphan), "reject", "routing.start")
+    )
     return out
 
 
