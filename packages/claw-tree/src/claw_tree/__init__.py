@@ -17,6 +17,13 @@ from claw_tree.corpus import CallIndex, index_calls, stream_file_samples, stream
 from claw_tree.errors import BudgetError, ClawError, ConflictError, RecordError, ValuesError
 from claw_tree.options import SampleOptions
 from claw_tree.records import Call, Outcome, ReadResult, read_calls, read_outcomes, write_jsonl
+from claw_tree.routing import (
+    ROUTING_MAGIC,
+    RoutingRef,
+    RoutingStore,
+    load_routing,
+    read_sample_routing,
+)
 from claw_tree.samples import (
     SampleBatch,
     build_samples,
@@ -46,7 +53,10 @@ __all__ = [
     "Forest",
     "Outcome",
     "ReadResult",
+    "ROUTING_MAGIC",
     "RecordError",
+    "RoutingRef",
+    "RoutingStore",
     "SampleBatch",
     "SampleOptions",
     "SessionTree",
@@ -62,10 +72,12 @@ __all__ = [
     "group_relative_advantages",
     "index_calls",
     "linear_scan",
+    "load_routing",
     "make_samples",
     "mean_child_recurrence",
     "read_calls",
     "read_outcomes",
+    "read_sample_routing",
     "reinforce_advantages",
     "rloo_advantages",
     "sample_rewards",

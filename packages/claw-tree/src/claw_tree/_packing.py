@@ -17,6 +17,7 @@ import numpy as np
 
 from claw_tree.errors import BudgetError, ConflictError
 from claw_tree.records import SAMPLE_SCHEMA, Outcome, read_outcomes
+from claw_tree.routing import RoutedRows
 from claw_tree.tree import Forest, SessionTree, Trajectory
 
 Piece = tuple[SessionTree, np.ndarray, list[Trajectory]]  # (session tree, its node ids, its paths)
@@ -40,7 +41,8 @@ class Packed:
     the parent index within the sample (-1 at a root); ``offsets`` the first index of each piece;
     ``seg_loc`` / ``seg_len`` / ``seg_traj`` every segment of the plan's paths: its first index,
     its length and its trajectory. With merged context prefixes (``pack="group"``), ``keep`` (n,)
-    marks the tokens that stay and ``merged_parent`` is the parent array over them.
+    marks the tokens that stay and ``merged_parent`` is the parent array over them; ``rep`` (n,)
+    the index of the token each one is merged into (itself when it stays).
     """
 
     sample_id: str
@@ -53,6 +55,7 @@ class Packed:
     seg_traj: np.ndarray
     keep: np.ndarray | None
     merged_parent: np.ndarray | None
+    rep: np.ndarray | None = None
 
     @property
     def trees(self) -> list[SessionTree]:
@@ -264,11 +267,10 @@ def lay_out(
         starts = np.array([a for a, _, _ in segments], dtype=np.int64)
         seg_loc = where[starts]
         where[nodes] = -1
-        keep = merged_parent = None
+        keep = merged_parent = rep = None
         if merge:
-            keep, merged_parent = merge_context_prefixes(
-                parent, forest.trainable[nodes], forest.tokens[nodes]
-            )
+            rep = _context_rep(parent, forest.trainable[nodes], forest.tokens[nodes])
+            keep, merged_parent = _merged(parent, rep)
         yield Packed(
             sample_id=f"{prefix}-{k}",
             plan=plan,
@@ -280,6 +282,7 @@ def lay_out(
             seg_traj=np.array([t for _, _, t in segments], dtype=np.int64),
             keep=keep,
             merged_parent=merged_parent,
+            rep=rep,
         )
 
 
@@ -299,6 +302,41 @@ def sample_head(
         "trainable": forest.trainable[nodes].astype(np.int64),
         "logprobs": forest.logprobs[nodes],
     }
+
+
+def sample_routing(forest: Forest, p: Packed) -> tuple[RoutedRows, int] | None:
+    """The routing rows of a laid-out sample in its final token order and its ``routing_forks``
+    (None when the forest has no routing). A merged context token keeps the row of the first
+    rollout that holds it (or, when that one has none, of the first that has one); every other
+    rollout's different row counts as a fork, as do the forest's forks on the nodes the sample
+    keeps (the disagreements about the rows it carries)."""
+    if forest.routing is None or forest.routing_forks is None:
+        return None
+    rows = forest.routing[p.nodes]  # (n, L, K), a copy
+    forks = int(forest.routing_forks[p.final_nodes].sum())
+    if p.keep is not None and p.rep is not None:
+        dropped = np.flatnonzero(~p.keep)
+        rep = p.rep[dropped]
+        known = rows[dropped, 0, 0] >= 0
+        known_rep = rows[rep, 0, 0] >= 0
+        differ = np.any(rows[dropped] != rows[rep], axis=(1, 2))
+        forks += int((differ & known & known_rep).sum())
+        fill = known & ~known_rep
+        for d, r in zip(dropped[fill].tolist(), rep[fill].tolist(), strict=True):
+            if rows[r, 0, 0] < 0:
+                rows[r] = rows[d]
+        rows = rows[p.keep]
+    return RoutedRows(rows=rows, experts=forest.routing_experts), forks
+
+
+def with_routing(forest: Forest, p: Packed, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with ``routing`` (its :class:`RoutedRows`, stored later) and
+    ``tags.routing_forks`` when the forest has routing; unchanged otherwise."""
+    routed = sample_routing(forest, p)
+    if routed is not None:
+        row["routing"] = routed[0]
+        row["tags"]["routing_forks"] = routed[1]
+    return row
 
 
 def as_lists(row: dict[str, Any]) -> dict[str, Any]:
@@ -373,6 +411,12 @@ def merge_context_prefixes(
     every path keeps its tokens, positions and trainable tokens, with the same ancestors: a
     per-token loss over the merged tree equals the loss over the unmerged one.
     """
+    return _merged(parent, _context_rep(parent, trainable, tokens))
+
+
+def _context_rep(parent: np.ndarray, trainable: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Per token (shape (n,)): the index of the context-prefix token it merges into (the first
+    with its token id and merged parent), or itself."""
     n = len(parent)
     rep = list(range(n))
     prefix = [False] * n
@@ -386,8 +430,12 @@ def merge_context_prefixes(
             continue
         prefix[i] = True
         rep[i] = children.setdefault((rep[p] if p >= 0 else -1, tok), i)
-    rep_a = np.asarray(rep, dtype=np.int64)
-    keep = rep_a == np.arange(n)
+    return np.asarray(rep, dtype=np.int64)
+
+
+def _merged(parent: np.ndarray, rep_a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(keep, parent over the kept tokens)`` for the merge map ``rep_a``."""
+    keep = rep_a == np.arange(len(parent))
     new_index = np.cumsum(keep) - 1
     merged_parent = np.where(parent >= 0, new_index[rep_a[parent]], -1)
     return keep, merged_parent[keep]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import click
 
@@ -27,6 +28,7 @@ from claw_tree.options import (
     SampleOptions,
 )
 from claw_tree.records import read_calls, read_outcomes, read_values, write_jsonl
+from claw_tree.routing import RoutingOut, RoutingStore
 from claw_tree.samples import SampleBatch, SampleTally, stream_samples
 from claw_tree.sft import stream_sft_samples
 from claw_tree.show import load_decoder, render_session
@@ -39,6 +41,24 @@ _SKIP = click.option(
     help="Skip malformed lines (their count and reasons go to stderr) instead of failing.",
 )
 _CALLS = click.argument("calls", default="-", type=click.Path(allow_dash=True, dir_okay=False))
+_ROUTING_DIR = click.option(
+    "--routing-dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Where the calls' relative MoE routing files lie (default: next to each calls file or "
+    "shard; stdin: the working directory).",
+)
+_ROUTING_OUT = click.option(
+    "--routing-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    callback=output_path,
+    help="MoE routing: the samples' routing side store, referenced by this path as given "
+    "(default with -o out.jsonl: out.routing next to it; needed for stdout output).",
+)
+_NO_ROUTING = click.option(
+    "--no-routing", is_flag=True, help="Drop the calls' MoE routing (no side store, no field)."
+)
 _MAX_TOKENS = click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
@@ -70,27 +90,63 @@ def _write_batch(batch: SampleBatch, rows: Iterator[dict], output: str) -> None:
         _note(f"  excluded {session}: {why}")
 
 
-def _forest(calls: str, skip_invalid: bool) -> Forest:
+def _routing_out(output: str, routing_out: str | None, no_routing: bool) -> RoutingOut:
+    """Where `samples` / `sft-samples` store the samples' routing: --routing-out as given, else
+    ``out.routing`` next to ``-o out.jsonl`` (referenced by its bare name), else unset."""
+    if no_routing:
+        return False
+    if routing_out is not None:
+        path = routing_out
+    elif output != "-":
+        path = str(Path(output).with_suffix(".routing"))
+    else:
+        return None
+    if output != "-" and Path(path).resolve() == Path(output).resolve():
+        raise click.UsageError(f"{path}: the routing store would overwrite the samples")
+    return RoutingStore(path, name=routing_out or Path(path).name)
+
+
+def _sample_error(exc: ClawError, routing_out: RoutingOut) -> click.ClickException:
+    text = str(exc)
+    if routing_out is None and "MoE routing" in text:
+        text += "\nhint: samples on stdout need --routing-out PATH (or --no-routing)"
+    return click.ClickException(text)
+
+
+def _forest(
+    calls: str, skip_invalid: bool, *, routing: bool = True, routing_dir: str | None = None
+) -> Forest:
     try:
-        result = read_calls(calls, skip_invalid=skip_invalid)
+        result = read_calls(calls, skip_invalid=skip_invalid, routing_dir=routing_dir)
         _report_skipped("call", result.skipped)
-        return build_forest(result.records)
+        return build_forest(result.records, routing=routing)
     except ClawError as exc:
         raise click.ClickException(
             f"{exc}\nhint: --skip-invalid skips malformed lines and reports them"
         ) from None
 
 
-def _index(calls: str, skip_invalid: bool) -> CallIndex:
+def _index(calls: str, skip_invalid: bool, routing: bool, routing_dir: str | None) -> CallIndex:
     """The calls file indexed for `samples` (built unit by unit; see claw_tree.corpus)."""
     try:
-        index = index_calls(calls, skip_invalid=skip_invalid)
+        index = index_calls(
+            calls, skip_invalid=skip_invalid, routing=routing, routing_dir=routing_dir
+        )
     except ClawError as exc:
         raise click.ClickException(
             f"{exc}\nhint: --skip-invalid skips malformed lines and reports them"
         ) from None
     _report_skipped("call", index.skipped)
     return index
+
+
+def _calls_source(
+    calls: str, streamed: bool, skip_invalid: bool, routing: bool, routing_dir: str | None
+) -> CallIndex | Forest:
+    """The calls indexed (`samples` streamed from a file) or built into a forest."""
+    if streamed:
+        return _index(calls, skip_invalid, routing, routing_dir)
+    return _forest(calls, skip_invalid, routing=routing, routing_dir=routing_dir)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -126,7 +182,7 @@ def build(calls: str, output: str, with_ids: bool, skip_invalid: bool) -> None:
 
         claw-tree build calls.jsonl | jq -c '{session, tokens, calls}'
     """
-    forest = _forest(calls, skip_invalid)
+    forest = _forest(calls, skip_invalid, routing=False)
     write_jsonl(
         (trajectory_record(forest, t, with_ids=with_ids) for t in forest.trajectories), output
     )
@@ -140,15 +196,19 @@ def build(calls: str, output: str, with_ids: bool, skip_invalid: bool) -> None:
 @_CALLS
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--per-session", is_flag=True, help="Add one entry per session.")
+@_ROUTING_DIR
 @_SKIP
-def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> None:
-    """Summarise the forest: sessions, calls, flat vs tree tokens, branches and why, depth.
+def stats(
+    calls: str, as_json: bool, per_session: bool, routing_dir: str | None, skip_invalid: bool
+) -> None:
+    """Summarise the forest: sessions, calls, flat vs tree tokens, branches and why, depth
+    (and, for calls with MoE routing, routed tokens and routing forks).
 
     Example:
 
         claw-tree stats --json calls.jsonl | jq .tree_token_ratio
     """
-    forest = _forest(calls, skip_invalid)
+    forest = _forest(calls, skip_invalid, routing_dir=routing_dir)
     summary = forest_stats(forest)
     if per_session:
         summary["per_session"] = [session_stats(forest, t.name) for t in forest.sessions]
@@ -267,6 +327,9 @@ def stats(calls: str, as_json: bool, per_session: bool, skip_invalid: bool) -> N
     default=None,
     help="Sample ids are PREFIX-0, PREFIX-1, ... (default: the algo name).",
 )
+@_ROUTING_OUT
+@_NO_ROUTING
+@_ROUTING_DIR
 @_SKIP
 def samples(
     calls: str,
@@ -285,6 +348,9 @@ def samples(
     gae_level: str,
     baseline: float,
     id_prefix: str | None,
+    routing_out: str | None,
+    no_routing: bool,
+    routing_dir: str | None,
     skip_invalid: bool,
 ) -> None:
     """Tree-pack rollouts into claw.sample/v1 lines with advantages and exact loss weights.
@@ -293,7 +359,8 @@ def samples(
     PPO: run once without --values, let the critic write values for those samples, then run
     again with the same inputs and options plus --values to get GAE advantages and returns.
     A calls file is indexed once and built a few sessions, groups or harness buckets at a time
-    (memory bounded by the largest of them, not the corpus); stdin and PPO build it whole.
+    (memory bounded by the largest of them); stdin and PPO build it whole. MoE routing goes to
+    a side store (-o out.jsonl: out.routing; stdout: --routing-out), or --no-routing.
 
     Example:
 
@@ -313,16 +380,14 @@ def samples(
     if calls == "-" and outcomes == "-":
         raise click.UsageError("calls and --outcomes cannot both be stdin")
     streamed = calls != "-" and algo != "ppo" and values_path is None
-    source = _index(calls, skip_invalid) if streamed else None
-    forest = _forest(calls, skip_invalid) if source is None else None
+    store = _routing_out(output, routing_out, no_routing)
+    source = _calls_source(calls, streamed, skip_invalid, not no_routing, routing_dir)
     try:
         result = read_outcomes(outcomes, skip_invalid=skip_invalid)
         _report_skipped("outcome", result.skipped)
         values = None if values_path is None else read_values(values_path)
         if algo == "ppo" and values is None:
-            _note(
-                "claw-tree: no --values: GAE runs with V = 0 (advantages are discounted Monte Carlo returns)"
-            )
+            _note("claw-tree: no --values: GAE runs with V = 0 (advantages: Monte Carlo returns)")
         options = SampleOptions(
             algo=algo,
             group_by=group_by,
@@ -336,14 +401,15 @@ def samples(
             baseline=baseline,
             id_prefix=id_prefix,
         )
-        if source is not None:
-            batch, rows = stream_indexed_samples(source, result.records, options)
+        if isinstance(source, CallIndex):
+            batch, rows = stream_indexed_samples(source, result.records, options, routing_out=store)
         else:
-            assert forest is not None
-            batch, rows = stream_samples(forest, result.records, options, values=values)
+            batch, rows = stream_samples(
+                source, result.records, options, values=values, routing_out=store
+            )
         _write_batch(batch, rows, output)
     except ClawError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _sample_error(exc, store) from None
 
 
 @main.command("sft-samples")
@@ -392,6 +458,9 @@ def samples(
     show_default=True,
     help="Sample ids are PREFIX-0, PREFIX-1, ...",
 )
+@_ROUTING_OUT
+@_NO_ROUTING
+@_ROUTING_DIR
 @_SKIP
 def sft_samples(
     calls: str,
@@ -402,6 +471,9 @@ def sft_samples(
     max_tokens: int | None,
     pack: str,
     id_prefix: str,
+    routing_out: str | None,
+    no_routing: bool,
+    routing_dir: str | None,
     skip_invalid: bool,
 ) -> None:
     """Tree-pack recorded calls into supervised fine-tuning samples (claw.sample/v1, algo sft).
@@ -409,7 +481,7 @@ def sft_samples(
     Every completion token of a trainable call is a target (weight per --weighting), context is
     not; shared prefixes are packed once, as for RL samples. No outcomes are needed; with
     --outcomes --passed-only only rollouts that passed are kept (rejection-sampling fine-tuning).
-    Train with `claw-rl sft`.
+    Train with `claw-rl sft`. MoE routing goes to a side store as for `samples`.
 
     Example:
 
@@ -423,7 +495,8 @@ def sft_samples(
         raise click.UsageError("--passed-only needs --outcomes (which rollouts passed)")
     if calls == "-" and outcomes == "-":
         raise click.UsageError("calls and --outcomes cannot both be stdin")
-    forest = _forest(calls, skip_invalid)
+    store = _routing_out(output, routing_out, no_routing)
+    forest = _forest(calls, skip_invalid, routing=not no_routing, routing_dir=routing_dir)
     try:
         records = None
         if outcomes is not None:
@@ -438,10 +511,12 @@ def sft_samples(
             id_prefix=id_prefix,
             pack=pack,
         )
-        batch, rows = stream_sft_samples(forest, outcomes=records, options=options)
+        batch, rows = stream_sft_samples(
+            forest, outcomes=records, options=options, routing_out=store
+        )
+        _write_batch(batch, rows, output)
     except ClawError as exc:
-        raise click.ClickException(str(exc)) from None
-    _write_batch(batch, rows, output)
+        raise _sample_error(exc, store) from None
 
 
 @main.command()
@@ -470,7 +545,7 @@ def show(
 
         claw-tree show s-3f2a calls.jsonl --tokenizer runs/tiny
     """
-    forest = _forest(calls, skip_invalid)
+    forest = _forest(calls, skip_invalid, routing=False)
     try:
         decode = load_decoder(tokenizer) if tokenizer else None
         click.echo(render_session(forest, session, decode=decode, max_chars=max_chars))

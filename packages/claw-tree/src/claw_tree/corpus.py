@@ -50,6 +50,7 @@ from claw_tree._packing import (
 from claw_tree.errors import ClawError, ConflictError, RecordError
 from claw_tree.options import SampleOptions
 from claw_tree.records import Call, Outcome, parse_line, shard_path
+from claw_tree.routing import RoutingOut, store_routing
 from claw_tree.samples import SampleBatch, _group_key, _sample_row, _Votes, _votes, _weights
 from claw_tree.tree import Forest, build_forest, conflict
 
@@ -86,6 +87,9 @@ class CallIndex:
     longest: np.ndarray
     trainable: np.ndarray
     skipped: list[str]
+    routed: bool = False  # some call has MoE routing (and it is read: routing=True)
+    routing: bool = True  # read the calls' routing into the forests (False: ignore it)
+    routing_dir: Path | None = None  # where relative routing files lie (None: next to each part)
     ids: dict[str, int] = attrs.field(init=False)
     _order: np.ndarray = attrs.field(init=False)  # calls by session, file order within one
     _bounds: np.ndarray = attrs.field(init=False)  # (S + 1,) session s: _order[b[s]:b[s + 1]]
@@ -116,11 +120,11 @@ class CallIndex:
                 row = parse_line(files[p].readline(), where)
                 if isinstance(row, RecordError):
                     raise row  # the file changed since it was indexed
-                yield Call.from_dict(row, where)
+                yield Call.from_dict(row, where, self.routing_dir or self.parts[p].parent)
 
     def forest(self, sessions: Iterable[str]) -> Forest:
         """The prefix forest of these sessions alone."""
-        return build_forest(self.read(self.lines(sessions).tolist()))
+        return build_forest(self.read(self.lines(sessions).tolist()), routing=self.routing)
 
 
 @attrs.define
@@ -134,6 +138,7 @@ class _Indexer:
     flat: list[int] = attrs.Factory(list)
     longest: list[int] = attrs.Factory(list)
     trainable: list[bool] = attrs.Factory(list)
+    routed: bool = False
 
     def add(self, call: Call, part: int, offset: int) -> None:
         s = self.ids.setdefault(call.session, len(self.ids))
@@ -152,6 +157,7 @@ class _Indexer:
         self.offset.append(offset)
         self.session.append(s)
         self.call_hash.append(hash(call.call_id))
+        self.routed = self.routed or call.routing is not None
 
 
 def _parts(path: Path) -> list[Path]:
@@ -163,12 +169,20 @@ def _parts(path: Path) -> list[Path]:
     return parts
 
 
-def index_calls(path: str | Path, *, skip_invalid: bool = False) -> CallIndex:
+def index_calls(
+    path: str | Path,
+    *,
+    skip_invalid: bool = False,
+    routing: bool = True,
+    routing_dir: str | Path | None = None,
+) -> CallIndex:
     """Index a calls file and its shards (``calls.jsonl``, ``calls.00001.jsonl``, ...) in one
     pass: the errors of :func:`~claw_tree.records.read_calls` and
     :func:`~claw_tree.tree.build_forest` (invalid lines, conflicting call_ids), none of the
-    token ids kept."""
+    token ids kept. Each shard's relative routing files lie next to it (or in ``routing_dir``);
+    ``routing=False`` ignores the calls' routing."""
     parts = _parts(Path(path))
+    routing_base = None if routing_dir is None else Path(routing_dir)
     ix = _Indexer()
     skipped: list[str] = []
     for k, part in enumerate(parts):
@@ -183,7 +197,7 @@ def index_calls(path: str | Path, *, skip_invalid: bool = False) -> CallIndex:
                     row = parse_line(line, where)
                     if isinstance(row, RecordError):
                         raise row
-                    ix.add(Call.from_dict(row, where), k, start)
+                    ix.add(Call.from_dict(row, where, routing_base or part.parent), k, start)
                 except RecordError as exc:
                     if not skip_invalid:
                         raise
@@ -199,6 +213,9 @@ def index_calls(path: str | Path, *, skip_invalid: bool = False) -> CallIndex:
         longest=np.array(ix.longest, dtype=np.int64),
         trainable=np.array(ix.trainable, dtype=bool),
         skipped=skipped,
+        routed=routing and ix.routed,
+        routing=routing,
+        routing_dir=routing_base,
     )
     _check_conflicts(index, np.frombuffer(ix.call_hash, dtype=np.int64))
     return index
@@ -366,13 +383,15 @@ def stream_indexed_samples(
     options: SampleOptions | None = None,
     *,
     unit_tokens: int = UNIT_TOKENS,
+    routing_out: RoutingOut = None,
     **fields: Any,
 ) -> tuple[SampleBatch, Iterator[dict]]:
     """:func:`~claw_tree.samples.stream_samples` over the indexed calls, built one unit of
     about ``unit_tokens`` flat tokens at a time (see the module docstring). The same batch
     (``trajectories`` is -1 unless ``weighting="path"``: count the rows with a
     :class:`~claw_tree.samples.SampleTally`) and the same rows, byte for byte. Errors (options,
-    outcomes, a path over the budget) are raised before it returns. Not for PPO."""
+    outcomes, a path over the budget) are raised before it returns. Not for PPO.
+    ``routing_out``: where MoE routing goes (see :func:`~claw_tree.samples.build_samples`)."""
     opts = SampleOptions.resolve(options, fields)
     if opts.algo in ("sft", "ppo"):
         raise ClawError(
@@ -400,7 +419,8 @@ def stream_indexed_samples(
         trajectories=-1 if batch.n_paths is None else batch.n_paths,
         zero_spread_groups=votes.zero_spread,
     )
-    return head, _rows(index, batch, opts, unit_tokens)
+    rows = _rows(index, batch, opts, unit_tokens)
+    return head, store_routing(rows, index.routed, routing_out)
 
 
 def stream_file_samples(
@@ -410,9 +430,12 @@ def stream_file_samples(
     *,
     skip_invalid: bool = False,
     unit_tokens: int = UNIT_TOKENS,
+    routing_out: RoutingOut = None,
     **fields: Any,
 ) -> tuple[SampleBatch, Iterator[dict]]:
     """:func:`stream_indexed_samples` over ``index_calls(calls)``: samples from a calls file
     (series) with memory bounded by the largest unit, not the corpus."""
-    index = index_calls(calls, skip_invalid=skip_invalid)
-    return stream_indexed_samples(index, outcomes, options, unit_tokens=unit_tokens, **fields)
+    index = index_calls(calls, skip_invalid=skip_invalid, routing=routing_out is not False)
+    return stream_indexed_samples(
+        index, outcomes, options, unit_tokens=unit_tokens, routing_out=routing_out, **fields
+    )

@@ -23,6 +23,7 @@ import attrs
 import numpy as np
 
 from claw_tree.errors import RecordError
+from claw_tree.routing import RoutingRef, parse_routing
 
 CALL_SCHEMA = "claw.call/v1"
 OUTCOME_SCHEMA = "claw.outcome/v1"
@@ -48,9 +49,11 @@ CALL_READS = (
     "prefix.fresh_render_matches",
     "prefix.fork_reason",
     "prefix.fork_of",
+    "prefix.parent_call",
     "sampling.temperature",
     "sampling.top_p",
     "sampling.top_k",
+    "routing",
 )
 _MAX_TOKEN_ID = 2**31 - 1
 
@@ -156,10 +159,13 @@ class Call:
     # whose ids it could not reuse (why: `fork_reason`): the prompt may fork from that call's
     fork_reason: str | None = None
     fork_of: str | None = None
+    parent_call: str | None = None  # the call whose ids this prompt reused (prefix.parent_call)
     # sampling settings the engine drew the completion with (absent in the record: 1 / 1 / 0)
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # 1 = off
     top_k: int = 0  # 0 = off
+    # MoE policies: the experts the engine chose for tokens start .. of prompt + completion
+    routing: RoutingRef | None = None
 
     @property
     def default_sampling(self) -> bool:
@@ -167,9 +173,11 @@ class Call:
         return self.temperature == 1.0 and self.top_p == 1.0 and self.top_k == 0
 
     @classmethod
-    def from_dict(cls, row: Any, where: str = "<call>") -> Call:
+    def from_dict(cls, row: Any, where: str = "<call>", routing_dir: Path | None = None) -> Call:
         """Validate the fields of one `claw.call/v1` dict that the tree reads (`CALL_READS`: a
-        projection reader); errors name `where` (file:line) and the field."""
+        projection reader); errors name `where` (file:line) and the field. ``routing_dir``: the
+        directory a relative ``routing.file`` is resolved against (the calls file's; None: the
+        working directory). The routing array itself is read when a forest is built."""
         if not isinstance(row, dict):
             raise RecordError(f"{where}: expected a JSON object, got {type(row).__name__}")
         _check_schema(row, CALL_SCHEMA, where)
@@ -213,6 +221,10 @@ class Call:
             )
         prefix = _prefix_fields(row.get("prefix"), where)
         temperature, top_p, top_k = _sampling(row.get("sampling"), where)
+        routing = None
+        if row.get("routing") is not None:
+            routing = parse_routing(row["routing"], where, routing_dir)
+            _check_routing_span(routing, len(prompt) + len(completion), prefix, where)
         return cls(
             call_id=call_id,
             session=session,
@@ -230,6 +242,7 @@ class Call:
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            routing=routing,
         )
 
     def to_dict(self) -> dict:
@@ -255,11 +268,14 @@ class Call:
                 ("fresh_render_matches", self.fresh_render_matches),
                 ("fork_reason", self.fork_reason),
                 ("fork_of", self.fork_of),
+                ("parent_call", self.parent_call),
             )
             if v is not None
         }
         if prefix:
             row["prefix"] = prefix
+        if self.routing is not None:
+            row["routing"] = self.routing.to_dict()
         if not self.default_sampling:
             row["sampling"] = {
                 "temperature": self.temperature,
@@ -300,7 +316,7 @@ def _prefix_fields(prefix: Any, where: str) -> dict[str, Any]:
             f"{where}: prefix.fresh_render_matches: expected boolean or null, got {fresh!r:.40}"
         )
     fields: dict[str, Any] = {"reused_tokens": reused, "fresh_render_matches": fresh}
-    for k in ("fork_reason", "fork_of"):
+    for k in ("fork_reason", "fork_of", "parent_call"):
         v = prefix.get(k)
         if v is not None and (not isinstance(v, str) or not v):
             raise RecordError(
@@ -308,6 +324,25 @@ def _prefix_fields(prefix: Any, where: str) -> dict[str, Any]:
             )
         fields[k] = v
     return fields
+
+
+def _check_routing_span(ref: RoutingRef, n_tokens: int, prefix: dict[str, Any], where: str) -> None:
+    """A call's routing covers tokens ``start .. n_tokens - 2`` (the last sampled token is never
+    fed back); rows before ``start`` are the reused prefix of ``prefix.parent_call``."""
+    if ref.start > 0:
+        if prefix["parent_call"] is None:
+            raise RecordError(f"{where}: routing.start: {ref.start} > 0 without prefix.parent_call")
+        if ref.start > (prefix["reused_tokens"] or 0):
+            raise RecordError(
+                f"{where}: routing.start: {ref.start} exceeds prefix.reused_tokens "
+                f"({prefix['reused_tokens']})"
+            )
+    want = n_tokens - 1 - ref.start
+    if ref.shape[0] != want:
+        raise RecordError(
+            f"{where}: routing.shape: {ref.shape[0]} rows, but prompt_ids + completion_ids hold "
+            f"{n_tokens} tokens: T = {n_tokens} - 1 - start ({ref.start}) = {want}"
+        )
 
 
 def _sampling(value: Any, where: str) -> tuple[float, float, int]:
@@ -430,9 +465,19 @@ def iter_jsonl(
     Lines that are not JSON yield a :class:`RecordError` instance as the row so that the caller
     decides whether to raise or skip. Blank lines are ignored.
     """
+    for where, row, _ in _iter_jsonl_dirs(source, shards=shards):
+        yield where, row
+
+
+def _iter_jsonl_dirs(
+    source: str | Path | IO[str] | Iterable[Any], *, shards: bool = False
+) -> Iterator[tuple[str, Any, Path | None]]:
+    """:func:`iter_jsonl` with the directory of the file each line came from (None for stdin,
+    streams and row iterables: the working directory)."""
     if isinstance(source, (str, Path)):
         if str(source) == "-":
-            yield from _iter_lines(sys.stdin, "<stdin>")
+            for where, row in _iter_lines(sys.stdin, "<stdin>"):
+                yield where, row, None
             return
         path = Path(source)
         if not path.exists():
@@ -441,13 +486,16 @@ def iter_jsonl(
         while index == 0 or (shards and shard_path(path, index).exists()):
             part = shard_path(path, index)
             with part.open(encoding="utf-8") as fh:
-                yield from _iter_lines(fh, str(part))
+                for where, row in _iter_lines(fh, str(part)):
+                    yield where, row, part.parent
             index += 1
     elif hasattr(source, "read"):
-        yield from _iter_lines(source, getattr(source, "name", "<stream>"))  # type: ignore[arg-type]
+        name = getattr(source, "name", "<stream>")
+        for where, row in _iter_lines(source, name):  # type: ignore[arg-type]
+            yield where, row, None
     else:
         for i, row in enumerate(source):
-            yield f"<record {i}>", row
+            yield f"<record {i}>", row, None
 
 
 def _iter_lines(fh: IO[str], name: str) -> Iterator[tuple[str, Any]]:
@@ -482,13 +530,22 @@ def read_records(
 ) -> ReadResult:
     """Parse every row of ``source`` with ``parse(row, where)``; raise or count invalid rows
     (``shards``: a path is a record series, see :func:`iter_jsonl`)."""
+    return _read(source, lambda row, where, _: parse(row, where), skip_invalid, shards)
+
+
+def _read(
+    source: str | Path | IO[str] | Iterable[Any],
+    parse: Callable[[Any, str, Path | None], T],
+    skip_invalid: bool,
+    shards: bool,
+) -> ReadResult:
     records: list[Any] = []
     skipped: list[str] = []
-    for where, row in iter_jsonl(source, shards=shards):
+    for where, row, base in _iter_jsonl_dirs(source, shards=shards):
         try:
             if isinstance(row, RecordError):
                 raise row
-            records.append(row if isinstance(row, (Call, Outcome)) else parse(row, where))
+            records.append(row if isinstance(row, (Call, Outcome)) else parse(row, where, base))
         except RecordError as exc:
             if not skip_invalid:
                 raise
@@ -496,11 +553,21 @@ def read_records(
     return ReadResult(records=records, skipped=skipped)
 
 
-def read_calls(source: Any, *, skip_invalid: bool = False) -> ReadResult:
+def read_calls(
+    source: Any, *, skip_invalid: bool = False, routing_dir: str | Path | None = None
+) -> ReadResult:
     """Read `claw.call/v1` records (see :func:`read_records`). A path is read with every shard
     of its series (``calls.jsonl``, ``calls.00001.jsonl``, ...), in order; pass one shard's
-    own path (e.g. the one ``POST /admin/rotate`` closed) to read that shard alone."""
-    return read_records(source, Call.from_dict, skip_invalid=skip_invalid, shards=True)
+    own path (e.g. the one ``POST /admin/rotate`` closed) to read that shard alone.
+
+    A relative ``routing.file`` is resolved against the directory of the file (shard) its line
+    came from (stdin, streams and dicts: the working directory); ``routing_dir`` overrides it."""
+    override = None if routing_dir is None else Path(routing_dir)
+
+    def parse(row: Any, where: str, base: Path | None) -> Call:
+        return Call.from_dict(row, where, override if override is not None else base)
+
+    return _read(source, parse, skip_invalid, shards=True)
 
 
 def read_outcomes(source: Any, *, skip_invalid: bool = False) -> ReadResult:

@@ -55,6 +55,7 @@ from claw_tree._packing import (
     sample_head,
     trainable_sessions,
     with_pack_tag,
+    with_routing,
 )
 from claw_tree.advantages import (
     GAE_LEVEL,
@@ -69,6 +70,7 @@ from claw_tree.advantages import (
 from claw_tree.errors import ClawError, ValuesError
 from claw_tree.options import ALGOS, GAE_LEVELS, GROUP_BY, PACKS, PATH_WEIGHTING, SampleOptions
 from claw_tree.records import Outcome
+from claw_tree.routing import RoutingOut, store_routing
 from claw_tree.tree import Forest, SessionTree
 
 log = logging.getLogger("claw_tree")
@@ -376,7 +378,7 @@ def _sample_row(
         "session_offsets": offsets,
         "path_weighting": opts.weighting,
     }
-    return with_pack_tag(row, opts.pack)
+    return with_routing(forest, p, with_pack_tag(row, opts.pack))
 
 
 def build_samples(
@@ -385,6 +387,7 @@ def build_samples(
     options: SampleOptions | None = None,
     *,
     values: Mapping[str, Any] | Iterable[dict] | None = None,
+    routing_out: RoutingOut = None,
     **fields: Any,
 ) -> SampleBatch:
     """Tree-pack the forest's rolled-out sessions into `claw.sample/v1` dicts.
@@ -420,8 +423,16 @@ def build_samples(
     The stages: votes (who is excluded, group statistics, rollout advantages), kept sessions
     and their trainable paths, path weights u_{p,v}, the plan, the layout of each sample,
     token advantages (PPO's GAE), rows.
+
+    MoE routing (a forest built from calls with ``routing``): each sample's rows (N, L, K) go
+    to the side store ``routing_out`` (a path, referenced as given, or a
+    :class:`~claw_tree.routing.RoutingStore`), written before the sample that references it;
+    ``routing_out=False`` drops them. Routed calls without ``routing_out`` are an error; a forest
+    without routing writes no store and no ``routing`` field.
     """
-    batch, rows = stream_samples(forest, outcomes, options, values=values, **fields)
+    batch, rows = stream_samples(
+        forest, outcomes, options, values=values, routing_out=routing_out, **fields
+    )
     return attrs.evolve(batch, samples=[as_lists(row) for row in rows])
 
 
@@ -431,6 +442,7 @@ def stream_samples(
     options: SampleOptions | None = None,
     *,
     values: Mapping[str, Any] | Iterable[dict] | None = None,
+    routing_out: RoutingOut = None,
     **fields: Any,
 ) -> tuple[SampleBatch, Iterator[dict]]:
     """:func:`build_samples` one sample at a time: the batch without its samples (``samples``
@@ -462,7 +474,8 @@ def stream_samples(
         trajectories=weights.n_paths,
         zero_spread_groups=votes.zero_spread,
     )
-    return batch, (_sample_row(forest, p, votes, weights, tokens, opts) for p in packed)
+    rows = (_sample_row(forest, p, votes, weights, tokens, opts) for p in packed)
+    return batch, store_routing(rows, forest.routing is not None, routing_out)
 
 
 def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, np.ndarray]:

@@ -50,10 +50,12 @@ from claw_tree._packing import (
     sample_head,
     trainable_sessions,
     with_pack_tag,
+    with_routing,
 )
 from claw_tree.errors import ClawError
 from claw_tree.options import SFT_PACKS, SFT_WEIGHTING, SampleOptions
 from claw_tree.records import Outcome
+from claw_tree.routing import RoutingOut, store_routing
 from claw_tree.samples import SampleBatch
 from claw_tree.tree import Forest, SessionTree
 
@@ -145,7 +147,7 @@ def _sft_row(
         "session_offsets": offsets,
         "sft_weighting": opts.weighting,
     }
-    return with_pack_tag(row, opts.pack)
+    return with_routing(forest, p, with_pack_tag(row, opts.pack))
 
 
 def build_sft_samples(
@@ -153,6 +155,7 @@ def build_sft_samples(
     *,
     outcomes: Iterable[Outcome | dict] | str | Path | None = None,
     options: SampleOptions | None = None,
+    routing_out: RoutingOut = None,
     **fields: Any,
 ) -> SampleBatch:
     """Tree-pack the forest's sessions into SFT `claw.sample/v1` dicts (``algo: "sft"``).
@@ -175,8 +178,11 @@ def build_sft_samples(
     is merged, so the loss weights and paths are those of ``"session"`` packing. Without
     ``max_tokens`` all sessions go into one sample. ``pack="batch"`` is the same as ``"group"``
     (there are no groups to cross), so one flag serves the RL and the SFT samples of a run.
+    ``routing_out``: where MoE routing goes, as for :func:`~claw_tree.samples.build_samples`.
     """
-    batch, rows = stream_sft_samples(forest, outcomes=outcomes, options=options, **fields)
+    batch, rows = stream_sft_samples(
+        forest, outcomes=outcomes, options=options, routing_out=routing_out, **fields
+    )
     return attrs.evolve(batch, samples=[as_lists(row) for row in rows])
 
 
@@ -185,6 +191,7 @@ def stream_sft_samples(
     *,
     outcomes: Iterable[Outcome | dict] | str | Path | None = None,
     options: SampleOptions | None = None,
+    routing_out: RoutingOut = None,
     **fields: Any,
 ) -> tuple[SampleBatch, Iterator[dict]]:
     """:func:`build_sft_samples` one sample at a time: the batch without its samples and the
@@ -210,4 +217,5 @@ def stream_sft_samples(
         trajectories=sum(len(k.paths) for k in kept),
         zero_spread_groups=[],
     )
-    return batch, (_sft_row(forest, p, weights, by_session, opts) for p in packed)
+    rows = (_sft_row(forest, p, weights, by_session, opts) for p in packed)
+    return batch, store_routing(rows, forest.routing is not None, routing_out)

@@ -80,6 +80,25 @@ def session_stats(forest: Forest, name: str) -> dict:
         "branch_reasons": reasons,
         "rerender_forks": sum(rerender_forks(calls)[0].values()),
         "max_depth": max(lengths, default=0),
+        **routing_stats(forest, tree.start, tree.stop),
+    }
+
+
+def routing_stats(forest: Forest, lo: int = 0, hi: int | None = None) -> dict:
+    """MoE routing of nodes [lo, hi) (nothing for a forest without routing): ``routed_tokens``
+    (nodes with a recorded row), ``routing_forks`` ((node, call) pairs whose recorded row
+    differed from the one the node kept) and the ``routing`` shape (layers, top_k, experts)."""
+    if forest.routing is None or forest.routing_forks is None:
+        return {}
+    rows = forest.routing[lo:hi]
+    return {
+        "routed_tokens": int((rows[:, 0, 0] >= 0).sum()),
+        "routing_forks": int(forest.routing_forks[lo:hi].sum()),
+        "routing": {
+            "layers": rows.shape[1],
+            "top_k": rows.shape[2],
+            "experts": forest.routing_experts,
+        },
     }
 
 
@@ -97,7 +116,9 @@ def forest_stats(forest: Forest) -> dict:
     of them would have forked the tree. ``rerender_forks`` counts, by reason, calls the proxy
     had to render afresh although they continued an earlier call it could no longer reuse
     (prefix.fork_reason: its record was unreadable, the template cannot continue a turn), and
-    ``rerender_forks_diverged`` how many of those really forked from that call.
+    ``rerender_forks_diverged`` how many of those really forked from that call. A forest with
+    MoE routing adds :func:`routing_stats` (``routing_forks``: the (node, call) pairs whose
+    recorded routing differed from the row the node kept).
     """
     calls = forest.calls
     flat = int(sum(len(c.prompt_ids) + len(c.completion_ids) for c in calls))
@@ -140,4 +161,5 @@ def forest_stats(forest: Forest) -> dict:
         "rerender_forks": forks,
         "rerender_forks_diverged": diverged,
         "policy_versions": {str(int(v)): int(n) for v, n in zip(versions, counts, strict=True)},
+        **routing_stats(forest),
     }

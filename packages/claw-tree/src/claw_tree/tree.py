@@ -17,6 +17,10 @@ predicted from); its logprob, policy version and generating call come from
 the earliest such call in (seq, call_id) order, so the result does not depend on input order.
 Duplicate records (same call_id, same content) count once; same call_id with different content
 is a :class:`~claw_tree.errors.ConflictError`.
+
+MoE routing (calls with a ``routing`` reference; docs/formats.md, Routing store) is stored once
+per node, as rows (L, K) of the experts the engine chose: see :func:`_node_routing` for the rule
+when several calls forwarded one node. A forest without routing allocates nothing for it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from claw_tree.errors import ClawError, ConflictError
+from claw_tree.errors import ClawError, ConflictError, RecordError
 from claw_tree.records import Call, read_calls
+from claw_tree.routing import load_routing
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -85,6 +90,12 @@ class Forest:
     sessions: tuple[SessionTree, ...]
     trajectories: tuple[Trajectory, ...]
     duplicates: int  # duplicate call records dropped
+    # MoE routing, only when some call has it (else None, nothing allocated): (N, L, K) int16
+    # expert indices per node, -1 where no call forwarded the node with a recorded row; per node
+    # (N,) int32 the calls whose row disagreed with the one kept; E, the experts per layer
+    routing: np.ndarray | None = None
+    routing_forks: np.ndarray | None = None
+    routing_experts: int = 0
 
     @property
     def n_nodes(self) -> int:
@@ -166,14 +177,25 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     return j if neq[j] else m
 
 
-def build_forest(calls: Iterable[Call | dict] | str | Path) -> Forest:
+def build_forest(
+    calls: Iterable[Call | dict] | str | Path,
+    *,
+    routing: bool = True,
+    routing_dir: str | Path | None = None,
+) -> Forest:
     """Merge calls into one prefix tree per session.
 
     ``calls``: Call records, `claw.call/v1` dicts, or a JSONL path (``-`` for stdin).
+    ``routing``: read the calls' MoE routing into the forest (False: ignore it); a path's
+    relative routing files lie next to it (or in ``routing_dir``).
     """
     if isinstance(calls, (str, Path)):
-        calls = read_calls(calls).records
+        calls = read_calls(calls, routing_dir=routing_dir).records
     by_id, duplicates = _dedupe(calls)
+    if not routing:
+        by_id = {
+            k: c if c.routing is None else attrs.evolve(c, routing=None) for k, c in by_id.items()
+        }
     per_session: dict[str, list[Call]] = {}
     for call in by_id.values():
         per_session.setdefault(call.session, []).append(call)
@@ -331,6 +353,7 @@ class _ForestBuilder:
                 logprobs[a:b] = call.completion_logprobs[pos - p : pos - p + (b - a)]
                 policy_version[a:b] = call.policy_version
                 gen_call[a:b] = ci
+        routed = _node_routing(self.calls, self.writes, n)
         return Forest(
             tokens=_take(self.tok_parts),
             parent=_take(self.par_parts),
@@ -343,7 +366,74 @@ class _ForestBuilder:
             sessions=tuple(self.sessions),
             trajectories=tuple(self.trajectories),
             duplicates=duplicates,
+            **routed,
         )
+
+
+def _routing_dims(calls: list[Call]) -> tuple[int, int, int] | None:
+    """``(L, K, E)`` of the calls' routing, None when no call has any; calls that disagree are
+    a :class:`RecordError` naming both."""
+    first: Call | None = None
+    for call in calls:
+        if call.routing is None:
+            continue
+        if first is None:
+            first = call
+        elif call.routing.dims != first.routing.dims:  # type: ignore[union-attr]
+            raise RecordError(
+                f"{call.routing.where}: routing: call {call.call_id!r} has (L, K, E) = "
+                f"{call.routing.dims}, call {first.call_id!r} ({first.routing.where}) has "  # type: ignore[union-attr]
+                f"{first.routing.dims}: one forest holds one model's routing"  # type: ignore[union-attr]
+            )
+    return None if first is None else first.routing.dims  # type: ignore[union-attr]
+
+
+def _routing_pieces(call: Call, segs: Segs):
+    """``(generated, node_start, node_stop, row_start)`` for the nodes whose rows ``call``
+    recorded (tokens ``start .. start + T - 1``); ``generated``: in its completion."""
+    ref = call.routing
+    assert ref is not None
+    p = len(call.prompt_ids)
+    for a, b, pos in _node_ranges(segs, ref.start, ref.start + ref.shape[0]):
+        cut = a + min(max(p - pos, 0), b - a)  # nodes [a, cut) are prompt, [cut, b) completion
+        if cut > a:
+            yield False, a, cut, pos - ref.start
+        if b > cut:
+            yield True, cut, b, pos - ref.start + (cut - a)
+
+
+def _node_routing(calls: list[Call], writes: list[tuple[int, Segs]], n: int) -> dict:
+    """The forest's routing fields (empty when no call has routing: nothing is allocated).
+
+    A node's row comes from the calls that forwarded it with a recorded row: the call that
+    generated it (the node is in its completion) if one did, else the first call (lowest
+    (seq, call_id)) that forwarded it. A call's tokens before ``routing.start`` (the reused
+    prefix of ``prefix.parent_call``) and the last sampled token of a leaf are nobody's rows
+    here: they keep what the node holds (-1 when nothing). Every (node, call) whose recorded
+    row differs from the one kept counts once in ``routing_forks``.
+    """
+    dims = _routing_dims(calls)
+    if dims is None:
+        return {}
+    n_layers, k, experts = dims
+    routing = np.full((n, n_layers, k), -1, dtype=np.int16)
+    forks = np.zeros(n, dtype=np.int32)
+    routed = sorted((w for w in writes if calls[w[0]].routing is not None), key=lambda w: -w[0])
+    # lowest priority first, so that the row kept is written last: context rows (latest call
+    # first), then generated rows (latest call first)
+    for generated in (False, True):
+        for ci, segs in routed:
+            rows = load_routing(calls[ci].routing)  # type: ignore[arg-type]
+            for gen, a, b, r in _routing_pieces(calls[ci], segs):
+                if gen == generated:
+                    routing[a:b] = rows[r : r + b - a]
+            del rows
+    for ci, segs in routed:
+        rows = load_routing(calls[ci].routing)  # type: ignore[arg-type]
+        for _, a, b, r in _routing_pieces(calls[ci], segs):
+            forks[a:b] += np.any(routing[a:b] != rows[r : r + b - a], axis=(1, 2))
+        del rows
+    return {"routing": routing, "routing_forks": forks, "routing_experts": experts}
 
 
 def _take(parts: list[np.ndarray]) -> np.ndarray:
