@@ -82,6 +82,7 @@ BEYOND_SCHEMA = {
         "logprobs shorter than input_ids",
         "returns of the wrong length",
         "temperatures of the wrong length",
+        "routing.shape not matching N",
     },
 }
 

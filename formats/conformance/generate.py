@@ -404,6 +404,34 @@ def samples() -> list[dict]:
             ("top_ks", [0.5] * n, "fractions"),
         ],
     )
+    return out + sample_routing(g)
+
+
+def sample_routing(g: dict) -> list[dict]:
+    """An MoE sample's routing: one int16 row (L, K) per token in the sample's own side store
+    (docs/formats.md, claw.sample/v1 and Routing store)."""
+    n = len(g["input_ids"])
+    ref = {"file": "samples.routing", "offset": 8, "shape": [n, 2, 2], "dtype": "int16"}
+    routed = {**g, "routing": {**ref, "experts": 8}}
+    out = [case("routing (a side-store reference)", line(routed), "accept")]
+    out += good(routed, [("routing.shape", [n, 48, 8], "48 layers, top 8")])
+    out += missing(
+        routed,
+        ["routing.file", "routing.offset", "routing.shape", "routing.dtype", "routing.experts"],
+    )
+    out += bad(
+        routed,
+        [
+            ("routing", "samples.routing", "a string"),
+            ("routing.file", "../samples.routing", "with a .. component"),
+            ("routing.offset", -8, "negative"),
+            ("routing.offset", 0, "inside the magic"),
+            ("routing.dtype", "uint8", "uint8 (samples are int16)"),
+            ("routing.shape", [n - 1, 2, 2], "not matching N"),
+            ("routing.shape", [n, 2], "of two dimensions"),
+            ("routing.experts", 0, "zero"),
+        ],
+    )
     return out
 
 

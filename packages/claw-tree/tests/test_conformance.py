@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from claw_tree.errors import RecordError
 from claw_tree.records import CALL_READS, read_calls, read_outcomes, read_values
+from claw_tree.routing import read_sample_routing
 
 CONFORMANCE = Path(__file__).resolve().parents[3] / "formats" / "conformance"
 
@@ -68,3 +69,26 @@ def test_values_file_cases(tmp_path, case):
         assert case["error"] in str(err.value) and "in.jsonl:1" in str(err.value), str(err.value)
     else:
         assert len(read_values(path)) == (1 if case["verdict"] == "accept" else 0)
+
+
+def _routing_cases() -> list[dict]:
+    """The sample cases about ``routing`` (the golden sample with a routing reference)."""
+    cases = _cases("claw.sample.v1.jsonl")
+    return [c for c in cases if (c["field"] or c["case"]).startswith("routing")]
+
+
+@pytest.mark.parametrize("case", _routing_cases(), ids=lambda c: c["case"])
+def test_sample_routing_cases(tmp_path, case):
+    """read_sample_routing (what claw-tree writes, read back) gives every sample routing case
+    its verdict; an accepted reference reads a store of -1 rows written next to the sample."""
+    row = json.loads(case["line"])
+    ref = row["routing"]
+    if case["verdict"] == "reject":
+        with pytest.raises(RecordError) as err:
+            read_sample_routing(row, tmp_path, "in.jsonl:1")
+        assert case["error"] in str(err.value) and "in.jsonl:1" in str(err.value), str(err.value)
+        return
+    n, n_layers, k = ref["shape"]
+    (tmp_path / ref["file"]).write_bytes(b"CLAWRT1\n" + b"\xff\xff" * (n * n_layers * k))
+    rows = read_sample_routing(row, tmp_path)
+    assert rows is not None and rows.shape == (n, n_layers, k) and (rows == -1).all()

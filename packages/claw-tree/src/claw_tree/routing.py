@@ -15,8 +15,9 @@ int16, 2 * L * K bytes a token.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import IO, Any, Literal
 
 import attrs
@@ -92,7 +93,7 @@ def parse_routing(value: Any, where: str, base_dir: Path | None = None) -> Routi
     file = value["file"]
     if not isinstance(file, str) or not file or "\0" in file:
         raise RecordError(f"{where}: routing.file: expected a non-empty path, got {file!r:.60}")
-    if ".." in PurePath(file).parts:
+    if ".." in re.split(r"[/\\]", file):
         raise RecordError(f"{where}: routing.file: must not hold a '..' part, got {file!r:.60}")
     for key in ("offset", "shape", "dtype", "experts"):
         if key not in value:
@@ -180,6 +181,8 @@ def read_sample_routing(
     if value is None:
         return None
     ref = parse_routing(value, where, None if base_dir is None else Path(base_dir))
+    if ref.dtype != "int16":
+        raise RecordError(f"{where}: routing.dtype: samples' routing is int16, got {ref.dtype!r}")
     n = len(sample.get("input_ids", ()))
     if ref.shape[0] != n:
         raise RecordError(f"{where}: routing.shape: {ref.shape[0]} rows for {n} tokens")
