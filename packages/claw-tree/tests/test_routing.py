@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from claw_tree import build_forest, build_samples, build_sft_samples, forest_stats, read_calls
+from claw_tree._packing import as_lists
 from claw_tree.cli import main
+from claw_tree.corpus import stream_file_samples
 from claw_tree.errors import ClawError, RecordError
 from claw_tree.routing import read_sample_routing
 from claw_tree.samples import token_sessions
@@ -374,3 +376,21 @@ def test_a_run_without_routing_is_byte_identical_to_before(tmp_path, name, args)
     assert forest.routing is None and forest.routing_forks is None
     stats = CliRunner().invoke(main, ["stats", "--json", str(DENSE / "calls.jsonl")]).output
     assert stats == (DENSE / "stats.json").read_text()
+
+
+@pytest.mark.parametrize(("pack", "max_tokens"), [("session", 30), ("batch", 30), ("group", None)])
+def test_streamed_samples_carry_the_built_samples_rows(tmp_path, pack, max_tokens):
+    """Streamed from the file one session a unit (an open sample built again with the next
+    unit), the samples and their rows equal those built from the whole forest."""
+    _, calls, outcomes = _corpus(tmp_path, 0)
+    path = _write(tmp_path / "calls.jsonl", calls)
+    opts = {"pack": pack, "max_tokens": max_tokens}
+    built = build_samples(build_forest(path), outcomes, routing_out=tmp_path / "a.routing", **opts)
+    _, rows = stream_file_samples(
+        path, outcomes, unit_tokens=1, routing_out=tmp_path / "b.routing", **opts
+    )
+    streamed = list(rows)
+    assert len(streamed) == len(built.samples) > 1
+    for a, b in zip(built.samples, streamed, strict=True):
+        assert {**a, "routing": None} == {**as_lists(b), "routing": None}
+        np.testing.assert_array_equal(read_sample_routing(a), read_sample_routing(b))
