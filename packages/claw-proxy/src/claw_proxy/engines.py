@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,12 @@ from pathlib import Path
 import attrs
 import httpx
 
+from claw_proxy._vllm_routing import (
+    MoELayout,
+    decode_routed_experts,
+    read_layout,
+    routed_experts_enabled,
+)
 from claw_proxy.errors import ConfigError, EngineError, TransportError
 from claw_proxy.records import Policy
 
@@ -306,6 +313,13 @@ class VLLMEngine(Engine):
     Before its first request the engine reads the mode from vLLM's ``/server_info`` (a route
     of ``VLLM_SERVER_DEV_MODE=1``, which weight reloads need anyway) and refuses to serve when
     it does not fit `sampling`; under ``honor`` a mode it cannot read is refused too.
+
+    An MoE policy's routing (docs/vllm-moe.md): when ``/server_info`` says vLLM returns routed
+    experts (``--enable-return-routed-experts``), every call asks without streaming (vLLM
+    puts ``routed_experts`` only on a whole answer), and its (P + C - 1, L, K) expert indices
+    go to the generation as its ``"routing"`` before ``"end"``. L, K and E come from the
+    policy's ``config.json`` in `tokenizer_dir` (`_vllm_routing.MoELayout`); an answer whose
+    routing does not fit them is an engine error (502), never a call recorded with it.
     """
 
     def __init__(
@@ -324,6 +338,8 @@ class VLLMEngine(Engine):
         self.sampling = sampling
         self.logprobs_mode: str | None = None  # vLLM's --logprobs-mode, once checked
         self._mode_checked = False
+        self.moe: MoELayout | None = None  # set once checked: vLLM returns routed experts
+        self._moe_warned = False
         self.policy = {"name": policy_name, "version": 0}
         self._transport = transport
         self._client = httpx.AsyncClient(
@@ -347,8 +363,8 @@ class VLLMEngine(Engine):
                 raise EngineError(f"vLLM at {self.url} did not list its model: {e}") from e
         return self._lora or self._model
 
-    async def _read_logprobs_mode(self, client: httpx.AsyncClient) -> str | None:
-        """vLLM's --logprobs-mode from /server_info, or None when vLLM does not say."""
+    async def _server_info(self, client: httpx.AsyncClient) -> dict | None:
+        """vLLM's /server_info (config_format=json), or None when vLLM does not serve it."""
         try:
             r = await client.get("/server_info", params={"config_format": "json"})
         except httpx.HTTPError as e:
@@ -356,10 +372,41 @@ class VLLMEngine(Engine):
         if r.status_code != 200:
             return None
         try:
-            mode = r.json()["vllm_config"]["model_config"]["logprobs_mode"]
-        except (ValueError, KeyError, TypeError):
+            info = r.json()
+        except ValueError:
             return None
-        return mode if isinstance(mode, str) else None
+        return info if isinstance(info, dict) else None
+
+    def _check_server(self, info: dict | None) -> None:
+        """Check the logprobs mode and decide whether calls record routing (`moe`)."""
+        try:
+            mode = info["vllm_config"]["model_config"]["logprobs_mode"]  # type: ignore[index]
+        except (KeyError, TypeError):
+            mode = None
+        self._check_mode(mode if isinstance(mode, str) else None)
+        try:
+            layout = read_layout(self.tokenizer_dir)
+        except ConfigError as e:
+            raise EngineError(str(e), status=500) from None
+        if routed_experts_enabled(info):
+            if layout is None:
+                raise EngineError(
+                    f"vLLM at {self.url} returns routed experts, but the policy directory "
+                    f"{self.tokenizer_dir} has no config.json of an MoE model to read its "
+                    "layers and experts from: pass --tokenizer the policy's HF directory",
+                    status=500,
+                )
+            self.moe = layout
+        elif layout is not None and not self._moe_warned:
+            self._moe_warned = True
+            logging.getLogger("claw_proxy").warning(
+                "vLLM at %s serves an MoE policy (%d experts) without returning routed experts%s: "
+                "its calls are recorded without routing (start vLLM with "
+                "--enable-return-routed-experts, see docs/vllm-moe.md)",
+                self.url,
+                layout.experts,
+                "" if info is not None else " (or no /server_info: VLLM_SERVER_DEV_MODE=1)",
+            )
 
     def _check_mode(self, mode: str | None) -> None:
         need = LOGPROBS_MODE_NEEDED[self.sampling]
@@ -381,16 +428,17 @@ class VLLMEngine(Engine):
         )
 
     async def preflight(self) -> None:
-        """Check vLLM's logprobs mode now (an unreachable vLLM is checked at the first request)."""
+        """Check vLLM's logprobs mode and routing now (an unreachable vLLM is checked at the
+        first request)."""
         async with httpx.AsyncClient(
             base_url=self.url, transport=self._transport, timeout=30.0
         ) as client:
             try:
-                mode = await self._read_logprobs_mode(client)
+                info = await self._server_info(client)
             except EngineError:
                 return
         try:
-            self._check_mode(mode)
+            self._check_server(info)
         except EngineError as e:
             raise ConfigError(str(e)) from None
 
@@ -399,75 +447,62 @@ class VLLMEngine(Engine):
         gen.task = asyncio.ensure_future(self._run(req, gen))
         return gen
 
+    def _content(self, req: GenRequest, model: str, policy: dict, stream: bool) -> bytes:
+        """The /v1/completions request body of `req`."""
+        body = {
+            "model": model,
+            "max_tokens": req.max_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "logprobs": 1,
+            # the sampled ids come as the logprobs' tokens ("token_id:N"): vLLM's
+            # return_token_ids would also echo the whole prompt back in the first chunk
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "stop_token_ids": list(req.stop_ids),
+            "ignore_eos": req.ignore_eos,
+            "include_stop_str_in_output": True,
+            "stream": stream,
+        }
+        if req.seed is not None:
+            body["seed"] = req.seed
+        body["cache_salt"] = cache_salt(policy)
+        # the prompt ids go out as the JSON the renderer already holds (no re-encoding;
+        # it holds exactly `prompt_ids` by GenRequest's contract: only its ends are checked,
+        # as counting its commas would cost a pass over the whole context per call)
+        prompt, ids = req.prompt_json, req.prompt_ids
+        if not (prompt and ids and _ends_match(prompt, ids)):
+            prompt = ",".join(map(str, ids))
+        return f'{json.dumps(body)[:-1]},"prompt":[{prompt}]}}'.encode()
+
     async def _run(self, req: GenRequest, gen: Generation) -> None:
         await self._idle.wait()  # a reload in progress: this request goes out on the new weights
         self._in_flight += 1
         try:
             if not self._mode_checked:
-                self._check_mode(await self._read_logprobs_mode(self._client))
+                self._check_server(await self._server_info(self._client))
             model = await self._served_model()
             policy = dict(self.policy)
-            body = {
-                "model": model,
-                "max_tokens": req.max_tokens,
-                "temperature": req.temperature,
-                "top_p": req.top_p,
-                "top_k": req.top_k,
-                "min_p": 0.0,
-                "repetition_penalty": 1.0,
-                "presence_penalty": 0.0,
-                "frequency_penalty": 0.0,
-                "logprobs": 1,
-                # the sampled ids come as the logprobs' tokens ("token_id:N"): vLLM's
-                # return_token_ids would also echo the whole prompt back in the first chunk
-                "return_tokens_as_token_ids": True,
-                "skip_special_tokens": False,
-                "stop_token_ids": list(req.stop_ids),
-                "ignore_eos": req.ignore_eos,
-                "include_stop_str_in_output": True,
-                "stream": True,
-            }
-            if req.seed is not None:
-                body["seed"] = req.seed
-            body["cache_salt"] = cache_salt(policy)
+            moe = self.moe
+            gen.routes = moe is not None
             greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
-            finish = None
-            # the prompt ids go out as the JSON the renderer already holds (no re-encoding;
-            # it holds exactly `prompt_ids` by GenRequest's contract: only its ends are checked,
-            # as counting its commas would cost a pass over the whole context per call)
-            prompt, ids = req.prompt_json, req.prompt_ids
-            if not (prompt and ids and _ends_match(prompt, ids)):
-                prompt = ",".join(map(str, ids))
-            content = f'{json.dumps(body)[:-1]},"prompt":[{prompt}]}}'.encode()
-            r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
-            try:
-                if r.status >= 400:
-                    raise EngineError(f"vLLM answered {r.status}: {(await r.read())[:300]!r}")
-                async for line in sse_lines(r.iter()):
-                    if gen.cancelled:
-                        break  # closing the stream makes vLLM abort the request
-                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                        continue
-                    for choice in json.loads(line[5:])["choices"]:
-                        lp = choice.get("logprobs") or {}
-                        ids = choice.get("token_ids") or _token_ids(lp.get("tokens") or ())
-                        lps = lp.get("token_logprobs") or []
-                        if len(ids) != len(lps):
-                            raise EngineError(
-                                "vLLM returned token ids and logprobs of different lengths"
-                            )
-                        if ids:
-                            gen.put_nowait(
-                                "tokens",
-                                [
-                                    (int(i), 0.0 if greedy else _logprob(lp))
-                                    for i, lp in zip(ids, lps, strict=True)
-                                ],
-                            )
-                        finish = choice.get("finish_reason") or finish
-            finally:
-                await r.aclose()  # before the end: closing early makes vLLM abort the request
+            content = self._content(req, model, policy, stream=moe is None)
+            if moe is not None:
+                finish = await self._whole(content, gen, greedy, len(req.prompt_ids), moe)
+            else:
+                r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
+                try:
+                    if r.status >= 400:
+                        raise EngineError(f"vLLM answered {r.status}: {(await r.read())[:300]!r}")
+                    finish = await _streamed(r, gen, greedy)
+                finally:
+                    await r.aclose()  # before the end: closing early makes vLLM abort the request
             gen.put_nowait("end", finish)
         except TransportError as e:
             gen.put_nowait("error", EngineError(f"vLLM request failed: {e}"))
@@ -477,6 +512,47 @@ class VLLMEngine(Engine):
             gen.put_nowait("error", EngineError(f"vLLM request failed: {type(e).__name__}: {e}"))
         finally:
             self._in_flight -= 1
+
+    async def _whole(
+        self, content: bytes, gen: Generation, greedy: bool, prompt_len: int, moe: MoELayout
+    ) -> str | None:
+        """Ask for a whole (non-streamed) answer of an MoE policy and pass on its tokens, then
+        its routing (checked against `moe` before any token goes on); its finish. vLLM sends
+        nothing before the whole answer: a generation cancelled meanwhile drops the request
+        (closing the connection makes vLLM abort it) and gets neither."""
+
+        async def fetch() -> bytes:
+            r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
+            try:
+                body = await r.read()
+            finally:
+                await r.aclose()
+            if r.status >= 400:
+                raise EngineError(f"vLLM answered {r.status}: {body[:300]!r}")
+            return body
+
+        task = asyncio.ensure_future(fetch())
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.05)
+                if gen.cancelled and not task.done():
+                    return None
+            out = json.loads(task.result())
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        choices = out.get("choices") if isinstance(out, dict) else None
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+            raise EngineError("vLLM answered without exactly one completion choice", status=502)
+        choice = choices[0]
+        pairs = _pairs(choice, greedy)
+        rows = decode_routed_experts(choice.get("routed_experts"), prompt_len, len(pairs), moe)
+        if pairs:
+            gen.put_nowait("tokens", pairs)
+        gen.experts = moe.experts
+        gen.put_nowait("routing", rows)
+        return choice.get("finish_reason")
 
     async def load_policy(self, policy: Policy) -> None:
         """Load new weights into the running vLLM.
@@ -553,6 +629,32 @@ class VLLMEngine(Engine):
         if self._fast is not None:  # its kept-alive connections, else left for the GC to find open
             await self._fast.aclose()
         await self._client.aclose()
+
+
+def _pairs(choice: dict, greedy: bool) -> list[tuple[int, float]]:
+    """The (id, logprob) pairs of one vLLM completion choice (streamed chunk or whole)."""
+    lp = choice.get("logprobs") or {}
+    ids = choice.get("token_ids") or _token_ids(lp.get("tokens") or ())
+    lps = lp.get("token_logprobs") or []
+    if len(ids) != len(lps):
+        raise EngineError("vLLM returned token ids and logprobs of different lengths")
+    return [(int(i), 0.0 if greedy else _logprob(v)) for i, v in zip(ids, lps, strict=True)]
+
+
+async def _streamed(r, gen: Generation, greedy: bool) -> str | None:
+    """Pass on the tokens of a streamed /v1/completions answer as they come; its finish."""
+    finish = None
+    async for line in sse_lines(r.iter()):
+        if gen.cancelled:
+            break  # closing the stream makes vLLM abort the request
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            continue
+        for choice in json.loads(line[5:])["choices"]:
+            pairs = _pairs(choice, greedy)
+            if pairs:
+                gen.put_nowait("tokens", pairs)
+            finish = choice.get("finish_reason") or finish
+    return finish
 
 
 def cache_salt(policy: dict) -> str:
