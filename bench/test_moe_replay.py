@@ -1,7 +1,7 @@
 """MoE routing replay (R3, issue 40) under a real numeric difference: a bf16 engine, an fp32 learner.
 
 Run: .venvs/workspace/bin/python -m pytest bench/test_moe_replay.py -s -p no:cacheprovider
-(~1 min on 2 CPU cores; the table goes to stdout and to pytest-benchmark's extra_info.)
+(~25 s on 2 CPU cores; the table goes to stdout and to pytest-benchmark's extra_info.)
 
 The tiny Qwen3-MoE fixture (tests/fixtures/tiny-qwen3-moe: 2 MoE layers, 8 experts, top-2) is
 served by claw-proxy's in-process transformers engine in bfloat16 (the engine records the
