@@ -18,6 +18,7 @@ Tolerance as in test_packed_gradients.py: packing changes only the fp32 summatio
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import zlib
 from pathlib import Path
@@ -64,9 +65,10 @@ def with_routing(rows: list[dict], path: Path, unrecorded: float = 0.0) -> list[
 
 
 @contextlib.contextmanager
-def planted_tie(learner: Learner, winner: int):
+def planted_tie(learner: Learner, winner: int | None, single_rows: int = 0):
     """Router rows A and B equal in every MoE layer (computed from the same weights), the tie
-    broken towards ``winner`` by DELTA on its logit."""
+    broken towards ``winner`` by DELTA on its logit; ``winner`` None: towards B in passes of more
+    than ``single_rows`` tokens, towards A in the others (a packed pass against one sample's)."""
     originals = []
     for router in learner.routers:
         with torch.no_grad():
@@ -76,7 +78,8 @@ def planted_tie(learner: Learner, winner: int):
         def planted(hidden, _router=router):
             h = hidden.reshape(-1, _router.hidden_dim)
             logits = torch.nn.functional.linear(h, _router.weight)
-            logits = logits + torch.nn.functional.one_hot(torch.tensor(winner), E) * DELTA
+            won = winner if winner is not None else (B if h.shape[0] > single_rows else A)
+            logits = logits + torch.nn.functional.one_hot(torch.tensor(won), E) * DELTA
             probs = torch.softmax(logits, dtype=torch.float, dim=-1)
             top, idx = torch.topk(probs, _router.top_k, dim=-1)
             top = top / top.sum(-1, keepdim=True) if _router.norm_topk_prob else top
@@ -202,6 +205,39 @@ def test_group_and_batch_packed_moe_equals_sessions_with_replay(tmp_path, algo, 
     assert 0.5 < m["routing_recorded_fraction"] < 1.0
 
 
+class _Ratios:
+    """The learner's objective, recording each training pass's ratio pi_theta / pi_old."""
+
+    def __init__(self, inner):
+        self.inner, self.ratios = inner, []
+        self.at_sampling_settings = inner.at_sampling_settings
+
+    def __call__(self, lp, old, A, agg, tok):
+        self.ratios.append(torch.exp(lp.detach() - old["logp_old"]))
+        return self.inner(lp, old, A, agg, tok)
+
+
+@pytest.mark.parametrize("mode", ["r2", "r3", "off"])
+def test_later_passes_replay_the_first_passs_routing(mode):
+    """R2 within a step: phase 1 forwards the three samples together, the minibatches one each,
+    and the planted tie routes the two apart. Replayed (r2, and r3 without recorded rows), the
+    first update's ratios are 1 to round-off; routed live (off) they are not."""
+    rows = [tree_sample([-1, 0, 1, 2, 2, 4, 5, 6], [0, 1, 1, 1, 1, 1, 1, 1], seed=k,
+                        sample_id=f"s{k}") for k in range(3)]  # fmt: skip
+    cfg = GRPOConfig(lr=1e-3, micro_batch_size=4, minibatches=3, routing_replay=mode)
+    learner = Learner.grpo(cfg, MOE)
+    rec = _Ratios(learner.objective)
+    learner.objective = rec
+    with planted_tie(learner, None, single_rows=8):
+        m = learner.step(rows)
+    worst = float((rec.ratios[0] - 1).abs().max())
+    assert "routing_flip_rate" not in m and m["routing_recorded_fraction"] == 0.0
+    if mode == "off":
+        assert worst > 1e-3, f"off: max |ratio - 1| = {worst:.3g}"
+    else:
+        assert worst < 1e-5, f"{mode}: max |ratio - 1| = {worst:.3g}"
+
+
 def test_replaying_the_learners_own_routing_changes_nothing(tmp_path):
     """Recorded rows equal to the learner's own choices: flip rate 0, and r3 gives the loss and
     weight bits of routing_replay off (replay reproduces a forward bit for bit). One update:
@@ -264,3 +300,35 @@ def test_keep_sessions_and_pack_carry_the_routing(tmp_path):
     assert batch.routing is not None and batch.routing.shape == (2, len(cut), L, K)
     assert np.array_equal(batch.routing[0].numpy(), want) and (batch.routing[1] == -1).all()
     assert pack([Sample.from_dict(tree_sample([-1, 0], [0, 1]))]).routing is None
+
+
+def test_recorded_routing_read_next_to_the_samples_file(tmp_path):
+    """Samples read from a file find their routing next to it: the learner's logprobs replay it
+    under r3 (unlike the live experts: other logprobs than off); claw-rl values runs with
+    --routing-replay, and refuses routing for another model (3 layers) naming file, line and
+    field."""
+    from claw_rl.cli import main
+    from claw_rl.records import read_samples
+    from click.testing import CliRunner
+
+    rows = [tree_sample([-1, 0, 1, 1, 3], [0, 1, 1, 1, 1], seed=k, sample_id=f"v{k}", returns=True)
+            for k in range(2)]  # fmt: skip
+    for r in rows:
+        a = prefix_routing(r["parent"], r["input_ids"])
+        r["routing"] = append_routing(tmp_path / "s.routing", a, E)
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = read_samples(tmp_path / "s.jsonl")
+    lp = {
+        m: Learner.grpo(GRPOConfig(routing_replay=m), MOE).logprobs(samples) for m in ("r3", "off")
+    }
+    assert lp["r3"] != lp["off"]
+    res = CliRunner().invoke(main, ["values", "--model", str(MOE), "--samples",
+                                    str(tmp_path / "s.jsonl"), "--critic", "head",
+                                    "--routing-replay", "r3"])  # fmt: skip
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2, res.output
+    wrong = {**rows[0], "routing": append_routing(tmp_path / "s.routing", np.zeros((5, 3, K)), E)}
+    (tmp_path / "bad.jsonl").write_text(json.dumps(wrong) + "\n")
+    res = CliRunner().invoke(main, ["values", "--model", str(MOE), "--samples",
+                                    str(tmp_path / "bad.jsonl"), "--critic", "head"])  # fmt: skip
+    assert res.exit_code != 0
+    assert "bad.jsonl:1" in res.output and "'routing': 3 MoE layers" in res.output

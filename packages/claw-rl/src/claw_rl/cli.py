@@ -655,7 +655,15 @@ def follow_cmd(run, algo, model_dir, config_path, n_steps, wait_timeout, weights
 @click.option(
     "--micro-batch-size", type=int, default=4, show_default=True, help="Samples per forward pass."
 )
-def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> None:
+@click.option(
+    "--routing-replay",
+    type=click.Choice(["auto", "r3", "off"]),
+    default="auto",
+    show_default=True,
+    help="MoE policy: r3 routes each token to the experts its sample's routing recorded (others "
+    "live), off routes every token live; auto = r3 (a dense policy ignores it).",
+)
+def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size, routing_replay) -> None:
     """Critic values V(s_i) per packed token, for claw-tree's tree GAE.
 
     One line per sample: {"sample_id": ..., "values": [...]} aligned with its input_ids;
@@ -679,7 +687,10 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size) -> N
         )
     try:
         samples = read_samples(samples_path)  # a bad file is reported before the model loads
-        learner = Learner.ppo(PPOConfig(critic=kind, micro_batch_size=micro_batch_size), model_dir)
+        cfg = PPOConfig(
+            critic=kind, micro_batch_size=micro_batch_size, routing_replay=routing_replay
+        )
+        learner = Learner.ppo(cfg, model_dir)
         rows = learner.values(samples)
     except ClawError as exc:
         raise _fail(exc) from exc
