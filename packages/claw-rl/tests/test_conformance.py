@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from claw_rl.errors import RecordError
-from claw_rl.records import Policy, iter_jsonl, read_samples
+from claw_rl.records import ROUTING_MAGIC, Policy, iter_jsonl, read_samples
 
 CONFORMANCE = Path(__file__).resolve().parents[3] / "formats" / "conformance"
 CALL_READS = {
@@ -67,7 +67,10 @@ def _read_calls(path: Path) -> list:
 
 @pytest.mark.parametrize("case", _cases("claw.sample.v1.jsonl"), ids=lambda c: c["case"])
 def test_sample_cases(tmp_path, case):
-    """read_samples (strict) gives every sample case its verdict, naming file:line and field."""
+    """read_samples (strict) gives every sample case its verdict, naming file:line and field.
+    The cases' routing references name ``samples.routing`` next to the samples file: a routing
+    file (magic, then zeros: expert 0) large enough for every shape they accept stands there."""
+    (tmp_path / "samples.routing").write_bytes(ROUTING_MAGIC + bytes(2 * 11 * 48 * 8))
     _check(tmp_path, case, read_samples)
 
 
