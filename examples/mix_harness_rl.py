@@ -76,6 +76,8 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--warmup", 0, "learning-rate warmup over the first N optimizer steps"),
     ("--ppo-whiten", ["scale", "center"], "PPO advantage whitening: by the std, or also centred"),
     ("--lora-rank", 0, "train a LoRA adapter of this rank on the frozen start policy (0: all)"),
+    ("--routing-replay", ["auto", "r3", "r2", "off"], "MoE: replay recorded/pi_old routing"),
+    ("--moe-aux-loss", 0.0, "MoE: load-balancing auxiliary loss coefficient"),
     ("--epochs", 2, "passes over each step's batch"),
     ("--minibatches", 2, "optimizer steps per epoch"),
     ("--seed", 0, "seeds sampling, the task draws and the learner"),
@@ -138,6 +140,7 @@ def learner_fields(args) -> dict:
         name="policy", lr=args.lr, warmup_steps=args.warmup, adam_eps=args.adam_eps,
         epochs=args.epochs, minibatches=args.minibatches, seed=args.seed,
         max_staleness=args.max_staleness, drop_stale=True, lora_rank=args.lora_rank,
+        routing_replay=args.routing_replay, moe_aux_loss=args.moe_aux_loss,
     )  # fmt: skip
     if args.algo == "grpo":
         return {**cfg, "kl_coef": args.kl_coef}
@@ -227,10 +230,16 @@ def train_samples(args, learner, run: Path, step: int, outcomes: list[dict], ver
     behind the learner: calls)."""
     # only the calls recorded since the step began: the per-step cost does not grow with the run
     text, sessions = loop.step_records(run, step, "calls.jsonl"), {o["session"] for o in outcomes}
-    records = claw_tree.read_calls(io.StringIO(text), skip_invalid=True).records
+    # an MoE policy's routing side store (calls.routing) sits next to the calls file
+    records = claw_tree.read_calls(io.StringIO(text), skip_invalid=True, routing_dir=run).records
     calls = [c for c in records if c.session in sessions]
     forest = claw_tree.build_forest(calls)
-    batch = claw_tree.build_samples(forest, outcomes, algo=args.algo, pack=args.pack)
+    # the samples' rows of the experts an MoE policy routed to go to a side store of the step
+    routing = loop.step_dir(run, step).resolve() / "samples.routing"
+    routing.parent.mkdir(parents=True, exist_ok=True)
+    batch = claw_tree.build_samples(
+        forest, outcomes, algo=args.algo, pack=args.pack, routing_out=routing
+    )
     samples = batch.samples
     if args.algo == "ppo":
         samples = claw_tree.gae_for_samples(samples, learner.values(samples))

@@ -100,6 +100,13 @@ p.add_argument("--sft-epochs", type=int, default=60, help="SFT passes over the t
 p.add_argument("--layers", type=int, default=2, help="the tiny policy's transformer layers")
 p.add_argument("--hidden", type=int, default=128, help="the tiny policy's width (a multiple of 64)")
 p.add_argument(
+    "--experts",
+    type=int,
+    default=0,
+    help="a Qwen3-MoE policy with this many experts per layer, 2 routed per token (0: dense); "
+    "the proxy records the experts it routed to and the learner replays them",
+)
+p.add_argument(
     "--sft-swap-numbers",
     action="store_true",
     help="every SFT epoch sees each teacher session with the number it copies (tool result -> "
@@ -168,6 +175,8 @@ args = p.parse_args()
 HARNESSES = args.harness or DEFAULT_HARNESSES
 if not 0.0 <= args.teacher_slip <= 1.0:
     p.error(f"--teacher-slip must be a fraction in [0, 1], got {args.teacher_slip}")
+if args.experts < 0 or args.experts == 1:
+    p.error(f"--experts must be 0 (dense) or >= 2, got {args.experts}")
 if args.layers < 1 or args.hidden < 64 or args.hidden % 64:
     p.error(
         f"--layers must be >= 1 and --hidden a multiple of 64, got {args.layers}, {args.hidden}"
@@ -232,6 +241,7 @@ def policy_spec() -> claw_rl.TinySpec:
     return claw_rl.TinySpec(
         split_digits=True, num_hidden_layers=args.layers, hidden_size=h, intermediate_size=2 * h,
         num_attention_heads=h // 32, num_key_value_heads=h // 64,
+        num_experts=args.experts, moe_intermediate_size=h // 2,
     )  # fmt: skip
 
 
