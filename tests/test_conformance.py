@@ -68,6 +68,7 @@ BEYOND_SCHEMA = {
         "completion_logprobs shorter than completion_ids",
         "routing.shape with T not P + C - 1 - start",
         "routing.start past prefix.reused_tokens",
+        "completion_kept shorter than completion_ids",
     },
     "outcome": {
         "reward null although status is ok",
@@ -83,6 +84,7 @@ BEYOND_SCHEMA = {
         "returns of the wrong length",
         "temperatures of the wrong length",
         "routing.shape not matching N",
+        "kept of the wrong length",
     },
 }
 

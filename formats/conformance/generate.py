@@ -208,7 +208,29 @@ def calls() -> list[dict]:
             ("engine", 3, "a number"),
         ],
     )
-    return out + call_routing(g)
+    return out + call_routing(g) + call_kept(g)
+
+
+def call_kept(g: dict) -> list[dict]:
+    """The engine's kept-set sizes (docs/formats.md, claw.call/v1 completion_kept): golden line 2
+    sampled at top_k 6 keeps 5 other tokens with each of its two."""
+    top6 = changed(g, "sampling.top_k", 6)
+    kept = {**top6, "completion_kept": [5, 5]}
+    out = [case("completion_kept (top_k 6)", line(kept), "accept")]
+    out += good(kept, [("completion_kept", [0, -1], "with 0 and -1 (untruncated)")])
+    out += bad(
+        kept,
+        [
+            ("completion_kept", [5], "shorter than completion_ids"),
+            ("completion_kept", [5, -2], "below -1"),
+            ("completion_kept", [5, 4.5], "with a fraction"),
+            ("completion_kept", [5, "5"], "with a string"),
+            ("completion_kept", [5, True], "with a boolean"),
+            ("completion_kept", [5, None], "with null"),
+            ("completion_kept", "5,5", "a string"),
+        ],
+    )
+    return out
 
 
 # an MoE call's routing (docs/formats.md, Routing store): golden line 2 holds 9 + 2 tokens and
@@ -404,7 +426,28 @@ def samples() -> list[dict]:
             ("top_ks", [0.5] * n, "fractions"),
         ],
     )
-    return out + sample_routing(g)
+    return out + sample_routing(g) + sample_kept(g)
+
+
+def sample_kept(g: dict) -> list[dict]:
+    """The engine's kept-set sizes carried to a sample (docs/formats.md, claw.sample/v1 kept):
+    -1 for context tokens and tokens without a record."""
+    n = len(g["input_ids"])
+    sizes = [-1, -1, -1, -1, 5, 5, 0, -1, -1, 19, -1]
+    assert len(sizes) == n
+    out = [case("kept (the engine's kept-set sizes)", line({**g, "kept": sizes}), "accept")]
+    out += bad(
+        {**g, "kept": sizes},
+        [
+            ("kept", sizes[:-1], "of the wrong length"),
+            ("kept", [-2] + sizes[1:], "below -1"),
+            ("kept", [0.5] + sizes[1:], "with a fraction"),
+            ("kept", ["1"] + sizes[1:], "with a string"),
+            ("kept", [True] + sizes[1:], "with a boolean"),
+            ("kept", "5", "a string"),
+        ],
+    )
+    return out
 
 
 def sample_routing(g: dict) -> list[dict]:

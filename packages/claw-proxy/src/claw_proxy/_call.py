@@ -218,6 +218,16 @@ class Run:
         except TimeoutError:
             pass
 
+    def _kept(self) -> list[int] | None:
+        """The engine's kept-set sizes of the call's tokens, when it knows them and some token
+        was truncated (top_k / top_p); else None (the record has no `completion_kept`). The
+        engine may have sampled past a stop sequence: its list is cut to the tokens read."""
+        kept = getattr(self.gen, "kept", None)
+        if kept is None or len(kept) < len(self.ids):
+            return None
+        kept = list(kept[: len(self.ids)])
+        return kept if any(k >= 0 for k in kept) else None
+
     def record(self, answer: Answer, body: dict) -> None:
         proxy, r = self.proxy, self.rendered
         call = Call(
@@ -232,6 +242,7 @@ class Run:
             prompt_ids=self.gen_req.prompt_ids,
             completion_ids=self.ids,
             completion_logprobs=self.logprobs,
+            completion_kept=self._kept(),
             prefix=r.prefix_record(),
             finish_reason=answer.finish_reason,
             sampling=sampling_record(

@@ -6,7 +6,10 @@ each row with its own temperature / top-p / top-k / seed and its own stop. Every
 pushed to its request as soon as it is sampled (real streaming) with its logprob under the
 distribution it was drawn from (`sampling_logprobs`: logits / T, top_k, then top_p,
 renormalised; 0.0 for a greedy token), so the record holds the policy that acted, whatever
-settings the call used. Between steps, finished rows leave the batch and requests that arrived join
+settings the call used. A token drawn under top_k / top_p also has its kept set's size less
+itself (`kept_size`), on the generation's ``kept`` list (`KeptGeneration`) before the token is
+put: the call's ``completion_kept``, so the learner uses the engine's set, not one it decides
+again from logits a round-off away. Between steps, finished rows leave the batch and requests that arrived join
 it (continuous batching: their prompts are prefilled and their KV caches left-padded into the
 running one), as long as the weights have not changed since the batch started.
 
@@ -130,10 +133,35 @@ def sampling_logprobs(logits, temperature: float, top_p: float = 1.0, top_k: int
     return torch.log_softmax(scaled, dim=-1)
 
 
+def truncates(temperature: float, top_p: float, top_k: int, vocab: int) -> bool:
+    """Whether a token sampled with these settings is drawn from a truncated kept set (top_k
+    below the vocabulary, or top_p < 1; greedy tokens never are)."""
+    return temperature > 0 and (top_p < 1.0 or 0 < top_k < vocab)
+
+
+def kept_size(logp) -> int:
+    """The kept set's size less the sampled token, from a row of `sampling_logprobs`: the
+    number of finite logprobs less one (the sampled token is always in the set)."""
+    import torch
+
+    return int(torch.isfinite(logp).sum()) - 1
+
+
+class KeptGeneration(Generation):
+    """The in-process engine's generation: also the kept-set size of each sampled token
+    (``kept``, in token order; -1 = untruncated), appended before the token is put, so every
+    token a reader has seen has its entry. Written by the worker thread, read by the proxy
+    after the tokens (list appends are atomic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[int] = []
+
+
 class _Job:
     __slots__ = ("req", "gen", "generator", "routing")
 
-    def __init__(self, req: GenRequest, gen: Generation) -> None:
+    def __init__(self, req: GenRequest, gen: KeptGeneration) -> None:
         self.req, self.gen = req, gen
         self.generator: Any = None  # a torch.Generator, made on the first sampled token
         self.routing: list = []  # (n, L, K) arrays of an MoE policy's forwarded tokens
@@ -227,7 +255,7 @@ class TransformersEngine(Engine):
         started.wait()  # the process default is back before anyone else starts torch work
 
     def generate(self, req: GenRequest) -> Generation:
-        gen = Generation()
+        gen = KeptGeneration()
         gen.routes = self.routes
         self._jobs.put(_Job(req, gen))
         return gen
@@ -296,14 +324,16 @@ class TransformersEngine(Engine):
             self.batches += 1
             self.batched_rows += len(batch)
 
-    def _sample(self, logits, job: _Job) -> tuple[int, float]:
-        """(token, its logprob under the distribution it was drawn from)."""
+    def _sample(self, logits, job: _Job) -> tuple[int, float, int]:
+        """(token, its logprob under the distribution it was drawn from, its kept set's size
+        less itself: -1 when untruncated)."""
         import torch
 
         r = job.req
         if r.temperature == 0:
-            return int(torch.argmax(logits)), 0.0
+            return int(torch.argmax(logits)), 0.0, -1
         logp = sampling_logprobs(logits, r.temperature, r.top_p, r.top_k)
+        kept = kept_size(logp) if truncates(r.temperature, r.top_p, r.top_k, logp.shape[-1]) else -1
         if job.generator is None:
             job.generator = torch.Generator()
             if r.seed is not None:
@@ -311,7 +341,7 @@ class TransformersEngine(Engine):
             else:
                 job.generator.seed()
         tok = int(torch.multinomial(logp.exp(), 1, generator=job.generator))
-        return tok, float(logp[tok])
+        return tok, float(logp[tok]), kept
 
     def _prefill(self, model, jobs: list[_Job], routers: _Routers | None = None):
         """Left-padded forward pass over new prompts: (cache, mask, last positions, logits).
@@ -378,7 +408,8 @@ class TransformersEngine(Engine):
                     if j.gen.cancelled:
                         self._end(j, None, routers)
                         continue
-                    tok, lp = self._sample(logits[i], j)
+                    tok, lp, kept = self._sample(logits[i], j)
+                    j.gen.kept.append(kept)  # before the token: a reader sees both
                     j.gen.put("tokens", [(tok, lp)])
                     counts[i] += 1
                     if tok in j.req.stop_ids or counts[i] >= j.req.max_tokens:

@@ -213,6 +213,9 @@ class Call:
     prompt_ids: Sequence[int]  # a list; the proxy's own records may hold an array('q')
     completion_ids: list[int]
     completion_logprobs: list[float]
+    # each completion token's kept-set size less itself (-1: untruncated), where the engine
+    # knew it and some token was truncated (top_k / top_p); None: not recorded
+    completion_kept: list[int] | None = None
     prefix: dict
     finish_reason: str
     sampling: dict
@@ -262,6 +265,7 @@ class Call:
             prompt_ids=ids,
             completion_ids=out,
             completion_logprobs=lps,
+            completion_kept=_kept(d, where, len(out)),
             prefix=prefix,
             finish_reason=finish,
             sampling=_sampling_field(d, where),
@@ -287,11 +291,31 @@ class Call:
         d = {"schema": CALL_SCHEMA}
         for f in attrs.fields(type(self)):
             v = getattr(self, f.name)
-            if (f.name in ("request", "response", "routing") and v is None) or f.name == "extra":
+            if (f.name in _OPTIONAL and v is None) or f.name == "extra":
                 continue
             d[f.name] = v
         d.update(self.extra)
         return d
+
+
+_OPTIONAL = ("completion_kept", "request", "response", "routing")  # absent when None
+
+
+def _kept(d: dict, where: str, n: int) -> list[int] | None:
+    """`completion_kept`: absent, or one integer >= -1 per completion token."""
+    if d.get("completion_kept") is None:
+        return None
+    kept = _field(d, "completion_kept", list, where)
+    if len(kept) != n:
+        raise RecordError(
+            f"{where}: field 'completion_kept': {len(kept)} values for {n} completion_ids"
+        )
+    for j, k in enumerate(kept):
+        if type(k) is not int or k < -1:
+            raise RecordError(
+                f"{where}: field 'completion_kept'[{j}] must be an integer >= -1, got {k!r}"
+            )
+    return kept
 
 
 def _routing_field(d: dict, where: str, tokens: int, prefix: dict) -> dict | None:
