@@ -34,7 +34,14 @@ ROUTINGS = ("sticky", "random")
 
 class _Relay(Generation):
     """The generation the proxy sees; it forwards a replica's generation (and on a retry the
-    next replica's), so cancelling it cancels the one running."""
+    next replica's), so cancelling it cancels the one running.
+
+    An MoE replica's routing is forwarded too: `routes` follows the running replica's
+    generation, and its "routing" item (with `experts`) goes on before the relay's "end". So a
+    first `cancel` (a stop sequence: the proxy then waits in `settle` for the routing) of a
+    routing relay cancels only the replica's generation and lets the relay task pass on what
+    that still puts; a second `cancel` (the call closed) or one of a relay that does not route
+    also stops the relay task."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -42,10 +49,11 @@ class _Relay(Generation):
         self.engine_spec: str | None = None  # the replica that sampled the tokens
 
     def cancel(self) -> None:
+        drain = not self.cancelled and self.routes and self.inner is not None
         super().cancel()
         if self.inner is not None:
             self.inner.cancel()
-        if self.task is not None:
+        if self.task is not None and not drain:
             self.task.cancel()
 
 
@@ -170,7 +178,9 @@ class ReplicaSet(Engine):
             self.in_flight[i] += 1
             try:
                 inner = gen.inner = replica.generate(sub)
+                gen.routes = inner.routes
                 async for chunk in inner.chunks():
+                    gen.routes = inner.routes  # an engine may learn it once the call started
                     if policy is None:
                         policy = dict(inner.policy or replica.policy)
                         gen.put_nowait("policy", policy)
@@ -181,6 +191,7 @@ class ReplicaSet(Engine):
                 if policy is None:
                     gen.put_nowait("policy", dict(inner.policy or replica.policy))
                 gen.engine_spec = replica.spec  # the replica that finished the call
+                _forward_routing(inner, gen)
                 gen.put_nowait("end", inner.finish)
                 return
             except _VersionChanged as e:
@@ -190,7 +201,7 @@ class ReplicaSet(Engine):
                 dead = not await replica.alive()
                 if dead:
                     self.mark_down(i, str(e))
-                if not dead or retried:
+                if not dead or retried or gen.cancelled:
                     gen.put_nowait("error", e)
                     return
                 retried = True
@@ -237,6 +248,20 @@ class ReplicaSet(Engine):
                 self.policy = {"name": policy.name, "version": policy.version}
             finally:
                 self._idle.set()
+
+
+def _forward_routing(inner: Generation, gen: _Relay) -> None:
+    """Put the replica generation's routing (if it sent one) on the relay, with its `experts`.
+
+    The rows are the answering replica's alone: on a retry it was asked to continue from the
+    prompt plus the tokens already passed on, so its rows start at the call's first prompt
+    token and cover every token of the call it forwarded (P + C - 1 rows, or more when
+    cancelled). A routing that covers fewer is still passed on: the proxy's routing ledger
+    stores no routing for it and counts the call in ``routing_missing``."""
+    gen.routes = inner.routes
+    if inner.routing is not None:
+        gen.experts = inner.experts
+        gen.put_nowait("routing", inner.routing)
 
 
 class _VersionChanged(Exception):
