@@ -43,6 +43,7 @@ CALL_READS = (
     "prompt_ids",
     "completion_ids",
     "completion_logprobs",
+    "completion_kept",
     "finish_reason",
     "tags",
     "prefix.reused_tokens",
@@ -166,6 +167,9 @@ class Call:
     top_k: int = 0  # 0 = off
     # MoE policies: the experts the engine chose for tokens start .. of prompt + completion
     routing: RoutingRef | None = None
+    # (C,) int64: each token's kept-set size less itself as the engine sampled it (-1:
+    # untruncated); None when the record has no completion_kept
+    completion_kept: np.ndarray | None = None
 
     @property
     def default_sampling(self) -> bool:
@@ -219,6 +223,7 @@ class Call:
                 f"{where}: completion_logprobs: has {len(logprobs)} entries but completion_ids has "
                 f"{len(completion)} (call {call_id})"
             )
+        kept = _kept_array(row.get("completion_kept"), len(completion), where)
         prefix = _prefix_fields(row.get("prefix"), where)
         temperature, top_p, top_k = _sampling(row.get("sampling"), where)
         routing = None
@@ -243,6 +248,7 @@ class Call:
             top_p=top_p,
             top_k=top_k,
             routing=routing,
+            completion_kept=kept,
         )
 
     def to_dict(self) -> dict:
@@ -258,6 +264,11 @@ class Call:
             "prompt_ids": self.prompt_ids.tolist(),
             "completion_ids": self.completion_ids.tolist(),
             "completion_logprobs": self.completion_logprobs.tolist(),
+            **(
+                {"completion_kept": self.completion_kept.tolist()}
+                if self.completion_kept is not None
+                else {}
+            ),
             "finish_reason": self.finish_reason,
             "tags": dict(self.tags),
         }
@@ -296,7 +307,41 @@ class Call:
             and np.array_equal(self.completion_logprobs, other.completion_logprobs)
             and (self.temperature, self.top_p, self.top_k)
             == (other.temperature, other.top_p, other.top_k)
+            and _same_kept(self.completion_kept, other.completion_kept)
         )
+
+
+def _same_kept(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
+
+
+def _kept_array(values: Any, n: int, where: str) -> np.ndarray | None:
+    """A call's optional ``completion_kept``: one integer >= -1 per completion token (int64)."""
+    if values is None:
+        return None
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+            raise RecordError(f"{where}: completion_kept: expected a 1-d integer array")
+        arr = values.astype(np.int64, copy=False)
+    else:
+        if not isinstance(values, list):
+            raise RecordError(
+                f"{where}: completion_kept: expected array of integers, got {values!r:.60}"
+            )
+        if not set(map(type, values)) <= {int}:
+            bad = next(v for v in values if type(v) is not int)
+            raise RecordError(f"{where}: completion_kept: expected integers, found {bad!r:.40}")
+        try:
+            arr = np.fromiter(values, dtype=np.int64, count=len(values))
+        except OverflowError:
+            raise RecordError(f"{where}: completion_kept: value out of range") from None
+    if arr.size and arr.min() < -1:
+        raise RecordError(f"{where}: completion_kept: values must be >= -1, found {arr.min()}")
+    if len(arr) != n:
+        raise RecordError(
+            f"{where}: completion_kept: has {len(arr)} entries but completion_ids has {n}"
+        )
+    return arr
 
 
 def _prefix_fields(prefix: Any, where: str) -> dict[str, Any]:

@@ -365,6 +365,7 @@ def _sample_row(
     if returns:
         row["returns"] = returns[0]
     row.update(_sampling_arrays(forest, nodes))
+    row.update(_kept_array(forest, nodes))
     sessions = [votes.by_session[tree.name] for tree in p.trees]
     row["loss_weights"] = loss
     row["policy_versions"] = forest.policy_version[nodes]
@@ -493,6 +494,24 @@ def _sampling_arrays(forest: Forest, nodes: np.ndarray) -> dict[str, np.ndarray]
         "top_ps": rows[:, 1],
         "top_ks": rows[:, 2].astype(np.int64),
     }
+
+
+def _kept_array(forest: Forest, nodes: np.ndarray) -> dict[str, np.ndarray]:
+    """``kept`` per token: the engine's kept-set size of the token less itself, from the
+    ``completion_kept`` of the call that generated it (the node sits at position depth in that
+    call's prompt + completion), -1 for context and for calls without it; nothing when no call
+    of the sample has it (samples of other engines and of untruncated calls stay as they were)."""
+    gen = forest.call[nodes]
+    calls = [ci for ci in np.unique(gen[gen >= 0]) if forest.calls[ci].completion_kept is not None]
+    if not calls:
+        return {}
+    kept = np.full(len(nodes), -1, dtype=np.int64)
+    for ci in calls:
+        call = forest.calls[ci]
+        assert call.completion_kept is not None
+        at = np.flatnonzero(gen == ci)
+        kept[at] = call.completion_kept[forest.depth[nodes[at]] - len(call.prompt_ids)]
+    return {"kept": kept}
 
 
 def _scatter_values(
