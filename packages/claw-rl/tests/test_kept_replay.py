@@ -243,3 +243,34 @@ def test_untruncated_run_is_bit_identical_to_deciding_afresh(tiny, monkeypatch):
     loss_off, w_off = _weights_after(tiny, rows, False, monkeypatch)
     assert loss_on == loss_off and loss_on != 0.0  # a real update, the same bits
     assert all(torch.equal(a, b) for a, b in zip(w_on, w_off, strict=True))
+
+
+def test_engine_sets_hold_in_every_pass_and_layout(tiny, monkeypatch):
+    """Samples carrying the engine's sets (test_kept_engine's plant: phase 1 packed and shifted,
+    the training passes one sample each and unshifted): the first update's ratio is 1 to
+    round-off even with the replay of phase 1's counts switched off, since every pass takes the
+    engine's size; without the record (and without replay) the planted token's ratio jumps."""
+    from test_kept_engine import _planted, _without_kept
+
+    rows, _ = _planted(load_policy(tiny, torch.float32))
+    samples = [Sample.from_dict(r) for r in rows]
+    bare = [Sample.from_dict(r) for r in _without_kept(rows)]
+    recorded = _first_update_ratios(tiny, samples, replay=False, monkeypatch=monkeypatch)
+    replayed = _first_update_ratios(tiny, samples, replay=True, monkeypatch=monkeypatch)
+    fresh = _first_update_ratios(tiny, bare, replay=False, monkeypatch=monkeypatch)
+    assert float((recorded - 1).abs().max()) <= 10 * DELTA
+    assert float((replayed - 1).abs().max()) <= 10 * DELTA
+    assert float((fresh - 1).abs().max()) > 0.1
+
+
+def test_no_recorded_sets_is_bit_identical_to_no_field(tiny, monkeypatch):
+    """A `kept` of all -1 (no token recorded) on truncated near-tie samples gives the same loss
+    and weight bits as the same samples without the field, over epochs x minibatches with
+    entropy and KL terms: tokens without a record are decided exactly as before."""
+    samples = _planted_samples(load_policy(tiny, torch.float32), n_samples=4)
+    rows = [s.to_dict() for s in samples]
+    minus = [{**r, "kept": [-1] * len(r["input_ids"])} for r in rows]
+    loss_a, w_a = _weights_after(tiny, rows, True, monkeypatch)
+    loss_b, w_b = _weights_after(tiny, minus, True, monkeypatch)
+    assert loss_a == loss_b and loss_a != 0.0
+    assert all(torch.equal(a, b) for a, b in zip(w_a, w_b, strict=True))

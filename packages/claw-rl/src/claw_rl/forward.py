@@ -9,7 +9,9 @@ token (``parent[i]``), in chunks, so a large vocabulary never materialises (B, N
 Each token's logprob is that of the distribution the engine drew it from: its call's
 temperature, top_k and top_p (claw.sample/v1 ``temperatures`` / ``top_ps`` / ``top_ks``). The
 kept set of a truncated token is decided once, in the first pass of a learner step, as an integer
-(its size, ``TokenStats.kept``) and replayed by every later pass of that step. An MoE model's
+(its size, ``TokenStats.kept``) and replayed by every later pass of that step; where the engine
+recorded the size it sampled with (claw.sample/v1 ``kept``, ``Batch.kept``), the first pass takes
+that size instead of deciding one from its own logits. An MoE model's
 experts are replayed alike (:func:`moe_hidden`: the recorded or first-pass routing, R3 / R2).
 """
 
@@ -179,6 +181,25 @@ def _replayed_drop(z: torch.Tensor, kept: torch.Tensor, targets: torch.Tensor) -
     return out
 
 
+def _engine_sets(
+    z: torch.Tensor,
+    drop: torch.Tensor,
+    kept: torch.Tensor,
+    engine: torch.Tensor,
+    truncated: torch.Tensor,
+    targets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(drop (m, V), kept (m,)) with the rows the engine recorded (``engine[r] >= 0`` on a
+    truncated row) set to the engine's size, replayed as :func:`_replayed_drop` does; the other
+    rows keep the sets decided from ``z``. No gradient."""
+    use = truncated & (engine >= 0)
+    if not bool(use.any()):
+        return drop, kept
+    sizes = torch.where(use, engine, torch.full_like(engine, -1))
+    replayed = _replayed_drop(z, sizes, targets)
+    return torch.where(use[:, None], replayed, drop), torch.where(use, engine, kept)
+
+
 def sampling_log_softmax_kept(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -186,6 +207,7 @@ def sampling_log_softmax_kept(
     top_k: torch.Tensor,
     targets: torch.Tensor,
     kept: torch.Tensor | None = None,
+    engine: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sampling_log_softmax` with each row's kept set as an integer: ``(logp (m, V), kept
     (m,) long)``, ``kept[r]`` = how many tokens other than ``targets[r]`` row r keeps (-1: the row
@@ -198,6 +220,12 @@ def sampling_log_softmax_kept(
     the logits, largest first); at a near-tie it keeps the size, so passes whose logits differ by
     round-off (another micro-batch padding or packing layout) give logprobs that differ by
     round-off, not by whether a token sits just inside or outside the set.
+
+    ``engine`` (m,) long, with ``kept`` None: the sizes the engine sampled with (-1: not
+    recorded). A truncated row with a recorded size takes it (the target and the ``engine[r]``
+    largest other logits) instead of deciding one, so the learner's set is the engine's even
+    where a near-tie puts the edge elsewhere in the learner's logits; the returned ``kept`` holds
+    it for later passes. The other rows are decided as without it.
     """
     greedy = temperature <= 0
     T = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
@@ -216,6 +244,8 @@ def sampling_log_softmax_kept(
             target_in = ~drop[rows, targets]
             kept = torch.where(truncated, (~drop).sum(-1) - target_in.long(), kept)
             drop[rows, targets] = False
+            if engine is not None:
+                drop, kept = _engine_sets(z.detach(), drop, kept, engine, truncated, targets)
     elif kept.shape != (m,):
         raise ValueError(f"kept counts of shape {tuple(kept.shape)} for {m} rows of logits")
     elif bool((kept >= 0).any()):
@@ -263,14 +293,20 @@ def sampling_log_softmax(
 
 
 def entropy(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy (m,) of rows of log-probabilities (m, V) that may hold -inf (truncated tokens)."""
-    return -torch.where(torch.isfinite(logp), logp.exp() * logp, torch.zeros_like(logp)).sum(-1)
+    """Entropy (m,) of rows of log-probabilities (m, V) that may hold -inf (truncated tokens).
+
+    The -inf entries are replaced by 0 before the product, not after it: exp(-inf) * -inf is
+    NaN, and a NaN in the branch ``torch.where`` leaves out still makes its gradient NaN."""
+    finite = torch.isfinite(logp)
+    safe = torch.where(finite, logp, torch.zeros_like(logp))
+    return -torch.where(finite, safe.exp() * safe, torch.zeros_like(logp)).sum(-1)
 
 
-def _head_chunk(head, h, T, top_p, top_k, targets, kept, with_entropy: bool):
+def _head_chunk(head, h, T, top_p, top_k, targets, kept, engine, with_entropy: bool):
     """(logprob of ``targets`` (m,), entropy (m,) or None, kept counts (m,)) of one chunk of
-    predictor rows; ``kept`` None decides the kept sets, else replays them."""
-    logp, kept = sampling_log_softmax_kept(head(h).float(), T, top_p, top_k, targets, kept)
+    predictor rows; ``kept`` None decides the kept sets (the ``engine``'s sizes where recorded),
+    else replays them."""
+    logp, kept = sampling_log_softmax_kept(head(h).float(), T, top_p, top_k, targets, kept, engine)
     ent = None
     if with_entropy:
         with torch.no_grad():
@@ -293,7 +329,8 @@ def token_logprobs(
     ``kept`` (M,): the kept-set sizes an earlier pass over the same tokens returned
     (``TokenStats.kept``), replayed instead of decided again from this pass's logits, so that
     every pass and layout of one learner step uses the same sets (see
-    :func:`sampling_log_softmax_kept`)."""
+    :func:`sampling_log_softmax_kept`). Without ``kept``, a token whose engine recorded its set's
+    size (``batch.kept`` >= 0) gets that size instead of one decided from this pass's logits."""
     b, i, p = batch.predictor_index()
     head = model.get_output_embeddings()
     h = hidden[b, p]  # (M, H)
@@ -301,12 +338,14 @@ def token_logprobs(
     T, top_p, top_k = batch.temperatures[b, i], batch.top_ps[b, i], batch.top_ks[b, i]  # (M,) each
     if kept is not None and kept.shape != T.shape:
         raise ValueError(f"kept counts of shape {tuple(kept.shape)} for {T.numel()} tokens")
+    engine = batch.kept[b, i] if kept is None and batch.kept is not None else None  # (M,)
     lps, ents, keeps = [], [], []
     grad = torch.is_grad_enabled() and h.requires_grad
     for lo in range(0, h.shape[0], _CHUNK):
         sl = slice(lo, lo + _CHUNK)
         k_sl = None if kept is None else kept[sl]
-        args = (head, h[sl], T[sl], top_p[sl], top_k[sl], targets[sl], k_sl, with_entropy)
+        e_sl = None if engine is None else engine[sl]
+        args = (head, h[sl], T[sl], top_p[sl], top_k[sl], targets[sl], k_sl, e_sl, with_entropy)
         # under autograd the (m, V) logits are recomputed in backward instead of kept: memory
         # per trainable token is then H, not V (V = 151K floats for Qwen3)
         lp, ent, kc = (

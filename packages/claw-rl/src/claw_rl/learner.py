@@ -368,7 +368,9 @@ class Learner:
                 self._check_routing(s)
         if self.objective.at_sampling_settings:
             return samples
-        return [attrs.evolve(s, temperatures=None, top_ps=None, top_ks=None) for s in samples]
+        return [
+            attrs.evolve(s, temperatures=None, top_ps=None, top_ks=None, kept=None) for s in samples
+        ]
 
     def _check_routing(self, s: Sample) -> None:
         """A sample's recorded routing must fit the policy's MoE layers, top-k and experts."""

@@ -191,6 +191,7 @@ def keep_sessions(sample: Sample, keep: Sequence[bool]) -> Sample:
             "temperatures",
             "top_ps",
             "top_ks",
+            "kept",
         )
     }
     fields["parent"] = tuple(np.where(parent >= 0, new_index[parent], -1)[tok].tolist())
@@ -252,6 +253,9 @@ class Batch:
     # the engine's experts (B, N, L, K) long per token and MoE layer, -1 on padding and on rows
     # not recorded; None when no sample has routing (docs/formats.md, Routing store)
     routing: torch.Tensor | None = None
+    # the engine's kept-set size of each token less itself (B, N) long, -1 on padding and where
+    # not recorded; None when no sample has ``kept`` (the learner decides every set)
+    kept: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -332,6 +336,11 @@ def pack(
         tree_order=tree_order,
         tree_end=tree_end,
         routing=pack_routing(samples, n),
+        kept=(
+            _pad([s.kept or [-1] * len(s) for s in samples], n, -1, torch.long)
+            if any(s.kept is not None for s in samples)
+            else None
+        ),
     )
 
 

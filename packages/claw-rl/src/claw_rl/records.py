@@ -237,6 +237,8 @@ class Sample:
     temperatures: tuple[float, ...] | None = None
     top_ps: tuple[float, ...] | None = None
     top_ks: tuple[int, ...] | None = None
+    # the engine's kept-set size of each token less itself (-1: none recorded; None: all -1)
+    kept: tuple[int, ...] | None = None
     sessions: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     n_paths: int | None = None
@@ -279,6 +281,11 @@ class Sample:
                     f"{where}: field 'policy_versions' must hold versions >= 0 (-1: context)"
                 )
         opt.update(_sampling_lists(row, where, n))
+        if row.get("kept") is not None:
+            opt["kept"] = _num_list(row, "kept", where, ints=True, n=n)
+            if any(k < -1 for k in opt["kept"]):
+                j = next(j for j, k in enumerate(opt["kept"]) if k < -1)
+                raise RecordError(f"{where}: field 'kept'[{j}] = {opt['kept'][j]} must be >= -1")
         opt.update(_packing_fields(row, where))
         if not isinstance(row.get("tags", {}), dict):
             raise RecordError(f"{where}: field 'tags' must be an object")
@@ -313,7 +320,7 @@ class Sample:
         out["loss_weights"] = list(self.loss_weights)
         if self.policy_versions is not None:
             out["policy_versions"] = list(self.policy_versions)
-        for key in ("temperatures", "top_ps", "top_ks"):
+        for key in ("temperatures", "top_ps", "top_ks", "kept"):
             if getattr(self, key) is not None:
                 out[key] = list(getattr(self, key))
         out["sessions"], out["groups"] = list(self.sessions), list(self.groups)
