@@ -25,8 +25,8 @@ def _err(e: ClawError) -> JSONResponse:
     )
 
 
-async def _json(request: Request) -> dict:
-    body = loads(await read_limited(request, 1 << 20, 60.0))
+async def _json(request: Request, limit: int = 1 << 20) -> dict:
+    body = loads(await read_limited(request, limit, 60.0))
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
@@ -127,11 +127,13 @@ class _Routes:
             return _err(e)
 
     async def policy(self, request: Request) -> JSONResponse:
-        """POST a claw.policy/v1 body: serve it (the engine loads its weights first)."""
+        """POST a claw.policy/v1 body: serve it (the engine loads its weights first; with
+        ``transfer``, over the learner's process group: answered once every engine serves it)."""
         return await self._admin(request, self._policy)
 
     async def _policy(self, request: Request) -> dict:
-        p = Policy.from_dict(await _json(request), "POST /admin/policy body")
+        # a policy with `transfer` lists every weight's name and shape: 18K for a 30B-A3B MoE
+        p = Policy.from_dict(await _json(request, 64 << 20), "POST /admin/policy body")
         t0 = time.monotonic()
         now = await self.proxy.load_policy(p)
         return {"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)}

@@ -10,6 +10,9 @@
   once (each drains its calls, pauses, loads, resumes) and changes the set's version only when
   all of them have it; vLLM calls carry a per-version ``cache_salt`` (engines.cache_salt), so
   prefix-cache blocks never cross versions.
+- **Weights over a process group.** A policy with ``transfer``: the live replicas take ranks
+  1..W of the learner's group (`_transfer.assign`), each receives the buckets; a replica that
+  dies mid-transfer is marked down and the others serve the new version (never one stale).
 - **A replica that dies.** A call that fails is checked against the replica's health; when the
   replica is dead it is marked down, its sessions move to live replicas as their next call
   comes, and the call is retried once on another replica. Tokens already passed on are kept:
@@ -25,6 +28,7 @@ import random
 
 import attrs
 
+from claw_proxy import _transfer
 from claw_proxy.engines import Engine, Generation, GenRequest
 from claw_proxy.errors import ConfigError, EngineError
 from claw_proxy.records import Policy
@@ -227,9 +231,7 @@ class ReplicaSet(Engine):
             self._idle.clear()
             try:
                 live = [i for i, ok in enumerate(self.up) if ok]
-                results = await asyncio.gather(
-                    *(self.replicas[i].load_policy(policy) for i in live), return_exceptions=True
-                )
+                results = await asyncio.gather(*self._loads(policy, live), return_exceptions=True)
                 failed = []
                 for i, res in zip(live, results, strict=True):
                     if isinstance(res, BaseException):
@@ -248,6 +250,23 @@ class ReplicaSet(Engine):
                 self.policy = {"name": policy.name, "version": policy.version}
             finally:
                 self._idle.set()
+
+    def _loads(self, policy: Policy, live: list[int]) -> list:
+        """Each live replica's load of `policy`. With ``transfer`` the group's ranks 1..W go to
+        the live replicas in order (each takes its `transfer_ranks`) and the learner is told W + 1
+        first; a replica that dies mid-transfer fails only its own load."""
+        if policy.transfer is None:
+            return [self.replicas[i].load_policy(policy) for i in live]
+        firsts, world = _transfer.assign([self.replicas[i].transfer_ranks for i in live])
+
+        async def one(i: int, rank: int, told: asyncio.Future) -> None:
+            await told
+            await self.replicas[i].receive_policy(policy, rank, world)
+
+        told = asyncio.ensure_future(
+            asyncio.to_thread(_transfer.announce, policy.transfer, policy.version, world)
+        )
+        return [one(i, r, told) for i, r in zip(live, firsts, strict=True)]
 
 
 def _forward_routing(inner: Generation, gen: _Relay) -> None:

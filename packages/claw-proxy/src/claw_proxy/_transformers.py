@@ -18,6 +18,16 @@ in flight finishes on the weights it started with and reports that version. A Lo
 directory (a `claw-rl --lora-rank` policy) is merged into the model the engine started with
 (needs peft: the `lora` extra).
 
+A policy with ``transfer`` (its weights come over a process group, `_transfer`) and the
+same-process shortcut `load_state` (a learner in this process hands over {name: tensor}) update
+the weights in place between batches: new batches wait (a running batch admits no more rows),
+the batch in flight finishes on the old weights, then the tensors are copied in bucket by bucket
+(peak extra memory: one bucket) and the version changes. A LoRA transfer (``lora_scaling``)
+carries only the adapter: each targeted weight becomes base + scaling * B @ A, on the base
+weights the engine serves (read once from its base directory). A transfer that breaks half-way
+leaves weights of no version: the engine then refuses calls (and `alive` says so, so a replica
+set marks it down) until a policy loads whole.
+
 An MoE policy (decoder layers whose ``mlp.gate`` is a top-k router returning (logits, scores,
 indices), as transformers' Qwen3-MoE) gets forward hooks on its routers (`_Routers`): each
 forward's expert indices are kept per request, the prompt's rows from the prefill (left padding
@@ -37,11 +47,14 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import re
 import threading
 import weakref
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from claw_proxy import _transfer
 from claw_proxy.engines import Engine, Generation, GenRequest
 from claw_proxy.errors import ConfigError, EngineError
 from claw_proxy.records import Policy
@@ -243,6 +256,10 @@ class TransformersEngine(Engine):
         self.pad_id = self._current[0].config.pad_token_id or 0
         self.max_context = getattr(self._current[0].config, "max_position_embeddings", None)
         self._jobs: queue.Queue = queue.Queue()
+        self._weights = threading.Lock()  # held by a running batch, and by an in-place update
+        self._pausing = False  # an in-place update waits: running batches admit no new rows
+        self._broken: str | None = None  # an in-place update broke half-way: no version served
+        self._pristine: dict | None = None  # the base weights LoRA transfers merge onto
         self.batches = 0
         self.batched_rows = 0
         self.threads = threads  # intra-op threads of the worker (None: the process default)
@@ -257,12 +274,21 @@ class TransformersEngine(Engine):
     def generate(self, req: GenRequest) -> Generation:
         gen = KeptGeneration()
         gen.routes = self.routes
+        if self._broken is not None:
+            gen.put_nowait("error", EngineError(self._broken, status=503))
+            return gen
         self._jobs.put(_Job(req, gen))
         return gen
 
+    async def alive(self) -> bool:
+        return self._broken is None
+
     async def load_policy(self, policy: Policy) -> None:
         """New weights: an HF directory, or a LoRA adapter directory (``adapter_config.json``)
-        on the model this engine started with, merged."""
+        on the model this engine started with, merged; with ``transfer``, over the group."""
+        if policy.transfer is not None:
+            await _transfer.load_single(self, policy)
+            return
         if (Path(policy.path) / "adapter_config.json").is_file():
             model = await asyncio.to_thread(_load_adapter, self.base_dir, policy.path, self.dtype)
         else:
@@ -272,6 +298,60 @@ class TransformersEngine(Engine):
         self.routes = self._routers[model] is not None
         self._current = (model, new)  # atomic swap: the next batch uses it
         self.policy = new
+        self._broken = None
+
+    async def receive_policy(self, policy: Policy, rank: int, world_size: int) -> None:
+        """Join `policy.transfer`'s group as `rank` and take its buckets in place (see the
+        module docstring)."""
+        t = policy.transfer
+        assert t is not None
+
+        group = await asyncio.to_thread(_transfer.join, t, policy.version, rank, world_size)
+        buckets = _transfer.receive(t, group)
+        await asyncio.to_thread(self._apply, policy, buckets, t.get("lora_scaling"))
+
+    def load_state(
+        self, policy: Policy, tensors: Mapping[str, Any], lora_scaling: float | None = None
+    ) -> None:
+        """The same-process shortcut: serve `policy` with these weights ({HF name: tensor},
+        as a learner in this process holds them; with `lora_scaling`, LoRA adapter tensors
+        under PEFT's names), copied in place between batches. Blocks until they serve."""
+        self._apply(policy, [list(tensors.items())], lora_scaling)
+
+    def _apply(self, policy: Policy, buckets: Iterable[list], lora_scaling: float | None) -> None:
+        """Copy the buckets' tensors into the served model between batches; then the version."""
+        import torch
+
+        self._pausing = True
+        try:
+            with self._weights, torch.no_grad():
+                model = self._current[0]
+                own = model.state_dict(keep_vars=True)
+                try:
+                    if lora_scaling is not None:
+                        lora = [p for bucket in buckets for p in bucket]
+                        _merge_lora(own, self._base_weights(), lora, float(lora_scaling))
+                    else:
+                        for bucket in buckets:
+                            _copy_in(own, bucket)
+                except BaseException as e:
+                    self._broken = (
+                        f"the update to v{policy.version} broke half-way ({type(e).__name__}: "
+                        f"{e}); the engine serves again once a policy loads whole"
+                    )
+                    raise EngineError(self._broken, status=502) from e
+                new = {"name": policy.name, "version": policy.version}
+                self._current = (model, new)
+                self.policy = new
+                self._broken = None
+        finally:
+            self._pausing = False
+
+    def _base_weights(self) -> dict:
+        """The base model's weights (read once from its directory): what LoRA merges onto."""
+        if self._pristine is None:
+            self._pristine = _load(self.base_dir, self.dtype).state_dict()
+        return self._pristine
 
     async def aclose(self) -> None:
         self._jobs.put(None)
@@ -311,18 +391,26 @@ class TransformersEngine(Engine):
             batch = [j for j in batch if not j.gen.cancelled]
             if not batch:
                 continue
-            model, policy = self._current
-            for j in batch:
-                j.gen.put("policy", dict(policy))
-            try:
-                self._run(model, batch)
-            except Exception as e:  # the engine failed: every request of the batch gets a 5xx
-                for j in batch:
-                    j.gen.put(
-                        "error", EngineError(f"transformers engine failed: {type(e).__name__}: {e}")
-                    )
+            with self._weights:  # an in-place update waits for the batch, and a batch for it
+                self._batch(batch)
             self.batches += 1
             self.batched_rows += len(batch)
+
+    def _batch(self, batch: list[_Job]) -> None:
+        if self._broken is not None:
+            for j in batch:
+                j.gen.put("error", EngineError(self._broken, status=503))
+            return
+        model, policy = self._current
+        for j in batch:
+            j.gen.put("policy", dict(policy))
+        try:
+            self._run(model, batch)
+        except Exception as e:  # the engine failed: every request of the batch gets a 5xx
+            for j in batch:
+                j.gen.put(
+                    "error", EngineError(f"transformers engine failed: {type(e).__name__}: {e}")
+                )
 
     def _sample(self, logits, job: _Job) -> tuple[int, float, int]:
         """(token, its logprob under the distribution it was drawn from, its kept set's size
@@ -377,7 +465,7 @@ class TransformersEngine(Engine):
     def _admit(self, model, room: int) -> list[_Job]:
         """Requests waiting now that can join the running batch (same weights, room left)."""
         new: list[_Job] = []
-        while len(new) < room and self._current[0] is model:
+        while len(new) < room and self._current[0] is model and not self._pausing:
             try:
                 j = self._jobs.get_nowait()
             except queue.Empty:
@@ -455,6 +543,39 @@ class TransformersEngine(Engine):
                     else:
                         past, mask, pos, logits = past2, mask2, pos2, logits2
                         rows, counts = new, [0] * len(new)
+
+
+def _copy_in(own: dict, pairs: list) -> None:
+    """Copy received (HF name, tensor) pairs into the model's tensors (`state_dict`'s names)."""
+    for name, t in pairs:
+        dst = own.get(name)
+        if dst is None:
+            raise EngineError(f"the transfer sent {name!r}, a weight this model does not have")
+        if tuple(dst.shape) != tuple(t.shape):
+            raise EngineError(
+                f"the transfer sent {name!r} of shape {tuple(t.shape)}, the model's is "
+                f"{tuple(dst.shape)}"
+            )
+        dst.data.copy_(t)
+
+
+_LORA = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+
+
+def _merge_lora(own: dict, base: dict, pairs: list, scaling: float) -> None:
+    """Each targeted weight W = base W + scaling * B @ A (PEFT's merge), from adapter tensors
+    under PEFT's saved names (``base_model.model.<module>.lora_A.weight``)."""
+    ab: dict[str, dict[str, Any]] = {}
+    for name, t in pairs:
+        m = _LORA.match(name)
+        if m is None:
+            raise EngineError(f"the LoRA transfer sent {name!r}, not a lora_A / lora_B weight")
+        ab.setdefault(m.group(1) + ".weight", {})[m.group(2)] = t
+    for key, d in ab.items():
+        if key not in own or key not in base or set(d) != {"A", "B"}:
+            raise EngineError(f"the LoRA transfer has no A and B for a model weight {key!r}")
+        delta = scaling * (d["B"].float() @ d["A"].float())
+        own[key].data.copy_(base[key].float() + delta)
 
 
 def _use_threads(n: int) -> None:

@@ -51,6 +51,9 @@ class GenRequest:
     model: str = ""
     tags: dict = attrs.field(factory=dict)  # the session's tags (scripted engines pick by them)
     session: str = ""  # the rollout the call belongs to (replicas keep a session on one engine)
+    # False: nothing is passed on before the whole answer (the harness did not stream, and no
+    # stop sequence may cut the generation short), so an engine may answer in one piece
+    stream: bool = True
     # `prompt_ids` as JSON without brackets ("1,2,3"), when known: sent as is, not re-encoded.
     # It must hold exactly `prompt_ids`: whoever changes the ids clears it (evolve(..., ""))
     prompt_json: str = attrs.field(default="", repr=False)
@@ -159,6 +162,16 @@ class Engine:
 
     async def load_policy(self, policy: Policy) -> None:
         raise EngineError(f"engine {self.spec} cannot load new weights", status=501)
+
+    #: ranks this engine takes in a weight-transfer group (a vLLM server: one per worker)
+    transfer_ranks = 1
+
+    async def receive_policy(self, policy: Policy, rank: int, world_size: int) -> None:
+        """Join `policy.transfer`'s group at ranks `rank`.. of `world_size` and serve the
+        weights it sends (`_transfer`); a `ReplicaSet` assigns the ranks."""
+        raise EngineError(
+            f"engine {self.spec} cannot receive weights over a process group", status=501
+        )
 
     async def aclose(self) -> None:
         return None
@@ -492,8 +505,9 @@ class VLLMEngine(Engine):
             gen.routes = moe is not None
             greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
-            content = self._content(req, model, policy, stream=moe is None)
-            if moe is not None:
+            whole = moe is not None or not req.stream
+            content = self._content(req, model, policy, stream=not whole)
+            if whole:
                 finish = await self._whole(content, gen, greedy, len(req.prompt_ids), moe)
             else:
                 r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
@@ -514,12 +528,20 @@ class VLLMEngine(Engine):
             self._in_flight -= 1
 
     async def _whole(
-        self, content: bytes, gen: Generation, greedy: bool, prompt_len: int, moe: MoELayout
+        self,
+        content: bytes,
+        gen: Generation,
+        greedy: bool,
+        prompt_len: int,
+        moe: MoELayout | None,
     ) -> str | None:
-        """Ask for a whole (non-streamed) answer of an MoE policy and pass on its tokens, then
-        its routing (checked against `moe` before any token goes on); its finish. vLLM sends
-        nothing before the whole answer: a generation cancelled meanwhile drops the request
-        (closing the connection makes vLLM abort it) and gets neither."""
+        """Ask for a whole (non-streamed) answer and pass on its tokens in one chunk, then, for
+        an MoE policy (`moe`), its routing (checked against `moe` before any token goes on); its
+        finish. One JSON body instead of an event per token: what a call whose harness did not
+        stream takes (`GenRequest.stream`), and every MoE call (vLLM returns routed experts only
+        in whole answers). vLLM sends nothing before the whole answer: a generation cancelled
+        meanwhile drops the request (closing the connection makes vLLM abort it) and gets
+        neither."""
 
         async def fetch() -> bytes:
             r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
@@ -547,6 +569,10 @@ class VLLMEngine(Engine):
             raise EngineError("vLLM answered without exactly one completion choice", status=502)
         choice = choices[0]
         pairs = _pairs(choice, greedy)
+        if moe is None:
+            if pairs:
+                gen.put_nowait("tokens", pairs)
+            return choice.get("finish_reason")
         rows = decode_routed_experts(choice.get("routed_experts"), prompt_len, len(pairs), moe)
         if pairs:
             gen.put_nowait("tokens", pairs)
@@ -563,7 +589,13 @@ class VLLMEngine(Engine):
         worker-extension method that also re-ties tied embeddings), ``/reset_prefix_cache``,
         ``/update_weight_version``, ``/resume``. A LoRA adapter directory (with
         ``adapter_config.json``) is loaded with ``/v1/load_lora_adapter`` instead. Requests
-        that arrive meanwhile wait and are sent, and recorded, with the new version."""
+        that arrive meanwhile wait and are sent, and recorded, with the new version. A policy
+        with ``transfer`` comes over the learner's process group (`receive_policy`)."""
+        if policy.transfer is not None:
+            from claw_proxy._transfer import load_single
+
+            await load_single(self, policy)
+            return
         async with self._reload_lock:
             self._idle.clear()
             try:
@@ -599,6 +631,52 @@ class VLLMEngine(Engine):
                 self.policy = {"name": policy.name, "version": policy.version}
             finally:
                 self._idle.set()
+
+    async def receive_policy(self, policy: Policy, rank: int, world_size: int) -> None:
+        """Weights over the learner's process group, through the claw worker extension
+        (examples/gpu/claw_vllm_worker.py, ``--worker-extension-cls``): ``/pause``, then
+        ``/collective_rpc`` ``claw_receive_weights`` (each worker joins at `rank` + its own
+        rank, receives the buckets and loads them with ``model.load_weights``),
+        ``/reset_prefix_cache``, ``/update_weight_version``, the version handshake (vLLM's
+        ``/weight_info`` must report the new version), ``/resume``. Calls that arrive meanwhile
+        wait and go out on the new weights."""
+        kwargs = {
+            "transfer": policy.transfer,
+            "version": policy.version,
+            "rank": rank,
+            "world_size": world_size,
+        }
+        async with self._reload_lock:
+            self._idle.clear()
+            try:
+                await self._wait_in_flight()
+                await self._admin("POST", "/pause", params={"mode": "wait"})
+                try:
+                    rpc = {"method": "claw_receive_weights", "kwargs": kwargs}
+                    await self._admin("POST", "/collective_rpc", json=rpc)
+                    await self._admin("POST", "/reset_prefix_cache")
+                    new = str(policy.version)
+                    await self._admin("POST", "/update_weight_version", json={"new_version": new})
+                    await self._check_weight_version(new)
+                finally:
+                    await self._admin("POST", "/resume")
+                self._lora = None
+                self.policy = {"name": policy.name, "version": policy.version}
+            finally:
+                self._idle.set()
+
+    async def _check_weight_version(self, want: str) -> None:
+        """The handshake: vLLM's ``/weight_info`` reports `want` (a vLLM without the route is
+        taken at its word)."""
+        try:
+            r = await self._client.get("/weight_info")
+        except httpx.HTTPError as e:
+            raise EngineError(f"vLLM /weight_info failed: {e}") from e
+        if r.status_code == 404:
+            return
+        got = r.json().get("weight_version") if r.status_code == 200 else None
+        if str(got) != want:
+            raise EngineError(f"vLLM reports weight version {got!r} after the update to {want}")
 
     async def alive(self) -> bool:
         """vLLM's ``/health`` answers: not reachable, or a 5xx (its engine died), is dead."""

@@ -175,12 +175,17 @@ class Policy:
     created_at: float | None = None
     step: int | None = None
     metrics: dict | None = None
+    # the weights of this version come over a process group (`_transfer`), not from `path`
+    transfer: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "policy") -> Policy:
         """Validate a `claw.policy/v1` dict (strict; unknown fields are accepted and dropped)."""
+        from claw_proxy._transfer import check_transfer
+
         _check_schema(d, POLICY_SCHEMA, where)
         version = _count(d, "version", where)
+        transfer = check_transfer(d["transfer"], where) if "transfer" in d else None
         return cls(
             name=_text(d, "name", where),
             version=version,
@@ -188,11 +193,12 @@ class Policy:
             created_at=_time(d, "created_at", where, required=False),
             step=_count(d, "step", where, required=False),
             metrics=_field(d, "metrics", dict, where, required=False),
+            transfer=transfer,
         )
 
     def to_dict(self) -> dict:
         d = {"schema": POLICY_SCHEMA, "name": self.name, "version": self.version, "path": self.path}
-        for k in ("created_at", "step", "metrics"):
+        for k in ("created_at", "step", "metrics", "transfer"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         return d
