@@ -113,6 +113,22 @@ def prepare(args, run: Path) -> None:
         (run / "secret").write_text(secrets.token_hex(16) + "\n")
 
 
+def make_learner(args, run: Path, start: Path, done: int):
+    """mix_harness_rl.make_learner, except that a learner resumed from a checkpoint takes its
+    tokenizer files from the start policy. Workaround: claw_rl.loop.resume leaves the learner's
+    model_dir at checkpoints/<k>/model, which the loop deletes KEEP_CHECKPOINTS steps later, so
+    the third step after any resume fails in save_checkpoint (copy_tokenizer_files:
+    FileNotFoundError); every chunk here resumes. Without LoRA, origin_dir is that start policy."""
+    learner = MIX_MAKE_LEARNER(args, run, start, done)
+    if done and learner is not None and not args.lora_rank:
+        learner.model_dir = learner.origin_dir
+    return learner
+
+
+MIX_MAKE_LEARNER = mix_harness_rl.make_learner
+mix_harness_rl.make_learner = make_learner
+
+
 def policy_after(run: Path, steps: int) -> Path:
     """The policy in force after `steps` completed steps (0: the start policy)."""
     if steps == 0:
@@ -248,13 +264,14 @@ def plot(rows: list[dict], evals: list[dict], path: Path, title: str) -> None:
     for ax, (key, text) in zip(axes.flat, PANELS, strict=True):
         if key == "pass@1":
             ax.plot([e["steps"] for e in evals], [e["pass@1_mean"] for e in evals], marker="o")
-            ax.set_ylim(0, 1)
         else:
             pts = [(r["step"], r[key]) for r in rows if r[key] is not None]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.8)
             if len(pts) >= 10:  # a trailing 10-step mean over the noisy per-step values
                 w = [mean([y for _, y in pts[max(0, i - 9) : i + 1]]) for i in range(len(pts))]
                 ax.plot([p[0] for p in pts], w, lw=1.8, color="C3")
+        if key in ("reward", "pass@1"):
+            ax.set_ylim(0, 1)
         ax.set(title=text, xlabel="step")
         ax.title.set_fontsize(9)
     fig.suptitle(title)
@@ -272,7 +289,11 @@ def report(args, run: Path) -> None:
     )
     body = {"start": (run / "start-policy.txt").read_text().strip(), "steps": rows, "evals": evals}
     (run / "long_run.json").write_text(json.dumps(body, indent=1) + "\n")
-    title = f"tiny Qwen3-MoE, GRPO, routing replay {args.routing_replay}: {done} steps"
+    quiet = sum(r["no_signal"] for r in rows)
+    title = (
+        f"tiny Qwen3-MoE, GRPO, routing replay {args.routing_replay}: {done} steps "
+        f"({quiet} without learning signal); held-out Pass@1 on {args.eval_tasks} tasks"
+    )
     plot(rows, evals, run / "long_run.png", title)
     log(f"{run / 'long_run.json'}, {run / 'long_run.png'}: {done} steps, {len(evals)} evals")
 
