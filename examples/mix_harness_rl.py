@@ -18,7 +18,10 @@ each step's batch and waits for its rows, written by `claw-rl follow RUN`, a lea
 own (torchrun, one node or several; README: On a cluster). --max-staleness S: the rollouts of
 the next S steps run while the learner trains (claw_rl.loop.schedule). A fixed --seed gives the
 same rollouts and rewards on one machine in the synchronous loop (claw-proxy serve --seed: a
-seed per call).
+seed per call). --weights memory: each new version reaches the engines in memory (the
+transformers engine in this process directly, vLLM over a process group) and policy/v<N>/ is
+written only every --checkpoint-every steps and at the last; the default stays disk until the
+GPU (NCCL) path is proven.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import claw_bench
 import claw_proxy
 import claw_rl
 import claw_rl.tracking
+import claw_rl.transfer
 import claw_sandbox
 import claw_sandbox.ray_executor
 import claw_tree
@@ -61,6 +65,8 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--engine", "transformers", "'transformers' (in-process, on the policy dir) or vllm:URL"),
     ("--tokenizer", None, "tokenizer + chat template dir for a vllm: engine (default: --model)"),
     ("--vllm-reload-method", "claw_reload_weights", "vLLM worker method that loads weights"),
+    ("--weights", ["disk", "memory"], "new weights to the engines as policy dirs, or in memory"),
+    ("--checkpoint-every", 1, "--weights memory: write policy/v<N> every N steps (and the last)"),
     ("--backend", "auto", "claw-sandbox backend: auto, bwrap, docker, process"),
     ("--parallel", 4, "sandbox jobs at once"),
     ("--executor", ["local", "ray"], "run the sandbox jobs here, or as Ray tasks over a cluster"),
@@ -105,6 +111,10 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--kl-coef is GRPO's: claw-rl's PPO has no KL penalty to a reference")
     if args.learner == "follow" and args.algo != "grpo":
         p.error("--learner follow is GRPO's: PPO needs its critic's values (GAE) in the loop")
+    if args.weights == "memory" and args.learner == "follow":
+        p.error("--weights memory sends from the in-process learner (follow: --weights disk)")
+    if args.checkpoint_every < 1:
+        p.error("--checkpoint-every must be >= 1")
     args.harness = args.harness or ["claw-agent-text", "claw-agent-text-anthropic"]
     return args
 
@@ -272,12 +282,31 @@ def learn(args, learner, run: Path, step: int, samples: list, extra: dict, polic
     rows this waits for. Returns (metrics row, policy record) as claw_rl.loop.train_step does."""
     loop.publish_batch(run, step, samples, extra, learner_fields(args))
     if learner is not None:
-        return loop.train_step(learner, samples, run, step, extra=extra, current=policy)
+        last = step + 1 == args.steps or (step + 1) % args.checkpoint_every == 0
+        write = args.weights == "disk" or last
+        return loop.train_step(
+            learner, samples, run, step, extra=extra, current=policy, write_policy=write
+        )
     log(f"step {step}: {len(samples)} samples published; waiting for claw-rl follow")
     try:
         return loop.wait_trained(run, step, args.learner_timeout)
     except claw_rl.ClawError as exc:  # the learner failed or never answered
         raise SystemExit(f"step {step}: {exc}") from None
+
+
+def push(args, learner, proxy, admin: str, policy: dict, log) -> None:
+    """--weights memory: the learner's weights to the engines as `policy`, no files. The
+    in-process transformers engine takes them directly (same process); vLLM engines and
+    replicas over a process group (claw_rl.transfer.publish: gloo on CPU)."""
+    t0 = time.monotonic()
+    if args.engine == "transformers" and not args.replica:
+        tensors = dict(claw_rl.transfer.named_tensors(learner))
+        proxy.load_state(policy, tensors, claw_rl.transfer.lora_scaling(learner))
+        how = f"{len(tensors)} tensors in this process"
+    else:
+        sent = claw_rl.transfer.publish(learner, policy, proxy.url, admin, host=args.proxy_host)
+        how = f"{sent['bytes'] / 1e6:.1f} MB in {sent['buckets']} buckets to {sent['world_size'] - 1} ranks"
+    log(f"policy v{policy['version']} in memory: {how}, {time.monotonic() - t0:.2f} s")
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -311,6 +340,8 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
         stack.enter_context(proxy)
         proxy_admin = stack.enter_context(claw_proxy.AdminClient(proxy.url, admin))
         proxy_admin.reload(policy)
+        if args.weights == "memory" and history:  # the record's path may hold older weights
+            push(args, learner, proxy, admin, policy, log)
         if args.executor == "ray":  # one connection to the cluster for every step's rollouts
             stack.enter_context(claw_sandbox.ray_executor.connected(args.ray_address or None))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_staleness + 1)
@@ -347,7 +378,9 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             history.append(row)
             for tracker in trackers:
                 tracker.log(row)
-            if policy["version"] != served:  # a step without signal keeps the version: no reload
+            if policy["version"] != served and args.weights == "memory":
+                push(args, learner, proxy, admin, policy, log)
+            elif policy["version"] != served:  # a step without signal keeps the version
                 proxy_admin.reload(policy)
             failed, dropped = row["rollouts_failed"], row.get("dropped_stale", 0)
             log(

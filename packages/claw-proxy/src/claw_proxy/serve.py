@@ -16,6 +16,7 @@ from claw_proxy._hygiene import (
 )
 from claw_proxy.config import ProxyConfig
 from claw_proxy.errors import ConfigError
+from claw_proxy.records import Policy
 from claw_proxy.server import Proxy
 
 
@@ -139,6 +140,20 @@ class ProxyServer:
             self._thread.join(timeout=30)
             self._thread = None
         self._sock.close()
+
+    def load_state(self, policy: dict, tensors, lora_scaling: float | None = None) -> dict:
+        """The same-process shortcut for weights in memory: a learner in this process hands
+        the policy's tensors over directly ({HF name: tensor}; with `lora_scaling`, a LoRA
+        adapter's tensors under PEFT's names, merged), no process group and no files. Only the
+        in-process transformers engine takes them; returns the version it now serves."""
+        engine = self.proxy.policy_engine
+        if not hasattr(engine, "load_state"):
+            raise ConfigError(
+                f"engine {engine.spec} takes no weights in this process: publish them over a "
+                "process group (a claw.policy/v1 record with transfer)"
+            )
+        engine.load_state(Policy.from_dict(policy, "load_state policy"), tensors, lora_scaling)
+        return dict(engine.policy)
 
     def __enter__(self) -> ProxyServer:
         return self.start()

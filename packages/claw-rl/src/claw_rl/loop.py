@@ -153,6 +153,7 @@ def train_step(
     extra: dict | None = None,
     current: dict | None = None,
     keep: int = KEEP_CHECKPOINTS,
+    write_policy: bool = True,
 ) -> tuple[dict, dict]:
     """Step ``step`` of the run: one learner update on ``samples`` (none: no update), the policy
     saved to ``policy/v<N>/``, checkpoint ``step + 1``, then its policies.jsonl and metrics.jsonl
@@ -161,8 +162,10 @@ def train_step(
     when the step changed no policy weight (no samples, or no learning signal: the learner
     skips its update, see :mod:`claw_rl.learner`), so no policy directory is written and the
     version stays (engines need not reload). Without ``current`` such a step writes the
-    weights in force as ``policy/v<N>/`` at the learner's version. Returns ``(metrics row,
-    policy record)``."""
+    weights in force as ``policy/v<N>/`` at the learner's version. ``write_policy`` False
+    (weights sent in memory, :mod:`claw_rl.transfer`; ``current`` given): the new version gets
+    no directory, its record keeps ``current``'s path (config, tokenizer and the last written
+    weights) and the caller sends the weights. Returns ``(metrics row, policy record)``."""
     run = Path(run)
     extra = dict(extra or {})
     times = dict(extra.pop("time", {}))
@@ -174,7 +177,11 @@ def train_step(
         metrics["policy_updates"] = 0
         log.warning("claw-rl step %d: NO LEARNING SIGNAL: no samples; no update", step)
     t1 = time.monotonic()
-    if learner.dirty or current is None:
+    if learner.dirty and current is not None and not write_policy:
+        from claw_rl.transfer import next_policy
+
+        policy = next_policy(learner, current["path"])
+    elif learner.dirty or current is None:
         out = policy_dir(run, learner.version + (1 if learner.dirty else 0))
         if learner.dirty and learner.rank == 0 and out.exists():  # left by a run killed here
             shutil.rmtree(out)
