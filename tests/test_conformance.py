@@ -57,6 +57,10 @@ def _record_cases():
 # rejects a JSON Schema cannot express (lengths, trees, cross-field rules, path rules); every
 # reader enforces them, and the readers' own conformance tests hold them to it
 BEYOND_SCHEMA = {
+    "policy": {
+        "transfer.buckets.0.bytes not the tensors' aligned size",
+        "transfer.buckets.0.dtypes fewer than names",
+    },
     "job": {
         "network.proxy_url not http",
         "verify.reward_file absolute",

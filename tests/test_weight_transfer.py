@@ -214,3 +214,30 @@ def test_the_same_process_shortcut_hands_the_state_over(tmp_path):
     assert now == {"name": "policy", "version": 1}
     for k, v in learner.policy.state_dict().items():
         assert torch.equal(served[k], v), k
+
+
+@pytest.mark.slow
+def test_a_loop_with_weights_in_memory_writes_only_checkpoint_policy_dirs(tmp_path):
+    """examples/mix_harness_rl.py, 2 steps on the tiny policy with the transformers engine and
+    --weights memory --checkpoint-every 5: the versions step on and every call after step 0's
+    update records the new one, but only v0 and the last version have a policy directory."""
+    run = tmp_path / "run"
+    argv = [sys.executable, str(ROOT / "examples" / "mix_harness_rl.py"), "--run-dir", str(run)]
+    argv += ["--steps", "2", "--rollouts", "2", "--task", "toy-digits", "--seed", "0"]
+    argv += ["--weights", "memory", "--checkpoint-every", "5"]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    policies = _calls(run / "policies.jsonl")
+    versions = [p["version"] for p in policies]
+    assert "in memory" in r.stderr
+    dirs = sorted(d.name for d in (run / "policy").iterdir())
+    assert dirs == sorted({"v0", f"v{versions[-1]}"}), (dirs, versions)
+    step_of = {}
+    for k in range(2):
+        for c in _calls(run / "steps" / f"{k:04d}" / "runs.jsonl"):
+            step_of[c["meta"]["session"]] = k
+    calls = _calls(run / "calls.jsonl")
+    if versions[0] > 0:  # step 0 updated the policy: step 1's calls are served by it
+        assert {c["policy"]["version"] for c in calls if step_of.get(c["session"]) == 1} == {
+            versions[0]
+        }

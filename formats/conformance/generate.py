@@ -511,6 +511,63 @@ def policies() -> list[dict]:
             ("metrics", [0.1], "a list"),
         ],
     )
+    return out + transfers(g)
+
+
+TRANSFER = {
+    "method": "broadcast",
+    "address": "10.0.0.5:29555",
+    "backend": "gloo",
+    "buckets": [
+        {
+            "names": ["model.embed_tokens.weight", "model.norm.weight"],
+            "dtypes": ["bfloat16", "float32"],
+            "shapes": [[64, 8], [8]],
+            "bytes": 1056,
+        },
+        {
+            "names": ["model.layers.0.mlp.up_proj.weight"],
+            "dtypes": ["bfloat16"],
+            "shapes": [[24, 8]],
+            "bytes": 384,
+        },
+    ],
+}
+
+
+def transfers(g: dict) -> list[dict]:
+    """A policy whose weights come over a process group (docs/formats.md, Weight transfer)."""
+    t = {**g, "transfer": TRANSFER}
+    b = "transfer.buckets.0"
+    out = [case("transfer (weights over a process group)", line(t), "accept")]
+    out += good(
+        t,
+        [
+            ("transfer.backend", "nccl", "nccl"),
+            ("transfer.lora_scaling", 2.0, "LoRA adapter"),
+            ("transfer.x_future", 1, "unknown key"),
+        ],
+    )
+    out += missing(
+        t, ["transfer.method", "transfer.address", "transfer.backend", "transfer.buckets"]
+    )
+    out += bad(
+        t,
+        [
+            ("transfer", "10.0.0.5:29555", "a string"),
+            ("transfer.method", "files", "another method"),
+            ("transfer.address", "10.0.0.5", "without a port"),
+            ("transfer.backend", "mpi", "mpi"),
+            ("transfer.buckets", [], "empty"),
+            ("transfer.lora_scaling", 0, "zero"),
+            (f"{b}.names", [], "empty"),
+            (f"{b}.names.0", "", "an empty name"),
+            (f"{b}.dtypes.0", "float8", "an unknown dtype"),
+            (f"{b}.shapes.1", [-1], "a negative dimension"),
+            (f"{b}.bytes", 1040, "not the tensors' aligned size"),
+            (f"{b}.dtypes", ["bfloat16"], "fewer than names"),
+        ],
+    )
     return out
 
 

@@ -405,6 +405,7 @@ class Policy:
     created_at: float | None = None
     step: int | None = None
     metrics: dict = attrs.field(factory=dict)
+    transfer: dict | None = None  # the weights come over a process group (claw_rl.transfer)
 
     @classmethod
     def from_dict(cls, row: Any, where: str = "policy") -> Policy:
@@ -433,6 +434,8 @@ class Policy:
             raise RecordError(f"{where}: field 'step' must be an integer >= 0, got {step!r}")
         if not isinstance(row.get("metrics", {}), dict):
             raise RecordError(f"{where}: field 'metrics' must be an object")
+        if "transfer" in row:
+            _check_transfer(row["transfer"], f"{where}: transfer")
         return cls(
             name=row["name"],
             version=row["version"],
@@ -440,6 +443,7 @@ class Policy:
             created_at=row.get("created_at"),
             step=row.get("step"),
             metrics=dict(row.get("metrics", {})),
+            transfer=row.get("transfer"),
         )
 
     @classmethod
@@ -458,7 +462,62 @@ class Policy:
         if self.step is not None:
             out["step"] = self.step
         out["metrics"] = dict(self.metrics)
+        if self.transfer is not None:
+            out["transfer"] = self.transfer
         return out
+
+
+TRANSFER_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
+TRANSFER_ITEMSIZE.update({"int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1})
+
+
+def _transfer_bucket(b: Any, where: str) -> None:
+    """One bucket of a policy's ``transfer`` (docs/formats.md, Weight transfer)."""
+    if not isinstance(b, dict):
+        raise RecordError(f"{where}: each bucket must be an object")
+    lists = [b.get(k) for k in ("names", "dtypes", "shapes")]
+    for key, v in zip(("names", "dtypes", "shapes"), lists, strict=True):
+        if not isinstance(v, list) or not v:
+            raise RecordError(f"{where}: field {key!r} must be a non-empty list")
+    names, dtypes, shapes = lists
+    if not all(isinstance(n, str) and n for n in names):
+        raise RecordError(f"{where}: field 'names' must hold non-empty strings")
+    if len(dtypes) != len(names) or len(shapes) != len(names):
+        raise RecordError(f"{where}: field 'dtypes' / 'shapes' must have one entry per name")
+    if bad := [d for d in dtypes if d not in TRANSFER_ITEMSIZE]:
+        raise RecordError(f"{where}: field 'dtypes': {bad[0]!r} is not a known dtype")
+    if not all(isinstance(s, list) and all(type(x) is int and x >= 0 for x in s) for s in shapes):
+        raise RecordError(f"{where}: field 'shapes' must hold lists of integers >= 0")
+    want = sum(
+        -(-math.prod(s) * TRANSFER_ITEMSIZE[d] // 16) * 16
+        for d, s in zip(dtypes, shapes, strict=True)
+    )
+    if type(b.get("bytes")) is not int or b["bytes"] != want:
+        raise RecordError(f"{where}: field 'bytes' must be {want}, got {b.get('bytes')!r}")
+
+
+def _check_transfer(t: Any, where: str) -> None:
+    """A policy's ``transfer`` object: method, address HOST:PORT, backend, buckets."""
+    if not isinstance(t, dict):
+        raise RecordError(f"{where}: must be an object")
+    if t.get("method") != "broadcast":
+        raise RecordError(f"{where}: field 'method' must be 'broadcast'")
+    address = t.get("address")
+    host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or " " in address:
+        raise RecordError(f"{where}: field 'address' must be 'HOST:PORT', got {address!r}")
+    if t.get("backend") not in ("gloo", "nccl"):
+        raise RecordError(f"{where}: field 'backend' must be 'gloo' or 'nccl'")
+    buckets = t.get("buckets")
+    if not isinstance(buckets, list) or not buckets:
+        raise RecordError(f"{where}: field 'buckets' must be a non-empty list")
+    for i, b in enumerate(buckets):
+        _transfer_bucket(b, f"{where}.buckets[{i}]")
+    scaling = t.get("lora_scaling")
+    if scaling is not None and (
+        type(scaling) not in (int, float) or not math.isfinite(scaling) or scaling <= 0
+    ):
+        raise RecordError(f"{where}: field 'lora_scaling' must be a number > 0")
 
 
 def _open(path: str | Path) -> tuple[TextIO, str, bool]:
