@@ -129,6 +129,28 @@ MIX_MAKE_LEARNER = mix_harness_rl.make_learner
 mix_harness_rl.make_learner = make_learner
 
 
+#: the loop options mix_harness_rl.prepare_run_dir leaves out of config.json (free to change)
+LOOP_FREE = ("steps", "tensorboard", "wandb", "executor", "ray_address", "proxy_host", "learner",
+             "learner_timeout")  # fmt: skip
+
+
+def backfill_config(run: Path, argv: list[str]) -> None:
+    """An option the loop gained after this run started is taken at the value these arguments
+    give it (its default: the script does not pass it), so the loop's config check, which
+    refuses a resumed run with other options, lets an older run go on."""
+    path = run / "config.json"
+    if not path.exists():
+        return
+    before = json.loads(path.read_text())
+    now = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in vars(mix_harness_rl.options(argv)).items()
+    }
+    if added := {k: v for k, v in now.items() if k not in before and k not in LOOP_FREE}:
+        path.write_text(json.dumps({**before, **added}, indent=2) + "\n")
+        log(f"{path}: loop options added since the run started, at their defaults: {added}")
+
+
 def policy_after(run: Path, steps: int) -> Path:
     """The policy in force after `steps` completed steps (0: the start policy)."""
     if steps == 0:
@@ -321,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         target = min(args.steps, (done // args.eval_every + 1) * args.eval_every)
         t0, before = time.monotonic(), done
         log(f"steps {done}..{target - 1}")
+        backfill_config(run, loop_args(args, run, target))
         mix_harness_rl.main(loop_args(args, run, target))
         done = len(completed_steps(run))
         per = (time.monotonic() - t0) / max(1, done - before)
