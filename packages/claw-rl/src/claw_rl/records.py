@@ -475,11 +475,12 @@ def _transfer_bucket(b: Any, where: str) -> None:
     """One bucket of a policy's ``transfer`` (docs/formats.md, Weight transfer)."""
     if not isinstance(b, dict):
         raise RecordError(f"{where}: each bucket must be an object")
-    lists = [b.get(k) for k in ("names", "dtypes", "shapes")]
-    for key, v in zip(("names", "dtypes", "shapes"), lists, strict=True):
-        if not isinstance(v, list) or not v:
+    for key in ("names", "dtypes", "shapes"):
+        if not isinstance(b.get(key), list) or not b[key]:
             raise RecordError(f"{where}: field {key!r} must be a non-empty list")
-    names, dtypes, shapes = lists
+    names: list = b["names"]
+    dtypes: list = b["dtypes"]
+    shapes: list = b["shapes"]
     if not all(isinstance(n, str) and n for n in names):
         raise RecordError(f"{where}: field 'names' must hold non-empty strings")
     if len(dtypes) != len(names) or len(shapes) != len(names):
@@ -504,7 +505,7 @@ def _check_transfer(t: Any, where: str) -> None:
         raise RecordError(f"{where}: field 'method' must be 'broadcast'")
     address = t.get("address")
     host, _, port = address.rpartition(":") if isinstance(address, str) else ("", "", "")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or " " in address:
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or " " in host:
         raise RecordError(f"{where}: field 'address' must be 'HOST:PORT', got {address!r}")
     if t.get("backend") not in ("gloo", "nccl"):
         raise RecordError(f"{where}: field 'backend' must be 'gloo' or 'nccl'")

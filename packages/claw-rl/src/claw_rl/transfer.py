@@ -118,7 +118,7 @@ def packed(
             _, t = next(it)
             t = t.detach()
             if _dist.is_sharded(t):
-                t = t.full_tensor()  # type: ignore[attr-defined]  # a collective: every rank
+                t = t.full_tensor()  # a collective: every rank takes part
             n = t.numel() * t.element_size()
             if buf is not None:
                 buf[off : off + n].copy_(t.contiguous().reshape(-1).view(torch.uint8).to(device))
