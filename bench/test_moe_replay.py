@@ -53,17 +53,16 @@ TAIL = 0.01  # |logprob diff| counted as a tail token
 
 
 def _bf16_proxy(model: Path, record: Path) -> ProxyServer:
-    """claw-proxy on `model` with its transformers engine in bfloat16. `claw-proxy serve` has
-    no dtype flag (TransformersEngine(dtype="bfloat16") is the library's option, and the proxy
-    builds its engine from the spec), so the loaded model is cast in place: the same bf16
-    weights from_pretrained(dtype=bfloat16) gives, the same module (its router hooks stay)."""
-    srv = ProxyServer(
-        ProxyConfig(engine=f"transformers:{model}", secret=SECRET, record=str(record), seed=0)
+    """claw-proxy on `model` with its transformers engine in bfloat16 (`claw-proxy serve
+    --dtype bfloat16`: the model loaded with from_pretrained(dtype=bfloat16))."""
+    cfg = ProxyConfig(
+        engine=f"transformers:{model}",
+        secret=SECRET,
+        record=str(record),
+        seed=0,
+        dtype="bfloat16",
     )
-    engine = srv.proxy.policy_engine
-    engine._current[0].to(torch.bfloat16)
-    engine.dtype = "bfloat16"
-    return srv
+    return ProxyServer(cfg)
 
 
 def _record(model: Path, d: Path) -> dict:

@@ -163,7 +163,8 @@ def test_every_flag_reaches_its_field(monkeypatch, tmp_path):
     defaults = ProxyConfig(engine="vllm:http://a:1", tokenizer=str(TINY), secret="s3")
     changed = {f.name for f in attrs.fields(ProxyConfig)}
     same = {n for n in changed if getattr(want, n) == getattr(defaults, n)}
-    assert same <= {"engine", "tokenizer", "secret", "parser"}  # the test sets every other field
+    # the test sets every other field (dtype only applies to transformers engines: its own test)
+    assert same <= {"engine", "tokenizer", "secret", "parser", "dtype"}
 
 
 @pytest.mark.parametrize(
@@ -197,3 +198,59 @@ def test_the_config_checks_the_same_bounds():
     ):
         with pytest.raises(ConfigError, match=needle):
             ProxyConfig(engine="scripted:x", secret="s", **bad)
+
+
+def test_dtype_flag_reaches_its_field_and_is_checked(monkeypatch, tmp_path):
+    """--dtype sets the transformers engines' dtype (default float32); an unknown dtype is a
+    usage error of the flag; a dtype for a proxy with no transformers engine is refused,
+    saying it does not apply there (also for a config built in Python)."""
+    from claw_proxy.errors import ConfigError
+
+    engine = f"transformers:{TINY}"
+    assert _config(monkeypatch, tmp_path, "--engine", engine).dtype == "float32"
+    got = _config(monkeypatch, tmp_path, "--engine", engine, "--dtype", "bfloat16")
+    assert got == ProxyConfig(engine=engine, secret="s3", dtype="bfloat16")
+    teacher = ["--engine", "vllm:http://a:1", "--route", f"t*={engine}", "--dtype", "float16"]
+    assert _config(monkeypatch, tmp_path, *teacher).dtype == "float16"  # a routed engine's
+    secret = ["serve", "--secret-file", str(tmp_path / "secret")]
+    r = CliRunner().invoke(main, [*secret, "--engine", engine, "--dtype", "fp8"])
+    assert r.exit_code == 2 and "'fp8' is not one of 'float32', 'bfloat16', 'float16'" in r.output
+    r = CliRunner().invoke(main, [*secret, "--engine", "vllm:http://a:1", "--dtype", "bfloat16"])
+    assert r.exit_code == 1
+    assert "dtype bfloat16 applies only to transformers: engines" in r.output
+    assert "vllm:http://a:1" in r.output
+    with pytest.raises(ConfigError, match="dtype must be one of float32, bfloat16, float16"):
+        ProxyConfig(engine=engine, secret="s", dtype="fp8")
+    with pytest.raises(ConfigError, match="applies only to transformers: engines"):
+        ProxyConfig(engine="scripted:x", secret="s", dtype="float16")
+
+
+def test_bf16_server_serves_the_model_in_bf16(tmp_path):
+    """`dtype="bfloat16"` (serve --dtype bfloat16): the engine's model is loaded in bf16, answers
+    and records the call with finite logprobs; an MoE policy's routing is recorded too."""
+    import math
+
+    import httpx
+    import torch
+    from claw_proxy import ProxyServer, read_calls, read_routing
+    from proxy_testlib import SECRET, token
+
+    moe = TINY.parent / "tiny-qwen3-moe"
+    record = tmp_path / "calls.jsonl"
+    cfg = ProxyConfig(
+        engine=f"transformers:{moe}", secret=SECRET, record=str(record), dtype="bfloat16"
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with ProxyServer(cfg) as srv, httpx.Client(base_url=srv.url, timeout=60) as h:
+        engine = srv.proxy.policy_engine
+        model = engine._current[0]
+        assert engine.dtype == "bfloat16" and model.dtype == torch.bfloat16
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        r = h.post(
+            "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {token('a')}"}
+        )
+        assert r.status_code == 200, r.text
+    (call,) = read_calls(record)
+    assert call.completion_ids and all(math.isfinite(x) for x in call.completion_logprobs)
+    n = len(call.prompt_ids) + len(call.completion_ids) - 1
+    assert read_routing(record, call).shape == (n, 2, 2)

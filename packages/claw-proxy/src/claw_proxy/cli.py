@@ -64,6 +64,11 @@ def serve(host, port, log_level, **options):
 
         claw-proxy serve --engine vllm:http://127.0.0.1:8001 --engine vllm:http://127.0.0.1:8002
         --tokenizer runs/tiny --secret-file secret.txt --record calls.jsonl
+
+    An MoE policy served in bfloat16 while the learner trains in float32:
+
+        claw-proxy serve --engine transformers:tests/fixtures/tiny-qwen3-moe --dtype bfloat16
+        --secret-file secret.txt --record calls.jsonl
     """
     from claw_proxy._serve_options import config_from_options, engine_specs
     from claw_proxy.serve import serve as run

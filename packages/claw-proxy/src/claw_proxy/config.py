@@ -15,6 +15,7 @@ ENGINE_KINDS = ("transformers", "vllm", "scripted", "passthrough")
 SAMPLING_POLICIES = ("force", "honor")
 REPLICA_ROUTINGS = ("sticky", "random")
 DRIFT_CHECKS = ("boundary", "full", "off")  # see render.Renderer
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")  # what transformers engines load a model in
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's threshold too)
 
 
@@ -173,6 +174,14 @@ class ProxyConfig:
     )
     batch_wait: float = _f("transformers engine: seconds to gather a batch", 0.005)
     max_batch: int = _f("transformers engine: rows per batch", 16)
+    dtype: str = _f(
+        "transformers engines: the dtype the model is loaded and served in (also the weights "
+        "each policy update loads); e.g. bfloat16 serves the policy as GPU engines do while "
+        "the learner trains in float32, the numeric difference MoE routing replay guards "
+        "against. A vLLM server's dtype is set where vLLM starts",
+        "float32",
+        choices=ENGINE_DTYPES,
+    )
     upstream_api_key: str | None = _f(
         "environment variable holding a passthrough upstream key",
         None,
@@ -239,6 +248,14 @@ class ProxyConfig:
         for _glob, spec in self.routes:
             if spec != "policy":
                 split_spec(spec)
+        if self.dtype != "float32":
+            specs = [self.engine, *self.replicas, *(s for _, s in self.routes if s != "policy")]
+            if not any(split_spec(s)[0] == "transformers" for s in specs):
+                raise ConfigError(
+                    f"dtype {self.dtype} applies only to transformers: engines, and none is "
+                    f"served here ({', '.join(specs)}); a vLLM server's dtype is its own "
+                    "--dtype, set where vLLM starts"
+                )
 
 
 def _check_field(f: attrs.Attribute, value: Any) -> None:

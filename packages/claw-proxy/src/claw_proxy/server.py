@@ -19,12 +19,12 @@ from contextlib import asynccontextmanager
 import attrs
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from claw_proxy import _thinking, api_anthropic, api_chat, api_responses
 from claw_proxy._bound import PromptBound
-from claw_proxy._call import ClosingStream, Run, extra, iterate
+from claw_proxy._call import AnsweredJSON, ClosingStream, Run, extra, iterate
 from claw_proxy._history import SessionIndex
 from claw_proxy._hygiene import TrimAfterBig
 from claw_proxy._jsonbody import Split, loads, loads_split, read_limited
@@ -157,7 +157,11 @@ class Proxy:
 
             self._renderer(c.tokenizer or target)
             engine: Engine = TransformersEngine(
-                target, policy_name=c.policy_name, max_batch=c.max_batch, batch_wait=c.batch_wait
+                target,
+                policy_name=c.policy_name,
+                max_batch=c.max_batch,
+                batch_wait=c.batch_wait,
+                dtype=c.dtype,
             )
             engine.tokenizer_dir = c.tokenizer or target
         elif kind == "scripted":
@@ -467,7 +471,8 @@ class Proxy:
         )
 
     async def _whole(self, run: Run, resp_id: str, first, chunks) -> Response:
-        """A non-streamed answer: every chunk consumed, recorded, one JSON body."""
+        """A non-streamed answer: every chunk consumed, one JSON body, recorded right after it
+        is sent (`AnsweredJSON`)."""
         api, req = run.api, run.req
         try:
             events = run.consume(first)
@@ -477,12 +482,17 @@ class Proxy:
             answer = run.answer()
             body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
             await run.settle()
-            run.record(answer, body)
-            return JSONResponse(body, headers={CALL_ID_HEADER: run.call_id})
-        finally:
+        except BaseException:
             run.close()
+            raise
+        return AnsweredJSON(
+            body,
+            headers={CALL_ID_HEADER: run.call_id},
+            after=functools.partial(_record_and_close, run, answer, body),
+        )
 
     async def _stream(self, run, stream, first, chunks):
+        done = None  # (answer, body) once the call is answered: recorded in any case
         try:
             for frame in stream.start():
                 yield frame
@@ -504,16 +514,20 @@ class Proxy:
                     yield frame
             answer = run.answer()
             await run.settle()
-            run.record(
-                answer,
-                run.api.response(
-                    answer, id=stream.id, model=run.req.model, **extra(run.api, run.req)
-                ),
+            body = run.api.response(
+                answer, id=stream.id, model=run.req.model, **extra(run.api, run.req)
             )
+            # recorded after its last frames are handed to the connection (in the same step of
+            # the event loop), or when the client leaves while they are sent
+            done = answer, body
             for frame in stream.finish(answer):
                 yield frame
         finally:
-            run.close()
+            try:
+                if done is not None:
+                    run.record(*done)
+            finally:
+                run.close()
 
     # --- the app ----------------------------------------------------------------------------
 
@@ -556,6 +570,13 @@ class Proxy:
         self.history.close()
         self.workers.shutdown(wait=False, cancel_futures=True)
         self.big_workers.shutdown(wait=False, cancel_futures=True)
+
+
+def _record_and_close(run: Run, answer, body: dict) -> None:
+    try:
+        run.record(answer, body)
+    finally:
+        run.close()
 
 
 __all__ = ["Proxy", "error_response"]
