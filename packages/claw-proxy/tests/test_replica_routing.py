@@ -12,6 +12,7 @@ import asyncio
 import json
 import shutil
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -86,6 +87,17 @@ def replica_server(make_server, moe_tok, seen_a, seen_b, a_app=None, **kw):
     )
 
 
+def recorded(srv, n: int) -> list:
+    """The server's call records once it has written `n` (a whole answer's call is recorded
+    right after its last byte is handed to the connection, so a client may see it first)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        calls = list(read_calls(srv.config.record)) if Path(srv.config.record).exists() else []
+        if len(calls) >= n or time.monotonic() > deadline:
+            return calls
+        time.sleep(0.02)
+
+
 def chat(clients, srv, session: str, **kw):
     return clients.openai(srv, session).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": f"hi from {session}"}], **kw
@@ -99,7 +111,7 @@ def test_each_call_records_its_replicas_routing(make_server, clients, moe_tok):
     srv = replica_server(make_server, moe_tok, seen_a, seen_b)
     chat(clients, srv, "s1")
     chat(clients, srv, "s2")
-    calls = {c.session: c for c in read_calls(srv.config.record)}
+    calls = {c.session: c for c in recorded(srv, 2)}
     assert len(seen_a) == len(seen_b) == 1 and not (seen_a[0]["stream"] or seen_b[0]["stream"])
     for session, spec, rows in (("s1", A, vllm_rows), ("s2", B, b_rows)):
         call = calls[session]
@@ -118,7 +130,7 @@ def test_a_dead_replicas_call_is_retried_with_the_other_replicas_rows(
     seen_b: list = []
     srv = replica_server(make_server, moe_tok, [], seen_b, a_app=dead(fake_vllm([])))
     chat(clients, srv, "s1")
-    (call,) = read_calls(srv.config.record)
+    (call,) = recorded(srv, 1)
     n = len(call.prompt_ids) + len(call.completion_ids) - 1
     assert call.engine == f"vllm:{B}" and seen_b[0]["prompt"] == call.prompt_ids
     assert np.array_equal(read_routing(srv.config.record, call), b_rows(n)[:, MOE_COLUMNS])
@@ -182,7 +194,7 @@ def test_stop_sequence_gets_the_routing_without_waiting_for_the_deadline(
     t0 = time.monotonic()
     out = chat(clients, srv, "s1", stop=["*"])  # ANSWER is ')', '*', '+', eos
     elapsed = time.monotonic() - t0
-    (call,) = read_calls(srv.config.record)
+    (call,) = recorded(srv, 1)
     assert out.choices[0].finish_reason == "stop" and out.choices[0].message.content == ")"
     assert call.completion_ids == ANSWER[:2] and elapsed < 5.0, elapsed
     n = len(call.prompt_ids) + len(call.completion_ids) - 1
@@ -227,7 +239,7 @@ def test_stop_sequence_on_streaming_replicas_does_not_wait_for_the_deadline(make
         cut = h.post("/v1/chat/completions", json={**body, "stop": [text[3:5]]}, headers=auth)
         elapsed = time.monotonic() - t0
     assert cut.status_code == 200 and elapsed < 5.0, elapsed
-    calls = list(read_calls(srv.config.record))
+    calls = recorded(srv, 2)
     assert len(calls) == 2 and len(calls[1].completion_ids) < len(calls[0].completion_ids)
     assert calls[0].engine == calls[1].engine == f"transformers:{a}"
     for c in calls:
