@@ -4,6 +4,8 @@ checkpoint/resume bit-for-bit, and the critic (value head and separate model).""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,6 +244,20 @@ def test_checkpoint_resume_is_bit_for_bit(tiny, tmp_path, algo):
         ):
             assert torch.equal(p, q)
     assert m_a[1]["loss"] == m_b["loss"] and resumed.step_count == 2
+
+
+def test_a_resumed_learner_saves_after_its_checkpoint_is_removed(tiny, tmp_path):
+    """A learner resumed from a checkpoint takes its tokenizer files from the run's origin, not
+    from the checkpoint (the loop removes old checkpoints): saving after the checkpoint it was
+    loaded from is gone still writes a whole HF directory."""
+    learner = Learner.grpo(GRPOConfig(lr=1e-3), tiny)
+    save_checkpoint(learner, tmp_path / "ckpt")
+    resumed = load_checkpoint(tmp_path / "ckpt")
+    shutil.rmtree(tmp_path / "ckpt")
+    save_checkpoint(resumed, tmp_path / "ckpt2")
+    save_policy(resumed, tmp_path / "policy")
+    for d in (tmp_path / "ckpt2" / "model", tmp_path / "policy"):
+        assert (d / "tokenizer.json").read_bytes() == (Path(tiny) / "tokenizer.json").read_bytes()
 
 
 def _lrs_of_one_step(learner, batch) -> list[float]:

@@ -144,6 +144,9 @@ def load_checkpoint(
     learner = Learner.from_config(
         config, d / "model", version=state["version"], device=device, origin_dir=state["origin_dir"]
     )
+    # the non-weight files (tokenizer, chat template) of every later save come from the run's
+    # origin: this checkpoint's own directory is removed once newer checkpoints replace it
+    learner.model_dir = learner.origin_dir
     learner.step_count = state["step_count"]
     learner.dirty = state["dirty"]
     learner.last_metrics = state.get("last_metrics", {})
