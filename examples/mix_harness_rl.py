@@ -132,7 +132,11 @@ def prepare_run_dir(args: argparse.Namespace) -> None:
             "learner_timeout")  # fmt: skip
     resolved = {k: v for k, v in resolved.items() if k not in free}
     before = json.loads(path.read_text()) if path.exists() else resolved
-    if changed := ", ".join(sorted(k for k in resolved if before.get(k) != resolved[k])):
+    # an option this script gained after the run began counts as its default there
+    default = {k: str(v) if isinstance(v, Path) else v for k, v in vars(options([])).items()}
+    if changed := ", ".join(
+        sorted(k for k in resolved if before.get(k, default.get(k)) != resolved[k])
+    ):
         raise SystemExit(
             f"{path}: this run was started with other options ({changed}); "
             "use a new --run-dir or the same options"

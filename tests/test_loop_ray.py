@@ -241,6 +241,13 @@ def test_loop_resumes_with_other_places_to_run_and_serves_replicas(tmp_path):
                                  "--proxy-host", "10.0.0.2", "--wandb", "--tensorboard"]))  # fmt: skip
     with pytest.raises(SystemExit, match="replica"):
         m.prepare_run_dir(m.options([*run, "--replica", "vllm:http://h:1"]))
+    # a run begun before the script had an option reopens with that option at its default only
+    config = tmp_path / "run" / "config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items()
+                                  if k != "routing_replay"}))  # fmt: skip
+    with pytest.raises(SystemExit, match="routing_replay"):
+        m.prepare_run_dir(m.options([*run, "--routing-replay", "off"]))
+    m.prepare_run_dir(m.options(run))
 
     claw_rl.init_tiny(tmp_path / "tiny", claw_rl.TinySpec())  # the vllm engines' tokenizer
     args = m.options([*run, "--engine", "vllm:http://127.0.0.1:9", "--replica",
