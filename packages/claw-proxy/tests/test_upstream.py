@@ -12,16 +12,12 @@ import time
 import httpx
 import pytest
 import uvicorn
-from claw_proxy import read_calls
+from claw_proxy import _upstream, read_calls  # httptools parses answers where installed
 from claw_proxy.errors import EngineError
 from claw_proxy.records import CallWriter
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-_upstream = pytest.importorskip(
-    "claw_proxy._upstream", reason="the fast upstream client needs httptools (claw-proxy[fast])"
-)
 
 # --- the client against raw servers -------------------------------------------------------------
 
@@ -622,3 +618,129 @@ def test_prompt_json_is_sent_when_its_ends_match_the_ids():
     assert _ends_match("12,3,45", [12, 3, 45])
     assert not _ends_match("15,2,3", [5, 2, 3]) and not _ends_match("1,2,33", [1, 2, 3])
     assert not _ends_match("1,2,3", [1, 2, 4])
+
+
+class _Proto:
+    """What `_upstream._Reader` calls, noted."""
+
+    def __init__(self) -> None:
+        self.headers: list = []
+        self.body: list[bytes] = []
+        self.heads = 0
+        self.complete = 0
+
+    def on_header(self, name, value):
+        self.headers.append((name, value))
+
+    def on_headers_complete(self):
+        self.heads += 1
+
+    def on_body(self, data):
+        self.body.append(data)
+
+    def on_message_complete(self):
+        self.complete += 1
+
+
+_ANSWERS = [  # (bytes, status, body, keep-alive, complete before the connection's end)
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A:  b \r\n\r\nhello", 200, b"hello", True, True),
+    (
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"3;ext=1\r\nabc\r\nA\r\n0123456789\r\n0\r\nx-trailer: t\r\n\r\n",
+        201,
+        b"abc0123456789",
+        True,
+        True,
+    ),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", True, True),
+    (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", 200, b"until the end", False, False),
+    (
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 2\r\n\r\nok",
+        200,
+        b"ok",
+        False,
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("answer", _ANSWERS, ids=["length", "chunked", "204", "eof", "close"])
+def test_the_python_reader_at_every_split(answer):
+    """`_Reader` (the parser without httptools) gives the same head, body and end however the
+    answer's bytes are split into reads: whole, and cut in two at every byte."""
+    raw, status, body, keep, complete = answer
+    for cut in range(len(raw) + 1):
+        proto = _Proto()
+        reader = _upstream._Reader(proto, b"POST")
+        for part in (raw[:cut], raw[cut:]):
+            if part:
+                reader.feed_data(part)
+        assert reader.get_status_code() == status and proto.heads == 1, cut
+        assert b"".join(proto.body) == body and proto.complete == int(complete), cut
+        assert reader.should_keep_alive() is keep
+        assert (b"x-a", b"b") in proto.headers or status != 200 or not keep
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"HTTP/1.1 2x0 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n",
+    ],
+)
+def test_the_python_reader_refuses_what_is_not_http(raw):
+    """A bad status line, header, length, chunk size or chunk is a parse error."""
+    with pytest.raises(_upstream._ParseError):
+        _upstream._Reader(_Proto(), b"POST").feed_data(raw)
+
+
+def test_streamed_events_of_one_read_are_parsed_in_one_pass():
+    """The events of a streamed /v1/completions answer pass on as one list per read, the same
+    pairs and finish as event by event (`_each_event`); a bad event passes on the tokens before
+    it, then fails as before."""
+    from claw_proxy.engines import Generation, _each_event, _streamed
+
+    def event(i, finish=None):
+        choice = {"index": 0, "logprobs": {"tokens": [f"token_id:{i}"], "token_logprobs": [-i]}}
+        choice["finish_reason"] = finish
+        return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\r\n\r\n"
+
+    body = event(1) + event(2) + b": a comment\n\n" + event(3, "stop") + b"data: [DONE]\n\n"
+
+    class Answer:
+        def __init__(self, parts):
+            self.parts = parts
+
+        async def iter(self):
+            for p in self.parts:
+                yield p
+
+    async def read(parts):
+        gen = Generation()
+        finish = await _streamed(Answer(parts), gen, greedy=False)
+        gen.put_nowait("end", finish)
+        return [c async for c in gen.chunks()], gen.finish
+
+    async def one_by_one():
+        gen = Generation()
+        finish = _each_event(body, gen, False, None)
+        gen.put_nowait("end", finish)
+        return [c async for c in gen.chunks()], gen.finish
+
+    want = _run(one_by_one())
+    assert want == ([[(1, -1.0), (2, -2.0), (3, -3.0)]], "stop")
+    for cut in range(len(body) + 1):
+        assert _run(read([body[:cut], body[cut:]])) == want, cut
+
+    async def bad():
+        gen = Generation()
+        with pytest.raises(json.JSONDecodeError):
+            await _streamed(Answer([event(1) + b"data: {not json\n\n" + event(2)]), gen, False)
+        gen.put_nowait("end", None)
+        return [c async for c in gen.chunks()]
+
+    assert _run(bad()) == [[(1, -1.0)]]

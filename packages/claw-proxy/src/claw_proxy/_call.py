@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from claw_proxy import api_responses
 from claw_proxy._logprobs import TokenText
@@ -52,6 +52,23 @@ class ClosingStream(StreamingResponse):
             self._on_close()
 
 
+class AnsweredJSON(JSONResponse):
+    """A whole answer with work left once its bytes are handed to the connection (the prefix
+    cache's update, `Run.remember`): `after` runs right after the last send (and when sending
+    fails), in the same step of the event loop, so before this proxy reads another request
+    (of this session or any other), and the answer did not wait for it."""
+
+    def __init__(self, content, *, after, **kw) -> None:
+        super().__init__(content, **kw)
+        self._after = after
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._after()
+
+
 class Run:
     """One call in progress: sampled ids -> text deltas -> answer events -> record."""
 
@@ -90,6 +107,7 @@ class Run:
         self._deltas: list[str] = []  # each sampled token's text, and where it ends in the answer
         self._ends: list[int] = []
         self._chars = 0
+        self._where: tuple[int, int, int] | None = None  # the record line (`CallWriter.write`)
 
     def close(self) -> None:
         """Release the session's in-flight slot and stop the engine (idempotent)."""
@@ -283,6 +301,13 @@ class Run:
         proxy.stats["reused_tokens"] += r.reused_tokens
         proxy.stats["rendered_tokens"] += r.rendered_tokens
         self.state.calls += 1
-        proxy.caches[self.engine.tokenizer_dir].remember(
-            self.session, self.call_id, self.rendered, answer, self.ids, where
+        self._where = where
+
+    def remember(self, answer: Answer) -> None:
+        """Keep the recorded call in the prefix cache (and its session index), so the session's
+        next call reuses its ids: done once the answer is sent (`AnsweredJSON`, the end of
+        `Proxy._stream`), in the same step of the event loop, so before this proxy reads
+        another request."""
+        self.proxy.caches[self.engine.tokenizer_dir].remember(
+            self.session, self.call_id, self.rendered, answer, self.ids, self._where
         )

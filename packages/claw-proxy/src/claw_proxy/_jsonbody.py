@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import re
+import threading
 
 from claw_proxy.errors import LimitError, RequestError
 
@@ -233,15 +234,72 @@ def _elements(text: str, i: int, known: Split) -> tuple[Split, int] | None:
             i = ws(text, i)
 
 
-def _split(text: str, field: str, known: Split) -> tuple[dict, Split | None] | None:
+class _Members:
+    """Big top-level members (an array or object of `MIN_CHARS` or more: `tools`, a long
+    `system`) by their JSON text, as parsed and checked before: a harness re-sends the same
+    tools on every call of every session, and such a member whose text is one of these is
+    taken as that value (shared, as the parse memo shares messages), neither parsed nor
+    checked again. An array or object is never a proper prefix of another JSON value, so
+    the same text followed by the member's delimiter is the same value. Bounded: `PER_KEY`
+    texts a member name, `KEYS` names, `MAX_CHARS` a text."""
+
+    MIN_CHARS, MAX_CHARS, PER_KEY, KEYS = 256, 1 << 20, 4, 16
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, list[tuple[str, object]]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, text: str, i: int) -> tuple[object, int] | None:
+        """The known value whose text starts at `i`, and where it ends; None when none."""
+        for known, value in self._by_key.get(key, ()):
+            if text.startswith(known, i):
+                return value, i + len(known)
+        return None
+
+    def keep(self, key: str, known: str, value: object) -> None:
+        with self._lock:
+            entries = self._by_key.get(key)
+            if entries is None:
+                if len(self._by_key) >= self.KEYS:
+                    return
+                entries = []
+            # most recent first; a copy, so readers on other threads see a whole list
+            self._by_key[key] = [(known, value), *entries[: self.PER_KEY - 1]]
+
+
+_MEMBERS = _Members()
+
+
+def _member(text: str, i: int, key: str, fresh: dict[str, str], taken: set[str]):
+    """The value of top-level member `key` starting at `i`, and where it ends: `_MEMBERS`'s
+    when it knows the text (noted in `taken`), else scanned (a big one's text noted in
+    `fresh`)."""
+    if text[i : i + 1] not in ("[", "{"):
+        return _SCAN(text, i)
+    got = _MEMBERS.take(key, text, i)
+    if got is not None:
+        taken.add(key)
+        return got
+    value, end = _SCAN(text, i)
+    if _Members.MIN_CHARS <= end - i <= _Members.MAX_CHARS:
+        fresh[key] = text[i:end]
+    return value, end
+
+
+def _split(
+    text: str, field: str, known: Split
+) -> tuple[dict, Split | None, dict[str, str], set[str]] | None:
     """A top-level JSON object parsed member by member with the json module's own scanner (the
     values are exactly `json.loads`'s), with its `field` array's elements as a Split (None
-    when it has no such array, or an empty one). None for anything else: not an object,
-    malformed JSON, a non-finite number, nesting too deep. The caller then parses the plain
-    way, which names the error."""
+    when it has no such array, or an empty one), the text of each big member parsed here (by
+    name) and the names of those taken from `_MEMBERS` (checked before). None for anything
+    else: not an object, malformed JSON, a non-finite number, nesting too deep. The caller
+    then parses the plain way, which names the error."""
     scan, ws = _SCAN, _skip
     out: dict = {}
     split: Split | None = None
+    fresh: dict[str, str] = {}
+    taken: set[str] = set()
     try:
         i = ws(text, 0)
         if text[i : i + 1] != "{":
@@ -269,7 +327,9 @@ def _split(text: str, field: str, known: Split) -> tuple[dict, Split | None] | N
                     else:
                         out[key], i = scan(text, i)
                 else:
-                    out[key], i = scan(text, i)
+                    fresh.pop(key, None)  # a later duplicate key wins, as in json.loads
+                    taken.discard(key)
+                    out[key], i = _member(text, i, key, fresh, taken)
                 i = ws(text, i)
                 c, i = text[i : i + 1], i + 1
                 if c == "}":
@@ -281,7 +341,7 @@ def _split(text: str, field: str, known: Split) -> tuple[dict, Split | None] | N
         return None
     if ws(text, i) != len(text):
         return None
-    return out, split
+    return out, split, fresh, taken
 
 
 def loads_split(
@@ -302,7 +362,7 @@ def loads_split(
             got = None
     if got is None:
         return loads(raw), None
-    value, split = got
+    value, split, fresh, taken = got
     what = "the request body"
     for k in value:
         if _bad_text(k):
@@ -310,13 +370,15 @@ def loads_split(
                 f"{what} has a key with a lone UTF-16 surrogate (not valid Unicode)", "(top level)"
             )
     # every string parsed here is checked (scanning the raw bytes for surrogate escapes would
-    # cost as much as the parse saved)
+    # cost as much as the parse saved); a big member taken from `_MEMBERS` was checked then
     roots: list[tuple[object, int, object]] = []
     for k, v in value.items():
         if k == field and split is not None:
             where = (k, None)
             roots.extend((v[j], 2, (j, where)) for j in split.fresh)
-        else:
+        elif k not in taken:
             roots.append((v, 1, (k, None)))
     _check(roots, what, True)
+    for k, member in fresh.items():
+        _MEMBERS.keep(k, member, value[k])
     return value, split

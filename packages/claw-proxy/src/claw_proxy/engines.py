@@ -51,9 +51,6 @@ class GenRequest:
     model: str = ""
     tags: dict = attrs.field(factory=dict)  # the session's tags (scripted engines pick by them)
     session: str = ""  # the rollout the call belongs to (replicas keep a session on one engine)
-    # False: nothing is passed on before the whole answer (the harness did not stream, and no
-    # stop sequence may cut the generation short), so an engine may answer in one piece
-    stream: bool = True
     # `prompt_ids` as JSON without brackets ("1,2,3"), when known: sent as is, not re-encoded.
     # It must hold exactly `prompt_ids`: whoever changes the ids clears it (evolve(..., ""))
     prompt_json: str = attrs.field(default="", repr=False)
@@ -505,9 +502,8 @@ class VLLMEngine(Engine):
             gen.routes = moe is not None
             greedy = req.temperature == 0  # a point mass: each token's logprob is 0.0
             gen.put_nowait("policy", policy)
-            whole = moe is not None or not req.stream
-            content = self._content(req, model, policy, stream=not whole)
-            if whole:
+            content = self._content(req, model, policy, stream=moe is None)
+            if moe is not None:
                 finish = await self._whole(content, gen, greedy, len(req.prompt_ids), moe)
             else:
                 r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
@@ -528,20 +524,12 @@ class VLLMEngine(Engine):
             self._in_flight -= 1
 
     async def _whole(
-        self,
-        content: bytes,
-        gen: Generation,
-        greedy: bool,
-        prompt_len: int,
-        moe: MoELayout | None,
+        self, content: bytes, gen: Generation, greedy: bool, prompt_len: int, moe: MoELayout
     ) -> str | None:
-        """Ask for a whole (non-streamed) answer and pass on its tokens in one chunk, then, for
-        an MoE policy (`moe`), its routing (checked against `moe` before any token goes on); its
-        finish. One JSON body instead of an event per token: what a call whose harness did not
-        stream takes (`GenRequest.stream`), and every MoE call (vLLM returns routed experts only
-        in whole answers). vLLM sends nothing before the whole answer: a generation cancelled
-        meanwhile drops the request (closing the connection makes vLLM abort it) and gets
-        neither."""
+        """Ask for a whole (non-streamed) answer of an MoE policy and pass on its tokens, then
+        its routing (checked against `moe` before any token goes on); its finish. vLLM sends
+        nothing before the whole answer: a generation cancelled meanwhile drops the request
+        (closing the connection makes vLLM abort it) and gets neither."""
 
         async def fetch() -> bytes:
             r = await post(self._fast, self._client, "/v1/completions", content, _JSON)
@@ -569,10 +557,6 @@ class VLLMEngine(Engine):
             raise EngineError("vLLM answered without exactly one completion choice", status=502)
         choice = choices[0]
         pairs = _pairs(choice, greedy)
-        if moe is None:
-            if pairs:
-                gen.put_nowait("tokens", pairs)
-            return choice.get("finish_reason")
         rows = decode_routed_experts(choice.get("routed_experts"), prompt_len, len(pairs), moe)
         if pairs:
             gen.put_nowait("tokens", pairs)
@@ -720,11 +704,59 @@ def _pairs(choice: dict, greedy: bool) -> list[tuple[int, float]]:
 
 
 async def _streamed(r, gen: Generation, greedy: bool) -> str | None:
-    """Pass on the tokens of a streamed /v1/completions answer as they come; its finish."""
+    """Pass on the tokens of a streamed /v1/completions answer as they come; its finish.
+
+    vLLM sends an event per token; the events that came in one read are parsed in one pass
+    (their JSON joined into one array: one `json.loads`, one list of pairs passed on), which is
+    what the reader would see anyway (`Generation.chunks` merges waiting tokens). A batch that
+    does not parse so is read again event by event, which passes on the tokens before a bad
+    event and fails on it as before."""
     finish = None
-    async for line in sse_lines(r.iter()):
+    rest = b""
+    async for chunk in r.iter():
         if gen.cancelled:
             break  # closing the stream makes vLLM abort the request
+        data = rest + chunk if rest else chunk
+        end = data.rfind(b"\n") + 1
+        rest = data[end:]
+        if end:
+            finish = _events(data[:end], gen, greedy, finish)
+    if rest and not gen.cancelled:
+        finish = _events(rest, gen, greedy, finish)
+    return finish
+
+
+def _events(block: bytes, gen: Generation, greedy: bool, finish: str | None) -> str | None:
+    """Pass on the tokens of the whole lines of an event stream in `block`; the last finish
+    reason among them (else `finish`)."""
+    payloads = []
+    for raw in block.split(b"\n"):
+        if raw.startswith(b"data:"):
+            payload = raw[5:]
+            if payload.strip() != b"[DONE]":
+                payloads.append(payload)
+    if not payloads:
+        return finish
+    try:
+        events = json.loads(b"[" + b",".join(payloads) + b"]")
+        if len(events) != len(payloads):
+            raise ValueError("an event is not one JSON value")
+        pairs: list[tuple[int, float]] = []
+        for event in events:
+            for choice in event["choices"]:
+                pairs += _pairs(choice, greedy)
+                finish = choice.get("finish_reason") or finish
+    except (KeyError, IndexError, TypeError, ValueError, EngineError):
+        return _each_event(block, gen, greedy, finish)  # raises where that event is
+    if pairs:
+        gen.put_nowait("tokens", pairs)
+    return finish
+
+
+def _each_event(block: bytes, gen: Generation, greedy: bool, finish: str | None) -> str | None:
+    """`_events` one line at a time: the tokens before a bad event go on, then it raises."""
+    for raw in block.split(b"\n"):
+        line = raw.rstrip(b"\r").decode("utf-8")
         if not line.startswith("data:") or line[5:].strip() == "[DONE]":
             continue
         for choice in json.loads(line[5:])["choices"]:
@@ -761,15 +793,14 @@ def http_transport() -> httpx.AsyncHTTPTransport:
 
 
 def fast_client(url: str, transport, timeout: float):
-    """The kept-alive HTTP/1.1 client to `url` (`claw_proxy._upstream.Upstream`), or None where
-    httpx serves instead: a test transport given, httptools not installed (`claw-proxy[fast]`),
-    or an HTTP proxy from the environment applies to `url`."""
+    """The kept-alive HTTP/1.1 client to `url` (`claw_proxy._upstream.Upstream`; its answers
+    parsed by httptools where `claw-proxy[fast]` is installed, else in Python), or None where httpx
+    serves instead: a test transport given, or an HTTP proxy from the environment applies to
+    `url`."""
     if transport is not None:
         return None
-    try:
-        from claw_proxy import _upstream
-    except ImportError:  # no httptools
-        return None
+    from claw_proxy import _upstream
+
     return _upstream.Upstream(url, timeout=timeout) if _upstream.usable(url) else None
 
 

@@ -299,17 +299,26 @@ class Renderer:
         return ids[:n] == head_ids and ids[n:] == [*completion_ids, *tail]
 
     def boundary_continuation(
-        self, prompt_ids, completion_ids: list[int], resent: Message, new: list[Message], tail: str
+        self,
+        prompt_ids,
+        completion_ids: list[int],
+        resent: Message,
+        new: list[Message],
+        tail: str | None = None,
     ) -> list[int] | None:
-        """The boundary drift check and the continuation's ids from one tokenisation: when
-        `boundary_matches` would be True, the ids of `tail` (the continuation text) taken from
-        the check's own encoding, where the answer's eos token splits them off; None when the
-        check does not pass or the split cannot be proven (then the caller encodes `tail` and
-        runs `boundary_matches`, as without this path).
+        """The boundary drift check and the continuation's ids from one render and one
+        tokenisation: when `boundary_matches` would be True, the ids of the continuation (the
+        text after the answer's eos token: its end of turn, the new messages, the generation
+        prompt) taken from the check's own encoding, where that eos token splits them off; None
+        when the check does not pass or the split cannot be proven (then the caller renders the
+        continuation by itself, `continuation_text`, encodes it and runs `boundary_matches`).
 
         Exact: the ids after an eos token in `_split_ids` are those of the text after it encoded
-        alone, and that text is `tail` (the rendered text ends with it, and the eos token ends
-        where it begins), so `encode(tail)` is the same list and the check compares equal."""
+        alone. That text is the continuation as the template writes it after this very answer;
+        `continuation_text` writes it after a stand-in answer, the same text for templates that
+        write each turn by itself (the Qwen3 family; a template that does not shows as drift on
+        the checks that render the real history). With `tail` (that continuation text) it must
+        also end the render exactly there."""
         if (
             self._boundary is None
             or not completion_ids
@@ -321,16 +330,17 @@ class Renderer:
             return None
         msgs = [{"role": "user", "content": "u"}, resent.to_template()]
         text = self._template(msgs + [m.to_template() for m in new], None, True)
-        if not text.startswith(head) or not text.endswith(tail):
+        if not text.startswith(head) or (tail is not None and not text.endswith(tail)):
             return None
         enc = self._encoding(self.tokenizer.backend_tokenizer, text)
         ids = enc.ids
         n = len(head_ids)
         j = n + len(completion_ids)
         if (
-            ids[:n] != head_ids
+            len(ids) < j
+            or ids[:n] != head_ids
             or ids[n:j] != completion_ids
-            or enc.offsets[j - 1][1] != len(text) - len(tail)
+            or (tail is not None and enc.offsets[j - 1][1] != len(text) - len(tail))
         ):
             return None
         return ids[j:]
@@ -463,7 +473,7 @@ class PrefixCache:
         boundary check passes in one pass (no drift, no full re-render due). None otherwise,
         with nothing changed: then `render` (on a worker thread) does it all. Cheap enough to
         run on the event loop, which saves the request two thread hand-offs."""
-        if self.drift_check != "boundary" or not self.one_pass:
+        if self.drift_check != "boundary" or not self.one_pass or self._full_due():
             return None
         keys, best = self._match(session, req)
         if best is None or len(req.messages) - best.n_keys + 1 > max_new:
@@ -471,18 +481,27 @@ class PrefixCache:
         if self.index.candidate(session, self.renderer.directory, keys, best.n_keys):
             return None  # a longer call was forgotten: `render` reads it back
         new = list(req.messages[best.n_keys - 1 :])
-        text = self.renderer.continuation_text(new, best.ended_with_eos)
-        if text is None or len(text) >= 16384:
+        if sum(len(m.content) for m in new) >= 16384:  # long work: on a worker thread
             return None
         reused = best.token_ids
-        tail = self._one_pass_tail(req, best, reused, new, text)
-        if tail is None:
+        tail = self._one_pass_tail(req, best, reused, new)
+        if tail is None or not self._take_boundary_reuse():
             return None
-        with self._lock:  # counted as `render` counts it, unless it is the one due a full check
-            if self.drift_full_every > 0 and (self._reuses + 1) % self.drift_full_every == 0:
-                return None
-            self._reuses += 1
         return self._reused(keys, best, reused, tail, True, "boundary")
+
+    def _full_due(self) -> bool:
+        """Whether the next reuse is the `drift_full_every`-th (its check is a full render)."""
+        n = self.drift_full_every
+        return n > 0 and (self._reuses + 1) % n == 0
+
+    def _take_boundary_reuse(self) -> bool:
+        """Count a reuse checked at the boundary, as `_drift_mode` counts it; False (nothing
+        counted) when it is the one due a full check."""
+        with self._lock:
+            if self._full_due():
+                return False
+            self._reuses += 1
+            return True
 
     def _reused(
         self,
@@ -509,17 +528,17 @@ class PrefixCache:
         )
 
     def _one_pass_tail(
-        self, req: ChatRequest, best: _Branch, reused: array, new: list, text: str
+        self, req: ChatRequest, best: _Branch, reused: array, new: list
     ) -> list[int] | None:
-        """The continuation's ids from the boundary check's own tokenisation, or None when the
-        check does not pass in one pass (drift, no eos): then the two-pass path decides."""
+        """The continuation's ids from the boundary check's own render and tokenisation, or
+        None when the check does not pass in one pass (drift, no eos): then the two-pass path
+        decides."""
         p = best.prompt_len
         return self.renderer.boundary_continuation(
             reused[max(0, p - 64) : p],
             reused[p:].tolist(),
             req.messages[best.n_keys - 2],
             new,
-            text,
         )
 
     def render(self, session: str, req: ChatRequest) -> Rendered:
@@ -527,25 +546,21 @@ class PrefixCache:
         best, fork = self._recover(session, keys, best)
         if best is not None:
             new = list(req.messages[best.n_keys - 1 :])
+            reused = best.token_ids  # a copy when best is a prefix of a longer call
+            if self.drift_check == "boundary" and self.one_pass and not self._full_due():
+                tail = self._one_pass_tail(req, best, reused, new)
+                if tail is not None and self._take_boundary_reuse():
+                    return self._count(
+                        self._reused(keys, best, reused, tail, True, "boundary", fork=fork)
+                    )
             text = self.renderer.continuation_text(new, best.ended_with_eos)
             if text is not None:
-                reused = best.token_ids  # a copy when best is a prefix of a longer call
                 mode = self._drift_mode()
-                tail = None
-                matches: bool | None
-                check: str | None
-                if mode == "boundary" and self.one_pass:
-                    tail = self._one_pass_tail(req, best, reused, new, text)
-                    matches, check = True, "boundary"
-                if tail is None:
-                    tail = self.renderer.encode(text)
-                    prompt = reused + array("q", tail)
-                    matches, check = self._drift(req, best, reused, new, tail, prompt, mode)
-                    return self._count(
-                        self._reused(keys, best, reused, tail, matches, check, prompt, fork)
-                    )
+                tail = self.renderer.encode(text)
+                prompt = reused + array("q", tail)
+                matches, check = self._drift(req, best, reused, new, tail, prompt, mode)
                 return self._count(
-                    self._reused(keys, best, reused, tail, matches, check, fork=fork)
+                    self._reused(keys, best, reused, tail, matches, check, prompt, fork)
                 )
         ids = self.renderer.render_full(req)
         if best is not None and fork is None and array("q", ids[: best.n_tokens]) != best.token_ids:

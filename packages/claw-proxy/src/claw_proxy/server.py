@@ -471,8 +471,8 @@ class Proxy:
         )
 
     async def _whole(self, run: Run, resp_id: str, first, chunks) -> Response:
-        """A non-streamed answer: every chunk consumed, one JSON body, recorded right after it
-        is sent (`AnsweredJSON`)."""
+        """A non-streamed answer: every chunk consumed, recorded, one JSON body; the prefix
+        cache learns the call right after it is sent (`AnsweredJSON`)."""
         api, req = run.api, run.req
         try:
             events = run.consume(first)
@@ -482,17 +482,18 @@ class Proxy:
             answer = run.answer()
             body = api.response(answer, id=resp_id, model=req.model, **extra(api, req))
             await run.settle()
+            run.record(answer, body)
         except BaseException:
             run.close()
             raise
         return AnsweredJSON(
             body,
             headers={CALL_ID_HEADER: run.call_id},
-            after=functools.partial(_record_and_close, run, answer, body),
+            after=functools.partial(_remember_and_close, run, answer),
         )
 
     async def _stream(self, run, stream, first, chunks):
-        done = None  # (answer, body) once the call is answered: recorded in any case
+        done = None  # the answer, once recorded: the prefix cache learns it in any case
         try:
             for frame in stream.start():
                 yield frame
@@ -514,18 +515,21 @@ class Proxy:
                     yield frame
             answer = run.answer()
             await run.settle()
-            body = run.api.response(
-                answer, id=stream.id, model=run.req.model, **extra(run.api, run.req)
+            run.record(
+                answer,
+                run.api.response(
+                    answer, id=stream.id, model=run.req.model, **extra(run.api, run.req)
+                ),
             )
-            # recorded after its last frames are handed to the connection (in the same step of
-            # the event loop), or when the client leaves while they are sent
-            done = answer, body
+            # the prefix cache learns the call once its last frames are handed to the
+            # connection (in the same step of the event loop), or when the client leaves
+            done = answer
             for frame in stream.finish(answer):
                 yield frame
         finally:
             try:
                 if done is not None:
-                    run.record(*done)
+                    run.remember(done)
             finally:
                 run.close()
 
@@ -572,9 +576,9 @@ class Proxy:
         self.big_workers.shutdown(wait=False, cancel_futures=True)
 
 
-def _record_and_close(run: Run, answer, body: dict) -> None:
+def _remember_and_close(run: Run, answer) -> None:
     try:
-        run.record(answer, body)
+        run.remember(answer)
     finally:
         run.close()
 
