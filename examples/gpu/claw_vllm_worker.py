@@ -15,7 +15,8 @@ processing. Start the server with it on PYTHONPATH:
 New weights in memory (a policy with ``transfer``, docs/formats.md claw.policy/v1): claw-proxy
 calls ``claw_receive_weights`` through ``/collective_rpc``; each worker joins the learner's
 process group at the rank the proxy assigned plus its own rank, receives the buckets one by one
-and loads each with ``model.load_weights`` (then re-ties a tied LM head). gloo on CPU (vLLM's
+and streams them into vLLM's in-place ``reload_weights(weights_iterator=...)`` (then re-ties a
+tied LM head). gloo on CPU (vLLM's
 CPU build has no native weight-transfer engine), NCCL on GPU.
 
 It runs inside vLLM's worker processes, so it imports nothing from claw: `join`, `buckets` and
@@ -73,17 +74,22 @@ class ClawWorkerExtension:
     def claw_receive_weights(
         self, transfer: dict, version: int, rank: int, world_size: int
     ) -> dict:
-        """Join the learner's group at `rank` + this worker's rank, load every bucket with
-        ``model.load_weights``, re-tie a tied LM head; what was received."""
-        model = self.model_runner.get_model()
+        """Join the learner's group at `rank` + this worker's rank, stream every bucket into
+        vLLM's in-place reload, re-tie a tied LM head; what was received."""
         device = "cuda" if transfer["backend"] == "nccl" else "cpu"
         group = join(transfer, version, rank + getattr(self, "rank", 0), world_size)
-        names = nbytes = 0
-        for pairs in buckets(transfer, group, device):
-            model.load_weights(weights=pairs)
-            names += len(pairs)
+        count = [0]
+
+        def pairs():  # streamed: one bucket in memory at a time
+            for bucket in buckets(transfer, group, device):
+                count[0] += len(bucket)
+                yield from bucket
+
+        # vLLM's in-place reload (what reload_weights does from files), fed from the group
+        self.reload_weights(weights_iterator=pairs())
+        names = count[0]
         nbytes = sum(b["bytes"] for b in transfer["buckets"])
-        retied, repacked = _retie(model)
+        retied, repacked = _retie(self.model_runner.get_model())
         return {"tensors": names, "bytes": nbytes, "retied_lm_head": retied, "repacked": repacked}
 
     def claw_reload_weights(self, weights_path: str) -> dict:

@@ -15,6 +15,7 @@ next to them (`records.sampling_record`). Specs:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -642,8 +643,11 @@ class VLLMEngine(Engine):
                     new = str(policy.version)
                     await self._admin("POST", "/update_weight_version", json={"new_version": new})
                     await self._check_weight_version(new)
-                finally:
-                    await self._admin("POST", "/resume")
+                except BaseException:  # its error, not that of a /resume to a dead server
+                    with contextlib.suppress(EngineError):
+                        await self._admin("POST", "/resume")
+                    raise
+                await self._admin("POST", "/resume")
                 self._lora = None
                 self.policy = {"name": policy.name, "version": policy.version}
             finally:
