@@ -246,3 +246,27 @@ def test_stop_sequence_on_streaming_replicas_does_not_wait_for_the_deadline(make
         ids = list(c.prompt_ids) + c.completion_ids[:-1]
         got = read_routing(srv.config.record, c)
         np.testing.assert_array_equal(got, reference_routing(model, ids))
+
+
+def test_kept_sizes_pass_through_transformers_replicas(make_server, moe_pair):
+    """The in-process engine's kept-set sizes (`completion_kept`) reach the record through a
+    replica set as they do from one engine: a top_k 5 call records 4 for every token (no ties
+    in float32 logits); a vLLM replica, which records none, would leave the field out."""
+    a, b, _ = moe_pair
+    srv = make_server(
+        engine=f"transformers:{a}",
+        replicas=(f"transformers:{b}",),
+        tokenizer=str(a),
+        sampling="honor",
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 12}
+    auth = {"authorization": f"Bearer {token('k1')}"}
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={**body, "seed": 3, "temperature": 0.9, "top_k": 5},
+        headers=auth,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    (call,) = recorded(srv, 1)
+    assert call.completion_kept == [4] * len(call.completion_ids)

@@ -51,6 +51,9 @@ class _Relay(Generation):
         super().__init__()
         self.inner: Generation | None = None
         self.engine_spec: str | None = None  # the replica that sampled the tokens
+        # the kept-set size of each token passed on (`KeptGeneration.kept`), from the replica that
+        # sampled it; None once a replica that does not record them sampled any
+        self.kept: list[int] | None = []
 
     def cancel(self) -> None:
         drain = not self.cancelled and self.routes and self.inner is not None
@@ -59,6 +62,14 @@ class _Relay(Generation):
             self.inner.cancel()
         if self.task is not None and not drain:
             self.task.cancel()
+
+
+def _forward_kept(inner: Generation, gen: _Relay, read: int, n: int) -> None:
+    """Pass on the kept-set sizes of the `n` tokens `inner` just gave, after the `read` it gave
+    before (an engine appends a token's size before it puts the token)."""
+    kept = getattr(inner, "kept", None)
+    if gen.kept is not None:
+        gen.kept = None if kept is None else gen.kept + list(kept[read : read + n])
 
 
 class ReplicaSet(Engine):
@@ -182,6 +193,7 @@ class ReplicaSet(Engine):
             self.in_flight[i] += 1
             try:
                 inner = gen.inner = replica.generate(sub)
+                before = len(sent)  # tokens this replica's prompt already holds
                 gen.routes = inner.routes
                 async for chunk in inner.chunks():
                     gen.routes = inner.routes  # an engine may learn it once the call started
@@ -190,6 +202,7 @@ class ReplicaSet(Engine):
                         gen.put_nowait("policy", policy)
                     elif inner.policy is not None and inner.policy != policy:
                         raise _VersionChanged(policy, inner.policy)
+                    _forward_kept(inner, gen, len(sent) - before, len(chunk))
                     sent += [t for t, _ in chunk]
                     gen.put_nowait("tokens", chunk)
                 if policy is None:
