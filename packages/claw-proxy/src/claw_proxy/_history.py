@@ -37,10 +37,9 @@ def index_path(record: str | Path) -> Path:
 
 def history_digest(keys: list[str]) -> str:
     """A digest of a call's history keys (context, messages, answer): 16 bytes, as hex."""
-    h = hashlib.blake2b(digest_size=16)
-    for k in keys:
-        h.update(k.encode("ascii"))
-    return h.hexdigest()
+    # one update of the joined keys: the same digest as one update a key (a hash reads its
+    # input as one stream), without a Python step per message of the history
+    return hashlib.blake2b("".join(keys).encode("ascii"), digest_size=16).hexdigest()
 
 
 class Entry:

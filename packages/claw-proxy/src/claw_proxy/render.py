@@ -444,7 +444,7 @@ class PrefixCache:
             }
 
     def _keys(self, req: ChatRequest) -> list[str]:
-        return [req.context_key(), *(m.key() for m in req.messages)]
+        return [req.context_key(), *map(Message.key, req.messages)]
 
     def _match(self, session: str, req: ChatRequest) -> tuple[list[str], _Branch | None]:
         """The request's history keys and the longest earlier call it extends (None: none)."""
