@@ -12,7 +12,7 @@ from claw_proxy import api_anthropic
 from claw_proxy._jsonbody import loads, read_limited
 from claw_proxy._replicas import ReplicaSet
 from claw_proxy._responses import error_response
-from claw_proxy.errors import ClawError, NotFoundError, RecordError, RequestError
+from claw_proxy.errors import ClawError, EngineError, NotFoundError, RecordError, RequestError
 from claw_proxy.records import Policy
 from claw_proxy.tokens import is_session_id
 
@@ -42,6 +42,8 @@ def routes(proxy) -> list[Route]:
         Route("/v1/messages/count_tokens", r.count_tokens, methods=["POST"]),
         Route("/admin/policy", r.policy, methods=["POST"]),
         Route("/admin/rotate", r.rotate, methods=["POST"]),
+        Route("/admin/sleep", r.sleep, methods=["POST"]),
+        Route("/admin/wake", r.wake, methods=["POST"]),
         Route("/admin/sessions/{session}/close", r.close, methods=["POST"]),
         Route("/admin/sessions/{session}", r.session, methods=["GET", "POST"]),
         Route("/admin/stats", r.stats, methods=["GET"]),
@@ -135,8 +137,46 @@ class _Routes:
         # a policy with `transfer` lists every weight's name and shape: 18K for a 30B-A3B MoE
         p = Policy.from_dict(await _json(request, 64 << 20), "POST /admin/policy body")
         t0 = time.monotonic()
-        now = await self.proxy.load_policy(p)
+        engine = self.proxy.policy_engine
+        if getattr(engine, "sleeping", None) is not None:  # asleep: wake with these weights
+            await engine.wake(p)
+            now = dict(engine.policy)
+        else:
+            now = await self.proxy.load_policy(p)
         return {"ok": True, "policy": now, "load_seconds": round(time.monotonic() - t0, 3)}
+
+    async def sleep(self, request: Request) -> JSONResponse:
+        """POST {"level": 1 | 2}: the policy's vLLM engines free the GPU (vLLM sleep mode) for
+        a learner on the same GPU; calls wait until /admin/wake or /admin/policy wakes them."""
+        return await self._admin(request, self._sleep)
+
+    async def _sleep(self, request: Request) -> dict:
+        level = (await _json(request)).get("level", 1)
+        if level not in (1, 2) or isinstance(level, bool):
+            raise RequestError("expected 1 (weights offloaded) or 2 (weights freed)", "level")
+        engine = self.proxy.policy_engine
+        if not hasattr(engine, "sleep"):
+            raise EngineError(f"engine {engine.spec} cannot sleep (only vllm: engines)", status=501)
+        t0 = time.monotonic()
+        await engine.sleep(level)
+        return {"ok": True, "sleeping": level, "sleep_seconds": round(time.monotonic() - t0, 3)}
+
+    async def wake(self, request: Request) -> JSONResponse:
+        """Wake the sleeping engines with the weights they had (level 1 only; new weights
+        come with POST /admin/policy, which wakes them too)."""
+        return await self._admin(request, self._wake)
+
+    async def _wake(self, request: Request) -> dict:
+        engine = self.proxy.policy_engine
+        if getattr(engine, "sleeping", None) is None:
+            raise EngineError("the policy's engines are not asleep: nothing to wake", status=409)
+        t0 = time.monotonic()
+        await engine.wake()
+        return {
+            "ok": True,
+            "policy": dict(engine.policy),
+            "wake_seconds": round(time.monotonic() - t0, 3),
+        }
 
     async def rotate(self, request: Request) -> JSONResponse:
         """Close the open record shard: {"closed": [paths], "lines": n, "next": path}."""

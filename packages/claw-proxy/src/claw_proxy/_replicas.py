@@ -281,6 +281,75 @@ class ReplicaSet(Engine):
         )
         return [one(i, r, told) for i, r in zip(live, firsts, strict=True)]
 
+    # --- sleep mode (one GPU box: the engines free the GPU while the learner trains) ------------
+
+    #: the sleep level while the live replicas sleep (`sleep`), None while awake
+    sleeping: int | None = None
+
+    async def sleep(self, level: int) -> None:
+        """Put every live replica to sleep (`VLLMEngine.sleep`); new calls wait until `wake`.
+        A replica that does not sleep is marked down: it may still hold its GPU memory, and it
+        will not get the next weights. Fails (503) when none sleeps."""
+        async with self._lock:
+            if self.sleeping is not None:
+                return
+            self._idle.clear()
+            live = [i for i, ok in enumerate(self.up) if ok]
+            results = await asyncio.gather(
+                *(self._replica_call(i, "sleep", level) for i in live), return_exceptions=True
+            )
+            for i, res in zip(live, results, strict=True):
+                if isinstance(res, BaseException):
+                    self.mark_down(i, f"did not sleep: {res}")
+            if not any(self.up):
+                self._idle.set()
+                raise EngineError("no engine replica went to sleep", status=503)
+            self.sleeping = level
+
+    async def wake(self, policy: Policy | None = None) -> None:
+        """Wake the sleeping replicas, each with `policy`'s weights when given (with
+        ``transfer``: ranks 1..W of the learner's group, as `load_policy` assigns them), then
+        serve again. A replica that does not wake is marked down and never serves; the set's
+        version changes when any woke with `policy`. Fails (503) when none wakes."""
+        async with self._lock:
+            if self.sleeping is None:
+                raise EngineError("the engine replicas are awake: nothing to wake", status=409)
+            live = [i for i, ok in enumerate(self.up) if ok]
+            results = await asyncio.gather(*self._wakes(policy, live), return_exceptions=True)
+            for i, res in zip(live, results, strict=True):
+                if isinstance(res, BaseException):
+                    self.mark_down(i, f"did not wake{_to(policy)}: {res}")
+            if not any(self.up):
+                raise EngineError("every engine replica is down (none woke)", status=503)
+            if policy is not None:
+                self.policy = {"name": policy.name, "version": policy.version}
+            self.sleeping = None
+            self._idle.set()
+
+    def _wakes(self, policy: Policy | None, live: list[int]) -> list:
+        if policy is None or policy.transfer is None:
+            return [self._replica_call(i, "wake", policy) for i in live]
+        firsts, world = _transfer.assign([self.replicas[i].transfer_ranks for i in live])
+        told = asyncio.ensure_future(
+            asyncio.to_thread(_transfer.announce, policy.transfer, policy.version, world)
+        )
+
+        async def one(i: int, rank: int) -> None:
+            await told
+            await self._replica_call(i, "wake", policy, rank, world)
+
+        return [one(i, r) for i, r in zip(live, firsts, strict=True)]
+
+    async def _replica_call(self, i: int, method: str, *args) -> None:
+        fn = getattr(self.replicas[i], method, None)
+        if fn is None:
+            raise EngineError(f"engine {self.replicas[i].spec} cannot sleep", status=501)
+        await fn(*args)
+
+
+def _to(policy: Policy | None) -> str:
+    return "" if policy is None else f" with v{policy.version}"
+
 
 def _forward_routing(inner: Generation, gen: _Relay) -> None:
     """Put the replica generation's routing (if it sent one) on the relay, with its `experts`.

@@ -85,6 +85,17 @@ class AdminClient:
         returns. `{"ok": true, "policy": {"name", "version"}, "load_seconds": s}`."""
         return self._call("POST", "/admin/policy", read_policy(policy).to_dict())
 
+    def sleep(self, level: int = 1) -> dict:
+        """Put the policy's vLLM engines to sleep (a learner on their GPU is about to train):
+        level 1 offloads their weights to CPU memory, 2 frees them. Calls wait until `wake` or
+        `reload` (which wakes them with the new weights). `{"ok", "sleeping", "sleep_seconds"}`."""
+        return self._call("POST", "/admin/sleep", {"level": level})
+
+    def wake(self) -> dict:
+        """Wake the sleeping engines with the weights they had (after a level-1 sleep):
+        `{"ok": true, "policy": {"name", "version"}, "wake_seconds": s}`."""
+        return self._call("POST", "/admin/wake")
+
     def rotate(self) -> dict:
         """Close the open record shard: `{"ok": true, "closed": [paths], "lines": n,
         "next": path}`; every call answered before is in a `closed` shard."""

@@ -666,6 +666,117 @@ class VLLMEngine(Engine):
         if str(got) != want:
             raise EngineError(f"vLLM reports weight version {got!r} after the update to {want}")
 
+    # --- sleep mode: the engine frees the GPU while a learner on the same GPU trains ----------
+
+    #: the vLLM sleep level while asleep (`sleep`), None while awake
+    sleeping: int | None = None
+
+    async def sleep(self, level: int) -> None:
+        """Free this vLLM's GPU memory for a learner on the same GPU (vLLM's sleep mode: the
+        server runs with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``, CUDA or ROCm
+        only). New calls wait from now until `wake`; those in flight finish first
+        (``/sleep?level=N&mode=wait``). Level 1 offloads the weights to CPU memory and frees
+        the KV cache; level 2 frees both, so `wake` must bring weights. A sleep that fails
+        leaves the engine held (its memory state unknown) unless vLLM says it is awake."""
+        if level not in (1, 2):
+            raise EngineError(f"vLLM sleep level must be 1 or 2, got {level!r}", status=400)
+        async with self._reload_lock:
+            if self.sleeping is not None:
+                if level > self.sleeping:  # from level 1 to 2: vLLM ignores a second sleep
+                    raise EngineError(f"vLLM at {self.url} already sleeps at level 1", status=409)
+                return
+            self._idle.clear()
+            self.sleeping = level
+            await self._wait_in_flight()
+            try:
+                await self._admin("POST", "/sleep", params={"level": level, "mode": "wait"})
+            except EngineError as e:
+                if await self._awake():  # nothing was freed: serve on
+                    with contextlib.suppress(EngineError):
+                        await self._admin("POST", "/resume")
+                    self.sleeping = None
+                    self._idle.set()
+                raise EngineError(
+                    f"vLLM at {self.url} did not sleep ({e}); it sleeps only when started with "
+                    "--enable-sleep-mode, on a GPU",
+                    status=e.status,
+                ) from None
+
+    async def wake(
+        self, policy: Policy | None = None, rank: int | None = None, world_size: int | None = None
+    ) -> None:
+        """Wake a sleeping vLLM: its weights (level 1: back from CPU memory; level 2: memory
+        whose values are lost), then `policy`'s weights when given (`_load_awake`), then the KV
+        cache (and anything else asleep); the calls held meanwhile go out on the new weights.
+        A level-2 sleep needs `policy`. An engine that does not sleep just loads `policy`. A
+        failed wake keeps the engine held (it never serves weights it may not have) and
+        raises; a later wake tries again from the start."""
+        if self.sleeping is None:
+            if policy is not None and rank is not None and world_size is not None:
+                await self.receive_policy(policy, rank, world_size)
+            elif policy is not None:
+                await self.load_policy(policy)
+            return
+        if policy is None and self.sleeping == 2:
+            raise EngineError(
+                f"vLLM at {self.url} slept at level 2, which discards the weights: wake it "
+                "with a policy to load",
+                status=409,
+            )
+        if policy is not None and policy.transfer is not None and rank is None:
+            from claw_proxy._transfer import announce  # a lone engine: the group is rank 0 + it
+
+            world_size, rank = 1 + self.transfer_ranks, 1
+            await asyncio.to_thread(announce, policy.transfer, policy.version, world_size)
+        async with self._reload_lock:
+            try:
+                await self._admin("POST", "/wake_up", params={"tags": "weights"})
+                if policy is not None:
+                    await self._load_awake(policy, rank, world_size)
+                await self._admin("POST", "/wake_up", params={"tags": "kv_cache"})
+                if not await self._awake():  # a tag this version added: wake everything
+                    await self._admin("POST", "/wake_up")
+            except EngineError as e:
+                raise EngineError(f"vLLM at {self.url} did not wake: {e}", status=e.status) from e
+            if policy is not None:
+                self.policy = {"name": policy.name, "version": policy.version}
+            self.sleeping = None
+            self._idle.set()
+
+    async def _load_awake(self, policy: Policy, rank: int | None, world_size: int | None) -> None:
+        """Between the weights' wake and the KV cache's: `policy`'s weights over its group
+        (``claw_receive_weights`` at `rank`), a LoRA adapter (``/v1/load_lora_adapter``), or a
+        directory (`reload_method`); then the prefix cache reset and the version handshake.
+        No ``/pause`` or ``/resume``: the sleeping scheduler resumes once all memory is back."""
+        if policy.transfer is not None:
+            kwargs = {"transfer": policy.transfer, "version": policy.version}
+            kwargs.update(rank=rank, world_size=world_size)
+            rpc = {"method": "claw_receive_weights", "kwargs": kwargs}
+        elif (Path(policy.path) / "adapter_config.json").exists():
+            name = f"{policy.name}-v{policy.version}"
+            body = {"lora_name": name, "lora_path": policy.path}
+            await self._admin("POST", "/v1/load_lora_adapter", json=body)
+            self._lora = name
+            return
+        else:
+            kwargs = {"weights_path": policy.path}
+            rpc = {"method": self.reload_method, "kwargs": kwargs}
+        await self._admin("POST", "/collective_rpc", json=rpc)
+        await self._admin("POST", "/reset_prefix_cache")
+        new = str(policy.version)
+        await self._admin("POST", "/update_weight_version", json={"new_version": new})
+        if policy.transfer is not None:
+            await self._check_weight_version(new)
+        self._lora = None
+
+    async def _awake(self) -> bool:
+        """Whether vLLM's ``/is_sleeping`` says it is awake (False when it cannot say)."""
+        try:
+            r = await self._client.get("/is_sleeping")
+            return r.status_code == 200 and r.json().get("is_sleeping") is False
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
     async def alive(self) -> bool:
         """vLLM's ``/health`` answers: not reachable, or a 5xx (its engine died), is dead."""
         try:
