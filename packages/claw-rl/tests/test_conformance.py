@@ -24,6 +24,10 @@ CALL_READS = {
     "sampling.temperature",
     "sampling.top_p",
     "sampling.top_k",
+    "completion_kept",
+    "prefix.reused_tokens",
+    "prefix.parent_call",
+    "routing",
 }
 
 

@@ -3,20 +3,35 @@ check on its own: recompute the learner's logprobs of the recorded completion to
 
 The call reader is a *projection* (docs/formats.md, Readers): it validates the fields it reads
 (``call_id``, ``trainable``, ``prompt_ids``, ``completion_ids``, ``completion_logprobs``,
-``sampling.temperature`` / ``top_p`` / ``top_k``) and accepts anything in the others."""
+``completion_kept``, ``sampling.temperature`` / ``top_p`` / ``top_k``, ``prefix.reused_tokens`` /
+``parent_call``, ``routing``) and accepts anything in the others.
+
+A call's ``completion_kept`` (the engine's kept-set sizes) becomes its sample's ``kept``; its MoE
+``routing`` (docs/formats.md, Routing store) becomes the sample's routing, held in memory, with
+the rows before ``routing.start`` taken from the ``prefix.parent_call`` chain in the same file
+(:mod:`claw_rl._call_routing`): the learner replays them as it replays a sample's (R3)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import attrs
 import torch
 
+from claw_rl import _metrics
+from claw_rl._call_routing import CallRoutes, call_prefix, call_routing
 from claw_rl.consistency import finish_mismatch, mismatch_stats
-from claw_rl.errors import RecordError
-from claw_rl.packing import chain_sample
+from claw_rl.errors import ClawError, RecordError
+from claw_rl.forward import moe_hidden, token_logprobs
+from claw_rl.packing import chain_sample, pack, to_device
 from claw_rl.records import CALL_SCHEMA, Sample, _check_schema, iter_jsonl
+
+if TYPE_CHECKING:
+    from claw_rl.learner import Learner
 
 
 def call_sampling(row: dict, where: str) -> tuple[float, float, int]:
@@ -43,19 +58,27 @@ def call_sampling(row: dict, where: str) -> tuple[float, float, int]:
     return float(t), float(p), k
 
 
-def call_to_sample(row: dict, where: str, *, temperature: float | None = None) -> Sample | None:
-    """A chain sample (prompt as context, completion trainable) or None for untrainable calls.
-
-    The completion tokens carry the call's ``sampling`` settings; ``temperature`` (> 0), when
-    given, replaces the recorded temperature (an explicit override, e.g. for records whose
-    proxy sampled at another temperature than it wrote down); top_p / top_k stay as recorded.
-    """
-    _check_schema(row, CALL_SCHEMA, where)
-    trainable = row.get("trainable", True)
-    if not isinstance(trainable, bool):
-        raise RecordError(f"{where}: field 'trainable' must be a boolean, got {trainable!r}")
-    if not trainable:
+def _completion_kept(row: dict, where: str, n_c: int) -> tuple[int, ...] | None:
+    """A call's ``completion_kept`` (ints >= -1, one per completion token), None when absent."""
+    kept = row.get("completion_kept")
+    if kept is None:
         return None
+    if not isinstance(kept, list):
+        raise RecordError(f"{where}: field 'completion_kept' must be a list, got {kept!r:.40}")
+    for j, x in enumerate(kept):
+        if not isinstance(x, int) or isinstance(x, bool) or x < -1:
+            raise RecordError(
+                f"{where}: field 'completion_kept'[{j}] must be an integer >= -1, got {x!r:.40}"
+            )
+    if len(kept) != n_c:
+        raise RecordError(
+            f"{where}: field 'completion_kept' has {len(kept)} entries, completion_ids has {n_c}"
+        )
+    return tuple(kept)
+
+
+def _check_call(row: dict, where: str) -> None:
+    """The required fields of a trainable call: id, token ids and engine logprobs."""
     for key in ("call_id", "prompt_ids", "completion_ids", "completion_logprobs"):
         if key not in row:
             raise RecordError(f"{where}: missing required field {key!r}")
@@ -75,12 +98,49 @@ def call_to_sample(row: dict, where: str, *, temperature: float | None = None) -
         raise RecordError(
             f"{where}: completion_logprobs has {len(lp)} entries, completion_ids has {len(c)}"
         )
+
+
+def call_to_sample(
+    row: dict,
+    where: str,
+    *,
+    temperature: float | None = None,
+    routes: CallRoutes | None = None,
+) -> Sample | None:
+    """A chain sample (prompt as context, completion trainable) or None for untrainable calls.
+
+    The completion tokens carry the call's ``sampling`` settings; ``temperature`` (> 0), when
+    given, replaces the recorded temperature (an explicit override, e.g. for records whose
+    proxy sampled at another temperature than it wrote down); top_p / top_k stay as recorded.
+    ``completion_kept`` becomes the sample's ``kept`` (-1 on the prompt). The call's
+    ``routing`` is validated here; it becomes the sample's routing (held in memory) only with
+    ``routes``, the calls of its file that resolve the rows before ``routing.start``
+    (:func:`read_call_samples` passes them).
+    """
+    _check_schema(row, CALL_SCHEMA, where)
+    trainable = row.get("trainable", True)
+    if not isinstance(trainable, bool):
+        raise RecordError(f"{where}: field 'trainable' must be a boolean, got {trainable!r}")
+    if not trainable:
+        return None
+    _check_call(row, where)
+    p, c, lp = row["prompt_ids"], row["completion_ids"], row["completion_logprobs"]
+    kept = _completion_kept(row, where, len(c))
+    call_prefix(row, where)
+    base = routes.base if routes is not None else Path(os.getcwd())
+    ref = call_routing(row, where, base, tuple(p) + tuple(c))
     if not p or not c:
         return None
     t, top_p, top_k = call_sampling(row, where)
     if temperature is not None:
         t = temperature
     n_p, n_c = len(p), len(c)
+    extra: dict = {}
+    if kept is not None:
+        extra["kept"] = (-1,) * n_p + kept
+    if ref is not None and routes is not None:
+        routes.add(where, row)
+        extra["routing"] = routes.rows(row["call_id"])
     return chain_sample(
         str(row["call_id"]),
         p,
@@ -90,18 +150,87 @@ def call_to_sample(row: dict, where: str, *, temperature: float | None = None) -
         temperatures=(1.0,) * n_p + (t,) * n_c,
         top_ps=(1.0,) * n_p + (top_p,) * n_c,
         top_ks=(0,) * n_p + (top_k,) * n_c,
+        **extra,
     )
+
+
+@attrs.define
+class CallSamples:
+    """The trainable calls of a file as samples, and what resolving their routing left open:
+    ``missing_parents`` calls whose ``prefix.parent_call`` is not in the file (or has no
+    routing), ``unrouted_tokens`` the tokens before ``routing.start`` left -1 for the learner."""
+
+    pairs: list[tuple[dict, Sample]]
+    missing_parents: int = 0
+    unrouted_tokens: int = 0
+
+
+def read_call_samples(path: str | Path, *, temperature: float | None = None) -> CallSamples:
+    """(call row, sample) for each trainable call of a JSONL file (others are skipped); the
+    routing of every call resolved against the other calls of the file; ``temperature``: see
+    :func:`call_to_sample`."""
+    routes = CallRoutes(base=Path(os.getcwd()) if str(path) == "-" else Path(path).parent)
+    lines = list(iter_jsonl(path))  # the whole file first: a parent may follow its child
+    for where, row in lines:
+        routes.add(where, row)
+    pairs = []
+    for where, row in lines:
+        s = call_to_sample(row, where, temperature=temperature, routes=routes)
+        if s is not None:
+            pairs.append((row, s))
+    return CallSamples(pairs, routes.missing, routes.unrouted)
 
 
 def iter_call_samples(
     path: str | Path, *, temperature: float | None = None
 ) -> Iterator[tuple[dict, Sample]]:
-    """(call row, sample) for each trainable call of a JSONL file (others are skipped, counted);
-    ``temperature``: see :func:`call_to_sample`."""
-    for where, row in iter_jsonl(path):
-        s = call_to_sample(row, where, temperature=temperature)
-        if s is not None:
-            yield row, s
+    """The pairs of :func:`read_call_samples`."""
+    yield from read_call_samples(path, temperature=temperature).pairs
+
+
+def _check_layout(learner: Learner, s: Sample) -> None:
+    """A call's routing must be the policy's: its MoE layers, top-k and experts."""
+    if s.routing is None:
+        return
+    r0 = learner.routers[0]
+    want = (len(learner.routers), int(r0.top_k), int(r0.num_experts))
+    got = (s.routing.layers, s.routing.top_k, s.routing.experts)
+    if got != want:
+        raise ClawError(
+            f"{s.routing.where}: field 'routing': {got[0]} MoE layers x top {got[1]} of "
+            f"{got[2]} experts, but the policy has {want[0]} x top {want[1]} of {want[2]}"
+        )
+
+
+@torch.no_grad()
+def call_logprobs(learner: Learner, samples: Sequence[Sample]) -> tuple[list[list[float]], dict]:
+    """:meth:`Learner.logprobs` of the calls' samples (aligned with their tokens, 0 on the
+    prompt), and for an MoE policy the routing report of that pass (claw_rl._metrics
+    RoutingTally: ``routing_flip_rate`` of the live router's top-k against the recorded rows,
+    ``routing_recorded_fraction``, ``expert_load_max``). The MoE pass is the learner's: r3
+    routes each token to its recorded experts (-1 rows: live), off routes every token live; a
+    dense policy takes :meth:`Learner.logprobs` itself and reports nothing."""
+    if learner.replay is None:
+        return learner.logprobs(samples), {}
+    for s in samples:
+        _check_layout(learner, s)
+    r0 = learner.routers[0]
+    tally = _metrics.RoutingTally(len(learner.routers), int(r0.num_experts))
+    out: list[list[float]] = []
+    mb = learner.config.micro_batch_size
+    for lo in range(0, len(samples), mb):
+        batch = to_device(pack(samples[lo : lo + mb]), learner.device)
+        replay = batch.routing if learner.replay == "r3" else None
+        hidden, routed = moe_hidden(learner.policy, batch, replay, live=True)
+        assert routed.live is not None
+        tally.add(routed.used, routed.live, batch)
+        lp = token_logprobs(learner.policy, hidden, batch, with_entropy=False).logprobs
+        b, i, _ = batch.predictor_index()
+        for k, n in enumerate(batch.lengths):
+            row = torch.zeros(n, dtype=lp.dtype)
+            row[i[b == k].cpu()] = lp[b == k].cpu()
+            out.append(row.tolist())
+    return out, tally.finish()
 
 
 def compare(sample: Sample, learner_lp: list[float], threshold: float) -> dict:
@@ -118,4 +247,13 @@ def compare(sample: Sample, learner_lp: list[float], threshold: float) -> dict:
     return {**mismatch_stats(mine, eng, threshold), "greedy": float(greedy)}
 
 
-__all__ = ["call_sampling", "call_to_sample", "compare", "finish_mismatch", "iter_call_samples"]
+__all__ = [
+    "CallSamples",
+    "call_logprobs",
+    "call_sampling",
+    "call_to_sample",
+    "compare",
+    "finish_mismatch",
+    "iter_call_samples",
+    "read_call_samples",
+]

@@ -738,7 +738,16 @@ def values_cmd(model_dir, samples_path, out_path, critic, micro_batch_size, rout
     help="Override: take every call's logprobs at this temperature instead of the one its "
     "'sampling' records (top_p / top_k stay as recorded). Default: each call's own.",
 )
-def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> None:
+@click.option(
+    "--routing-replay",
+    type=click.Choice(["auto", "r3", "off"]),
+    default="auto",
+    show_default=True,
+    help="MoE model: r3 routes each token to the experts the calls' routing recorded (a reused "
+    "prefix's rows from its parent call; unrecorded tokens live), off routes every token live; "
+    "auto = r3 (a dense model ignores it). The flip rate (live top-k vs recorded) is reported.",
+)
+def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature, routing_replay) -> None:
     """Recompute logprobs of recorded completions and compare them with the engine's.
 
     Each call's logprobs are taken under the settings it was sampled with (its 'sampling':
@@ -746,23 +755,39 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
     seq, the learner's logprobs of the completion tokens and the mismatch (mean/max abs diff, KL
     estimates, fraction beyond --mismatch-threshold). Greedy tokens (temperature 0) have no distribution
     to compare with: left out of the mismatch, counted as "greedy". The summary over all calls
-    goes to stderr.
+    goes to stderr (for an MoE model with it the routing: flip rate of the learner's live top-k
+    against the recorded experts, recorded fraction, busiest expert's load). The engine's kept
+    sets (completion_kept) are taken as recorded.
 
     Example:
 
         claw-rl logprobs --model runs/tiny --calls runs/calls.jsonl > mismatch.jsonl
     """
-    from claw_rl.calls import compare, finish_mismatch, iter_call_samples
+    from claw_rl.calls import call_logprobs, compare, finish_mismatch, read_call_samples
     from claw_rl.config import GRPOConfig
     from claw_rl.learner import Learner
     from claw_rl.records import write_jsonl
 
     try:
-        pairs = list(iter_call_samples(calls_path, temperature=temperature))  # before the model
-        learner = Learner.grpo(GRPOConfig(), model_dir)
-        lps = learner.logprobs([s for _, s in pairs])
+        read = read_call_samples(calls_path, temperature=temperature)  # before the model
+        pairs = read.pairs
+        learner = Learner.grpo(GRPOConfig(routing_replay=routing_replay), model_dir)
+        lps, routing = call_logprobs(learner, [s for _, s in pairs])
     except ClawError as exc:
         raise _fail(exc) from exc
+    if read.missing_parents:
+        click.echo(
+            f"claw-rl logprobs: {read.missing_parents} calls reuse a prefix whose "
+            f"prefix.parent_call is not in {calls_path} (or has no routing): the learner routes "
+            f"their {read.unrouted_tokens} tokens before routing.start itself",
+            err=True,
+        )
+        routing["routing_missing_parents"] = read.missing_parents
+        routing["routing_unrouted_tokens"] = read.unrouted_tokens
+    if learner.replay is None and any(s.routing is not None for _, s in pairs):
+        click.echo(
+            f"claw-rl logprobs: {model_dir} is dense: the calls' routing is unused", err=True
+        )
     total = {
         "n": 0.0,
         "abs_sum": 0.0,
@@ -793,7 +818,12 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature) -> Non
             )
     click.echo(
         json.dumps(
-            {"calls": len(pairs), **finish_mismatch(total), "greedy_tokens": int(total["greedy"])}
+            {
+                "calls": len(pairs),
+                **finish_mismatch(total),
+                "greedy_tokens": int(total["greedy"]),
+                **routing,
+            }
         ),
         err=True,
     )
