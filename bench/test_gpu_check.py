@@ -304,3 +304,94 @@ def test_gpu_loop_check_moe_commands(tmp_path):
     )
     assert gpu_loop_check.vllm_too_old("0.22.0", moe) is None
     assert gpu_loop_check.vllm_too_old("0.21.0", dense) is None
+
+
+# --- issue 41: one GPU box, vLLM sleeps while the learner trains (ENGINE_SLEEP=1) ---------------
+
+
+@workspace
+def test_launch_dry_run_engine_sleep_dense(tmp_path):
+    """ENGINE_SLEEP=1: vLLM starts with --enable-sleep-mode (dev mode already on: its /sleep and
+    /wake_up routes) and a larger share of the GPU (VLLM_MEM 0.60, unless set), the loop with
+    --engine-sleep, and the dry run says so. ENGINE_SLEEP=0 is the default (no sleep flag,
+    VLLM_MEM 0.45; without ENGINE_SLEEP the output is byte-identical, test above). vLLM and the
+    learner on different GPUs, or a value other than 0/1, fail naming the variable."""
+    tools, vllm = _tools(tmp_path), _fake_vllm(tmp_path, "0.22.0")
+    default = _launch(tmp_path, tools, CLAWGYM, "--steps", "2", VLLM_PY=vllm, ENGINE_SLEEP="0")
+    assert default.returncode == 0  # the output of no ENGINE_SLEEP (test above), byte for byte
+    assert "sleep" not in default.stdout and "engine sleep" not in default.stderr
+    assert "--gpu-memory-utilization 0.45 " in default.stdout
+
+    done = _launch(tmp_path, tools, CLAWGYM, "--steps", "2", VLLM_PY=vllm, ENGINE_SLEEP="1")
+    assert done.returncode == 0, done.stderr
+    vllm_cmd, loop = [line for line in done.stdout.splitlines() if not line.startswith("#")]
+    assert (
+        vllm_cmd
+        == default.stdout.splitlines()[1]
+        .replace("--gpu-memory-utilization 0.45", "--gpu-memory-utilization 0.60")
+        .rstrip()
+        + " --enable-sleep-mode "
+    )
+    assert "VLLM_SERVER_DEV_MODE=1" in vllm_cmd
+    assert "--pack batch --engine-sleep --suite" in loop
+    assert loop.replace("--engine-sleep ", "") == default.stdout.splitlines()[3]
+    assert "engine sleep: vLLM sleeps while the learner trains" in done.stderr
+    assert "VLLM_MEM 0.60 of GPU 0" in done.stderr
+
+
+@workspace
+def test_launch_dry_run_engine_sleep_moe(tmp_path):
+    """ENGINE_SLEEP=1 with an MoE checkpoint and VLLM_MEM set: that share, routed experts then
+    sleep mode, --routing-replay r3 then --engine-sleep; the refusals fail before any check."""
+    tools, vllm = _tools(tmp_path), _fake_vllm(tmp_path, "0.22.0")
+    kw = dict(model="Qwen3-30B-A3B", config=QWEN3_30B_A3B, VLLM_PY=vllm, ENGINE_SLEEP="1")
+    done = _launch(tmp_path, tools, CLAWGYM, VLLM_MEM="0.7", **kw)
+    assert done.returncode == 0, done.stderr
+    vllm_cmd, loop = [line for line in done.stdout.splitlines() if not line.startswith("#")]
+    assert "--gpu-memory-utilization 0.7 " in vllm_cmd
+    assert vllm_cmd.endswith("--enable-return-routed-experts --enable-sleep-mode ")
+    assert "--routing-replay r3 --engine-sleep --suite" in loop
+
+    done = _launch(tmp_path, tools, CLAWGYM, VLLM_GPUS="0", LEARNER_GPUS="1", **kw)
+    assert done.returncode == 1 and not done.stdout
+    assert "ENGINE_SLEEP=1 is for vLLM and the learner on the same GPU(s)" in done.stderr
+    done = _launch(tmp_path, tools, CLAWGYM, VLLM_PY=vllm, ENGINE_SLEEP="yes")
+    assert done.returncode == 1 and "ENGINE_SLEEP=yes: expected 0 or 1" in done.stderr
+
+
+def _mix_loop():
+    spec = importlib.util.spec_from_file_location(
+        "mix_harness_rl", ROOT / "examples/mix_harness_rl.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@workspace
+def test_loop_engine_sleep_option(capsys):
+    """--engine-sleep needs a vllm: engine and synchronous rollouts; the loop sleeps vLLM at
+    level 2 when new weights come in memory anyway, at level 1 with --weights disk or LoRA
+    (the base must survive), and not at all without the flag."""
+    m = _mix_loop()
+    for argv in (
+        ["--engine-sleep"],
+        ["--engine-sleep", "--engine", "vllm:x", "--max-staleness", "1"],
+    ):
+        with pytest.raises(SystemExit):
+            m.options(argv)
+    assert "--engine-sleep" in capsys.readouterr().err
+
+    class Admin:
+        def __init__(self) -> None:
+            self.levels: list[int] = []
+
+        def sleep(self, level: int) -> dict:
+            self.levels.append(level)
+            return {"ok": True, "sleeping": level, "sleep_seconds": 0.0}
+
+    admin, logs, vllm = Admin(), [], ["--engine", "vllm:http://127.0.0.1:1", "--engine-sleep"]
+    for extra in (["--weights", "memory"], [], ["--weights", "memory", "--lora-rank", "4"]):
+        assert m.sleep_engines(m.options([*vllm, *extra]), admin, logs.append)
+    assert admin.levels == [2, 1, 1] and "engines asleep (level 2)" in logs[0]
+    assert m.sleep_engines(m.options(["--engine", "vllm:x"]), admin, logs.append) is None

@@ -21,7 +21,9 @@ same rollouts and rewards on one machine in the synchronous loop (claw-proxy ser
 seed per call). --weights memory: each new version reaches the engines in memory (the
 transformers engine in this process directly, vLLM over a process group) and policy/v<N>/ is
 written only every --checkpoint-every steps and at the last; the default stays disk until the
-GPU (NCCL) path is proven.
+GPU (NCCL) path is proven. --engine-sleep (one GPU box, vLLM started with --enable-sleep-mode):
+the proxy holds new calls and vLLM frees the GPU while the learner trains, then wakes with the
+new weights (examples/gpu/launch.sh ENGINE_SLEEP=1).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import claw_rl.transfer
 import claw_sandbox
 import claw_sandbox.ray_executor
 import claw_tree
+import torch
 import transformers
 from claw_rl import loop
 
@@ -67,6 +70,7 @@ OPTIONS = [  # flag, default (its type is the option's; None: a path; a list: th
     ("--vllm-reload-method", "claw_reload_weights", "vLLM worker method that loads weights"),
     ("--weights", ["disk", "memory"], "new weights to the engines as policy dirs, or in memory"),
     ("--checkpoint-every", 1, "--weights memory: write policy/v<N> every N steps (and the last)"),
+    ("--engine-sleep", "store_true", "one GPU box: vLLM sleeps while the learner trains"),
     ("--backend", "auto", "claw-sandbox backend: auto, bwrap, docker, process"),
     ("--parallel", 4, "sandbox jobs at once"),
     ("--executor", ["local", "ray"], "run the sandbox jobs here, or as Ray tasks over a cluster"),
@@ -113,6 +117,10 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--learner follow is GRPO's: PPO needs its critic's values (GAE) in the loop")
     if args.weights == "memory" and args.learner == "follow":
         p.error("--weights memory sends from the in-process learner (follow: --weights disk)")
+    if args.engine_sleep and not args.engine.startswith("vllm:"):
+        p.error("--engine-sleep puts vLLM engines to sleep: it needs --engine vllm:URL")
+    if args.engine_sleep and args.max_staleness:
+        p.error("--engine-sleep holds every call while the learner trains: --max-staleness 0")
     if args.checkpoint_every < 1:
         p.error("--checkpoint-every must be >= 1")
     args.harness = args.harness or ["claw-agent-text", "claw-agent-text-anthropic"]
@@ -129,7 +137,7 @@ def prepare_run_dir(args: argparse.Namespace) -> None:
     run.mkdir(parents=True, exist_ok=True)
     resolved = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     free = ("steps", "tensorboard", "wandb", "executor", "ray_address", "proxy_host", "learner",
-            "learner_timeout")  # fmt: skip
+            "learner_timeout", "engine_sleep")  # fmt: skip
     resolved = {k: v for k, v in resolved.items() if k not in free}
     before = json.loads(path.read_text()) if path.exists() else resolved
     # an option this script gained after the run began counts as its default there
@@ -313,6 +321,24 @@ def push(args, learner, proxy, admin: str, policy: dict, log) -> None:
     log(f"policy v{policy['version']} in memory: {how}, {time.monotonic() - t0:.2f} s")
 
 
+def sleep_engines(args, proxy_admin, log) -> int | None:
+    """--engine-sleep, before the learner trains: the proxy holds new calls and puts the vLLM
+    engines to sleep, level 2 (weights freed) when new weights come in memory anyway, else 1
+    (weights offloaded to CPU memory: a LoRA run's base, a step without update). The level."""
+    if not args.engine_sleep:
+        return None
+    level = 2 if args.weights == "memory" and not args.lora_rank else 1
+    log(f"engines asleep (level {level}): {proxy_admin.sleep(level)['sleep_seconds']:.2f} s")
+    return level
+
+
+def free_learner_cache() -> None:
+    """--engine-sleep, after the update: the learner's cached CUDA blocks (activations) back to
+    the GPU, where the waking engine's KV cache goes."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # --- the loop ------------------------------------------------------------------------------------
 
 
@@ -377,15 +403,21 @@ def main(argv: list[str] | None = None, log=None) -> list[dict]:
             times = {"wait_s": t1 - t0, "rollout_s": t1 - launched, "data_s": time.monotonic() - t1}
             extra = {**summarise(outcomes, trained, times), "rollouts_running": running}
             # claw-rl's step: update, policy/v<N>, checkpoint, then the rows that mark it done
-            served = policy["version"]
+            served, asleep = policy["version"], sleep_engines(args, proxy_admin, log)
             row, policy = learn(args, learner, run, step, trained["samples"], extra, policy, log)
             history.append(row)
             for tracker in trackers:
                 tracker.log(row)
-            if policy["version"] != served and args.weights == "memory":
+            if asleep:
+                free_learner_cache()
+            # a sleeping engine wakes with the new weights (the proxy's /admin/policy), or with
+            # its own: level 1's from CPU memory, level 2's (freed) sent again
+            if args.weights == "memory" and (policy["version"] != served or asleep == 2):
                 push(args, learner, proxy, admin, policy, log)
             elif policy["version"] != served:  # a step without signal keeps the version
                 proxy_admin.reload(policy)
+            elif asleep:
+                log(f"engines awake on v{served}: {proxy_admin.wake()['wake_seconds']:.2f} s")
             failed, dropped = row["rollouts_failed"], row.get("dropped_stale", 0)
             log(
                 f"step {step}: reward {row['reward']}  pass@1 {row['pass@1']}  -> policy "

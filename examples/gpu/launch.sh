@@ -18,6 +18,12 @@
 #     fail here, prints the exact vLLM and loop commands, starts nothing
 #
 # Runs unchanged on one GPU box (vLLM and the learner share the GPU: VLLM_MEM caps vLLM's share).
+# ENGINE_SLEEP=1 on one GPU box: vLLM starts with --enable-sleep-mode and the loop with
+# --engine-sleep, so vLLM frees the GPU while the learner trains (level 1: weights offloaded to
+# CPU memory, KV cache freed; level 2 with --weights memory: both freed) and wakes with the new
+# weights; calls that come meanwhile wait. vLLM then gets a larger share (VLLM_MEM 0.60): the
+# learner's activations use vLLM's memory while it sleeps; its weights, gradients and AdamW
+# moments (16 B a parameter, preflight prints them) stay beside vLLM and must fit in the rest.
 #
 # A mixture-of-experts checkpoint (config.json: num_experts / num_local_experts / n_routed_experts
 # > 0, e.g. Qwen3-30B-A3B) is detected by preflight.py, which prints its experts, top-k, MoE
@@ -38,7 +44,9 @@
 #   VLLM_PY       python of the vLLM venv [.venvs/vllm/bin/python]   CLAW_PY  python with claw [.venvs/workspace/bin/python]
 #   VLLM_GPUS     CUDA_VISIBLE_DEVICES for vLLM [0]                   LEARNER_GPUS  ... for the learner [0]
 #   VLLM_TP       MoE only: vLLM's tensor (and expert) parallel size [the number of VLLM_GPUS]
-#   VLLM_PORT     [8001]   VLLM_MEM  vLLM --gpu-memory-utilization [0.45]   MAX_LEN  --max-model-len [32768]
+#   VLLM_PORT     [8001]   VLLM_MEM  vLLM --gpu-memory-utilization [0.45; ENGINE_SLEEP=1: 0.60]
+#   MAX_LEN       --max-model-len [32768]
+#   ENGINE_SLEEP  1: one GPU box, vLLM sleeps while the learner trains (see above) [0]
 #   BACKEND       claw-sandbox backend [bwrap]                        PARALLEL  sandbox jobs at once [32]
 #   CLAW_TOOLS    where ./dev/install-harnesses put the harnesses [.tools]
 # Other arguments go to examples/mix_harness_rl.py (after launch.sh's own, so they win).
@@ -54,7 +62,9 @@ CLAW_PY=${CLAW_PY:-.venvs/workspace/bin/python}
 VLLM_GPUS=${VLLM_GPUS:-0}
 LEARNER_GPUS=${LEARNER_GPUS:-0}
 VLLM_PORT=${VLLM_PORT:-8001}
-VLLM_MEM=${VLLM_MEM:-0.45}
+ENGINE_SLEEP=${ENGINE_SLEEP:-0}
+case "$ENGINE_SLEEP" in 0) VLLM_MEM=${VLLM_MEM:-0.45} ;; 1) VLLM_MEM=${VLLM_MEM:-0.60} ;;
+  *) echo "launch: FAILED: ENGINE_SLEEP=$ENGINE_SLEEP: expected 0 or 1" >&2; exit 1 ;; esac
 MAX_LEN=${MAX_LEN:-32768}
 BACKEND=${BACKEND:-bwrap}
 PARALLEL=${PARALLEL:-32}
@@ -62,6 +72,8 @@ TOOLS=${CLAW_TOOLS:-$PWD/.tools}
 
 say() { echo "launch: $*" >&2; }
 fail() { say "FAILED: $*"; exit 1; }
+[ "$ENGINE_SLEEP" = 0 ] || [ "$VLLM_GPUS" = "$LEARNER_GPUS" ] \
+  || fail "ENGINE_SLEEP=1 is for vLLM and the learner on the same GPU(s): VLLM_GPUS=$VLLM_GPUS, LEARNER_GPUS=$LEARNER_GPUS"
 # a check that needs the GPU machine: fatal there, reported (and survived) by a dry run
 gpu_need() { if [ "$DRY_RUN" = 1 ]; then say "dry run: would fail here: $*"; else fail "$*"; fi; }
 
@@ -123,6 +135,13 @@ if [ "$MODEL_KIND" = moe ]; then
   [[ "$VLLM_TP" =~ ^[1-9][0-9]*$ ]] || fail "VLLM_TP=$VLLM_TP: not a positive integer"
   [ "$VLLM_TP" -gt 1 ] && VLLM_CMD+=(--tensor-parallel-size "$VLLM_TP" --enable-expert-parallel)
   LOOP_ARGS+=(--routing-replay r3)
+fi
+# one GPU box: vLLM frees the GPU while the learner trains (sleep mode: CUDA / ROCm only; its
+# /sleep and /wake_up routes are dev-mode routes, VLLM_SERVER_DEV_MODE=1 above)
+if [ "$ENGINE_SLEEP" = 1 ]; then
+  VLLM_CMD+=(--enable-sleep-mode)
+  LOOP_ARGS+=(--engine-sleep)
+  say "engine sleep: vLLM sleeps while the learner trains (level 1; level 2 with --weights memory) and wakes with the new weights; VLLM_MEM $VLLM_MEM of GPU $VLLM_GPUS for vLLM while it serves, the learner's weights, gradients and AdamW moments beside it, its activations in vLLM's share while it sleeps"
 fi
 [ -n "$SUITE" ] && LOOP_ARGS+=(--suite "$SUITE")
 for h in $HARNESSES; do LOOP_ARGS+=(--harness "$h"); done
