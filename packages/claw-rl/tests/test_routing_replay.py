@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import zlib
 from pathlib import Path
@@ -332,3 +333,118 @@ def test_recorded_routing_read_next_to_the_samples_file(tmp_path):
                                     str(tmp_path / "bad.jsonl"), "--critic", "head"])  # fmt: skip
     assert res.exit_code != 0
     assert "bad.jsonl:1" in res.output and "'routing': 3 MoE layers" in res.output
+
+
+# -- the reference and a separate critic replay the policy's experts --------------------------
+
+
+def _planted(tmp_path: Path, returns: bool = False) -> list[dict]:
+    """Three samples whose recorded routing is random experts (a function of the prefix): a
+    live forward picks other experts for most (token, layer) rows."""
+    rows = [tree_sample([-1, 0, 1, 2, 2, 4, 5, 6], [0, 1, 1, 1, 1, 1, 1, 1], seed=k,
+                        sample_id=f"p{k}", returns=returns) for k in range(3)]  # fmt: skip
+    return with_routing(rows, tmp_path / "planted.routing")
+
+
+def _one_batch(learner: Learner, rows: list[dict]) -> tuple[list[Sample], packing.Batch]:
+    """The samples and the one micro-batch phase 1 forwards them in (micro_batch_size 4)."""
+    samples = learner._samples(rows)
+    return samples, packing.to_device(pack(samples), learner.device)
+
+
+def test_reference_replays_the_policys_experts(tmp_path):
+    """GRPO with a KL penalty on the tiny MoE, r3 with a planted routing: the reference's
+    logprobs are bit for bit a forward of the reference with that routing replayed (and the
+    policy's own logp_old: the same weights), not its live forward's."""
+    from claw_rl.forward import moe_hidden, token_logprobs
+
+    rows = _planted(tmp_path)
+    learner = Learner.grpo(GRPOConfig(kl_coef=0.1), MOE)
+    assert learner.reference is not None and learner.reference_replays
+    samples, batch = _one_batch(learner, rows)
+    metrics: dict = {}
+    old = learner._old(samples, metrics)
+    assert metrics["routing_flip_rate"] > 0.5
+    got = torch.cat([old.tokens[k]["logp_ref"] for k in range(len(samples))])
+    ref = learner.reference.model
+    with torch.no_grad():
+        want = token_logprobs(ref, moe_hidden(ref, batch, batch.routing)[0], batch).logprobs
+        live = learner.reference.logprobs(batch)
+    assert torch.equal(got, want)
+    assert torch.equal(got, torch.cat([old.tokens[k]["logp_old"] for k in range(len(samples))]))
+    assert float((got - live).abs().max()) > 1e-3
+    m = learner.step(rows)
+    assert math.isfinite(m["kl_ref"]) and m["kl_ref"] < 1e-6  # policy = reference before it
+
+
+def test_separate_critic_replays_the_policys_experts(tmp_path):
+    """PPO with a separate MoE critic backbone, r3 with a planted routing: phase 1's old values
+    and Learner.values are bit for bit the value head on the backbone's forward with that
+    routing replayed, not on its live forward's; a step trains it."""
+    from claw_rl.forward import moe_hidden, values_per_token
+
+    rows = _planted(tmp_path, returns=True)
+    learner = Learner.ppo(PPOConfig(critic="model", lr=1e-3), MOE)
+    critic = learner.critic
+    assert critic is not None and critic.backbone is not None and learner.critic_replays
+    torch.manual_seed(0)
+    with torch.no_grad():
+        critic.head.linear.weight.normal_(0, 1.0)
+    samples, batch = _one_batch(learner, rows)
+    old = learner._old(samples, {})
+    b, i, _ = batch.predictor_index()
+    got = torch.cat([old.tokens[k]["values_old"] for k in range(len(samples))])
+    with torch.no_grad():
+        want = values_per_token(critic.head, moe_hidden(critic.backbone, batch, batch.routing)[0],
+                                batch)  # fmt: skip
+        live = critic.values(batch, None)
+    assert torch.equal(got, want[b, i])
+    assert float((want - live).abs().max()) > 1e-3
+    values = learner.values(samples)
+    for k, v in enumerate(values):
+        assert v["values"] == want[k, : len(samples[k])].tolist()
+    m = learner.step(rows)
+    assert math.isfinite(m["value_loss"]) and m["value_loss"] > 0
+
+
+def test_reference_of_another_layout_routes_live_with_a_warning(tmp_path, caplog):
+    """A reference MoE with top 1 (the policy picks 2) cannot replay the policy's routing: one
+    warning at construction, and its logprobs are its live forward's."""
+    other = tmp_path / "top1"
+    other.mkdir()
+    for f in MOE.iterdir():
+        (other / f.name).symlink_to(f)
+    config = json.loads((MOE / "config.json").read_text())
+    (other / "config.json").unlink()
+    (other / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": 1}))
+    rows = _planted(tmp_path)
+    with caplog.at_level("WARNING", logger="claw_rl"):
+        learner = Learner.grpo(GRPOConfig(kl_coef=0.1, ref_model=str(other)), MOE)
+    warned = [r for r in caplog.records if "cannot replay the policy's routing" in r.message]
+    assert len(warned) == 1 and "top 1" in warned[0].message
+    assert learner.reference is not None and not learner.reference_replays
+    samples, batch = _one_batch(learner, rows)
+    old = learner._old(samples, {})
+    got = torch.cat([old.tokens[k]["logp_ref"] for k in range(len(samples))])
+    with torch.no_grad():
+        assert torch.equal(got, learner.reference.logprobs(batch))
+
+
+def test_dense_reference_and_critic_never_route(tiny, monkeypatch):
+    """A dense policy with a KL reference and a separate critic model: neither enters route()
+    (nor moe_hidden), so their forwards are today's backbone_hidden ones, bit for bit."""
+    from claw_rl import _moe
+    from claw_rl import critic as critic_mod
+
+    def refuse(*_a, **_kw):
+        raise AssertionError("a dense model entered an MoE forward")
+
+    for module, name in ((_moe, "route"), (learner_mod, "moe_hidden"), (critic_mod, "moe_hidden")):
+        monkeypatch.setattr(module, name, refuse)
+    rows = {ppo: [tree_sample([-1, 0, 1, 1, 3], [0, 1, 1, 1, 1], seed=k, sample_id=f"d{k}",
+                              returns=ppo) for k in range(2)] for ppo in (False, True)}  # fmt: skip
+    grpo = Learner.grpo(GRPOConfig(lr=1e-3, kl_coef=0.1, routing_replay="r3"), tiny)
+    assert not grpo.reference_replays and math.isfinite(grpo.step(rows[False])["kl_ref"])
+    ppo = Learner.ppo(PPOConfig(lr=1e-3, critic="model", routing_replay="r3"), tiny)
+    assert not ppo.critic_replays and math.isfinite(ppo.step(rows[True])["value_loss"])
+    assert len(ppo.values(rows[True])) == 2

@@ -21,11 +21,22 @@ practically never left, so sequence MIS has its own tolerance, default 0.01 (the
 whose tokens drift by more than 1 % per token on average, which a healthy path of a hundred
 tokens or more does not do, and a path sampled from another policy (a stale or broken engine)
 does.
+
+An MoE policy's routing is made consistent too (R3 / R2: claw_rl._moe, forward.moe_hidden); the
+models beside it that forward the same tokens - the reference of the KL penalty, a separate critic
+backbone - replay the experts the policy's pass used when they share its layout
+(:func:`replays_policy_routing`): a token's experts are a property of the sample.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+from claw_rl import _moe
+
+log = logging.getLogger("claw_rl")
 
 
 def mismatch_stats(logp_learner: torch.Tensor, logp_engine: torch.Tensor, threshold: float) -> dict:
@@ -114,3 +125,28 @@ def mis_sequence_keep(
     total = share.sum(0)
     keep = (share * kept.double()[:, None]).sum(0) / total.clamp(min=1e-300)
     return torch.where(total > 0, keep, torch.ones_like(keep)).to(log_rho.dtype)
+
+
+def replays_policy_routing(
+    model: torch.nn.Module, policy_routers: list[torch.nn.Module], what: str
+) -> bool:
+    """Whether ``model`` (the reference, a critic backbone) can replay the routing of the
+    policy whose MoE routers are ``policy_routers``: both MoE, with the same number of MoE
+    layers L, top-k K and experts E. An MoE model of another layout cannot: it routes live, and
+    a warning (once, here) says so; a dense model has nothing to route."""
+    routers = _moe.moe_routers(model)
+    if not routers or not policy_routers:
+        return False
+
+    def layout(rs: list[torch.nn.Module]) -> tuple[int, int, int]:
+        return len(rs), int(rs[0].top_k), int(rs[0].num_experts)
+
+    mine, policy = layout(routers), layout(policy_routers)
+    if mine != policy:
+        log.warning(
+            "claw-rl: the %s has %d MoE layers x top %d of %d experts, the policy %d x top %d "
+            "of %d: it cannot replay the policy's routing and routes its own experts live",
+            what, *mine, *policy,
+        )  # fmt: skip
+        return False
+    return True

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from claw_rl import losses
 from claw_rl.errors import CheckpointError, ClawError
-from claw_rl.forward import backbone_hidden, values_per_token
+from claw_rl.forward import backbone_hidden, moe_hidden, values_per_token
 from claw_rl.packing import Batch
 
 HEAD_FILE = "value_head.safetensors"
@@ -126,9 +126,23 @@ class Critic:
         backbone = {"critic_model": self.backbone} if self.backbone is not None else {}
         return {**backbone, "value_head": self.head}
 
-    def values(self, batch: Batch, policy_hidden: torch.Tensor | None) -> torch.Tensor:
-        """V(s_i) (B, N): the head on the policy's hidden states, or on the critic backbone's."""
-        hidden = policy_hidden if self.backbone is None else backbone_hidden(self.backbone, batch)
+    def values(
+        self,
+        batch: Batch,
+        policy_hidden: torch.Tensor | None,
+        replay: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """V(s_i) (B, N): the head on the policy's hidden states, or on the critic backbone's.
+
+        ``replay`` (B, N, L, K) long, batch order: the experts an MoE backbone of the policy's
+        layout sends each token to (the ones the policy's pass used; -1 rows live; gate weights
+        from its own live router, so it still learns to route); None: it routes live."""
+        if self.backbone is None:
+            hidden = policy_hidden
+        elif replay is None:
+            hidden = backbone_hidden(self.backbone, batch)
+        else:
+            hidden = moe_hidden(self.backbone, batch, replay)[0]
         assert hidden is not None, "a head critic reads the policy's hidden states"
         return values_per_token(self.head, hidden, batch)
 

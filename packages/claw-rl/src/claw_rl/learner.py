@@ -49,7 +49,7 @@ import torch
 
 from claw_rl import _dist, _lora, _metrics, _moe, losses
 from claw_rl.config import GRPOConfig, PPOConfig, TrainConfig
-from claw_rl.consistency import finish_mismatch, mismatch_stats
+from claw_rl.consistency import finish_mismatch, mismatch_stats, replays_policy_routing
 from claw_rl.critic import Critic
 from claw_rl.errors import ClawError
 from claw_rl.forward import (
@@ -183,6 +183,10 @@ class Learner:
         # MoE: the routers of the policy's MoE layers and the step's routing replay (None: dense)
         self.routers = _moe.moe_routers(policy)
         self.replay = _replay_mode(config.routing_replay, bool(self.routers))
+        # the reference / a separate critic backbone replay the policy pass's experts (R3 / R2)
+        self.reference_replays, self.critic_replays = _side_replays(
+            self.replay, self.routers, reference, critic
+        )
         if self.fsdp and adapter is not None:
             raise ClawError(
                 "LoRA (lora_rank > 0) runs under torchrun with parallelism = ddp; fsdp is not "
@@ -413,6 +417,24 @@ class Learner:
             out[k, : o["routing"].shape[0]] = o["routing"]
         return out
 
+    def _values(
+        self, batch: Batch, hidden: torch.Tensor | None, replay: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The critic's V(s_i) (B, N); a separate MoE critic backbone of the policy's layout
+        sends each token to the experts of ``replay`` (the policy pass's, batch order)."""
+        assert self.critic is not None
+        return self.critic.values(batch, hidden, replay if self.critic_replays else None)
+
+    def _ref_logprobs(self, batch: Batch, replay: torch.Tensor | None) -> torch.Tensor:
+        """log pi_ref (M,); an MoE reference of the policy's layout sends each token to the
+        experts of ``replay`` (the policy pass's, batch order), as the policy did."""
+        assert self.reference is not None
+        if replay is None or not self.reference_replays:
+            return self.reference.logprobs(batch)
+        model = self.reference.model
+        hidden = moe_hidden(model, batch, replay)[0]
+        return token_logprobs(model, hidden, batch, with_entropy=False).logprobs
+
     def _reshard(self) -> None:
         if self.fsdp:
             _dist.reshard(self.sharded_modules())
@@ -447,7 +469,7 @@ class Learner:
                 if self.critic.backbone is None
                 else None
             )
-            v = self.critic.values(batch, hidden)
+            v = self._values(batch, hidden, self._recorded(batch))
             for k, s in enumerate(batch.samples):
                 out.append({"sample_id": s.sample_id, "values": v[k, : len(s)].tolist()})
         self._reshard()
@@ -570,8 +592,9 @@ class Learner:
             # the routing of an MoE policy: recorded rows (r3), its own choices elsewhere
             hidden, routed = self._hidden(batch, self._recorded(batch), live=True)
             st = token_logprobs(self.policy, hidden, batch)  # (M,) each
-            values = self.critic.values(batch, hidden) if self.critic else None  # (B, N)
-            logp_ref = self.reference.logprobs(batch) if self.reference else None  # (M,)
+            used = routed.used if routed is not None else None  # the experts each token used
+            values = self._values(batch, hidden, used) if self.critic else None  # (B, N)
+            logp_ref = self._ref_logprobs(batch, used) if self.reference else None  # (M,)
             if padding:
                 continue
             if routed is not None and tally is not None:
@@ -684,7 +707,8 @@ class Learner:
             ks = [] if padding else mine[pos : pos + len(batch.samples)]
             pos += len(ks)
             # an MoE policy's tokens go to the experts phase 1 fixed for them (R3 / R2)
-            hidden, routed = self._hidden(batch, self._replayed(batch, [old.tokens[k] for k in ks]))
+            replay = self._replayed(batch, [old.tokens[k] for k in ks])
+            hidden, routed = self._hidden(batch, replay)
             o: Tokens = {}
             if not padding:
                 o = {
@@ -720,7 +744,7 @@ class Learner:
                 loss = loss + self.reference.kl_coef * kl
                 acc["kl"] += float(kl.detach())
             if self.critic is not None:
-                v = self.critic.values(batch, hidden)[b, i]  # (M,)
+                v = self._values(batch, hidden, replay)[b, i]  # (M,)
                 assert batch.returns is not None  # _admit: a critic's samples carry returns
                 R = batch.returns[b, i]  # (M,)
                 vl = agg.loss(self.critic.loss(v, o["values_old"], R), tok)
@@ -850,6 +874,25 @@ def _replay_mode(option: str, moe: bool) -> str | None:
     if not moe:
         return None
     return "r3" if option == "auto" else option
+
+
+def _side_replays(
+    replay: str | None,
+    routers: list[torch.nn.Module],
+    reference: Reference | None,
+    critic: Critic | None,
+) -> tuple[bool, bool]:
+    """Whether the reference and a separate critic backbone replay the experts of the policy's
+    pass: when the policy replays (r3 / r2) and they are MoE models of its layout; an MoE model
+    of another layout routes live (a warning says so, once)."""
+    if replay not in ("r3", "r2"):
+        return False, False
+    ref = reference is not None and replays_policy_routing(
+        reference.model, routers, "reference model"
+    )
+    backbone = critic.backbone if critic is not None else None
+    crit = backbone is not None and replays_policy_routing(backbone, routers, "critic model")
+    return ref, crit
 
 
 def _correction(config: GRPOConfig | PPOConfig) -> Correction:
