@@ -6,6 +6,7 @@ the group."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import claw_proxy
 import claw_proxy.render
+import claw_proxy.routing
 import claw_rl
 import claw_rl.checkpoint
 import httpx
@@ -20,16 +22,22 @@ import pytest
 import torch
 from claw_rl import _lora as claw_rl_lora
 from claw_rl import transfer
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = ROOT / "tests" / "fixtures" / "tiny-qwen3"
+TINY_MOE = ROOT / "tests" / "fixtures" / "tiny-qwen3-moe"
 ADMIN, SECRET = "admin-token-for-transfer", "secret-for-transfer"
 
 
-def _learner(tmp: Path, **cfg) -> claw_rl.Learner:
-    """A learner on a new tiny policy (tmp/v0) with weights moved away from v0's."""
-    claw_rl.init_tiny(tmp / "v0", claw_rl.TinySpec())
+def _learner(tmp: Path, moe: bool = False, **cfg) -> claw_rl.Learner:
+    """A learner on a new tiny policy (tmp/v0; `moe`: a copy of the tiny Qwen3-MoE fixture)
+    with weights moved away from v0's."""
+    if moe:
+        shutil.copytree(TINY_MOE, tmp / "v0")
+    else:
+        claw_rl.init_tiny(tmp / "v0", claw_rl.TinySpec())
     learner = claw_rl.Learner.grpo(claw_rl.GRPOConfig(name="policy", **cfg), tmp / "v0")
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -117,6 +125,50 @@ def test_a_proxy_process_takes_a_version_over_the_group_and_serves_it(tmp_path):
     want = _calls(tmp_path / "ref.jsonl")[-1]
     assert got["completion_ids"] == want["completion_ids"]
     assert got["completion_logprobs"] == pytest.approx(want["completion_logprobs"], abs=1e-5)
+
+
+def test_moe_weights_go_under_the_checkpoint_names_and_the_engine_serves_them(tmp_path):
+    """The tiny Qwen3-MoE policy (transformers 5 keeps each layer's experts fused in memory)
+    is sent under the names and in the layout save_pretrained writes (per-expert
+    gate_proj / up_proj / down_proj, bit for bit). A transformers engine takes them over gloo
+    into its fused weights: its next calls' tokens, logprobs and recorded routing equal those
+    of an engine that loaded the same weights from a fresh directory."""
+    learner = _learner(tmp_path, moe=True)
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in learner.policy.state_dict())
+    learner.policy.save_pretrained(tmp_path / "v1")
+    claw_rl.checkpoint.copy_tokenizer_files(tmp_path / "v0", tmp_path / "v1")
+    saved = load_file(tmp_path / "v1" / "model.safetensors")
+    sent = transfer.named_tensors(learner)
+    assert sorted(n for n, _ in sent) == sorted(saved)
+    assert all(torch.equal(t, saved[n]) for n, t in sent)
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in saved
+
+    draws = {}
+    for name, engine in (("sent", tmp_path / "v0"), ("fresh", tmp_path / "v1")):
+        record = tmp_path / f"{name}.jsonl"
+        cfg = claw_proxy.ProxyConfig(
+            engine=f"transformers:{engine}", secret=SECRET, admin_token=ADMIN, record=str(record)
+        )
+        with claw_proxy.ProxyServer(cfg) as srv:
+            if name == "sent":
+                policy = transfer.next_policy(learner, str(tmp_path / "v0"))
+                stats = transfer.publish(learner, policy, srv.url, ADMIN, bucket_bytes=64 << 10)
+                assert stats["buckets"] > 3 and stats["answer"]["policy"]["version"] == 1
+            for k in range(2):
+                _chat(srv.url, f"s{k}", seed=k, max_tokens=12, temperature=1.0)
+        calls = _calls(record)
+        draws[name] = [
+            (
+                c["completion_ids"],
+                c["completion_logprobs"],
+                claw_proxy.routing.read_routing(record, c),
+            )
+            for c in calls
+        ]
+    assert len(draws["sent"]) == len(draws["fresh"]) == 2
+    for (ids, lps, rows), (ids2, lps2, rows2) in zip(draws["sent"], draws["fresh"], strict=True):
+        assert ids == ids2 and lps == pytest.approx(lps2, abs=1e-5)
+        assert rows.shape == rows2.shape and (rows == rows2).all()
 
 
 def _fake(tmp: Path, name: str, answer: list[int], die_at: int | None = None):

@@ -55,3 +55,38 @@ def test_a_receiver_gets_the_buckets_a_sender_sends():
     assert [[n for n, _ in pairs] for pairs in got] == [["w", "b"], ["w", "b"]]
     assert torch.equal(got[0][0][1], w) and torch.equal(got[1][1][1], b * 2)
     assert _transfer.received_bytes(rec) == 96
+
+
+def test_checkpoint_names_are_views_into_the_fused_moe_weights():
+    """transformers 5 keeps the tiny Qwen3-MoE's experts fused (gate_up_proj (E, 2I, H),
+    down_proj (E, H, I)); the views under the checkpoint's per-expert names hold exactly the
+    saved tensors, share the fused weights' storage (a copy into one changes the served
+    weight), and the in-memory names stay."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    moe = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-qwen3-moe"
+    model = AutoModelForCausalLM.from_pretrained(moe)
+    views = _transfer.checkpoint_views(model)
+    saved = load_file(moe / "model.safetensors")
+    assert set(saved) <= set(views) and all(torch.equal(views[n], t) for n, t in saved.items())
+    fused = model.state_dict()["model.layers.1.mlp.experts.gate_up_proj"]  # (8, 128, 128)
+    assert views["model.layers.1.mlp.experts.gate_up_proj"] is not None
+    up = views["model.layers.1.mlp.experts.5.up_proj.weight"]  # rows 64.. of expert 5
+    with torch.no_grad():
+        up.copy_(torch.full((64, 128), 3.0))
+    assert (fused[5, 64:] == 3.0).all() and not (fused[5, :64] == 3.0).any()
+    assert (fused[4] != 3.0).all() and _transfer.checkpoint_views(model) is views
+
+
+def test_a_part_that_is_no_strided_slice_is_refused():
+    """An index map that no strides give (a permutation) is refused, naming the part."""
+    from claw_proxy.errors import EngineError
+
+    p = torch.zeros(2, 3)
+    index = torch.arange(6).view(2, 3)
+    assert _transfer._strided(p, index, index.t(), "t").shape == (3, 2)
+    with pytest.raises(EngineError, match="'x' is not a strided slice"):
+        _transfer._strided(p, index, torch.tensor([4, 0, 5]), "'x'")

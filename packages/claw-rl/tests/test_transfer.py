@@ -39,3 +39,34 @@ def test_packed_buckets_hold_each_tensor_at_its_aligned_offset():
         got = buf[off : off + n].view(getattr(torch, dtype)).view(shape)
         assert torch.equal(got, t)
         off += -(-n // 16) * 16
+
+
+def test_moe_weights_are_sent_as_save_pretrained_writes_them(tmp_path):
+    """The tiny Qwen3-MoE learner (experts fused in memory) sends the names, shapes and bytes
+    save_pretrained writes (per-expert gate / up / down projections); `layout` gives the same
+    names and shapes without weights, and the packed buckets hold exactly those tensors."""
+    from pathlib import Path
+
+    from claw_rl import GRPOConfig, Learner
+    from safetensors.torch import load_file
+
+    moe = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-qwen3-moe"
+    learner = Learner.grpo(GRPOConfig(), moe)
+    learner.policy.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    sent = transfer.named_tensors(learner)
+    assert len(sent) == len(saved) == 68 and {n for n, _ in sent} == set(saved)
+    assert all(torch.equal(t, saved[n]) for n, t in sent)
+    plan = transfer.layout(learner)
+    assert [(n, t.shape, t.device.type) for n, t in plan] == [(n, t.shape, "meta") for n, t in sent]
+    buckets = transfer.plan_buckets(plan, bucket_bytes=32 << 10)
+    pairs = iter(sent)
+    for buf, b in zip(transfer.packed(iter(sent), buckets), buckets, strict=True):
+        assert buf is not None
+        off = 0
+        for name, dtype, shape in zip(b["names"], b["dtypes"], b["shapes"], strict=True):
+            want_name, want = next(pairs)
+            n = want.numel() * want.element_size()
+            got = buf[off : off + n].view(getattr(torch, dtype)).view(shape)
+            assert name == want_name and torch.equal(got, want)
+            off += -(-n // 16) * 16

@@ -11,7 +11,9 @@ bucket to each rank on its own (tag = the bucket's index), so a receiver that di
 its own sends; over NCCL the bucket is broadcast.
 
 `check_transfer` validates the record (`Policy.from_dict`); `unpack` is the pure part (a bucket's
-bytes to (name, tensor) pairs). examples/gpu/claw_vllm_worker.py repeats `join`, `receive` and
+bytes to (name, tensor) pairs). The tensors come under the names and in the layout
+``save_pretrained`` writes (per-expert MoE weights, as vLLM's loaders take them);
+`checkpoint_views` maps them onto a transformers model's fused in-memory weights. examples/gpu/claw_vllm_worker.py repeats `join`, `receive` and
 `unpack` inside vLLM's workers, which import nothing from claw.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from collections.abc import Iterator
 
 from claw_proxy.errors import EngineError, RecordError
@@ -174,6 +177,71 @@ def receive(transfer: dict, group, device: str = "cpu") -> Iterator[list[tuple[s
         else:
             group.recv([buf], 0, i).wait()
         yield list(unpack(buf, bucket))
+
+
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> checkpoint_views
+
+
+def checkpoint_views(model) -> dict:
+    """The tensors a transfer may name in `model` (a transformers model): its ``state_dict``
+    names, and the names ``save_pretrained`` writes (what claw-rl sends) where transformers keeps
+    a weight otherwise in memory (an MoE layer's experts fused as ``mlp.experts.gate_up_proj``,
+    written per expert as ``mlp.experts.{e}.gate_proj.weight``, ...): each of those a strided
+    view into the weight it is part of, so copying into it updates the served weight in place.
+
+    Where each part lies is found by transformers' own ``revert_weight_conversion`` (what
+    ``save_pretrained`` calls) applied to the weight's element indices; a part that is not a
+    strided slice of its weight is refused (EngineError) before any weight changes. Made once
+    per model (transient memory: two int64 copies of its largest converted weight)."""
+    views = _VIEWS.get(model)
+    if views is None:
+        views = _VIEWS[model] = _views(model)
+    return views
+
+
+def _views(model) -> dict:
+    import torch
+
+    own = model.state_dict(keep_vars=True)
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without checkpoint conversions: the names are the same
+        return own
+    views = dict(own)
+    for name, p in own.items():
+        meta = torch.empty(tuple(p.shape), dtype=p.dtype, device="meta")
+        parts = revert_weight_conversion(model, {name: meta})
+        if [(n, tuple(t.shape)) for n, t in parts.items()] == [(name, tuple(p.shape))]:
+            continue
+        index = torch.arange(p.numel(), dtype=torch.int64).view(p.shape)
+        for part, where in revert_weight_conversion(model, {name: index}).items():
+            views[part] = _strided(p.data, index, where, f"{type(model).__name__}: {part!r}")
+    return views
+
+
+def _strided(p, index, where, what: str):
+    """The view of `p` holding its elements at the flat positions `where` (a tensor of indices
+    into `index`, p's arange), or EngineError when they are not a strided slice of it."""
+    flat = where.reshape(-1)
+    offset = int(flat[0]) if flat.numel() else 0
+    strides = []
+    for d, n in enumerate(where.shape):
+        step = [0] * where.dim()
+        step[d] = min(1, n - 1)
+        strides.append(int(where[tuple(step)]) - offset if n > 1 else 1)
+    ok = p.is_contiguous() and min(strides, default=1) >= 0
+    if ok:
+        try:
+            ok = bool((index.view(-1).as_strided(where.shape, strides, offset) == where).all())
+        except RuntimeError:  # out of bounds: not a slice
+            ok = False
+    if not ok:
+        raise EngineError(
+            f"{what} is not a strided slice of the weight transformers keeps in memory; a "
+            "transfer cannot write it in place",
+            status=500,
+        )
+    return p.view(-1).as_strided(where.shape, strides, p.storage_offset() + offset)
 
 
 def received_bytes(transfer: dict) -> int:

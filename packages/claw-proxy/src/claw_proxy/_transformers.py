@@ -326,7 +326,12 @@ class TransformersEngine(Engine):
         try:
             with self._weights, torch.no_grad():
                 model = self._current[0]
-                own = model.state_dict(keep_vars=True)
+                # checkpoint names too (per-expert MoE weights: views into the fused ones)
+                own = (
+                    model.state_dict(keep_vars=True)
+                    if lora_scaling is not None
+                    else _transfer.checkpoint_views(model)
+                )
                 try:
                     if lora_scaling is not None:
                         lora = [p for bucket in buckets for p in bucket]

@@ -9,11 +9,17 @@ bucket plan) to the proxy's ``/admin/policy`` in a thread, waits for the proxy t
 group's size to the store (1 + the ranks of the engines that receive), joins, and sends the
 buckets one after another. The proxy answers once every live replica serves the new version.
 
-The tensors (:func:`named_tensors`) are the policy's weights under the names ``save_pretrained``
-writes: a tied LM head once (as the embedding), under FSDP each gathered whole on every rank
-in turn (only rank 0 keeps it: one tensor and one bucket at a time, never the whole model);
-with a LoRA adapter only the adapter's tensors under PEFT's saved names, and ``lora_scaling``
-for the engine to merge them. A bucket (:func:`plan_buckets`) is one flat byte tensor of at
+The tensors (:func:`named_tensors`) are the policy's weights under the names and in the layout
+``save_pretrained`` writes, so any engine that loads HF checkpoints takes them: a tied LM head
+once (as the embedding); a weight transformers keeps fused in memory (an MoE layer's experts:
+transformers 5's ``mlp.experts.gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I)) as the
+per-expert tensors of the checkpoint (``mlp.experts.{e}.gate_proj.weight``, ``up_proj``,
+``down_proj``), split by transformers' own ``revert_weight_conversion`` (what
+``save_pretrained`` calls), one in-memory tensor at a time. Under FSDP each in-memory tensor
+is gathered whole on every rank in turn (only rank 0 keeps it: one tensor and one bucket at a
+time, never the whole model); the bucket plan comes from :func:`layout` (meta tensors, no
+weights). With a LoRA adapter only the adapter's tensors under PEFT's saved names, and
+``lora_scaling`` for the engine to merge them. A bucket (:func:`plan_buckets`) is one flat byte tensor of at
 most ``bucket_bytes`` (a tensor larger than that goes alone): peak extra memory is one bucket on
 each side. Each tensor starts at a multiple of :data:`ALIGN` bytes. Over gloo (CPU) each bucket
 is sent to each rank on its own, so a receiver that dies fails only its own sends; over NCCL
@@ -29,7 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -53,21 +59,106 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def named_tensors(learner: Learner) -> list[tuple[str, torch.Tensor]]:
-    """The policy's (name, tensor) pairs to send, in a fixed order (every rank the same).
-    Under FSDP the tensors are the sharded DTensors (gathered while sending)."""
+def _sources(learner: Learner) -> list[tuple[str, torch.Tensor]]:
+    """The policy's in-memory (state_dict name, tensor) pairs, a tied tensor once, in a fixed
+    order (every rank the same); under FSDP the sharded DTensors. With LoRA, the adapter's."""
     if learner.adapter is not None:
         from peft import get_peft_model_state_dict
 
         return list(get_peft_model_state_dict(learner.adapter).items())
     seen: set[int] = set()
     out = []
+    skip = set(getattr(learner.policy, "_keys_to_ignore_on_save", None) or ())
     for name, t in learner.policy.state_dict(keep_vars=True).items():
-        if id(t) in seen:  # tied: sent once, under its first name (the embedding)
+        if id(t) in seen or name in skip:  # tied: sent once, under its first name
             continue
         seen.add(id(t))
         out.append((name, t))
     return out
+
+
+def _on_disk(model: torch.nn.Module, name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """`t` (the model's in-memory tensor `name`, whole) as ``save_pretrained`` writes it: one
+    tensor or the parts transformers fused it from (views of `t`)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return list(revert_weight_conversion(model, {name: t}).items())
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")  # a DTensor's global shape
+
+
+def _split_sources(learner: Learner, sources: list[tuple[str, torch.Tensor]]) -> dict[str, list]:
+    """{in-memory name: its on-disk (name, meta tensor) parts} for the tensors that
+    ``save_pretrained`` writes otherwise (renamed or split); checked against the conversion of
+    the whole state at once (a conversion that joins several in-memory tensors into one on-disk
+    tensor cannot be sent one tensor at a time)."""
+    if learner.adapter is not None or not _has_conversions(learner.policy):
+        return {}
+    model = learner.policy
+    split: dict[str, list] = {}
+    per: dict[str, tuple] = {}
+    for name, t in sources:
+        parts = _on_disk(model, name, _meta(t))
+        per.update((n, tuple(p.shape)) for n, p in parts)
+        if [(n, tuple(p.shape)) for n, p in parts] != [(name, tuple(t.shape))]:
+            split[name] = parts
+    if split:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        whole = revert_weight_conversion(model, {n: _meta(t) for n, t in sources})
+        if {n: tuple(p.shape) for n, p in whole.items()} != per:
+            raise ClawError(
+                f"{type(model).__name__}: transformers' checkpoint layout joins several in-memory "
+                "tensors into one; its weights cannot be sent one tensor at a time"
+            )
+    return split
+
+
+def _has_conversions(model: torch.nn.Module) -> bool:
+    """Whether transformers writes some weight of `model` under another name or layout."""
+    if getattr(model, "_weight_conversions", None):
+        return True
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+    except ImportError:  # a transformers without checkpoint conversions
+        return False
+    return bool(get_model_conversion_mapping(model, add_legacy=False))
+
+
+def layout(learner: Learner) -> list[tuple[str, torch.Tensor]]:
+    """The (on-disk name, meta tensor) pairs :func:`publish` sends, in order: names, dtypes and
+    shapes without any weight (the bucket plan)."""
+    sources = _sources(learner)
+    split = _split_sources(learner, sources)
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, t in sources:
+        out += split[name] if name in split else [(name, _meta(t))]
+    return out
+
+
+def _stream(learner: Learner) -> Iterator[tuple[str, torch.Tensor]]:
+    """The pairs of :func:`layout` with their weights, one in-memory tensor at a time (a split
+    one gathered whole first under FSDP: a collective, every rank takes part)."""
+    sources = _sources(learner)
+    split = _split_sources(learner, sources)
+    for name, t in sources:
+        if name not in split:
+            yield name, t
+            continue
+        t = t.detach()
+        if _dist.is_sharded(t):
+            t = t.full_tensor()
+        yield from _on_disk(learner.policy, name, t)
+
+
+def named_tensors(learner: Learner) -> list[tuple[str, torch.Tensor]]:
+    """The policy's (name, tensor) pairs to send, in a fixed order, under the names and in the
+    layout ``save_pretrained`` writes (see the module docstring); with LoRA the adapter's.
+    Under FSDP a split tensor is gathered whole here, the others stay sharded (gathered while
+    sending). For the same-process shortcut and checks; :func:`publish` streams them."""
+    return list(_stream(learner))
 
 
 def lora_scaling(learner: Learner) -> float | None:
@@ -102,7 +193,7 @@ def plan_buckets(
 
 
 def packed(
-    tensors: list[tuple[str, torch.Tensor]], buckets: list[dict], device: str = "cpu"
+    tensors: Iterable[tuple[str, torch.Tensor]], buckets: list[dict], device: str = "cpu"
 ) -> Iterator[torch.Tensor | None]:
     """Each bucket as one flat uint8 tensor (rank 0; other ranks get None after taking part
     in each FSDP gather)."""
@@ -114,8 +205,10 @@ def packed(
             else None
         )
         off = 0
-        for _ in b["names"]:
-            _, t = next(it)
+        for want in b["names"]:
+            name, t = next(it)
+            if name != want:
+                raise ClawError(f"the bucket plan has {want!r} where the tensors have {name!r}")
             t = t.detach()
             if _dist.is_sharded(t):
                 t = t.full_tensor()  # a collective: every rank takes part
@@ -207,11 +300,10 @@ def publish(
     (see the module docstring). Every rank calls it (FSDP gathers); rank 0 sends and returns
     ``{"seconds", "bytes", "buckets", "world_size", "failed_ranks", "answer"}`` (the proxy's
     answer to the POST), other ranks ``{}``. A refusal by the proxy is a ClawError."""
-    tensors = named_tensors(learner)
-    buckets = plan_buckets(tensors, bucket_bytes)
+    buckets = plan_buckets(layout(learner), bucket_bytes)
     device = "cuda" if backend == "nccl" else "cpu"
     if learner.rank != 0:
-        for _ in packed(tensors, buckets, device):
+        for _ in packed(_stream(learner), buckets, device):
             pass
         return {}
     t0 = time.monotonic()
@@ -238,7 +330,7 @@ def publish(
     else:
         group = dist.ProcessGroupGloo(group_store, 0, world, timedelta(seconds=timeout))
     failed: set[int] = set()
-    for i, buf in enumerate(packed(tensors, buckets, device)):
+    for i, buf in enumerate(packed(_stream(learner), buckets, device)):
         assert buf is not None
         _send(group, buf, i, world, backend, failed)
     post.join(timeout)
@@ -261,6 +353,7 @@ def _host_for(host: str) -> str:
 
 __all__ = [
     "BUCKET_BYTES",
+    "layout",
     "lora_scaling",
     "named_tensors",
     "next_policy",
