@@ -15,23 +15,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
-from claw_rl import _metrics
 from claw_rl._call_routing import CallRoutes, call_prefix, call_routing
 from claw_rl.consistency import finish_mismatch, mismatch_stats
-from claw_rl.errors import ClawError, RecordError
-from claw_rl.forward import moe_hidden, token_logprobs
-from claw_rl.packing import chain_sample, pack, to_device
+from claw_rl.errors import RecordError
+from claw_rl.packing import chain_sample
 from claw_rl.records import CALL_SCHEMA, Sample, _check_schema, iter_jsonl
 
 if TYPE_CHECKING:
-    from claw_rl.learner import Learner
+    pass
 
 
 def call_sampling(row: dict, where: str) -> tuple[float, float, int]:
@@ -188,51 +186,6 @@ def iter_call_samples(
     yield from read_call_samples(path, temperature=temperature).pairs
 
 
-def _check_layout(learner: Learner, s: Sample) -> None:
-    """A call's routing must be the policy's: its MoE layers, top-k and experts."""
-    if s.routing is None:
-        return
-    r0 = learner.routers[0]
-    want = (len(learner.routers), int(r0.top_k), int(r0.num_experts))
-    got = (s.routing.layers, s.routing.top_k, s.routing.experts)
-    if got != want:
-        raise ClawError(
-            f"{s.routing.where}: field 'routing': {got[0]} MoE layers x top {got[1]} of "
-            f"{got[2]} experts, but the policy has {want[0]} x top {want[1]} of {want[2]}"
-        )
-
-
-@torch.no_grad()
-def call_logprobs(learner: Learner, samples: Sequence[Sample]) -> tuple[list[list[float]], dict]:
-    """:meth:`Learner.logprobs` of the calls' samples (aligned with their tokens, 0 on the
-    prompt), and for an MoE policy the routing report of that pass (claw_rl._metrics
-    RoutingTally: ``routing_flip_rate`` of the live router's top-k against the recorded rows,
-    ``routing_recorded_fraction``, ``expert_load_max``). The MoE pass is the learner's: r3
-    routes each token to its recorded experts (-1 rows: live), off routes every token live; a
-    dense policy takes :meth:`Learner.logprobs` itself and reports nothing."""
-    if learner.replay is None:
-        return learner.logprobs(samples), {}
-    for s in samples:
-        _check_layout(learner, s)
-    r0 = learner.routers[0]
-    tally = _metrics.RoutingTally(len(learner.routers), int(r0.num_experts))
-    out: list[list[float]] = []
-    mb = learner.config.micro_batch_size
-    for lo in range(0, len(samples), mb):
-        batch = to_device(pack(samples[lo : lo + mb]), learner.device)
-        replay = batch.routing if learner.replay == "r3" else None
-        hidden, routed = moe_hidden(learner.policy, batch, replay, live=True)
-        assert routed.live is not None
-        tally.add(routed.used, routed.live, batch)
-        lp = token_logprobs(learner.policy, hidden, batch, with_entropy=False).logprobs
-        b, i, _ = batch.predictor_index()
-        for k, n in enumerate(batch.lengths):
-            row = torch.zeros(n, dtype=lp.dtype)
-            row[i[b == k].cpu()] = lp[b == k].cpu()
-            out.append(row.tolist())
-    return out, tally.finish()
-
-
 def compare(sample: Sample, learner_lp: list[float], threshold: float) -> dict:
     """Mismatch of one call: learner vs engine logprobs on its completion tokens.
 
@@ -249,7 +202,6 @@ def compare(sample: Sample, learner_lp: list[float], threshold: float) -> dict:
 
 __all__ = [
     "CallSamples",
-    "call_logprobs",
     "call_sampling",
     "call_to_sample",
     "compare",

@@ -763,7 +763,7 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature, routin
 
         claw-rl logprobs --model runs/tiny --calls runs/calls.jsonl > mismatch.jsonl
     """
-    from claw_rl.calls import call_logprobs, compare, finish_mismatch, read_call_samples
+    from claw_rl.calls import compare, finish_mismatch, read_call_samples
     from claw_rl.config import GRPOConfig
     from claw_rl.learner import Learner
     from claw_rl.records import write_jsonl
@@ -772,7 +772,7 @@ def logprobs_cmd(model_dir, calls_path, out_path, threshold, temperature, routin
         read = read_call_samples(calls_path, temperature=temperature)  # before the model
         pairs = read.pairs
         learner = Learner.grpo(GRPOConfig(routing_replay=routing_replay), model_dir)
-        lps, routing = call_logprobs(learner, [s for _, s in pairs])
+        lps, routing = learner.logprobs_report([s for _, s in pairs])
     except ClawError as exc:
         raise _fail(exc) from exc
     if read.missing_parents:

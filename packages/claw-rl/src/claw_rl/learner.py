@@ -439,12 +439,24 @@ class Learner:
         if self.fsdp:
             _dist.reshard(self.sharded_modules())
 
-    @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample | dict]) -> list[list[float]]:
         """Learner logprob of each sample's trainable tokens, aligned with its tokens (0 elsewhere)."""
+        return self.logprobs_report(samples)[0]
+
+    @torch.no_grad()
+    def logprobs_report(self, samples: Sequence[Sample | dict]) -> tuple[list[list[float]], dict]:
+        """:meth:`logprobs`, and for an MoE policy the routing report of that pass
+        (``routing_flip_rate`` of the live router's top-k against the recorded rows,
+        ``routing_recorded_fraction``, ``expert_load_max``); ``{}`` for a dense policy. The pass
+        routes as the step's first pass does: r3 to the recorded experts (-1 rows: live), off
+        live."""
         out: list[list[float]] = []
+        tally = self._tally()
         for batch, _ in self._micro_batches(self._samples(samples)):
-            hidden = self._hidden(batch, self._recorded(batch))[0]
+            hidden, routed = self._hidden(batch, self._recorded(batch), live=tally is not None)
+            if routed is not None and tally is not None:
+                assert routed.live is not None
+                tally.add(routed.used, routed.live, batch)
             lp = token_logprobs(self.policy, hidden, batch, with_entropy=False).logprobs
             for k, part in enumerate(_split(lp, batch)):
                 row = [0.0] * batch.lengths[k]
@@ -454,7 +466,7 @@ class Learner:
                     row[j] = v
                 out.append(row)
         self._reshard()
-        return out
+        return out, (tally.finish() if tally is not None else {})
 
     @torch.no_grad()
     def values(self, samples: Sequence[Sample | dict]) -> list[dict]:
