@@ -34,45 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from test_proxy_cpu import _call  # noqa: E402  (one in-process ASGI call, as that bench makes it)
 
-async def _call(app, body: bytes, key: str) -> tuple[int, bytes]:
-    path = "/v1/chat/completions"
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-length", str(len(body)).encode()),
-        ],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2),
-    }
-    sent, status, out = False, 0, []
-
-    async def receive():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.sleep(3600)
-
-    async def send(msg):
-        nonlocal status
-        if msg["type"] == "http.response.start":
-            status = msg["status"]
-        elif msg["type"] == "http.response.body":
-            out.append(msg.get("body", b""))
-
-    await app(scope, receive, send)
-    return status, b"".join(out)
+CHAT = "/v1/chat/completions"
 
 
 def _fake_engine():
@@ -124,7 +88,7 @@ def measure(url: str, sessions: int, turns: int, profile: str | None) -> dict:
                 if on:
                     prof.enable()
                 t0 = time.process_time()
-                status, out = await _call(proxy.app, body, keys[s])
+                status, out = await _call(proxy.app, body, keys[s], CHAT)
                 cpu.setdefault(turn, []).append(time.process_time() - t0)
                 if on:
                     prof.disable()
