@@ -429,11 +429,7 @@ class Learner:
         """log pi_ref (M,); an MoE reference of the policy's layout sends each token to the
         experts of ``replay`` (the policy pass's, batch order), as the policy did."""
         assert self.reference is not None
-        if replay is None or not self.reference_replays:
-            return self.reference.logprobs(batch)
-        model = self.reference.model
-        hidden = moe_hidden(model, batch, replay)[0]
-        return token_logprobs(model, hidden, batch, with_entropy=False).logprobs
+        return self.reference.logprobs(batch, replay if self.reference_replays else None)
 
     def _reshard(self) -> None:
         if self.fsdp:

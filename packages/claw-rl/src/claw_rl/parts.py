@@ -24,7 +24,7 @@ import torch
 from claw_rl import losses
 from claw_rl.consistency import mis_sequence_keep, mis_token_mask, path_shares, tis_weights
 from claw_rl.errors import ClawError
-from claw_rl.forward import backbone_hidden, token_logprobs
+from claw_rl.forward import backbone_hidden, moe_hidden, token_logprobs
 from claw_rl.packing import Batch, leaf_counts, path_matrix, trainable_paths
 from claw_rl.records import Sample
 
@@ -224,9 +224,13 @@ class Reference:
     kl_coef: float
     estimator: str = "k3"
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """log pi_ref (M,) of the batch's trainable tokens, under their sampling settings."""
-        hidden = backbone_hidden(self.model, batch)
+    def logprobs(self, batch: Batch, replay: torch.Tensor | None = None) -> torch.Tensor:
+        """log pi_ref (M,) of the batch's trainable tokens, under their sampling settings; an MoE
+        reference given ``replay`` (B, N, L, K, batch order) sends each token to those experts."""
+        if replay is None:
+            hidden = backbone_hidden(self.model, batch)
+        else:
+            hidden = moe_hidden(self.model, batch, replay)[0]
         return token_logprobs(self.model, hidden, batch, with_entropy=False).logprobs
 
     def kl(self, lp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
